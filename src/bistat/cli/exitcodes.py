@@ -1,0 +1,28 @@
+"""Documented exit codes of every ``bistat`` command.
+
+==== ==========================================================================
+code meaning
+==== ==========================================================================
+0    success; for verdict-producing commands: the verdict is *working*
+1    error: bad input, a failed check (``verify``), an engine that could not run
+2    usage error (click's own: unknown option, missing argument)
+10   verdict *doubtful*
+11   verdict *reported as observed*
+12   verdict *untested*
+==== ==========================================================================
+
+Verdict-producing commands return 0 for every verdict unless ``--fail-on`` names labels;
+then the code of the first named verdict met is returned (see ``verdict_exit_code``).
+"""
+
+from __future__ import annotations
+
+OK = 0
+ERROR = 1
+USAGE = 2
+VERDICT_CODES = {
+    "working": 0,
+    "doubtful": 10,
+    "reported as observed": 11,
+    "untested": 12,
+}
