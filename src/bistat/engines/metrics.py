@@ -1,0 +1,99 @@
+"""Engine metrics in Prometheus text format: vLLM's metric names, parsed into a ``MetricsSample``.
+
+vLLM (and ``bistat serve``, which copies its names) exposes at ``/metrics``:
+
+==================================== ======= ==============================================
+sample name                          type    meaning
+==================================== ======= ==============================================
+``vllm:num_requests_running``        gauge   requests in the running batch
+``vllm:num_requests_waiting``        gauge   requests queued, not yet scheduled
+``vllm:num_preemptions_total``       counter requests preempted (KV cache full) so far
+``vllm:generation_tokens_total``     counter output tokens generated so far
+``vllm:prompt_tokens_total``         counter prompt tokens processed so far
+==================================== ======= ==============================================
+
+Each sample carries a ``model_name`` label (vLLM also adds ``engine``). A server may serve several
+models or run several engine cores; the values of every label set that matches ``model_name``
+(all label sets when ``model_name`` is None) are summed. Parsing uses ``prometheus_client``'s own
+parser, never a hand-written one.
+"""
+
+from __future__ import annotations
+
+import math
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from bistat.engines.base import MetricsSample
+
+#: MetricsSample field -> Prometheus sample name (counters carry their ``_total`` suffix).
+VLLM_SAMPLE_NAMES: dict[str, str] = {
+    "num_requests_running": "vllm:num_requests_running",
+    "num_requests_waiting": "vllm:num_requests_waiting",
+    "num_preemptions_total": "vllm:num_preemptions_total",
+    "generation_tokens_total": "vllm:generation_tokens_total",
+    "prompt_tokens_total": "vllm:prompt_tokens_total",
+}
+
+
+class MetricsParseError(ValueError):
+    """The text is not in Prometheus exposition format."""
+
+
+def parse_vllm_metrics(
+    text: str, *, t: float, model_name: str | None = None, source: str = "prometheus"
+) -> MetricsSample:
+    """Parse a Prometheus exposition into a ``MetricsSample`` with vLLM's metric names.
+
+    Parameters
+    ----------
+    text : str
+        The body of a ``GET /metrics`` answer.
+    t : float
+        Seconds since the pass started, stored as the sample's time.
+    model_name : str or None
+        Keep only samples whose ``model_name`` label equals this (samples without the label are
+        kept). None keeps all.
+    source : str
+        Stored as ``MetricsSample.source``.
+
+    Returns
+    -------
+    MetricsSample
+        Values summed over matching label sets; a metric absent from ``text`` is NaN (not 0:
+        absence is not the same as an idle engine).
+
+    Raises
+    ------
+    MetricsParseError
+        When ``prometheus_client`` cannot parse ``text``.
+
+    Examples
+    --------
+    >>> s = parse_vllm_metrics('vllm:num_requests_running{model_name="m"} 3.0\\n', t=1.0)
+    >>> s.num_requests_running, math.isnan(s.num_requests_waiting)
+    (3.0, True)
+    """
+    wanted = {name: field for field, name in VLLM_SAMPLE_NAMES.items()}
+    totals: dict[str, float] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                field = wanted.get(sample.name)
+                if field is None:
+                    continue
+                label = sample.labels.get("model_name")
+                if model_name is not None and label is not None and label != model_name:
+                    continue
+                totals[field] = totals.get(field, 0.0) + float(sample.value)
+    except ValueError as exc:
+        raise MetricsParseError(f"not Prometheus text format: {exc}") from exc
+    return MetricsSample(
+        t=t,
+        num_requests_running=totals.get("num_requests_running", math.nan),
+        num_requests_waiting=totals.get("num_requests_waiting", math.nan),
+        num_preemptions_total=totals.get("num_preemptions_total", math.nan),
+        generation_tokens_total=totals.get("generation_tokens_total", math.nan),
+        prompt_tokens_total=totals.get("prompt_tokens_total", math.nan),
+        source=source,
+    )

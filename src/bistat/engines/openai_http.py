@@ -1,0 +1,359 @@
+"""Engine adapter for any OpenAI-compatible server: vLLM, SGLang, ``bistat serve``, ...
+
+``run_pass`` drives ``POST /v1/completions`` (``/v1/chat/completions`` for chat requests)
+asynchronously with ``httpx.AsyncClient``, at most ``concurrency`` requests in flight (an asyncio
+semaphore). Every request states temperature, top_p, top_k, seed and logprobs explicitly (a
+model's generation_config can change a server's defaults), and asks for token ids
+(vLLM's ``return_token_ids`` and ``return_tokens_as_token_ids``). ``/metrics`` is sampled about
+once per second in the background and handed to ``on_metrics``.
+
+Transport errors, timeouts, 408/429/5xx answers and bodies that are not the expected JSON are
+retried ``retries`` times with exponential backoff; then the request is reported with ``error``
+set. Other 4xx answers are not retried (the request itself is wrong). One request's failure never
+raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from typing import Any, Callable, Sequence
+
+import httpx
+
+from bistat.engines.base import (
+    EngineInfo,
+    EngineStartError,
+    GenerationRequest,
+    GenerationResult,
+    MetricsSample,
+)
+from bistat.engines.metrics import MetricsParseError, parse_vllm_metrics
+
+_RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+
+class _Retryable(Exception):
+    """A failed attempt worth repeating."""
+
+
+class _Fatal(Exception):
+    """A failed attempt not worth repeating (the server rejected the request)."""
+
+
+def _parse_token(token: str) -> int:
+    """``"token_id:123"`` (vLLM's ``return_tokens_as_token_ids``) -> 123."""
+    if not token.startswith("token_id:"):
+        raise ValueError(f"token {token!r} is not of the form 'token_id:N'")
+    return int(token[len("token_id:"):])
+
+
+def parse_completion_choice(
+    data: Any, *, chat: bool
+) -> tuple[list[int], str, list[float] | None, list[list[tuple[int, float]]] | None, str | None, int | None]:
+    """Token ids, text, logprobs, top logprobs, finish reason and prompt length of an answer.
+
+    Raises ``ValueError`` (or ``KeyError``/``TypeError``) when the body is not shaped like an
+    OpenAI completion with token ids.
+    """
+    choice = data["choices"][0]
+    text = choice["message"]["content"] if chat else choice["text"]
+    lp = choice.get("logprobs")
+    logprobs = top = None
+    ids_from_tokens: list[int] | None = None
+    if lp is not None:
+        if chat:
+            content = lp["content"] or []
+            ids_from_tokens = [_parse_token(c["token"]) for c in content]
+            logprobs = [float(c["logprob"]) for c in content]
+            top = [sorted(((_parse_token(a["token"]), float(a["logprob"])) for a in c["top_logprobs"] or []),
+                          key=lambda p: -p[1]) for c in content]
+        else:
+            ids_from_tokens = [_parse_token(t) for t in lp["tokens"]]
+            logprobs = [float(x) for x in lp["token_logprobs"]]
+            top = [sorted(((_parse_token(k), float(v)) for k, v in (d or {}).items()),
+                          key=lambda p: -p[1]) for d in lp["top_logprobs"]]
+    token_ids = choice.get("token_ids")
+    if token_ids is None:
+        token_ids = ids_from_tokens
+    if token_ids is None:
+        raise ValueError("the answer has neither token_ids nor logprobs tokens; the server must "
+                         "support return_token_ids or return_tokens_as_token_ids")
+    token_ids = [int(t) for t in token_ids]
+    if ids_from_tokens is not None and ids_from_tokens != token_ids:
+        raise ValueError("token_ids and the logprobs' tokens disagree")
+    if logprobs is not None and len(logprobs) != len(token_ids):
+        raise ValueError(f"{len(logprobs)} logprobs for {len(token_ids)} tokens")
+    if not isinstance(text, str):
+        raise ValueError("the answer's text is not a string")
+    n_prompt = None
+    if choice.get("prompt_token_ids") is not None:
+        n_prompt = len(choice["prompt_token_ids"])
+    elif isinstance(data.get("usage"), dict) and data["usage"].get("prompt_tokens") is not None:
+        n_prompt = int(data["usage"]["prompt_tokens"])
+    return token_ids, text, logprobs, top, choice.get("finish_reason"), n_prompt
+
+
+class OpenAIHTTPEngine:
+    """Attach to an OpenAI-compatible server at ``base_url``.
+
+    Parameters
+    ----------
+    base_url : str
+        ``http://host:port`` (a trailing ``/v1`` is accepted and removed).
+    model : str or None
+        The served model id; None takes the server's only model.
+    retries : int
+        Further attempts after a failed one (transport errors, timeouts, 5xx, bad bodies).
+    backoff_s : float
+        Wait before the first retry; doubled before each further one (capped at 10 s).
+    request_timeout_s : float
+        Per-attempt timeout (connect, read, write).
+    metrics_interval_s : float
+        Period of ``/metrics`` sampling; ``0`` turns sampling off.
+    api_key : str or None
+        Sent as ``Authorization: Bearer``.
+    kind : str
+        Reported kind (``"openai"``; ``vllm_server`` reuses this class).
+    """
+
+    kind = "openai"
+
+    def __init__(self, base_url: str, *, model: str | None = None, retries: int = 3,
+                 backoff_s: float = 0.5, request_timeout_s: float = 600.0,
+                 metrics_interval_s: float = 1.0, api_key: str | None = None,
+                 kind: str = "openai", start_timeout_s: float = 10.0) -> None:
+        self.base_url = base_url.rstrip("/").removesuffix("/v1")
+        self.model = model
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.request_timeout_s = request_timeout_s
+        self.metrics_interval_s = metrics_interval_s
+        self.kind = kind
+        self.start_timeout_s = start_timeout_s
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._server_version: str | None = None
+        self.metrics_errors = 0  # /metrics samples that could not be fetched or parsed
+
+    @classmethod
+    def from_experiment(cls, experiment: Any, arm: Any) -> "OpenAIHTTPEngine":
+        """Build from a declaration: ``engine.args`` overridden by ``arm.args``.
+
+        Keys: ``url`` (required), ``retries``, ``backoff_s``, ``request_timeout_s``,
+        ``metrics_interval_s``, ``api_key_env`` (the name of an environment variable holding the
+        key; a key never sits in a declaration).
+        """
+        import os
+
+        args = {**dict(experiment.engine.args), **dict(arm.args)}
+        allowed = {"url", "retries", "backoff_s", "request_timeout_s", "metrics_interval_s",
+                   "api_key_env"}
+        unknown = sorted(set(args) - allowed)
+        if unknown:
+            raise ValueError(f"arms[{arm.name}].args / engine.args: unknown key(s) {unknown} for "
+                             f"engine 'openai'; expected some of {sorted(allowed)}")
+        if "url" not in args:
+            raise ValueError("engine.args.url: engine 'openai' needs the server's URL, e.g. "
+                             "url = \"http://127.0.0.1:8000\"")
+        key_env = args.pop("api_key_env", None)
+        return cls(args.pop("url"), model=experiment.engine.model,
+                   api_key=os.environ.get(key_env) if key_env else None, **args)
+
+    # -- start ---------------------------------------------------------------------------
+    def _check_url(self) -> None:
+        try:
+            url = httpx.URL(self.base_url)
+        except (httpx.InvalidURL, TypeError) as exc:
+            raise EngineStartError(f"bad server URL {self.base_url!r}: {exc}; expected "
+                                   f"http://HOST:PORT") from exc
+        if url.scheme not in ("http", "https") or not url.host:
+            raise EngineStartError(f"bad server URL {self.base_url!r}: expected http://HOST:PORT "
+                                   f"or https://HOST:PORT")
+
+    def start(self) -> EngineInfo:
+        """Check that the server answers and serves the model; raise ``EngineStartError`` if not."""
+        self._check_url()
+        try:
+            with httpx.Client(timeout=self.start_timeout_s, headers=self._headers) as client:
+                resp = client.get(self.base_url + "/v1/models")
+                if resp.status_code != 200:
+                    raise EngineStartError(
+                        f"{self.base_url}/v1/models answered HTTP {resp.status_code}: "
+                        f"{resp.text[:200]!r}; is this an OpenAI-compatible server?")
+                try:
+                    served = [m["id"] for m in resp.json()["data"]]
+                except (ValueError, KeyError, TypeError) as exc:
+                    raise EngineStartError(f"{self.base_url}/v1/models: not an OpenAI model list "
+                                           f"({exc}); is this an OpenAI-compatible server?") from exc
+                try:
+                    v = client.get(self.base_url + "/version")
+                    if v.status_code == 200:
+                        self._server_version = str(v.json().get("version"))
+                except (httpx.HTTPError, ValueError, AttributeError):
+                    self._server_version = None
+        except httpx.HTTPError as exc:
+            raise EngineStartError(
+                f"cannot reach the server at {self.base_url} ({type(exc).__name__}: {exc}); "
+                f"start it (e.g. `bistat serve` or `vllm serve MODEL`) or fix the URL") from exc
+        if self.model is None:
+            if len(served) != 1:
+                raise EngineStartError(f"{self.base_url} serves {served}; name one as the model")
+            self.model = served[0]
+        elif self.model not in served:
+            raise EngineStartError(f"{self.base_url} does not serve model {self.model!r}; it serves "
+                                   f"{served}. Fix the declaration's engine.model")
+        return EngineInfo(kind=self.kind, version=self._server_version or "unknown",
+                          args={"url": self.base_url, "model": self.model,
+                                "retries": self.retries})
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"kind": self.kind, "url": self.base_url, "model": self.model,
+                "server_version": self._server_version}
+
+    def stop(self) -> None:
+        """Nothing to stop: the server belongs to someone else."""
+
+    # -- one request ---------------------------------------------------------------------
+    def request_body(self, req: GenerationRequest) -> dict[str, Any]:
+        """The JSON body for ``req`` (sampling parameters always explicit)."""
+        body: dict[str, Any] = {
+            "model": self.model, "max_tokens": req.max_tokens, "temperature": req.temperature,
+            "top_p": req.top_p, "top_k": req.top_k, "seed": req.seed,
+            "ignore_eos": req.ignore_eos, "return_token_ids": True,
+            "return_tokens_as_token_ids": True, "stream": False,
+        }
+        if req.chat:
+            if not isinstance(req.prompt, str):
+                raise ValueError("a chat request needs a text prompt")
+            body["messages"] = [{"role": "user", "content": req.prompt}]
+            body["logprobs"] = True
+            body["top_logprobs"] = max(1, req.logprobs)
+        else:
+            body["prompt"] = req.prompt
+            body["logprobs"] = max(1, req.logprobs)
+        return body
+
+    async def _attempt(self, client: httpx.AsyncClient, req: GenerationRequest,
+                       body: dict[str, Any]) -> tuple:
+        path = "/v1/chat/completions" if req.chat else "/v1/completions"
+        try:
+            resp = await client.post(path, json=body)
+        except httpx.HTTPError as exc:  # transport errors and timeouts
+            raise _Retryable(f"{type(exc).__name__}: {exc}") from exc
+        if resp.status_code != 200:
+            detail = resp.text[:300]
+            if resp.status_code in _RETRY_STATUS:
+                raise _Retryable(f"HTTP {resp.status_code}: {detail}")
+            raise _Fatal(f"HTTP {resp.status_code}: {detail}")
+        try:
+            data = json.loads(resp.content)
+            return parse_completion_choice(data, chat=req.chat)
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
+            raise _Retryable(f"malformed answer ({type(exc).__name__}: {exc}): "
+                             f"{resp.text[:200]!r}") from exc
+
+    async def _one(self, client: httpx.AsyncClient, sem: asyncio.Semaphore,
+                   req: GenerationRequest, t0: float,
+                   on_result: Callable[[GenerationResult], None]) -> None:
+        async with sem:
+            t_submit = time.monotonic() - t0
+            attempts, error, parsed = 0, None, None
+            try:
+                body = self.request_body(req)
+            except ValueError as exc:
+                body, error = None, str(exc)
+            while body is not None:
+                attempts += 1
+                try:
+                    parsed = await self._attempt(client, req, body)
+                    error = None
+                    break
+                except _Fatal as exc:
+                    error = str(exc)
+                    break
+                except _Retryable as exc:
+                    error = str(exc)
+                    if attempts > self.retries:
+                        break
+                    await asyncio.sleep(min(10.0, self.backoff_s * 2 ** (attempts - 1)))
+            t_done = time.monotonic() - t0
+        if parsed is not None:
+            ids, text, lps, top, finish, n_prompt = parsed
+            result = GenerationResult(
+                prompt_id=req.prompt_id, token_ids=ids, text=text, logprobs=lps,
+                top_logprobs=top, finish_reason=finish, n_prompt_tokens=n_prompt,
+                t_submit=t_submit, t_first_token=None, t_done=t_done, error=None,
+                attempts=attempts)
+        else:
+            result = GenerationResult(
+                prompt_id=req.prompt_id, token_ids=[], text="", logprobs=None, top_logprobs=None,
+                finish_reason=None, n_prompt_tokens=None, t_submit=t_submit, t_first_token=None,
+                t_done=t_done, error=f"after {attempts} attempt(s): {error}",
+                attempts=max(attempts, 1))
+        on_result(result)
+
+    # -- metrics ---------------------------------------------------------------------------
+    async def _sample(self, client: httpx.AsyncClient, t0: float) -> MetricsSample | None:
+        try:
+            resp = await client.get("/metrics", timeout=min(5.0, self.request_timeout_s))
+            if resp.status_code != 200:
+                raise MetricsParseError(f"HTTP {resp.status_code}")
+            sample = parse_vllm_metrics(resp.text, t=time.monotonic() - t0, model_name=self.model)
+        except (httpx.HTTPError, MetricsParseError):
+            self.metrics_errors += 1
+            return None
+        if math.isnan(sample.num_requests_running):
+            self.metrics_errors += 1
+            return None
+        return sample
+
+    async def _sampler(self, client: httpx.AsyncClient, t0: float,
+                       on_metrics: Callable[[MetricsSample], None], done: asyncio.Event) -> None:
+        while not done.is_set():
+            sample = await self._sample(client, t0)
+            if sample is not None:
+                on_metrics(sample)
+            try:
+                await asyncio.wait_for(done.wait(), timeout=self.metrics_interval_s)
+            except asyncio.TimeoutError:
+                pass
+
+    # -- one pass --------------------------------------------------------------------------
+    async def run_pass_async(self, requests: Sequence[GenerationRequest], *, concurrency: int,
+                             on_result: Callable[[GenerationResult], None],
+                             on_metrics: Callable[[MetricsSample], None]) -> None:
+        """``run_pass`` inside a running event loop."""
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+        if self.model is None:
+            raise EngineStartError("call start() before run_pass()")
+        t0 = time.monotonic()
+        limits = httpx.Limits(max_connections=concurrency + 1,
+                              max_keepalive_connections=concurrency + 1)
+        timeout = httpx.Timeout(self.request_timeout_s)
+        async with httpx.AsyncClient(base_url=self.base_url, timeout=timeout, limits=limits,
+                                     headers=self._headers) as client:
+            sem = asyncio.Semaphore(concurrency)
+            done = asyncio.Event()
+            sampler = None
+            if self.metrics_interval_s > 0:
+                sampler = asyncio.create_task(self._sampler(client, t0, on_metrics, done))
+            try:
+                await asyncio.gather(*(self._one(client, sem, r, t0, on_result) for r in requests))
+            finally:
+                done.set()
+                if sampler is not None:
+                    await sampler
+            if sampler is not None:  # a last sample: the pass's final counters
+                sample = await self._sample(client, t0)
+                if sample is not None:
+                    on_metrics(sample)
+
+    def run_pass(self, requests: Sequence[GenerationRequest], *, concurrency: int,
+                 on_result: Callable[[GenerationResult], None],
+                 on_metrics: Callable[[MetricsSample], None]) -> None:
+        """Send every request, at most ``concurrency`` at once; callbacks run in this thread."""
+        asyncio.run(self.run_pass_async(requests, concurrency=concurrency, on_result=on_result,
+                                        on_metrics=on_metrics))

@@ -1,0 +1,245 @@
+"""Engine adapter: ``vllm.LLM`` in a child process per arm (``vllm_offline_worker``).
+
+The child runs in the arm's environment (so settings such as ``VLLM_BATCH_INVARIANT`` apply from
+the first import) and in its own process group; stopping it frees all its GPU memory before the
+next arm starts. Requests and results travel as JSON lines over the child's stdin/stdout; the
+child's stderr (vLLM's log) goes to a file that is scanned like the server's. The child keeps at
+most ``concurrency`` requests in vLLM's engine and adds new ones as others finish, so the batch
+composition is continuous-batching like the server's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from bistat.engines.base import (
+    EngineInfo,
+    EngineRefused,
+    EngineStartError,
+    GenerationRequest,
+    GenerationResult,
+    MetricsSample,
+)
+from bistat.engines.vllm_server import DEFAULT_ENV, FORCED_ENV, LOG_FINDING_RE, _group_pids
+
+WORKER_MODULE = "bistat.engines.vllm_offline_worker"
+
+
+class VLLMOfflineEngine:
+    """``vllm.LLM(model, **engine_args)`` in a child process.
+
+    Parameters
+    ----------
+    model : str
+        Model path or id for ``vllm.LLM``.
+    args : mapping
+        ``vllm.LLM`` keyword arguments (``enable_prefix_caching`` defaults to False,
+        ``tensor_parallel_size`` is passed through).
+    env : mapping
+        The arm's environment variables.
+    python : str
+        Interpreter of the arm's environment.
+    start_timeout_s : float
+        Longest wait for the engine to load and compile.
+    pass_idle_timeout_s : float
+        Longest silence from the child during a pass before it is declared hung.
+    log_path : path or None
+        The child's stderr (a temporary file by default).
+    """
+
+    kind = "vllm-offline"
+
+    def __init__(self, model: str, *, args: Mapping[str, Any] | None = None,
+                 env: Mapping[str, str] | None = None, python: str = sys.executable,
+                 start_timeout_s: float = 900.0, pass_idle_timeout_s: float = 600.0,
+                 metrics_interval_s: float = 1.0, stop_grace_s: float = 30.0,
+                 log_path: str | os.PathLike | None = None) -> None:
+        self.model = model
+        self.engine_args = {"enable_prefix_caching": False, **dict(args or {})}
+        self.arm_env = {str(k): str(v) for k, v in (env or {}).items()}
+        self.python = python
+        self.start_timeout_s = start_timeout_s
+        self.pass_idle_timeout_s = pass_idle_timeout_s
+        self.metrics_interval_s = metrics_interval_s
+        self.stop_grace_s = stop_grace_s
+        self.log_path = Path(log_path) if log_path else None
+        self.proc: subprocess.Popen | None = None
+        self.info: EngineInfo | None = None
+        self._lines: queue.Queue = queue.Queue()
+        self._log_fh = None
+
+    ADAPTER_KEYS = ("python", "start_timeout_s", "pass_idle_timeout_s", "metrics_interval_s",
+                    "stop_grace_s", "log_path")
+
+    @classmethod
+    def from_experiment(cls, experiment: Any, arm: Any) -> "VLLMOfflineEngine":
+        """Build from a declaration: ``engine.args`` overridden by ``arm.args``; the adapter's own
+        keys (``ADAPTER_KEYS``) are taken out, the rest are ``vllm.LLM`` keyword arguments."""
+        args = {**dict(experiment.engine.args), **dict(arm.args)}
+        own = {k: args.pop(k) for k in cls.ADAPTER_KEYS if k in args}
+        return cls(experiment.engine.model, args=args, env=dict(arm.env), **own)
+
+    def child_env(self) -> dict[str, str]:
+        return {**os.environ, **DEFAULT_ENV, **self.arm_env, **FORCED_ENV}
+
+    def log_findings(self) -> tuple[str, ...]:
+        if self.log_path is None or not self.log_path.exists():
+            return ()
+        return tuple(line.strip() for line in self.log_path.read_text(errors="replace").splitlines()
+                     if LOG_FINDING_RE.search(line))
+
+    def _send(self, obj: dict[str, Any]) -> None:
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(obj) + "\n")
+        self.proc.stdin.flush()
+
+    def _reader(self, stream) -> None:
+        for line in stream:
+            self._lines.put(line)
+        self._lines.put(None)  # end of stream: the child exited
+
+    def _next(self, timeout: float) -> dict[str, Any] | None:
+        """The child's next message; None when it exited; ``TimeoutError`` when silent."""
+        try:
+            line = self._lines.get(timeout=timeout)
+        except queue.Empty:
+            raise TimeoutError from None
+        return None if line is None else json.loads(line)
+
+    def start(self) -> EngineInfo:
+        """Start the child and load the model; ``EngineRefused``/``EngineStartError`` on failure."""
+        if self.log_path is None:
+            fd, name = tempfile.mkstemp(prefix="bistat-vllm-offline-", suffix=".log")
+            os.close(fd)
+            self.log_path = Path(name)
+        self._log_fh = open(self.log_path, "ab")
+        try:
+            self.proc = subprocess.Popen(
+                [self.python, "-m", WORKER_MODULE], env=self.child_env(), stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=self._log_fh, text=True, bufsize=1,
+                start_new_session=True)
+        except OSError as exc:
+            raise EngineStartError(f"cannot run {self.python!r}: {exc}") from exc
+        threading.Thread(target=self._reader, args=(self.proc.stdout,), daemon=True).start()
+        try:
+            self._send({"op": "init", "model": self.model, "engine_args": self.engine_args})
+            msg = self._next(self.start_timeout_s)
+        except TimeoutError:
+            self.stop()
+            raise EngineStartError(f"vllm.LLM({self.model!r}) did not load within "
+                                   f"{self.start_timeout_s:g} s (log: {self.log_path})") from None
+        except BaseException:
+            self.stop()
+            raise
+        if msg is None or msg.get("op") != "ready":
+            self.stop()
+            detail = msg["message"] if msg else "the worker exited without a word"
+            if msg is not None and msg.get("refused"):
+                raise EngineRefused(f"vLLM refused the setting: {detail} (log: {self.log_path})")
+            raise EngineStartError(f"vllm.LLM({self.model!r}) failed to start: {detail} "
+                                   f"(log: {self.log_path})")
+        self.info = EngineInfo(kind=self.kind, version=msg["version"], commit=msg.get("commit"),
+                               args={"model": self.model, **self.engine_args,
+                                     "log_path": str(self.log_path)},
+                               env={**self.arm_env, **FORCED_ENV},
+                               log_findings=self.log_findings())
+        return self.info
+
+    def run_pass(self, requests: Sequence[GenerationRequest], *, concurrency: int,
+                 on_result: Callable[[GenerationResult], None],
+                 on_metrics: Callable[[MetricsSample], None]) -> None:
+        if self.proc is None:
+            raise EngineStartError("call start() before run_pass()")
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+        t0 = time.monotonic()
+        outstanding = {r.prompt_id for r in requests}
+        error = None
+        try:
+            self._send({"op": "pass", "requests": [asdict(r) for r in requests],
+                        "concurrency": concurrency, "metrics_interval_s": self.metrics_interval_s})
+        except (BrokenPipeError, OSError) as exc:
+            error = f"the vLLM worker is gone: {exc}"
+        while error is None:
+            try:
+                msg = self._next(self.pass_idle_timeout_s)
+            except TimeoutError:
+                error = f"the vLLM worker was silent for {self.pass_idle_timeout_s:g} s"
+                self.stop()
+                break
+            if msg is None:
+                error = f"the vLLM worker exited mid-pass (log: {self.log_path})"
+                break
+            op = msg.pop("op")
+            if op == "pass_done":
+                break
+            if op == "metrics":
+                on_metrics(MetricsSample(**msg))
+            elif op == "result":
+                outstanding.discard(msg["prompt_id"])
+                msg["top_logprobs"] = (None if msg["top_logprobs"] is None else
+                                       [[(int(t), float(lp)) for t, lp in pos]
+                                        for pos in msg["top_logprobs"]])
+                on_result(GenerationResult(**msg))
+        for r in requests:  # what the worker never answered fails, with the reason
+            if r.prompt_id in outstanding:
+                now = time.monotonic() - t0
+                on_result(GenerationResult(
+                    prompt_id=r.prompt_id, token_ids=[], text="", logprobs=None,
+                    top_logprobs=None, finish_reason=None, n_prompt_tokens=None, t_submit=now,
+                    t_first_token=None, t_done=now, error=error or "no answer from the worker"))
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"kind": self.kind, "model": self.model,
+                "version": self.info.version if self.info else None,
+                "commit": self.info.commit if self.info else None}
+
+    def stop(self) -> None:
+        """Ask the child to exit, then SIGINT/SIGKILL its process group; reap everything."""
+        proc, self.proc = self.proc, None
+        if proc is not None:
+            pgid = proc.pid
+            try:
+                self._send_to(proc, {"op": "exit"})
+                proc.wait(timeout=self.stop_grace_s)
+            except (OSError, ValueError, subprocess.TimeoutExpired):
+                pass
+            for sig in (signal.SIGINT, signal.SIGKILL):
+                if not _group_pids(pgid):
+                    break
+                try:
+                    os.killpg(pgid, sig)
+                except (ProcessLookupError, PermissionError):
+                    break
+                deadline = time.monotonic() + self.stop_grace_s
+                while _group_pids(pgid) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+            proc.wait()
+        if self._log_fh is not None:
+            self._log_fh.close()
+            self._log_fh = None
+
+    @staticmethod
+    def _send_to(proc: subprocess.Popen, obj: dict[str, Any]) -> None:
+        assert proc.stdin is not None
+        proc.stdin.write(json.dumps(obj) + "\n")
+        proc.stdin.flush()
+        proc.stdin.close()
+
+    def __enter__(self) -> "VLLMOfflineEngine":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

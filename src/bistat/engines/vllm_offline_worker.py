@@ -1,0 +1,173 @@
+"""Child process of ``VLLMOfflineEngine``: ``vllm.LLM`` driven by JSON lines on stdin/stdout.
+
+Run as ``python -m bistat.engines.vllm_offline_worker`` in the arm's environment. vLLM is
+imported here, in this child only. Protocol (one JSON object per line):
+
+parent -> worker                                   worker -> parent
+``{"op": "init", "model", "engine_args"}``         ``{"op": "ready", "version", "commit"}`` or
+                                                   ``{"op": "error", "refused", "message"}``
+``{"op": "pass", "requests", "concurrency",        ``{"op": "result", ...}`` per request,
+"metrics_interval_s"}``                            ``{"op": "metrics", ...}`` about once per
+                                                   interval, then ``{"op": "pass_done"}``
+``{"op": "exit"}``                                 (the worker exits)
+
+The protocol owns the real stdout: before vLLM is imported, file descriptor 1 is pointed at
+stderr, so anything vLLM prints goes to the log, never into the protocol stream.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from typing import Any, TextIO
+
+REFUSAL_WORDS = ("not supported", "unsupported", "NotImplementedError", "not compatible")
+
+
+def _protocol_stream() -> TextIO:
+    proto_fd = os.dup(1)
+    os.dup2(2, 1)  # fd 1 (print, C libraries) now goes to the log
+    sys.stdout = os.fdopen(1, "w", buffering=1)
+    return os.fdopen(proto_fd, "w", buffering=1)
+
+
+def _send(out: TextIO, obj: dict[str, Any]) -> None:
+    out.write(json.dumps(obj) + "\n")
+    out.flush()
+
+
+def _sampling_params(vllm: Any, req: dict[str, Any]) -> Any:
+    return vllm.SamplingParams(
+        n=1, max_tokens=req["max_tokens"], temperature=req["temperature"], top_p=req["top_p"],
+        top_k=req["top_k"], seed=req["seed"], logprobs=max(1, req["logprobs"]),
+        ignore_eos=req["ignore_eos"])
+
+
+def _prompt(llm: Any, req: dict[str, Any]) -> Any:
+    prompt = req["prompt"]
+    if isinstance(prompt, list):
+        return {"prompt_token_ids": prompt}
+    if req["chat"]:
+        prompt = llm.get_tokenizer().apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+    return {"prompt": prompt}
+
+
+def _result(out: Any, t0: float, t_submit: float, t_first: float | None) -> dict[str, Any]:
+    comp = out.outputs[0]
+    ids = [int(t) for t in comp.token_ids]
+    logprobs = top = None
+    if comp.logprobs is not None:
+        logprobs, top = [], []
+        for tok, position in zip(ids, comp.logprobs):
+            logprobs.append(float(position[tok].logprob))
+            ranked = sorted(position.items(), key=lambda kv: -kv[1].logprob)
+            top.append([[int(t), float(lp.logprob)] for t, lp in ranked])
+    return {"op": "result", "prompt_id": out.request_id, "token_ids": ids, "text": comp.text,
+            "logprobs": logprobs, "top_logprobs": top, "finish_reason": comp.finish_reason,
+            "n_prompt_tokens": len(out.prompt_token_ids or []), "t_submit": t_submit,
+            "t_first_token": t_first, "t_done": time.monotonic() - t0, "error": None}
+
+
+def _metrics(llm: Any, t: float, in_flight: int, counters: dict[str, float]) -> dict[str, Any]:
+    """The engine's own stats when ``LLM.get_metrics`` gives them, else the in-flight count."""
+    sample = {"op": "metrics", "t": t, "num_requests_running": float(in_flight),
+              "num_requests_waiting": 0.0, "num_preemptions_total": 0.0,
+              "generation_tokens_total": counters["generation"],
+              "prompt_tokens_total": counters["prompt"], "source": "inflight"}
+    get = getattr(llm, "get_metrics", None)
+    if get is None:
+        return sample
+    names = {"vllm:num_requests_running": "num_requests_running",
+             "vllm:num_requests_waiting": "num_requests_waiting",
+             "vllm:num_preemptions": "num_preemptions_total",
+             "vllm:generation_tokens": "generation_tokens_total",
+             "vllm:prompt_tokens": "prompt_tokens_total"}
+    try:
+        metrics = get()
+    except (AttributeError, RuntimeError, AssertionError):
+        return sample
+    found = {}
+    for m in metrics:
+        key = names.get(getattr(m, "name", "").removesuffix("_total"))
+        if key is not None and hasattr(m, "value"):
+            found[key] = found.get(key, 0.0) + float(m.value)
+    if "num_requests_running" in found:
+        sample.update(found, source="engine-stats")
+    return sample
+
+
+def run_pass(vllm: Any, llm: Any, msg: dict[str, Any], out: TextIO) -> None:
+    engine = llm.llm_engine
+    pending = list(msg["requests"])[::-1]
+    concurrency = int(msg["concurrency"])
+    interval = float(msg.get("metrics_interval_s", 1.0))
+    t0 = time.monotonic()
+    in_flight: dict[str, dict[str, Any]] = {}
+    counters = {"generation": 0.0, "prompt": 0.0}
+    next_sample = 0.0
+    while pending or in_flight:
+        while pending and len(in_flight) < concurrency:
+            req = pending.pop()
+            t_submit = time.monotonic() - t0
+            try:
+                engine.add_request(req["prompt_id"], _prompt(llm, req), _sampling_params(vllm, req))
+            except (ValueError, TypeError) as exc:  # vLLM rejects this one request
+                _send(out, {"op": "result", "prompt_id": req["prompt_id"], "token_ids": [],
+                            "text": "", "logprobs": None, "top_logprobs": None,
+                            "finish_reason": None, "n_prompt_tokens": None,
+                            "t_submit": t_submit, "t_first_token": None,
+                            "t_done": time.monotonic() - t0, "error": f"{type(exc).__name__}: {exc}"})
+                continue
+            in_flight[req["prompt_id"]] = {"t_submit": t_submit, "t_first": None}
+        now = time.monotonic() - t0
+        if now >= next_sample:
+            _send(out, _metrics(llm, now, len(in_flight), counters))
+            next_sample = now + interval
+        for o in engine.step():
+            state = in_flight.get(o.request_id)
+            if state is None:
+                continue
+            if state["t_first"] is None and o.outputs and len(o.outputs[0].token_ids) > 0:
+                state["t_first"] = time.monotonic() - t0
+            if o.finished:
+                del in_flight[o.request_id]
+                rec = _result(o, t0, state["t_submit"], state["t_first"])
+                counters["generation"] += len(rec["token_ids"])
+                counters["prompt"] += rec["n_prompt_tokens"]
+                _send(out, rec)
+    _send(out, _metrics(llm, time.monotonic() - t0, 0, counters))
+    _send(out, {"op": "pass_done"})
+
+
+def main() -> int:
+    out = _protocol_stream()
+    llm = vllm = None
+    for line in sys.stdin:
+        msg = json.loads(line)
+        op = msg["op"]
+        if op == "init":
+            try:
+                import vllm  # noqa: F811 — only ever imported in this child
+
+                llm = vllm.LLM(model=msg["model"], **msg["engine_args"])
+            except Exception as exc:  # reported to the parent, which classifies it
+                text = f"{type(exc).__name__}: {exc}"
+                traceback.print_exc()
+                _send(out, {"op": "error", "message": text,
+                            "refused": any(w.lower() in text.lower() for w in REFUSAL_WORDS)})
+                return 1
+            _send(out, {"op": "ready", "version": str(vllm.__version__),
+                        "commit": getattr(vllm, "__commit__", None)})
+        elif op == "pass":
+            run_pass(vllm, llm, msg, out)
+        elif op == "exit":
+            return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
