@@ -1,7 +1,147 @@
-"""(placeholder module: its owner replaces this file)"""
+"""``bistat register``, ``bistat verify`` and ``bistat design``: sealed pre-registration.
+
+Thin commands: each parses its arguments, calls one function of ``bistat.prereg`` or
+``bistat.design_report`` and formats the result. Library errors reach the user as
+``Error: <message>`` with exit code 1 (``bistat.cli.exitcodes.ERROR``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
 
 import click
 
+from bistat import prereg
+from bistat.design_report import DesignError, DesignReport, analyse_design, format_design
+from bistat.experiment import DeclarationError, load_experiment
+
+
+def _fail(exc: Exception) -> click.ClickException:
+    return click.ClickException(str(exc))
+
+
+def _json_out(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False))
+
+
+def _registration_text(reg: prereg.Registration, report: DesignReport, amended: bool) -> str:
+    git = reg.sealed["git"]
+    if git["commit"] is None and git["declaration_state"] is None:
+        git_text = "not in a git repository"
+    else:
+        git_text = f"commit {git['commit'] or '(none yet)'}, declaration {git['declaration_state']}"
+    lines = [
+        f"{'Amended' if amended else 'Registered'} '{reg.name}' in {reg.path}",
+        f"  sha256:     {reg.sha256}",
+        f"  registered: {reg.registered_utc}",
+    ]
+    if amended:
+        last = reg.amendments[-1]
+        lines.append(f"  amended:    {last['time_utc']} ({len(reg.amendments)} amendment"
+                     f"{'' if len(reg.amendments) == 1 else 's'}; reason: {last['reason']})")
+    lines.append(f"  bistat:     {reg.sealed['bistat_version']}")
+    lines.append(f"  git:        {git_text}")
+    return "\n".join(lines) + "\n\n" + format_design(report)
+
 
 def register(group: click.Group) -> None:
-    return None
+    """Add ``register``, ``verify`` and ``design`` to the ``bistat`` group."""
+
+    @group.command("register")
+    @click.argument("declaration", type=click.Path(dir_okay=False, path_type=Path))
+    @click.option("--amend", is_flag=True,
+                  help="Replace an existing registration's declaration (only while no data has "
+                       "been recorded for it); needs --reason.")
+    @click.option("--reason", default=None, help="Why the declaration changes (with --amend).")
+    @click.option("--registrations-dir", default=prereg.DEFAULT_REGISTRATIONS_DIR,
+                  show_default=True, type=click.Path(file_okay=False, path_type=Path),
+                  help="Where registrations are written.")
+    @click.option("--runs-dir", "runs_dirs", multiple=True,
+                  type=click.Path(file_okay=False, path_type=Path),
+                  help="Where recorded runs are searched before an amendment (repeatable; "
+                       "default: runs).")
+    @click.option("--json", "as_json", is_flag=True, help="Print the registration as JSON.")
+    def register_cmd(declaration: Path, amend: bool, reason: str | None,
+                     registrations_dir: Path, runs_dirs: tuple[Path, ...],
+                     as_json: bool) -> None:
+        """Seal DECLARATION (experiments/NAME.toml) into preregistrations/NAME.json.
+
+        The registration holds the fully resolved declaration, its SHA-256, the UTC time, the
+        bistat version, the git commit and state of the declaration file, and the design
+        analysis (printed, with its warnings). A registration is never overwritten; change it
+        with --amend --reason "..." before any data is recorded.
+        """
+        if reason is not None and not amend:
+            raise click.UsageError("--reason is only used with --amend")
+        try:
+            if amend:
+                if reason is None:
+                    raise click.UsageError("--amend needs --reason \"why the declaration "
+                                           "changes\"")
+                reg, report = prereg.amend(
+                    declaration, reason, registrations_dir=registrations_dir,
+                    runs_dirs=runs_dirs or (prereg.DEFAULT_RUNS_DIR,))
+            else:
+                reg, report = prereg.register(declaration, registrations_dir=registrations_dir)
+        except (DeclarationError, prereg.RegistrationError, DesignError) as exc:
+            raise _fail(exc) from exc
+        if as_json:
+            _json_out({"path": str(reg.path), **reg.data})
+        else:
+            click.echo(_registration_text(reg, report, amend), nl=False)
+
+    @group.command("verify")
+    @click.argument("registration", type=click.Path(dir_okay=False, path_type=Path))
+    @click.argument("run_dirs", nargs=-1, metavar="[RUN_DIR]...",
+                    type=click.Path(file_okay=False, path_type=Path))
+    @click.option("--runs-dir", "runs_dirs", multiple=True,
+                  type=click.Path(file_okay=False, path_type=Path),
+                  help="Where runs recorded against the registration are searched when no "
+                       "RUN_DIR is given (repeatable; default: runs).")
+    @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+    def verify_cmd(registration: Path, run_dirs: tuple[Path, ...],
+                   runs_dirs: tuple[Path, ...], as_json: bool) -> None:
+        """Re-check REGISTRATION's seal, and that it precedes every datum of its runs.
+
+        Checks the RUN_DIRs given, or else every run under --runs-dir that names the
+        registration. Exits 1 if the seal is broken, the amendment log was edited, or any
+        recorded datum is not later than the registration.
+        """
+        report = prereg.verify(registration, run_dirs,
+                               runs_dirs=runs_dirs or (prereg.DEFAULT_RUNS_DIR,))
+        if as_json:
+            _json_out(report.to_dict())
+            if not report.ok:
+                click.get_current_context().exit(1)
+            return
+        if not report.ok:
+            raise click.ClickException("\n".join(report.problems))
+        lines = [f"OK: {report.path} is intact (sha256 {report.sha256})",
+                 f"  registered: {report.registered_utc}"]
+        if report.amendments:
+            lines.append(f"  amended {report.amendments} time"
+                         f"{'' if report.amendments == 1 else 's'}, last sealed "
+                         f"{report.sealed_utc}")
+        if report.runs:
+            lines.append(f"  {len(report.runs)} run{'' if len(report.runs) == 1 else 's'}, "
+                         f"{report.n_data} timed records, all after the registration "
+                         f"(earliest {report.earliest_datum})")
+        else:
+            lines.append("  no recorded runs checked")
+        click.echo("\n".join(lines))
+
+    @group.command("design")
+    @click.argument("declaration", type=click.Path(dir_okay=False, path_type=Path))
+    @click.option("--json", "as_json", is_flag=True, help="Print the analysis as JSON.")
+    def design_cmd(declaration: Path, as_json: bool) -> None:
+        """Print DECLARATION's design analysis: prompts and passes needed, power, warnings."""
+        try:
+            report = analyse_design(load_experiment(declaration))
+        except (DeclarationError, DesignError) as exc:
+            raise _fail(exc) from exc
+        if as_json:
+            _json_out(report.to_dict())
+        else:
+            click.echo(format_design(report), nl=False)

@@ -1,0 +1,480 @@
+"""The design analysis of a declaration: what its plan can and cannot conclude.
+
+Composes the primitives of ``bistat.design`` for every criterion of the declared rule:
+
+- match-rate criteria (``match_lower_bound``): the smallest number of prompts for which a
+  perfect match clears the threshold, the mismatches tolerated at the declared number of
+  prompts, and the probability that the criterion is met at the assumed true match rate;
+- throughput criteria: the expected width of the ratio interval at the declared passes and
+  coefficient of variation (CV), and the probability that the criterion is met at each of a set
+  of true ratios (``design.true_ratios``), with the passes per arm that would reach the power
+  target where the plan falls short.
+
+The CV is declared (``design.expected_cv``, default 0.05) or read from an earlier run
+(``design.cv_from``: the pooled pass-to-pass CV of its counted passes, per arm, from
+``passes.jsonl``). Plans that cannot reach a verdict are warned about, saying what to change.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from bistat import design, stats
+from bistat.experiment import Experiment
+from bistat.rule import (
+    LargeDriftsAtMost,
+    MatchIntervalsOverlap,
+    MatchLowerBound,
+    MatchUpperBound,
+    ThroughputNotSlower,
+    ThroughputRatio,
+    ThroughputSlower,
+    needs_repeat_passes,
+)
+
+__all__ = [
+    "DesignError",
+    "MatchDesign",
+    "PowerAt",
+    "ThroughputDesign",
+    "LabelProbability",
+    "DesignReport",
+    "analyse_design",
+    "cv_from_run",
+    "format_design",
+]
+
+#: Prompts searched at most when suggesting a number of prompts.
+MAX_PROMPTS_SEARCHED = 1_000_000
+
+
+class DesignError(ValueError):
+    """The design analysis cannot be made (e.g. ``design.cv_from`` names no usable run)."""
+
+
+@dataclass(frozen=True)
+class MatchDesign:
+    """Design figures of one match criterion (None where they do not apply)."""
+
+    label: str
+    field: str                      # e.g. "rule.labels[0].all[0]"
+    criterion: str
+    description: str
+    threshold: str
+    n_prompts: int
+    min_prompts: int | None          # prompts for a perfect match to clear it
+    mismatches_tolerated: int | None  # at n_prompts; -1: even a perfect match falls short
+    assumed_match_rate: float
+    prob_met: float | None           # at the assumed match rate
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class PowerAt:
+    """P(criterion met) at one true ratio; ``holds``: the criterion is true at that ratio."""
+
+    true_ratio: float
+    prob_met: float | None
+    holds: bool
+    passes_for_target: int | None = None  # passes per arm reaching the power target (if short)
+
+
+@dataclass(frozen=True)
+class ThroughputDesign:
+    """Design figures of one throughput criterion."""
+
+    label: str
+    field: str
+    criterion: str
+    description: str
+    threshold: str
+    passes_per_arm: int
+    cv: float
+    halfwidth_log: float | None      # expected half-width of the log-ratio interval
+    interval_factor: float | None    # exp(halfwidth_log): interval ratio ×/÷ factor
+    power: tuple[PowerAt, ...]
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class LabelProbability:
+    """P(label's criteria all met) at a true ratio, when the criteria are independent."""
+
+    label: str
+    true_ratio: float
+    prob: float | None
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class DesignReport:
+    """The whole design analysis of one declaration."""
+
+    name: str
+    n_prompts: int
+    passes_per_arm: int
+    cv: float
+    cv_source: str
+    confidence_level: float
+    alternative: str
+    assumed_match_rate: float
+    true_ratios: tuple[float, ...]
+    power_target: float
+    match: tuple[MatchDesign, ...]
+    throughput: tuple[ThroughputDesign, ...]
+    labels: tuple[LabelProbability, ...]
+    other: tuple[str, ...]
+    warnings: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready data (stored in the registration)."""
+        data = asdict(self)
+        for key in ("true_ratios", "match", "throughput", "labels", "other", "warnings"):
+            data[key] = json.loads(json.dumps(data[key]))
+        return data
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def cv_from_run(run_dir: str | Path) -> tuple[stats.CVResult, str]:
+    """Pooled pass-to-pass CV of an earlier run's counted passes, grouped by arm.
+
+    Reads ``passes.jsonl`` (lines with ``kind == "counted"``, field ``output_tokens_per_s``,
+    grouped by ``arm``); a truncated last line is ignored.
+
+    Returns
+    -------
+    (stats.CVResult, str)
+        The pooled CV and a description of where it came from.
+    """
+    path = Path(run_dir) / "passes.jsonl"
+    if not path.is_file():
+        raise DesignError(f"design.cv_from: {run_dir}: no passes.jsonl there; name a run "
+                          "directory of an earlier run, or declare design.expected_cv instead")
+    groups: dict[str, list[float]] = {}
+    lines = path.read_text(encoding="utf-8").split("\n")
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if i == len(lines) - 1:  # a truncated last line (crash while writing): ignored
+                continue
+            raise DesignError(f"design.cv_from: {path}:{i + 1}: not JSON ({exc})") from exc
+        if rec.get("kind") != "counted":
+            continue
+        value = rec.get("output_tokens_per_s")
+        if isinstance(value, (int, float)) and value > 0:
+            groups.setdefault(str(rec.get("arm")), []).append(float(value))
+    try:
+        res = stats.pooled_cv(list(groups.values()))
+    except ValueError as exc:
+        raise DesignError(f"design.cv_from: {path}: {exc}; declare design.expected_cv "
+                          "instead") from exc
+    n = sum(len(v) for v in groups.values())
+    return res, (f"pooled from {run_dir} ({n} counted passes in {len(groups)} arms, "
+                 f"{res.df} degrees of freedom)")
+
+
+def analyse_design(exp: Experiment, *, base_dir: str | Path | None = None) -> DesignReport:
+    """Design analysis of a declaration (see the module docstring).
+
+    Parameters
+    ----------
+    exp : Experiment
+        The declaration.
+    base_dir : path, optional
+        Directory ``design.cv_from`` is relative to (default: the current directory).
+    """
+    rule, wl, des = exp.rule, exp.workload, exp.design
+    if des.cv_from is not None:
+        run_dir = Path(des.cv_from)
+        if not run_dir.is_absolute() and base_dir is not None:
+            run_dir = Path(base_dir) / run_dir
+        cv_res, cv_source = cv_from_run(run_dir)
+        cv = cv_res.cv
+    else:
+        cv = des.resolved_cv()
+        cv_source = "declared" if des.expected_cv is not None else "assumed; none declared"
+    assert cv is not None
+    n, passes, cl = wl.n_prompts, wl.passes, rule.confidence_level
+    alt = "greater" if rule.alternative == "greater" else "two-sided"
+    ratios = tuple(des.true_ratios)
+    target = des.power_target
+
+    match: list[MatchDesign] = []
+    through: list[ThroughputDesign] = []
+    other: list[str] = []
+    warnings: list[str] = []
+    labels: list[LabelProbability] = []
+
+    for li, spec in enumerate(rule.labels):
+        label_match: list[float | None] = []
+        label_through: list[ThroughputDesign] = []
+        independent = True
+        for ci, crit in enumerate(spec.criteria):
+            field = f"rule.labels[{li}].all[{ci}]"
+            description, threshold = crit.describe(rule)
+            where = f"{field} ('{spec.label}': {description} {threshold})"
+            if isinstance(crit, MatchLowerBound):
+                md = _match_design(spec.label, field, crit, description, threshold, n, cl, alt,
+                                   des.assumed_match_rate)
+                match.append(md)
+                warnings.extend(_match_warnings(md, where, crit, cl, alt, target))
+                label_match.append(md.prob_met)
+            elif isinstance(crit, (ThroughputRatio, ThroughputSlower, ThroughputNotSlower)):
+                td = _throughput_design(spec.label, field, crit, description, threshold, passes,
+                                        cv, cl, rule.tost_alpha, ratios, target)
+                through.append(td)
+                warnings.extend(_throughput_warnings(td, where, crit, ratios, target))
+                label_through.append(td)
+            else:
+                independent = False
+                other.append(f"{field} ('{spec.label}': {description} {threshold}): "
+                             + _no_design_reason(crit))
+        labels.extend(_label_probabilities(spec.label, label_match, label_through, ratios,
+                                           independent))
+
+    return DesignReport(
+        name=exp.name, n_prompts=n, passes_per_arm=passes, cv=cv, cv_source=cv_source,
+        confidence_level=cl, alternative=rule.alternative,
+        assumed_match_rate=des.assumed_match_rate, true_ratios=ratios, power_target=target,
+        match=tuple(match), throughput=tuple(through), labels=tuple(labels),
+        other=tuple(other), warnings=tuple(warnings),
+    )
+
+
+def _no_design_reason(crit: Any) -> str:
+    if isinstance(crit, MatchUpperBound):
+        return "no design figures (an upper bound on the match rate is not planned for)"
+    if isinstance(crit, MatchIntervalsOverlap):
+        return "no design figures (depends on the control arm's unknown match rate)"
+    if isinstance(crit, LargeDriftsAtMost):
+        return "no design figures (depends on the drift distribution)"
+    return "no design figures"
+
+
+def _match_design(label, field, crit, description, threshold, n, cl, alt, rate) -> MatchDesign:
+    min_n = design.min_prompts_for_threshold(crit.at_least, cl, alt)
+    tolerated = design.max_mismatches_tolerated(n, crit.at_least, cl, alt)
+    prob = design.prob_lower_bound_at_least(n, rate, crit.at_least, cl, alt)
+    return MatchDesign(label, field, crit.criterion, description, threshold, n, min_n, tolerated,
+                       rate, prob)
+
+
+def _match_warnings(md: MatchDesign, where: str, crit: MatchLowerBound, cl: float, alt: str,
+                    target: float) -> list[str]:
+    if md.min_prompts is not None and md.n_prompts < md.min_prompts:
+        return [f"{where} cannot be met even if every prompt matches: {md.n_prompts} prompts "
+                f"give at best a lower bound below {crit.at_least:g}; set workload.n_prompts >= "
+                f"{md.min_prompts}"]
+    if md.prob_met is not None and md.prob_met < target:
+        rate = md.assumed_match_rate
+        if rate <= crit.at_least:
+            fix = (f"at an assumed match rate of {rate:g}, at or below the threshold, no number "
+                   "of prompts reaches it; check design.assumed_match_rate or the threshold")
+        else:
+            needed = _prompts_for_power(lambda k: design.prob_lower_bound_at_least(
+                k, rate, crit.at_least, cl, alt), md.n_prompts, target)
+            fix = (f"about {needed} prompts would give {target:.0%} (set workload.n_prompts)"
+                   if needed is not None else
+                   f"no number of prompts up to {MAX_PROMPTS_SEARCHED} reaches {target:.0%}")
+        return [f"{where}: P(met) = {md.prob_met:.3f} at an assumed match rate of {rate:g} "
+                f"with {md.n_prompts} prompts ({md.mismatches_tolerated} mismatches tolerated), "
+                f"below the power target {target:.0%}; {fix}"]
+    return []
+
+
+def _prompts_for_power(power: Callable[[int], float], start: int, target: float) -> int | None:
+    # P(lower bound clears) saw-tooths in n; search the doubling grid, then bisect the last
+    # interval: the answer is approximate ("about"), which the warning says.
+    lo, hi = start, start * 2
+    while power(hi) < target:
+        lo, hi = hi, hi * 2
+        if hi > MAX_PROMPTS_SEARCHED:
+            return None
+    while hi - lo > max(1, lo // 100):
+        mid = (lo + hi) // 2
+        if power(mid) >= target:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def _holds(crit: Any, r: float) -> bool:
+    """Whether the criterion is true of the true ratio ``r`` (what it is meant to detect)."""
+    if isinstance(crit, ThroughputRatio):
+        return r < crit.below if crit.below is not None else r >= crit.at_least
+    if isinstance(crit, ThroughputSlower):
+        return r < crit.bound
+    if crit.is_tost:
+        return crit.margin_low < r < crit.margin_high
+    return r >= crit.lower_at_least
+
+
+def _power_fn(crit: Any, cv: float, cl: float, tost_alpha: float) -> Callable[[float, int], float]:
+    """``(true_ratio, passes_per_arm) -> P(criterion met)``."""
+    if isinstance(crit, ThroughputRatio):
+        bound = crit.below if crit.below is not None else crit.at_least
+        if crit.statistic == "point":
+            fn = design.power_ratio_point_below if crit.below is not None \
+                else design.power_ratio_point_at_least
+            return lambda r, p: fn(bound, r, p, cv)
+        # interval_high < b: the whole interval below b; interval_low >= b: the whole above.
+        # The two mixed forms are complements of those.
+        if crit.statistic == "interval_high":
+            if crit.below is not None:
+                return lambda r, p: design.power_ratio_interval_below(bound, r, p, cv, cl)
+            return lambda r, p: 1.0 - design.power_ratio_interval_below(bound, r, p, cv, cl)
+        if crit.at_least is not None:
+            return lambda r, p: design.power_ratio_interval_above(bound, r, p, cv, cl)
+        return lambda r, p: 1.0 - design.power_ratio_interval_above(bound, r, p, cv, cl)
+    if isinstance(crit, ThroughputSlower):
+        return lambda r, p: design.power_ratio_interval_below(crit.bound, r, p, cv, cl)
+    if crit.is_tost:
+        return lambda r, p: design.power_tost(crit.margin_low, crit.margin_high, r, p, cv,
+                                              tost_alpha)
+    return lambda r, p: design.power_ratio_interval_above(crit.lower_at_least, r, p, cv, cl)
+
+
+def _throughput_design(label, field, crit, description, threshold, passes, cv, cl, tost_alpha,
+                       ratios, target) -> ThroughputDesign:
+    if passes < 2:
+        why = ("1 counted pass per arm gives no estimate of pass-to-pass variation, so no "
+               "ratio interval" if needs_repeat_passes(crit) else
+               "1 counted pass per arm: the ratio's sampling error cannot be estimated")
+        fn = _power_fn(crit, cv, cl, tost_alpha)
+        power = tuple(PowerAt(r, None, _holds(crit, r),
+                              design.min_passes_for_power(lambda p, r=r: fn(r, p), target)
+                              if _holds(crit, r) else None) for r in ratios)
+        return ThroughputDesign(label, field, crit.criterion, description, threshold, passes, cv,
+                                None, None, power, note=why)
+    half = design.expected_ratio_halfwidth(passes, cv, cl)
+    fn = _power_fn(crit, cv, cl, tost_alpha)
+    power = []
+    for r in ratios:
+        prob = fn(r, passes)
+        holds = _holds(crit, r)
+        need = None
+        if holds and prob < target:
+            need = design.min_passes_for_power(lambda p, r=r: fn(r, p), target)
+        power.append(PowerAt(r, prob, holds, need))
+    return ThroughputDesign(label, field, crit.criterion, description, threshold, passes, cv,
+                            half, math.exp(half), tuple(power))
+
+
+def _throughput_warnings(td: ThroughputDesign, where: str, crit: Any, ratios, target) -> list[str]:
+    out: list[str] = []
+    if td.passes_per_arm < 2:
+        need = max((p.passes_for_target or 2 for p in td.power if p.holds), default=2)
+        verb = "cannot be evaluated" if needs_repeat_passes(crit) else "has no power analysis"
+        out.append(f"{where} {verb} with workload.passes = {td.passes_per_arm}: {td.note}; "
+                   f"set workload.passes >= {need}")
+        return out
+    for p in td.power:
+        if not p.holds or p.prob_met is None or p.prob_met >= target:
+            continue
+        fix = (f"{p.passes_for_target} passes per arm would give {target:.0%} power; set "
+               f"workload.passes >= {p.passes_for_target}" if p.passes_for_target is not None
+               else "no number of passes up to 200 reaches it; move the bound away from this "
+                    "ratio or reduce the pass-to-pass variation")
+        out.append(f"{where}: at a true ratio of {p.true_ratio:g}, P(met) = {p.prob_met:.3f} with "
+                   f"{td.passes_per_arm} passes per arm at CV {td.cv:.3g}, below the power target "
+                   f"{target:.0%}; {fix}")
+    if not any(p.holds for p in td.power):
+        out.append(f"{where}: none of design.true_ratios ({', '.join(f'{r:g}' for r in ratios)}) "
+                   "makes this criterion true, so its power is not assessed; add a ratio it "
+                   "should detect to design.true_ratios")
+    return out
+
+
+def _label_probabilities(label: str, match: list[float | None],
+                         through: list[ThroughputDesign], ratios, independent: bool
+                         ) -> list[LabelProbability]:
+    out: list[LabelProbability] = []
+    for i, r in enumerate(ratios):
+        if not independent:
+            note = "not computed: a criterion of this label has no design figures"
+        elif len(match) > 1 or len(through) > 1:
+            note = "not computed: criteria on the same data are not independent"
+        else:
+            note = None
+        prob: float | None = None
+        if note is None:
+            parts = list(match) + [td.power[i].prob_met for td in through]
+            if any(p is None for p in parts):
+                note = "not computed: a criterion has no probability"
+            else:
+                prob = math.prod(parts)  # type: ignore[arg-type]
+        out.append(LabelProbability(label, r, prob, note))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def _p(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+def format_design(report: DesignReport) -> str:
+    """Plain-text rendering of a design analysis (``bistat design``, ``bistat register``)."""
+    lines = [f"Design analysis of '{report.name}': {report.n_prompts} prompts, "
+             f"{report.passes_per_arm} counted passes per arm, CV {report.cv:.3g} "
+             f"({report.cv_source})"]
+    if report.match:
+        lines.append("")
+        lines.append(f"Match criteria ({report.confidence_level * 100:g} % Wilson, "
+                     f"{report.alternative}; assumed true match rate "
+                     f"{report.assumed_match_rate:g}):")
+        for md in report.match:
+            lines.append(f"  {md.label}: {md.description} {md.threshold}")
+            lines.append(f"    prompts needed for a perfect match to clear it: {md.min_prompts}")
+            tol = ("none (even a perfect match falls short)" if md.mismatches_tolerated == -1
+                   else str(md.mismatches_tolerated))
+            lines.append(f"    mismatches tolerated at {md.n_prompts} prompts: {tol}")
+            lines.append(f"    P(met) at a true match rate of {md.assumed_match_rate:g}: "
+                         f"{_p(md.prob_met)}")
+    if report.throughput:
+        lines.append("")
+        lines.append(f"Throughput criteria ({report.passes_per_arm} counted passes per arm, "
+                     f"CV {report.cv:.3g}):")
+        for td in report.throughput:
+            lines.append(f"  {td.label}: {td.description} {td.threshold}")
+            if td.interval_factor is not None:
+                lines.append(f"    expected ratio interval: estimate ×/÷ {td.interval_factor:.3f}"
+                             f" (log half-width {td.halfwidth_log:.4f})")
+            if td.note:
+                lines.append(f"    {td.note}")
+            probs = ", ".join(f"{p.true_ratio:g}: {_p(p.prob_met)}" for p in td.power)
+            lines.append(f"    P(met) at true ratio {probs}")
+    if report.labels:
+        lines.append("")
+        lines.append("P(label's criteria all met), match and throughput independent:")
+        by_label: dict[str, list[LabelProbability]] = {}
+        for lp in report.labels:
+            by_label.setdefault(lp.label, []).append(lp)
+        for label, lps in by_label.items():
+            if all(lp.prob is None for lp in lps):
+                lines.append(f"  {label}: {lps[0].note}")
+            else:
+                lines.append(f"  {label}: " + ", ".join(
+                    f"at true ratio {lp.true_ratio:g}: {_p(lp.prob)}" for lp in lps))
+    if report.other:
+        lines.append("")
+        lines.append("Other criteria:")
+        lines.extend(f"  {o}" for o in report.other)
+    lines.append("")
+    if report.warnings:
+        lines.append(f"Warnings ({len(report.warnings)}):")
+        lines.extend(f"  - {w}" for w in report.warnings)
+    else:
+        lines.append("Warnings: none")
+    return "\n".join(lines) + "\n"
