@@ -22,8 +22,7 @@ the Parquet files, which the script does not write.
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
+import datetime as dt
 import shutil
 import sys
 from pathlib import Path
@@ -31,11 +30,12 @@ from pathlib import Path
 import numpy as np
 
 from bistat.experiment import load_experiment
+from bistat.prereg import register
 from bistat.records import RunWriter, logprob_sha256, token_sha256
 
 NAME = "synthetic-example"
 SEED = 20260101
-REGISTERED_UTC = "2026-01-05T09:00:00Z"
+REGISTERED_UTC_DT = dt.datetime(2026, 1, 5, 9, 0, 0, tzinfo=dt.timezone.utc)
 CREATED_UTC = "2026-01-05T10:00:00Z"
 
 DECLARATION = '''\
@@ -119,12 +119,6 @@ N_FRAGILE = 9                                            # control prompts that 
 FAILED = ("default", 3, 37)                              # (arm, pass_index, prompt_index)
 
 
-def canonical_sha256(declaration: dict) -> str:
-    """SHA-256 of the canonical JSON (sorted keys, no spaces) of the resolved declaration."""
-    text = json.dumps(declaration, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
 def schedule_plan() -> list[tuple[str, str, int]]:
     """(arm, kind, pass_index): one warm-up per arm, then counted passes in ABBA order."""
     a, b = "default", "batch-invariant"
@@ -156,7 +150,6 @@ def simulate_pass(rng: np.random.Generator, arm: str, pass_index: int, kind: str
             lps[pos:] = np.round(-rng.exponential(0.6, n_tok - pos), 4)
         if arm == "default" and error is None:
             lps = lps + rng.choice([0.0, 1e-7, -1e-7], n_tok)   # last-bit noise of the logprobs
-        n_out = 0 if error else n_tok
         dur = step * (n_tok + 2) * float(np.exp(rng.normal(0.0, 0.05)))
         t_done = t_submit + (0.2 if error else dur)
         slots[s] = t_done
@@ -181,9 +174,9 @@ def simulate_pass(rng: np.random.Generator, arm: str, pass_index: int, kind: str
 
 
 def metrics_of(rows: list[dict], wall: float) -> list[dict]:
-    """Per-second samples of running requests and token counters."""
+    """Half-second samples of running requests and token counters."""
     out = []
-    t = 0.5
+    t = 0.25
     while t < wall:
         running = sum(1 for r in rows if r["t_submit"] <= t < r["t_done"])
         gen = sum(len(r["token_ids"]) for r in rows if r["t_done"] <= t)
@@ -193,7 +186,7 @@ def metrics_of(rows: list[dict], wall: float) -> list[dict]:
                     "prompt_tokens_total": float(sum(r["n_prompt_tokens"] for r in rows
                                                      if r["t_submit"] <= t)),
                     "source": "prometheus"})
-        t += 1.0
+        t += 0.5
     return out
 
 
@@ -213,19 +206,11 @@ def main(argv: list[str] | None = None) -> int:
     toml_path = out / f"{NAME}.toml"
     toml_path.write_text(DECLARATION, encoding="utf-8")
     exp = load_experiment(toml_path)
-    declaration = exp.resolved()
-    registration = {
-        "declaration": declaration,
-        "sha256": canonical_sha256(declaration),
-        "registered_utc": REGISTERED_UTC,
-        "bistat_version": "0.1.0",
-        "git": {"commit": FINGERPRINT["git"]["commit"], "dirty": False},
-        "amendments": [],
-        "design": None,
-    }
     reg_path = out / f"{NAME}.json"
-    reg_path.write_text(json.dumps(registration, indent=2, sort_keys=True, ensure_ascii=False)
-                        + "\n", encoding="utf-8")
+    if reg_path.exists():
+        reg_path.unlink()   # --force: the example is regenerated as a whole
+    # The real `bistat register`, at a fixed time, so that the example is reproducible.
+    registration, _design = register(toml_path, registrations_dir=out, now=REGISTERED_UTC_DT)
 
     rng = np.random.default_rng(SEED)
     n_prompts, n_tok = exp.workload.n_prompts, exp.workload.max_tokens
@@ -235,9 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     fragile[rng.choice(n_prompts, N_FRAGILE, replace=False)] = True
 
     header = {"run_id": f"{NAME}-20260105T100000Z",
-              "registration": {"path": f"{out.as_posix()}/{NAME}.json",
-                               "sha256": registration["sha256"],
-                               "registered_utc": REGISTERED_UTC, "name": NAME},
+              "registration": registration.reference(),
               "bistat_version": "0.1.0", "created_utc": CREATED_UTC,
               "command": ["bistat", "run", f"{out.as_posix()}/{NAME}.toml"],
               "engine_kind": "vllm-server"}

@@ -1,0 +1,884 @@
+"""Recorded run -> :class:`RunSummary`: match counts, first divergences, throughput, batching, validity.
+
+This module reads a run directory (``bistat.records``) and the sealed registration, counts what
+the records show and calls the pure statistics (``bistat.stats``) and the mechanical classifier
+(``bistat.classify``). It renders nothing: ``bistat.report`` turns the summary into a finding.
+
+Definitions (also in ``docs/RECORDS.md``, "How a run is analysed")
+-------------------------------------------------------------------
+*Counted passes* of an arm: passes recorded with ``kind = "counted"`` whose last ``end`` event in
+``schedule.jsonl`` has ``status = "complete"`` (when the schedule has no ``end`` event for a pass,
+the pass counts if it has responses). Warm-up passes and incomplete passes are never counted;
+incomplete counted passes are listed as deviations. When a prompt has several responses in one
+pass (a resumed run), the last one recorded counts.
+
+*Compared prompts* of an arm: prompts with a successful response (``error`` null) in every counted
+pass. A prompt with a failed request in any counted pass is excluded and counted
+(``n_excluded_failed``); a prompt missing from a counted pass is excluded and counted
+(``n_excluded_missing``); with unit ``token_ids+logprobs`` a response without logprobs excludes
+its prompt (``n_excluded_no_logprobs``).
+
+*Match unit*: ``token_ids`` compares ``token_sha256``; ``text`` compares ``text``;
+``token_ids+logprobs`` compares ``token_sha256`` and ``logprob_sha256`` (bitwise float64).
+
+*multi_pass*: ``all`` -- one unit per compared prompt; it matches when every counted pass gave
+the same output. ``pairwise`` -- one unit per compared prompt and unordered pair of counted
+passes, ``P (P - 1) / 2`` units per prompt with ``P`` counted passes; a pair matches when its two
+outputs are identical. Pairs of one prompt are not independent, so a Wilson interval over pairs
+is narrower than the prompt-level evidence justifies; the McNemar comparison between arms always
+uses the prompt-level ``all`` outcome.
+
+*First divergence*: for every compared prompt that does not match, each counted pass whose output
+differs from the arm's reference pass (its first counted pass) gives one position: the first
+token index where the token ids differ (for ``token_ids+logprobs``, where the token id or the
+logprob's bits differ); when one output is a prefix of the other, the shorter length.
+Token ids are loaded only for the mismatching prompts.
+
+*Batching evidence* per pass, from ``metrics.jsonl`` samples with ``num_requests_running``:
+mean and max running requests, mean waiting requests, and preemptions (last minus first
+``num_preemptions_total`` of the pass).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, is_dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from bistat import records
+from bistat import stats
+from bistat.classify import ArmStats, RunStatus, ValidityCheck, classify
+from bistat.experiment import Experiment
+from bistat.fingerprint import same_node, same_versions
+from bistat.prereg import Registration, load_registration, parse_time
+
+__all__ = [
+    "AnalysisError",
+    "PassSummary",
+    "Divergence",
+    "ArmSummary",
+    "ArmEnvironment",
+    "Comparison",
+    "MetricsSeries",
+    "RunSummary",
+    "analyze_run",
+    "summary_to_dict",
+]
+
+VERSION_KEYS = ("python", "numpy", "torch", "triton", "vllm", "bistat")
+
+
+class AnalysisError(Exception):
+    """The run cannot be analysed (missing registration, records of another experiment...)."""
+
+
+# --------------------------------------------------------------------------------------------
+# Result objects
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PassSummary:
+    """One recorded pass: its place in the schedule, throughput and batching evidence."""
+
+    arm: str
+    seq: int
+    pass_index: int
+    kind: str                        # "warmup" | "counted"
+    status: str                      # last schedule end status, or "no end event"
+    counted: bool                    # used in the analysis (counted and complete)
+    wall_s: float | None
+    n_requests: int | None
+    n_failed: int | None
+    output_tokens: int | None
+    output_tokens_per_s: float | None
+    requests_per_s: float | None
+    mean_running: float | None
+    max_running: float | None
+    mean_waiting: float | None
+    preemptions: float | None
+    n_metric_samples: int
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """A counted pass whose output for a prompt differs from the arm's reference pass."""
+
+    arm: str
+    prompt_id: str
+    pass_index: int
+    reference_pass: int
+    position: int
+
+
+@dataclass(frozen=True)
+class ArmEnvironment:
+    """What the arm ran on, from ``environment.jsonl`` (every engine start of the arm)."""
+
+    gpus: tuple[str, ...]            # "name (uuid, driver)"
+    gpu_uuids: tuple[str, ...]
+    versions: tuple[tuple[str, str | None], ...]
+    engine: str
+    host: str | None
+    n_starts: int
+
+
+@dataclass(frozen=True)
+class ArmSummary:
+    """Match counts, divergences and throughput of one arm."""
+
+    name: str
+    role: str
+    counted_passes: tuple[int, ...]
+    reference_pass: int | None
+    n_prompts_recorded: int
+    n_prompts: int                   # compared prompts
+    n_excluded_failed: int
+    n_excluded_missing: int
+    n_excluded_no_logprobs: int
+    n_prompts_matched: int           # compared prompts identical in every counted pass
+    unit: str                        # "prompt" | "prompt pair"
+    n_units: int
+    n_matched: int
+    match_interval: stats.Interval | None    # two-sided Wilson at the rule's confidence level
+    pass_throughputs: tuple[float, ...]
+    n_failed_requests: int           # failed requests in counted passes
+    divergences: tuple[Divergence, ...]
+
+    @property
+    def match_rate(self) -> float | None:
+        return self.n_matched / self.n_units if self.n_units else None
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One treatment against the control: paired match test, difference, ratio, verdict."""
+
+    control: str
+    treatment: str
+    n_paired: int
+    mcnemar: stats.McNemarResult | None
+    difference: stats.Interval | None     # treatment match rate - control match rate
+    ratio: stats.RatioResult | None
+    ratio_point: float | None
+    verdict: Any                          # bistat.classify.Verdict
+
+
+@dataclass(frozen=True)
+class MetricsSeries:
+    """Running requests over time in one pass (for the plot)."""
+
+    arm: str
+    seq: int
+    t: tuple[float, ...]
+    running: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """Everything a finding states, computed from the records and the registration."""
+
+    name: str
+    run_id: str
+    created_utc: str | None
+    engine_kind: str | None
+    command: tuple[str, ...]
+    registration_path: str | None
+    registration_sha256: str
+    registered_utc: str
+    sealed_utc: str
+    registration_bistat_version: str | None
+    hypothesis: str
+    declaration: Mapping[str, Any]
+    amendments: tuple[Mapping[str, Any], ...]
+    match_unit: str
+    multi_pass: str
+    confidence_level: float
+    arms: tuple[ArmSummary, ...]
+    passes: tuple[PassSummary, ...]
+    environments: tuple[tuple[str, ArmEnvironment], ...]
+    validity: tuple[ValidityCheck, ...]
+    status: RunStatus
+    comparisons: tuple[Comparison, ...]
+    metrics: tuple[MetricsSeries, ...]
+    events: tuple[tuple[str, str, str | None], ...]   # (arm, event, detail) of refusals/failures
+    deviations: tuple[str, ...]
+    not_run: tuple[str, ...]
+    gaps: tuple[str, ...]
+    n_response_records: int
+
+    def arm(self, name: str) -> ArmSummary:
+        return next(a for a in self.arms if a.name == name)
+
+
+# --------------------------------------------------------------------------------------------
+# Reading helpers
+# --------------------------------------------------------------------------------------------
+
+
+def _opt_float(x: Any) -> float | None:
+    if x is None:
+        return None
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(v) else v
+
+
+def _opt_str(x: Any) -> str | None:
+    """A string field as read (pandas gives NaN / NA for a missing string), or None."""
+    if x is None or (not isinstance(x, str) and pd.isna(x)):
+        return None
+    return str(x)
+
+
+def _opt_int(x: Any) -> int | None:
+    v = _opt_float(x)
+    return None if v is None else int(v)
+
+
+def _pass_status(schedule: pd.DataFrame) -> dict[tuple[str, int], str]:
+    """Last ``end`` status per (arm, pass_index)."""
+    out: dict[tuple[str, int], str] = {}
+    if schedule.empty:
+        return out
+    ends = schedule[schedule["event"] == "end"]
+    for arm, pidx, status in zip(ends["arm"], ends["pass_index"], ends["status"]):
+        out[(str(arm), int(pidx))] = _opt_str(status) or "no status"
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Matching
+# --------------------------------------------------------------------------------------------
+
+
+def _match_key(resp: pd.DataFrame, unit: str) -> pd.Series:
+    if unit == "token_ids":
+        return resp["token_sha256"]
+    if unit == "text":
+        return resp["text"]
+    if unit == "token_ids+logprobs":
+        tok, lp = resp["token_sha256"], resp["logprob_sha256"]
+        both = tok.notna() & lp.notna()
+        key = pd.Series(None, index=resp.index, dtype=object)
+        key[both] = tok[both].astype(str) + "|" + lp[both].astype(str)
+        return key
+    raise AnalysisError(f"match unit {unit!r} is not known; expected 'token_ids', 'text' or "
+                        "'token_ids+logprobs'")
+
+
+@dataclass
+class _ArmMatch:
+    ok: np.ndarray             # bool per prompt code: compared
+    matched: np.ndarray        # bool per prompt code: identical in every counted pass
+    mismatched: list[str]      # prompt ids compared and not identical, sorted
+    n_recorded: int
+    n_failed_prompts: int
+    n_missing: int
+    n_no_logprobs: int
+    n_units: int
+    n_matched: int
+    n_failed_requests: int
+
+
+def _match_arm(pid: np.ndarray, key: np.ndarray, failed: np.ndarray, prompt_ids: np.ndarray,
+               n_passes: int, multi_pass: str) -> _ArmMatch:
+    """Count matches of one arm from its counted responses (one row per prompt x pass).
+
+    ``pid`` and ``key`` are integer codes (prompt, match key; ``key < 0``: no key), ``failed``
+    marks failed requests, ``prompt_ids`` maps prompt codes back to ids. Vectorised with
+    ``np.bincount`` / ``np.unique`` so that 10^6 responses take well under a second.
+    """
+    n = len(prompt_ids)
+    n_rows = np.bincount(pid, minlength=n)
+    present = n_rows > 0
+    any_failed = np.bincount(pid, weights=failed, minlength=n) > 0
+    no_key_row = (key < 0) & ~failed
+    any_no_key = np.bincount(pid, weights=no_key_row, minlength=n) > 0
+    is_failed = present & any_failed
+    is_missing = present & (n_rows < n_passes) & ~is_failed
+    is_no_key = present & any_no_key & ~is_failed & ~is_missing
+    ok = present & ~is_failed & ~is_missing & ~is_no_key
+    rows = ok[pid]
+    n_keys = int(key.max()) + 2 if key.size else 1
+    pairs = pid[rows].astype(np.int64) * n_keys + (key[rows].astype(np.int64) + 1)
+    uniq, counts = np.unique(pairs, return_counts=True)
+    n_unique = np.bincount(uniq // n_keys, minlength=n)
+    matched = ok & (n_unique == 1)
+    mismatched = [str(x) for x in prompt_ids[ok & ~matched]]
+    if multi_pass == "all":
+        n_units, n_matched = int(ok.sum()), int(matched.sum())
+    elif multi_pass == "pairwise":
+        n_matched = int((counts * (counts - 1) // 2).sum())
+        n_units = int(ok.sum()) * n_passes * (n_passes - 1) // 2
+    else:
+        raise AnalysisError(f"multi_pass {multi_pass!r} is not known; expected 'all' or 'pairwise'")
+    return _ArmMatch(
+        ok=ok, matched=matched, mismatched=sorted(mismatched), n_recorded=int(present.sum()),
+        n_failed_prompts=int(is_failed.sum()), n_missing=int(is_missing.sum()),
+        n_no_logprobs=int(is_no_key.sum()), n_units=n_units, n_matched=n_matched,
+        n_failed_requests=int(failed.sum()),
+    )
+
+
+def _first_difference(a: Sequence[Any], b: Sequence[Any]) -> int | None:
+    """First index where ``a`` and ``b`` differ; the shorter length if one is a prefix; else None."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return min(len(a), len(b)) if len(a) != len(b) else None
+
+
+def _load_outputs(run_dir: Path, mismatched: Mapping[str, Sequence[str]], unit: str
+                  ) -> pd.DataFrame:
+    """Token ids (and logprobs) of the mismatching prompts only, in one read of the table."""
+    cols = ["arm", "kind", "pass_index", "prompt_id", "token_ids"]
+    if unit == "token_ids+logprobs":
+        cols.append("logprobs")
+    arms = [a for a, ids in mismatched.items() if ids]
+    if not arms:
+        return pd.DataFrame({c: [] for c in cols})
+    prompts = sorted({p for a in arms for p in mismatched[a]})
+    return records.read_table(run_dir, "responses", cols,
+                              filters={"arm": arms, "prompt_id": prompts})
+
+
+def _divergences(got: pd.DataFrame, arm: str, mismatched: Sequence[str], passes: Sequence[int],
+                 unit: str) -> list[Divergence]:
+    """First-divergence positions of the mismatching prompts of one arm."""
+    if not mismatched:
+        return []
+    got = got[got["arm"] == arm]
+    counted = set(passes)
+    outputs: dict[tuple[str, int], tuple[list, list | None]] = {}
+    lps = got["logprobs"].tolist() if "logprobs" in got else [None] * len(got)
+    # the last response recorded per (prompt, pass) counts, as in the match count
+    for kind, p, pid, ids, lp in zip(got["kind"].tolist(), got["pass_index"].tolist(),
+                                     got["prompt_id"].tolist(), got["token_ids"].tolist(), lps):
+        if kind == "counted" and int(p) in counted:
+            outputs[(pid, int(p))] = (ids or [], lp)
+    ref_pass = min(passes)
+    others = sorted(counted - {ref_pass})
+    out: list[Divergence] = []
+    for pid in mismatched:
+        ref = outputs.get((pid, ref_pass))
+        if ref is None:
+            continue
+        for p in others:
+            cur = outputs.get((pid, p))
+            if cur is None:
+                continue
+            pos = _first_difference(ref[0], cur[0])
+            if unit == "token_ids+logprobs":
+                lp_pos = _first_difference(  # bitwise: compare the float64s' bit patterns
+                    np.asarray(ref[1] or [], dtype="<f8").view("<i8").tolist(),
+                    np.asarray(cur[1] or [], dtype="<f8").view("<i8").tolist())
+                if lp_pos is not None and (pos is None or lp_pos < pos):
+                    pos = lp_pos
+            if pos is not None:
+                out.append(Divergence(arm=arm, prompt_id=str(pid), pass_index=p,
+                                      reference_pass=ref_pass, position=pos))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Batching evidence
+# --------------------------------------------------------------------------------------------
+
+
+def _batching(metrics: pd.DataFrame) -> tuple[dict[tuple[str, int], dict[str, Any]],
+                                              list[MetricsSeries]]:
+    out: dict[tuple[str, int], dict[str, Any]] = {}
+    series: list[MetricsSeries] = []
+    if metrics.empty:
+        return out, series
+    m = metrics[metrics["num_requests_running"].notna()]
+    m = m.sort_values(["arm", "seq", "t"], kind="stable")
+    for (arm, seq), grp in m.groupby(["arm", "seq"], sort=True):
+        running = grp["num_requests_running"].to_numpy(dtype=float)
+        waiting = grp["num_requests_waiting"].to_numpy(dtype=float)
+        pre = grp["num_preemptions_total"].dropna().to_numpy(dtype=float)
+        out[(str(arm), int(seq))] = {
+            "mean_running": float(np.mean(running)),
+            "max_running": float(np.max(running)),
+            "mean_waiting": float(np.nanmean(waiting)) if np.isfinite(waiting).any() else None,
+            "preemptions": float(pre[-1] - pre[0]) if pre.size else None,
+            "n": int(running.size),
+        }
+        series.append(MetricsSeries(str(arm), int(seq),
+                                    tuple(float(x) for x in grp["t"].to_numpy(dtype=float)),
+                                    tuple(float(x) for x in running)))
+    return out, series
+
+
+# --------------------------------------------------------------------------------------------
+# Environment and validity
+# --------------------------------------------------------------------------------------------
+
+
+def _environments(env: pd.DataFrame, arm_names: Sequence[str]) -> tuple[
+        dict[str, ArmEnvironment], dict[str, list[Mapping[str, Any]]]]:
+    envs: dict[str, ArmEnvironment] = {}
+    fps: dict[str, list[Mapping[str, Any]]] = {}
+    if env.empty:
+        return envs, fps
+    for arm in arm_names:
+        rows = env[env["arm"] == arm]
+        if rows.empty:
+            continue
+        prints = [fp if isinstance(fp, Mapping) else {} for fp in rows["fingerprint"]]
+        fps[arm] = prints
+        gpus: dict[str, None] = {}
+        uuids: dict[str, None] = {}
+        for fp in prints:
+            for g in fp.get("gpus") or []:
+                gpus.setdefault(f"{g.get('name')} ({g.get('uuid')}, driver {g.get('driver')})")
+                uuids.setdefault(str(g.get("uuid")))
+        last = prints[-1]
+        versions = last.get("versions") or {}
+        engine = rows["engine"].iloc[-1] if "engine" in rows else None
+        engine = engine if isinstance(engine, Mapping) else {}
+        engine_text = " ".join(str(x) for x in (engine.get("kind"), engine.get("version"))
+                               if x is not None) or "unknown"
+        envs[arm] = ArmEnvironment(
+            gpus=tuple(gpus), gpu_uuids=tuple(uuids),
+            versions=tuple((k, None if versions.get(k) is None else str(versions.get(k)))
+                           for k in VERSION_KEYS),
+            engine=engine_text, host=last.get("host"), n_starts=len(prints))
+    return envs, fps
+
+
+def _validity(exp: Experiment, passes: Sequence[PassSummary],
+              fps: Mapping[str, list[Mapping[str, Any]]], envs: Mapping[str, ArmEnvironment],
+              registered_utc: str, created_utc: str | None) -> list[ValidityCheck]:
+    checks: list[ValidityCheck] = []
+    v = exp.validity
+    counted = [p for p in passes if p.counted]
+    if created_utc is not None:
+        try:
+            ok: bool | None = parse_time(registered_utc) <= parse_time(created_utc)
+        except (TypeError, ValueError):
+            ok = None
+        checks.append(ValidityCheck(
+            name="registration precedes data", passed=ok, observed=created_utc,
+            limit=f"after {registered_utc}",
+            detail={True: "run created after the registration (its last sealing)",
+                    False: "the run was created before the registration was sealed: not a "
+                           "pre-registered test",
+                    None: "a time is not ISO 8601"}[ok]))
+    if v.min_mean_running is not None:
+        measured = [p for p in counted if p.mean_running is not None]
+        if measured:
+            low = min(measured, key=lambda p: (p.mean_running, p.seq))
+            checks.append(ValidityCheck(
+                name="mean running requests", passed=bool(low.mean_running >= v.min_mean_running),
+                observed=round(low.mean_running, 6), limit=v.min_mean_running,
+                detail=f"lowest over counted passes: {low.arm} pass {low.pass_index} "
+                       f"(schedule position {low.seq})"))
+        else:
+            checks.append(ValidityCheck(
+                name="mean running requests", passed=None, observed=None,
+                limit=v.min_mean_running, detail="no engine metrics recorded for counted passes"))
+    if v.max_preemptions is not None:
+        measured = [p for p in counted if p.preemptions is not None]
+        if measured:
+            per_arm: dict[str, float] = {}
+            for p in measured:
+                per_arm[p.arm] = per_arm.get(p.arm, 0.0) + float(p.preemptions or 0.0)
+            worst = max(sorted(per_arm), key=lambda a: per_arm[a])
+            checks.append(ValidityCheck(
+                name="preemptions", passed=bool(per_arm[worst] <= v.max_preemptions),
+                observed=per_arm[worst], limit=v.max_preemptions,
+                detail=f"most in one arm's counted passes: {worst}"))
+        else:
+            checks.append(ValidityCheck(
+                name="preemptions", passed=None, observed=None, limit=v.max_preemptions,
+                detail="no preemption counter recorded for counted passes"))
+    arms = [a.name for a in exp.arms]
+    all_fps = [fp for a in arms for fp in fps.get(a, [])]
+    missing = [a for a in arms if a not in fps]
+    if v.same_gpu:
+        if missing or not all_fps:
+            checks.append(ValidityCheck("same GPU", None, None, "identical GPU UUIDs",
+                                        f"no fingerprint for arm(s) {', '.join(missing)}"))
+        else:
+            ok = same_node(all_fps)
+            observed = "; ".join(f"{a}: {', '.join(envs[a].gpu_uuids) or 'no GPU'}" for a in arms)
+            checks.append(ValidityCheck(
+                "same GPU", ok, observed, "identical GPU UUIDs (host and CPU without a GPU)",
+                "one physical device set for every arm" if ok else
+                "arms ran on different devices (or a GPU UUID was unreadable)"))
+    if v.same_versions:
+        if missing or not all_fps:
+            checks.append(ValidityCheck("same versions", None, None, "identical versions",
+                                        f"no fingerprint for arm(s) {', '.join(missing)}"))
+        else:
+            ok = same_versions(all_fps)
+            differing = []
+            for k in VERSION_KEYS:
+                vals = {str((fp.get("versions") or {}).get(k)) for fp in all_fps}
+                if len(vals) > 1:
+                    differing.append(f"{k}: {' / '.join(sorted(vals))}")
+            commits = {str((fp.get("git") or {}).get("commit")) for fp in all_fps}
+            if len(commits) > 1:
+                differing.append(f"git commit: {' / '.join(sorted(commits))}")
+            drivers = {tuple(sorted(str(g.get("driver")) for g in fp.get("gpus") or []))
+                       for fp in all_fps}
+            if len(drivers) > 1:
+                differing.append("GPU driver differs")
+            checks.append(ValidityCheck(
+                "same versions", ok, "identical" if ok else "; ".join(differing) or "differ",
+                "identical python, numpy, torch, triton, vllm, bistat, git commit, driver",
+                "every engine start of every arm" if ok else "software differs between arms"))
+    return checks
+
+
+# --------------------------------------------------------------------------------------------
+# The analysis
+# --------------------------------------------------------------------------------------------
+
+
+def resolve_registration(run_dir: Path, header: Mapping[str, Any],
+                         registration: str | Path | None) -> Path:
+    """The registration file of a run: ``registration`` if given, else the one ``run.json`` names.
+
+    A relative path recorded in ``run.json`` is tried as given (relative to the working
+    directory, where ``bistat run`` was started) and then relative to the run directory.
+    """
+    if registration is not None:
+        return Path(registration)
+    reg = header.get("registration") or {}
+    path = reg.get("path") if isinstance(reg, Mapping) else None
+    if not path:
+        raise AnalysisError(f"{run_dir / 'run.json'}: field 'registration.path' missing; pass "
+                            "--registration PATH")
+    p = Path(path)
+    if not p.is_absolute() and not p.exists() and (run_dir / p).exists():
+        p = run_dir / p
+    if not p.exists():
+        raise AnalysisError(f"{run_dir / 'run.json'}: registration.path {path!r} does not exist "
+                            "here; pass --registration PATH")
+    return p
+
+
+def analyze_run(run_dir: str | Path, registration: str | Path | Registration | None = None
+                ) -> RunSummary:
+    """Analyse a recorded run against its sealed registration.
+
+    Parameters
+    ----------
+    run_dir : path
+        The run directory (``run.json`` and the JSONL / Parquet tables).
+    registration : path or Registration, optional
+        The registration (``preregistrations/NAME.json``); default: the path ``run.json`` names
+        in ``registration.path``. Its seal is checked (``bistat.prereg.load_registration``).
+
+    Returns
+    -------
+    RunSummary
+
+    Raises
+    ------
+    AnalysisError, bistat.records.RecordsError, bistat.prereg.RegistrationError
+        With the file and field that is wrong.
+    """
+    run_dir = Path(run_dir)
+    header = records.read_header(run_dir)
+    if not isinstance(registration, Registration):
+        registration = load_registration(resolve_registration(run_dir, header, registration))
+    reg = registration
+    exp = reg.experiment()
+    hdr_reg = header.get("registration") or {}
+    deviations: list[str] = []
+    recorded_sha = hdr_reg.get("sha256") if isinstance(hdr_reg, Mapping) else None
+    if recorded_sha is not None and recorded_sha != reg.sha256:
+        earlier = recorded_sha in reg.previous_sha256s
+        raise AnalysisError(
+            f"{run_dir / 'run.json'}: registration.sha256 {recorded_sha} is not the seal of "
+            f"{reg.path} ({reg.sha256})"
+            + ("; the run was recorded under an earlier seal, before an amendment"
+               if earlier else "; the run was recorded under another registration"))
+    unit, multi = exp.match.unit, exp.match.multi_pass
+    rule = exp.rule
+    cl = rule.confidence_level
+    arm_names = [a.name for a in exp.arms]
+    roles = {a.name: a.role for a in exp.arms}
+
+    # --- tables -----------------------------------------------------------------------------
+    gaps: list[str] = []
+    sched_read = records.load_table(run_dir, "schedule")
+    gaps.extend(sched_read.gaps)
+    schedule = sched_read.frame
+    pass_read = records.load_table(run_dir, "passes")
+    gaps.extend(pass_read.gaps)
+    passes_df = pass_read.frame
+    met_read = records.load_table(run_dir, "metrics", ["arm", "seq", "t", "num_requests_running",
+                                                        "num_requests_waiting",
+                                                        "num_preemptions_total"])
+    gaps.extend(met_read.gaps)
+    env_read = records.load_table(run_dir, "environment", ["arm", "block", "fingerprint", "engine"])
+    gaps.extend(env_read.gaps)
+    ev_read = records.load_table(run_dir, "events", ["arm", "event", "time_utc", "detail"])
+    gaps.extend(ev_read.gaps)
+    resp_cols = ["arm", "kind", "pass_index", "prompt_id", "error"]
+    resp_cols += {"token_ids": ["token_sha256"], "text": ["text"],
+                  "token_ids+logprobs": ["token_sha256", "logprob_sha256"]}[unit]
+    resp_read = records.load_table(run_dir, "responses", resp_cols)
+    gaps.extend(resp_read.gaps)
+    responses = resp_read.frame
+    n_response_records = len(responses)
+
+    unknown_arms = sorted(set(responses["arm"].dropna().unique().tolist()) - set(arm_names))
+    if unknown_arms:
+        deviations.append(f"responses recorded for arm(s) not in the registration, ignored: "
+                          f"{', '.join(unknown_arms)}")
+
+    # --- passes -----------------------------------------------------------------------------
+    status = _pass_status(schedule)
+    batching, series = _batching(met_read.frame)
+    counted_keys = responses.loc[responses["kind"] == "counted", ["arm", "pass_index"]]
+    with_responses = {(str(a), int(p)) for a, p in counted_keys.drop_duplicates().itertuples(
+        index=False)}
+    pass_rows: dict[tuple[str, int], dict[str, Any]] = {}
+    for rec in passes_df.to_dict("records") if not passes_df.empty else []:
+        pass_rows[(str(rec["arm"]), int(rec["pass_index"]))] = rec
+    starts: dict[tuple[str, int], dict[str, Any]] = {}
+    if not schedule.empty:
+        for rec in schedule[schedule["event"] == "start"].to_dict("records"):
+            starts[(str(rec["arm"]), int(rec["pass_index"]))] = rec
+    all_keys = sorted(set(pass_rows) | set(starts) | with_responses | set(status),
+                      key=lambda k: (int((pass_rows.get(k) or starts.get(k) or {"seq": 10**9})
+                                         .get("seq", 10**9)), k))
+    passes: list[PassSummary] = []
+    for arm, pidx in all_keys:
+        rec = pass_rows.get((arm, pidx), {})
+        st = starts.get((arm, pidx), {})
+        kind = (_opt_str(rec.get("kind")) or _opt_str(st.get("kind")) or
+                ("counted" if (arm, pidx) in with_responses else "unknown"))
+        seq = _opt_int(rec.get("seq", st.get("seq")))
+        stat = status.get((arm, pidx), "no end event")
+        counted = (kind == "counted" and arm in roles and
+                   (stat == "complete" or (stat == "no end event" and (arm, pidx) in with_responses)))
+        b = batching.get((arm, seq if seq is not None else -1), {})
+        batch_rec = rec.get("batching") if isinstance(rec.get("batching"), Mapping) else {}
+        passes.append(PassSummary(
+            arm=arm, seq=seq if seq is not None else -1, pass_index=pidx, kind=kind, status=stat,
+            counted=counted, wall_s=_opt_float(rec.get("wall_s")),
+            n_requests=_opt_int(rec.get("n_requests")), n_failed=_opt_int(rec.get("n_failed")),
+            output_tokens=_opt_int(rec.get("output_tokens")),
+            output_tokens_per_s=_opt_float(rec.get("output_tokens_per_s")),
+            requests_per_s=_opt_float(rec.get("requests_per_s")),
+            mean_running=b.get("mean_running", _opt_float(batch_rec.get("mean_running"))),
+            max_running=b.get("max_running", _opt_float(batch_rec.get("max_running"))),
+            mean_waiting=b.get("mean_waiting", _opt_float(batch_rec.get("mean_waiting"))),
+            preemptions=b.get("preemptions", _opt_float(batch_rec.get("preemptions"))),
+            n_metric_samples=int(b.get("n", 0))))
+        if kind == "counted" and not counted and arm in roles:
+            deviations.append(f"{arm} counted pass {pidx} (schedule position {seq}) ended "
+                              f"'{stat}'; not counted")
+
+    # --- arms -------------------------------------------------------------------------------
+    counted_rows = (responses["kind"] == "counted").to_numpy()
+    last = responses[counted_rows]
+    prompt_codes, prompt_ids = pd.factorize(last["prompt_id"], sort=True)
+    arm_codes, arm_uniques = pd.factorize(last["arm"])
+    arm_code = {str(a): i for i, a in enumerate(arm_uniques)}
+    pass_idx = last["pass_index"].to_numpy(dtype=np.int64)
+    row_key = ((arm_codes.astype(np.int64) * (int(pass_idx.max(initial=0)) + 1) + pass_idx)
+               * (len(prompt_ids) + 1) + prompt_codes)
+    dup = pd.Series(row_key).duplicated(keep="last").to_numpy()
+    if dup.any():
+        deviations.append(f"{int(dup.sum())} response(s) recorded twice for one prompt and pass "
+                          "(resumed run); the last recorded counts")
+    key_codes, _ = pd.factorize(_match_key(last, unit))
+    failed_rows = last["error"].notna().to_numpy()
+    prompt_ids = np.asarray(prompt_ids, dtype=object)
+    arm_summaries: list[ArmSummary] = []
+    matches: dict[str, _ArmMatch] = {}
+    arm_passes: dict[str, list[int]] = {}
+    for arm in arm_names:
+        cpasses = sorted(p.pass_index for p in passes if p.arm == arm and p.counted)
+        sel = (arm_codes == arm_code.get(arm, -2)) & np.isin(pass_idx, cpasses) & ~dup
+        matches[arm] = _match_arm(prompt_codes[sel], key_codes[sel], failed_rows[sel],
+                                  prompt_ids, len(cpasses), multi)
+        arm_passes[arm] = cpasses
+    outputs = _load_outputs(run_dir, {a: m.mismatched for a, m in matches.items()}, unit)
+    for arm in arm_names:
+        m, cpasses = matches[arm], arm_passes[arm]
+        divs = _divergences(outputs, arm, m.mismatched, cpasses, unit)
+        interval = None
+        if m.n_units > 0:
+            interval = stats.wilson_interval(m.n_matched, m.n_units, cl, "two-sided")
+        thr = tuple(float(p.output_tokens_per_s) for p in passes
+                    if p.arm == arm and p.counted and p.output_tokens_per_s is not None)
+        arm_summaries.append(ArmSummary(
+            name=arm, role=roles[arm], counted_passes=tuple(cpasses),
+            reference_pass=cpasses[0] if cpasses else None, n_prompts_recorded=m.n_recorded,
+            n_prompts=int(m.ok.sum()), n_excluded_failed=m.n_failed_prompts,
+            n_excluded_missing=m.n_missing, n_excluded_no_logprobs=m.n_no_logprobs,
+            n_prompts_matched=int(m.matched.sum()),
+            unit="prompt" if multi == "all" else "prompt pair",
+            n_units=m.n_units, n_matched=m.n_matched, match_interval=interval,
+            pass_throughputs=thr, n_failed_requests=m.n_failed_requests,
+            divergences=tuple(divs)))
+
+    # --- environment, validity, events --------------------------------------------------------
+    envs, fps = _environments(env_read.frame, arm_names)
+    ev = ev_read.frame
+    bad_events: list[tuple[str, str, str | None]] = []
+    if not ev.empty:
+        for arm, event, detail in zip(ev["arm"], ev["event"], ev["detail"]):
+            if event in ("refused", "start_failed"):
+                bad_events.append((str(arm), str(event), _opt_str(detail)))
+    validity = _validity(exp, passes, fps, envs, reg.sealed_utc, header.get("created_utc"))
+
+    # --- deviations and what was not run --------------------------------------------------------
+    not_run: list[str] = []
+    wl = exp.workload
+    for a in arm_summaries:
+        n_counted = len(a.counted_passes)
+        if n_counted == 0:
+            not_run.append(f"arm {a.name}: no counted pass recorded (declared {wl.passes})")
+        elif n_counted < wl.passes:
+            not_run.append(f"arm {a.name}: {wl.passes - n_counted} of {wl.passes} declared "
+                           "counted passes not recorded")
+        elif n_counted > wl.passes:
+            deviations.append(f"arm {a.name}: {n_counted} counted passes recorded, "
+                              f"{wl.passes} declared")
+        n_warm = len({p.pass_index for p in passes if p.arm == a.name and p.kind == "warmup"})
+        if n_warm != wl.warmup_passes:
+            deviations.append(f"arm {a.name}: {n_warm} warm-up pass(es) recorded, "
+                              f"{wl.warmup_passes} declared")
+        if a.n_excluded_failed:
+            deviations.append(f"arm {a.name}: {a.n_failed_requests} failed request(s) in counted "
+                              f"passes; {a.n_excluded_failed} prompt(s) excluded from matching")
+        if a.n_excluded_missing:
+            deviations.append(f"arm {a.name}: {a.n_excluded_missing} prompt(s) missing from a "
+                              "counted pass; excluded from matching")
+        if a.n_excluded_no_logprobs:
+            deviations.append(f"arm {a.name}: {a.n_excluded_no_logprobs} prompt(s) without "
+                              "logprobs; excluded from matching")
+        if a.n_prompts_recorded and a.n_prompts_recorded != wl.n_prompts:
+            deviations.append(f"arm {a.name}: {a.n_prompts_recorded} prompts recorded, "
+                              f"{wl.n_prompts} declared")
+    for p in passes:
+        if p.counted and p.n_requests is not None and p.n_requests != wl.n_prompts:
+            deviations.append(f"{p.arm} pass {p.pass_index}: {p.n_requests} requests, "
+                              f"{wl.n_prompts} declared")
+    for arm, event, detail in bad_events:
+        not_run.append(f"arm {arm}: engine {event.replace('_', ' ')}" +
+                       (f" ({detail})" if detail else ""))
+    if gaps:
+        deviations.append(f"{len(gaps)} unreadable record line(s) ignored (see Data gaps)")
+
+    # --- status -------------------------------------------------------------------------------
+    run_status = RunStatus(True)
+    reasons: list[str] = []
+    for arm, event, detail in bad_events:
+        reasons.append(f"arm {arm}: engine {event.replace('_', ' ')}"
+                       + (f": {detail}" if detail else ""))
+    for a in arm_summaries:
+        if not a.counted_passes:
+            reasons.append(f"arm {a.name}: no counted pass recorded")
+        elif a.n_prompts_recorded and a.n_prompts == 0 and a.n_excluded_failed == \
+                a.n_prompts_recorded:
+            reasons.append(f"arm {a.name}: every prompt had a failed request")
+        elif a.n_units == 0:
+            reasons.append(f"arm {a.name}: no prompt could be compared")
+    if reasons:
+        run_status = RunStatus(False, "; ".join(reasons))
+
+    # --- comparisons ----------------------------------------------------------------------------
+    control = next(a for a in arm_summaries if a.role == "control")
+    comparisons: list[Comparison] = []
+    for treat in (a for a in arm_summaries if a.role == "treatment"):
+        mc, mt = matches[control.name], matches[treat.name]
+        paired = mc.ok & mt.ok
+        n_paired = int(paired.sum())
+        mcn = None
+        if n_paired:
+            b = int((paired & mc.matched & ~mt.matched).sum())
+            c = int((paired & ~mc.matched & mt.matched).sum())
+            mcn = stats.mcnemar_test(b, c)
+        diff = None
+        if treat.n_units and control.n_units:
+            diff = stats.newcombe_difference(treat.n_matched, treat.n_units, control.n_matched,
+                                             control.n_units, cl)
+        ratio = None
+        point = None
+        tt, ct = treat.pass_throughputs, control.pass_throughputs
+        if tt and ct and all(x > 0 for x in tt + ct):
+            point = float(np.exp(np.mean(np.log(tt)) - np.mean(np.log(ct))))
+            if len(tt) >= 2 and len(ct) >= 2:
+                ratio = stats.throughput_ratio(tt, ct, cl)
+        verdict = classify(
+            rule,
+            ArmStats(control.name, "control", control.n_units, control.n_matched, ct),
+            ArmStats(treat.name, "treatment", treat.n_units, treat.n_matched, tt),
+            validity=tuple(validity), status=run_status)
+        comparisons.append(Comparison(control.name, treat.name, n_paired, mcn, diff, ratio,
+                                      point, verdict))
+
+    return RunSummary(
+        name=exp.name, run_id=str(header.get("run_id") or run_dir.name),
+        created_utc=header.get("created_utc"), engine_kind=header.get("engine_kind"),
+        command=tuple(str(x) for x in header.get("command") or ()),
+        registration_path=(hdr_reg.get("path") if isinstance(hdr_reg, Mapping) else None),
+        registration_sha256=reg.sha256, registered_utc=reg.registered_utc,
+        sealed_utc=reg.sealed_utc, registration_bistat_version=reg.sealed.get("bistat_version"),
+        hypothesis=exp.hypothesis,
+        declaration=reg.declaration, amendments=tuple(reg.amendments),
+        match_unit=unit, multi_pass=multi, confidence_level=cl,
+        arms=tuple(arm_summaries), passes=tuple(passes),
+        environments=tuple((a, envs[a]) for a in arm_names if a in envs),
+        validity=tuple(validity), status=run_status, comparisons=tuple(comparisons),
+        metrics=tuple(series), events=tuple(bad_events), deviations=tuple(deviations),
+        not_run=tuple(not_run), gaps=tuple(gaps), n_response_records=n_response_records)
+
+
+# --------------------------------------------------------------------------------------------
+# JSON
+# --------------------------------------------------------------------------------------------
+
+
+def _jsonable(x: Any) -> Any:
+    if hasattr(x, "to_dict") and callable(x.to_dict):
+        return _jsonable(x.to_dict())
+    if is_dataclass(x) and not isinstance(x, type):
+        return {k: _jsonable(getattr(x, k)) for k in x.__dataclass_fields__}
+    if hasattr(x, "model_dump"):
+        return x.model_dump(mode="json")
+    if isinstance(x, Enum):
+        return x.value
+    if isinstance(x, Mapping):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple, set, frozenset)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (np.floating, float)):
+        v = float(x)
+        return v if math.isfinite(v) else None
+    if isinstance(x, np.bool_):
+        return bool(x)
+    return x
+
+
+def summary_to_dict(summary: RunSummary, *, divergences: bool = True,
+                    metrics: bool = False) -> dict[str, Any]:
+    """The summary (with verdicts) as JSON-ready data; the bulky parts are optional."""
+    data = _jsonable(summary)
+    for arm in data["arms"]:
+        arm["match_rate"] = arm["n_matched"] / arm["n_units"] if arm["n_units"] else None
+        if not divergences:
+            arm["divergences"] = len(arm["divergences"])
+    if not metrics:
+        data.pop("metrics")
+    return data

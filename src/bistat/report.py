@@ -1,0 +1,292 @@
+"""``RunSummary`` + verdicts -> the markdown finding ``findings/NAME.md`` and its PNG plots.
+
+This layer formats finished results and computes no statistic (criterion.rs' ``Report``, STYLE.md
+§6). The output is a function of the summary alone: no clock is read, no absolute path is
+printed, numbers have fixed formats and plots are saved deterministically (``bistat.plots``),
+so regenerating a finding from the same records gives byte-identical files.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from bistat.analysis import RunSummary
+from bistat.plots import PLOTS, save_plots
+
+__all__ = ["FindingFiles", "render_markdown", "write_finding"]
+
+
+@dataclass(frozen=True)
+class FindingFiles:
+    """The files a finding consists of."""
+
+    markdown: Path
+    plots: tuple[Path, ...]
+
+
+# --------------------------------------------------------------------------------------------
+# formatting helpers
+
+
+def _f(x: float | None, digits: int = 4) -> str:
+    return "—" if x is None else f"{x:.{digits}f}"
+
+
+def _cell(x: Any) -> str:
+    if x is None:
+        return "—"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, float):
+        return f"{x:.4g}"
+    return str(x).replace("|", "\\|").replace("\n", " ")
+
+
+def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for row in rows:
+        lines.append("| " + " | ".join(_cell(c) if not isinstance(c, str) else
+                                       c.replace("|", "\\|").replace("\n", " ")
+                                       for c in row) + " |")
+    return "\n".join(lines)
+
+
+def _met(x: bool | None) -> str:
+    return {True: "**met**", False: "not met", None: "not evaluable"}[x]
+
+
+def _bullets(items: Iterable[str], empty: str) -> str:
+    items = list(items)
+    return "\n".join(f"- {x}" for x in items) if items else empty
+
+
+# --------------------------------------------------------------------------------------------
+# sections
+
+
+def _head(s: RunSummary) -> list[str]:
+    labels = ", ".join(f"**{c.verdict.label.value}** ({c.treatment} vs {c.control})"
+                       for c in s.comparisons)
+    out = [f"# Finding: {s.name}", "",
+           f"Verdict: {labels}.", "",
+           _table(("", ""), [
+               ("Registration", f"`{s.registration_path or '—'}`"),
+               ("Registration SHA-256", f"`{s.registration_sha256}`"),
+               ("Registered (UTC)", s.registered_utc),
+               ("Last sealed (UTC)", s.sealed_utc),
+               ("Registered with bistat", s.registration_bistat_version or "—"),
+               ("Run", f"`{s.run_id}`"),
+               ("Run created (UTC)", s.created_utc or "—"),
+               ("Engine", s.engine_kind or "—"),
+               ("Command", f"`{' '.join(s.command)}`" if s.command else "—"),
+               ("Response records read", str(s.n_response_records)),
+           ]), "",
+           "## Hypothesis", "", *[f"> {line}" if line else ">"
+                                  for line in s.hypothesis.splitlines()], ""]
+    return out
+
+
+def _verdict(s: RunSummary) -> list[str]:
+    out = ["## Verdict", ""]
+    for c in s.comparisons:
+        v = c.verdict
+        out += [f"### {c.treatment} (treatment) vs {c.control} (control): "
+                f"**{v.label.value}**", "", v.sentence, "", f"Basis: {v.basis}.", ""]
+        rows = []
+        for lr in v.labels:
+            for cr in lr.criteria:
+                rows.append((lr.label, cr.description, cr.observed_text, cr.threshold,
+                             _met(cr.met) + (f" ({cr.reason})" if cr.reason else "")))
+        out += [_table(("label", "criterion", "observed", "threshold", "met"), rows), ""]
+        label_rows = [(lr.label, "all criteria met" if lr.met else "not met")
+                      for lr in v.labels]
+        out += [_table(("label (in rule order)", "outcome"), label_rows), ""]
+        if v.untested_reasons:
+            out += ["Why untested:", "", _bullets(v.untested_reasons, ""), ""]
+        if v.notes:
+            out += ["Notes:", "", _bullets(v.notes, ""), ""]
+    return out
+
+
+def _rule(s: RunSummary) -> list[str]:
+    rule = s.declaration.get("rule", {})
+    return ["## Decision rule (as registered)", "",
+            "The rule exactly as sealed in the registration:", "",
+            "```json", json.dumps(rule, indent=2, ensure_ascii=False), "```", "",
+            f"Match unit: `{s.match_unit}`; multiple passes: `{s.multi_pass}`.", ""]
+
+
+def _amendments(s: RunSummary) -> list[str]:
+    out = ["## Amendments", ""]
+    if not s.amendments:
+        return out + ["None: the registration was not amended.", ""]
+    rows = []
+    for i, a in enumerate(s.amendments, start=1):
+        rows.append((str(i), str(a.get("time_utc", "—")), str(a.get("reason", "—")),
+                     f"`{a.get('old_declaration_sha256', '—')}`",
+                     f"`{a.get('new_declaration_sha256', '—')}`",
+                     f"`{a.get('previous_sha256', '—')}`"))
+    return out + [_table(("#", "time (UTC)", "reason", "declaration before (SHA-256)",
+                          "declaration after (SHA-256)", "seal replaced"), rows), ""]
+
+
+def _environment(s: RunSummary) -> list[str]:
+    out = ["## Environment", ""]
+    if not s.environments:
+        return out + ["No environment fingerprint was recorded.", ""]
+    names = [a for a, _ in s.environments]
+    envs = dict(s.environments)
+    rows = [("engine", *[envs[a].engine for a in names]),
+            ("engine starts", *[str(envs[a].n_starts) for a in names]),
+            ("GPU", *[", ".join(envs[a].gpus) or "none" for a in names]),
+            ("host", *[envs[a].host or "—" for a in names])]
+    keys = [k for k, _ in envs[names[0]].versions]
+    for k in keys:
+        rows.append((k, *[dict(envs[a].versions).get(k) or "not installed" for a in names]))
+    arm_env = {a["name"]: a.get("env") or {} for a in s.declaration.get("arms", [])}
+    rows.append(("declared env", *[", ".join(f"`{k}={v}`" for k, v in sorted(
+        arm_env.get(a, {}).items())) or "—" for a in names]))
+    return out + [_table(("", *names), rows), ""]
+
+
+def _match(s: RunSummary, plot: str) -> list[str]:
+    out = ["## Match", ""]
+    rows = []
+    for a in s.arms:
+        iv = a.match_interval
+        rows.append((f"{a.name} ({a.role})", ", ".join(str(p) for p in a.counted_passes) or "—",
+                     str(a.n_prompts_recorded), str(a.n_prompts), str(a.n_excluded_failed),
+                     str(a.n_excluded_missing), str(a.n_excluded_no_logprobs),
+                     str(a.n_prompts_matched), f"{a.n_matched} / {a.n_units} {a.unit}s",
+                     _f(a.match_rate),
+                     "—" if iv is None else f"[{iv.low:.4f}, {iv.high:.4f}]"))
+    cl = f"{s.confidence_level * 100:g} %"
+    out += [_table(("arm", "counted passes", "prompts recorded", "prompts compared",
+                    "excluded: failed request", "excluded: missing", "excluded: no logprobs",
+                    "prompts identical in all passes", "matched units", "match rate",
+                    f"{cl} Wilson interval"), rows), ""]
+    comp_rows = []
+    for c in s.comparisons:
+        mc = c.mcnemar
+        d = c.difference
+        comp_rows.append((f"{c.treatment} vs {c.control}", str(c.n_paired),
+                          "—" if mc is None else f"{mc.b} / {mc.c}",
+                          "—" if mc is None else f"{mc.pvalue:.4g} ({mc.method})",
+                          "—" if d is None else f"[{d.low:+.4f}, {d.high:+.4f}]"))
+    out += ["Between arms (paired by prompt; McNemar on prompts identical in all passes; "
+            f"Newcombe {cl} interval for treatment − control match rate):", "",
+            _table(("comparison", "paired prompts", "discordant: control only / treatment only",
+                    "McNemar p", f"Newcombe {cl} difference"), comp_rows), "",
+            f"![Match intervals per arm]({plot})", ""]
+    return out
+
+
+def _throughput(s: RunSummary, plot: str) -> list[str]:
+    out = ["## Throughput", ""]
+    rows = []
+    for p in s.passes:
+        rows.append((str(p.seq), p.arm, str(p.pass_index), p.kind, p.status,
+                     "yes" if p.counted else "no", _f(p.wall_s, 3),
+                     _cell(p.n_requests), _cell(p.n_failed), _cell(p.output_tokens),
+                     _f(p.output_tokens_per_s, 2), _f(p.requests_per_s, 3)))
+    out += [_table(("schedule position", "arm", "pass", "kind", "status", "counted", "wall s",
+                    "requests", "failed", "output tokens", "output tokens/s", "requests/s"),
+                   rows), ""]
+    cl = f"{s.confidence_level * 100:g} %"
+    ratio_rows = []
+    for c in s.comparisons:
+        r = c.ratio
+        ratio_rows.append((f"{c.treatment} ÷ {c.control}", _f(c.ratio_point),
+                           "—" if r is None else f"[{r.interval.low:.4f}, {r.interval.high:.4f}]",
+                           "—" if r is None else f"{r.df:.2f}",
+                           "—" if r is None else f"{r.n_treatment} / {r.n_control}"))
+    out += ["Ratio of per-pass output tokens/s (geometric means; Welch interval on log "
+            "throughput):", "",
+            _table(("ratio", "point", f"{cl} interval", "Welch df", "passes (treatment / control)"),
+                   ratio_rows), "",
+            "Wall time and requests/s are whole-pass figures; output tokens/s is what the rule "
+            "compares.", "", f"![Per-pass throughput]({plot})", ""]
+    return out
+
+
+def _divergence(s: RunSummary, plot: str) -> list[str]:
+    out = ["## First divergences", "",
+           "For each compared prompt that did not match, every counted pass whose output differs "
+           "from the arm's first counted pass gives the token index where they first differ.", ""]
+    rows = []
+    for a in s.arms:
+        pos = sorted(d.position for d in a.divergences)
+        n = len(pos)
+        rows.append((a.name, str(len({d.prompt_id for d in a.divergences})), str(n),
+                     str(pos[0]) if n else "—", str(pos[(n - 1) // 2]) if n else "—",
+                     str(pos[-1]) if n else "—"))
+    out += [_table(("arm", "prompts", "diverging passes", "earliest", "median (lower)",
+                    "latest"), rows), ""]
+    detail = [(d.arm, d.prompt_id, str(d.reference_pass), str(d.pass_index), str(d.position))
+              for a in s.arms for d in a.divergences]
+    if detail and len(detail) <= 200:
+        out += ["<details><summary>Every divergence</summary>", "",
+                _table(("arm", "prompt", "reference pass", "pass", "first differing index"),
+                       detail), "", "</details>", ""]
+    elif detail:
+        out += [f"{len(detail)} divergences: too many to list here; "
+                "`bistat analyze --json` prints them.", ""]
+    out += [f"![First-divergence positions]({plot})", ""]
+    return out
+
+
+def _batching(s: RunSummary, plot: str) -> list[str]:
+    out = ["## Batching", "", "From the engine's metrics samples of each pass.", ""]
+    rows = [(str(p.seq), p.arm, str(p.pass_index), p.kind, str(p.n_metric_samples),
+             _f(p.mean_running, 2), _f(p.max_running, 0), _f(p.mean_waiting, 2),
+             _f(p.preemptions, 0)) for p in s.passes]
+    out += [_table(("schedule position", "arm", "pass", "kind", "samples", "mean running",
+                    "max running", "mean waiting", "preemptions"), rows), "",
+            f"![Running requests over time]({plot})", ""]
+    return out
+
+
+def _validity(s: RunSummary) -> list[str]:
+    out = ["## Validity checks", ""]
+    rows = [(v.name, _cell(v.observed), _cell(v.limit),
+             {True: "passed", False: "**failed**", None: "not evaluable"}[v.passed], v.detail)
+            for v in s.validity]
+    out += [_table(("check", "observed", "limit", "result", "detail"), rows) if rows
+            else "No validity check was declared.", ""]
+    out += [f"Run status: {'testable' if s.status.testable else 'not testable'}"
+            + (f" ({s.status.reason})." if s.status.reason else "."), ""]
+    return out
+
+
+def _tail(s: RunSummary) -> list[str]:
+    return ["## Deviations", "", _bullets(s.deviations, "None recorded."), "",
+            "## Not run", "", _bullets(s.not_run, "Everything declared was run."), "",
+            "## Data gaps", "", _bullets(s.gaps, "None: every record line was readable."), "",
+            "---", "",
+            "Generated by `bistat analyze` from the recorded data; every number above is "
+            "recomputed from the records, and regenerating gives the same bytes.", ""]
+
+
+def render_markdown(summary: RunSummary, plot_files: dict[str, str] | None = None) -> str:
+    """The finding as markdown. ``plot_files`` maps plot suffix -> file name beside it."""
+    plots = plot_files or {suffix: f"{summary.name}-{suffix}.png" for suffix, _, _ in PLOTS}
+    parts = (_head(summary) + _verdict(summary) + _rule(summary) + _amendments(summary)
+             + _environment(summary) + _match(summary, plots["match"])
+             + _throughput(summary, plots["throughput"])
+             + _divergence(summary, plots["divergence"])
+             + _batching(summary, plots["running"]) + _validity(summary) + _tail(summary))
+    return "\n".join(parts).rstrip("\n") + "\n"
+
+
+def write_finding(summary: RunSummary, out_dir: str | Path) -> FindingFiles:
+    """Write ``out_dir/NAME.md`` and its plots ``out_dir/NAME-*.png``; return the paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = save_plots(summary, out, summary.name)
+    md = out / f"{summary.name}.md"
+    text = render_markdown(summary, {k: p.name for k, p in paths.items()})
+    md.write_bytes(text.encode("utf-8"))
+    return FindingFiles(md, tuple(paths.values()))

@@ -1,0 +1,250 @@
+"""records -> RunSummary: match counting, exclusions, divergences, validity, status, CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from bistat import records, stats
+from bistat.analysis import AnalysisError, analyze_run
+from bistat.cli import cli
+from bistat.report import render_markdown
+
+from helpers_analysis import GPU_B, declaration, fingerprint, make_run, register_tiny
+
+BASE = [[10 * i + k for k in range(4)] for i in range(10)]
+
+
+def diverge(ids: list[int], at: int) -> list[int]:
+    return ids[:at] + [999] * (len(ids) - at)
+
+
+def control_diverges(arm: str, p: int, i: int):
+    """ctl: prompt 2 differs at index 1 in pass 1, prompt 5 at index 3 in pass 1; trt: stable."""
+    if arm == "ctl" and p == 1 and i == 2:
+        return diverge(BASE[i], 1)
+    if arm == "ctl" and p == 1 and i == 5:
+        return diverge(BASE[i], 3)
+    return BASE[i]
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    reg = register_tiny(tmp_path, declaration())
+    return tmp_path, reg
+
+
+def test_all_passes_counts_and_divergences(tiny):
+    tmp, reg = tiny
+    run = make_run(tmp, reg, control_diverges,
+                   throughput=lambda arm, p: 80.0 + p if arm == "trt" else 100.0 + 2 * p)
+    s = analyze_run(run)
+    ctl, trt = s.arm("ctl"), s.arm("trt")
+    assert (ctl.n_prompts, ctl.n_matched, ctl.n_units) == (10, 8, 10)
+    assert (trt.n_prompts, trt.n_matched) == (10, 10)
+    assert [(d.prompt_id, d.pass_index, d.reference_pass, d.position) for d in ctl.divergences] \
+        == [("q02", 1, 0, 1), ("q05", 1, 0, 3)]
+    assert ctl.match_interval == stats.wilson_interval(8, 10, 0.95)
+    assert ctl.pass_throughputs == (100.0, 102.0) and trt.pass_throughputs == (80.0, 81.0)
+    (comp,) = s.comparisons
+    assert (comp.mcnemar.b, comp.mcnemar.c) == (0, 2)
+    assert comp.difference == stats.newcombe_difference(10, 10, 8, 10, 0.95)
+    assert comp.ratio == stats.throughput_ratio((80.0, 81.0), (100.0, 102.0), 0.95)
+    assert comp.verdict.label.value == "working"
+    assert s.deviations == () and s.not_run == () and s.gaps == ()
+
+
+def test_pairwise_counts_pairs_of_passes(tmp_path):
+    reg = register_tiny(tmp_path, declaration(passes=3, multi_pass="pairwise"))
+
+    def outputs(arm, p, i):   # ctl prompt 0: A, A, B -> 1 of 3 pairs; prompt 1: A, B, C -> 0
+        if arm == "ctl" and i == 0 and p == 2:
+            return diverge(BASE[0], 2)
+        if arm == "ctl" and i == 1 and p > 0:
+            return diverge(BASE[1], p)
+        return BASE[i]
+
+    s = analyze_run(make_run(tmp_path, reg, outputs, passes=3))
+    ctl = s.arm("ctl")
+    assert (ctl.unit, ctl.n_units, ctl.n_matched) == ("prompt pair", 30, 8 * 3 + 1)
+    assert ctl.n_prompts_matched == 8
+    assert s.comparisons[0].mcnemar.c == 2
+
+
+def test_failed_and_missing_prompts_are_excluded_and_counted(tiny):
+    tmp, reg = tiny
+
+    def outputs(arm, p, i):
+        if arm == "ctl" and p == 1 and i == 4:
+            return {"token_ids": [], "error": "HTTP 500"}
+        if arm == "ctl" and p == 0 and i == 7:
+            return None                        # never recorded
+        return BASE[i]
+
+    s = analyze_run(make_run(tmp, reg, outputs))
+    ctl = s.arm("ctl")
+    assert (ctl.n_prompts_recorded, ctl.n_prompts, ctl.n_excluded_failed,
+            ctl.n_excluded_missing, ctl.n_failed_requests) == (10, 8, 1, 1, 1)
+    assert s.comparisons[0].n_paired == 8
+    assert s.deviations == (
+        "arm ctl: 1 failed request(s) in counted passes; 1 prompt(s) excluded from matching",
+        "arm ctl: 1 prompt(s) missing from a counted pass; excluded from matching")
+
+
+def test_every_request_failed_is_untested(tiny):
+    tmp, reg = tiny
+    s = analyze_run(make_run(tmp, reg, lambda arm, p, i: {"error": "down"} if arm == "trt"
+                             else BASE[i]))
+    assert s.status.testable is False
+    assert s.status.reason == "arm trt: every prompt had a failed request"
+    assert s.comparisons[0].verdict.label.value == "untested"
+
+
+def test_logprob_unit_compares_bits_and_text_unit_compares_text(tmp_path):
+    reg = register_tiny(tmp_path, declaration(unit="token_ids+logprobs"))
+
+    def outputs(arm, p, i):
+        lps = [-0.5, -0.25, -1.0, -2.0]
+        if arm == "ctl" and i == 3 and p == 1:
+            lps = [-0.5, -0.25, -1.0000000000000002, -2.0]   # one ulp at index 2
+        if arm == "ctl" and i == 6:
+            lps = None                                      # no logprobs: excluded
+        return {"token_ids": BASE[i], "logprobs": lps}
+
+    s = analyze_run(make_run(tmp_path, reg, outputs))
+    ctl = s.arm("ctl")
+    assert (ctl.n_prompts, ctl.n_matched, ctl.n_excluded_no_logprobs) == (9, 8, 1)
+    assert [(d.prompt_id, d.position) for d in ctl.divergences] == [("q03", 2)]
+
+    (tmp_path / "t").mkdir()
+    reg2 = register_tiny(tmp_path / "t", declaration("texty", unit="text"), name="texty")
+    s2 = analyze_run(make_run(tmp_path / "t", reg2, lambda arm, p, i: {
+        "token_ids": BASE[i], "text": "same" if not (arm == "trt" and i == 0 and p) else "diff"}))
+    assert (s2.arm("trt").n_matched, s2.arm("ctl").n_matched) == (9, 10)
+
+
+def test_incomplete_pass_is_not_counted_and_duplicates_keep_the_last(tiny):
+    tmp, reg = tiny
+    run = make_run(tmp, reg, control_diverges,
+                   status=lambda arm, p: "interrupted" if (arm, p) == ("trt", 1) else "complete")
+    with records.RunWriter.open_existing(run) as w:   # a resumed run re-records q02 of ctl pass 1
+        w.append("responses", {"arm": "ctl", "seq": 2, "pass_index": 1, "kind": "counted",
+                               "prompt_id": "q02", "prompt_index": 2, "token_ids": BASE[2],
+                               "error": None, "token_sha256": records.token_sha256(BASE[2])})
+    s = analyze_run(run)
+    assert s.arm("trt").counted_passes == (0,)
+    assert s.arm("ctl").n_matched == 9
+    assert "trt counted pass 1 (schedule position 2) ended 'interrupted'; not counted" \
+        in s.deviations
+    assert "1 response(s) recorded twice for one prompt and pass (resumed run); the last " \
+           "recorded counts" in s.deviations
+    assert s.not_run == ("arm trt: 1 of 2 declared counted passes not recorded",)
+
+
+@pytest.mark.parametrize("kwargs, check, observed", [
+    ({"env_fp": lambda arm: fingerprint(GPU_B) if arm == "trt" else fingerprint()},
+     "same GPU", "ctl: GPU-aaaa; trt: GPU-bbbb"),
+    ({"env_fp": lambda arm: fingerprint(vllm="0.24.0") if arm == "trt" else fingerprint()},
+     "same versions", "vllm: 0.24.0 / 0.25.0"),
+    ({"running": lambda arm, p: [1.0, 2.0] if arm == "ctl" else [4.0, 4.0]},
+     "mean running requests", 1.5),
+])
+def test_failed_validity_check_makes_the_verdict_untested(tmp_path, kwargs, check, observed):
+    reg = register_tiny(tmp_path, declaration(min_mean_running=2.0))
+    s = analyze_run(make_run(tmp_path, reg, control_diverges,
+                             throughput=lambda arm, p: 50.0 + p if arm == "trt" else 100.0 + p,
+                             **kwargs))
+    failed = [v for v in s.validity if v.passed is False]
+    assert [(v.name, v.observed) for v in failed] == [(check, observed)]
+    verdict = s.comparisons[0].verdict
+    assert verdict.label.value == "untested"
+    assert verdict.untested_reasons[0].startswith(f"validity check {check} failed")
+
+
+def test_preemptions_above_the_cap_fail(tmp_path):
+    reg = register_tiny(tmp_path, declaration(max_preemptions=0))
+    s = analyze_run(make_run(tmp_path, reg, control_diverges,
+                             preemptions=lambda arm, p: 3.0 if arm == "trt" else 0.0))
+    (pre,) = [v for v in s.validity if v.name == "preemptions"]
+    assert (pre.passed, pre.observed, pre.limit) == (False, 6.0, 0)
+
+
+def test_engine_refused_is_untested_and_not_run(tiny):
+    tmp, reg = tiny
+    run = make_run(tmp, reg, control_diverges, events=[
+        {"arm": "trt", "event": "refused", "time_utc": "2026-02-01T13:00:00Z",
+         "detail": "VLLM_BATCH_INVARIANT unsupported on this GPU"}])
+    s = analyze_run(run)
+    assert s.status.reason == "arm trt: engine refused: VLLM_BATCH_INVARIANT unsupported on " \
+                              "this GPU"
+    assert s.not_run == ("arm trt: engine refused (VLLM_BATCH_INVARIANT unsupported on this "
+                         "GPU)",)
+    assert s.comparisons[0].verdict.label.value == "untested"
+
+
+def test_data_recorded_before_registration_fails_validity(tiny):
+    tmp, reg = tiny
+    s = analyze_run(make_run(tmp, reg, control_diverges, created_utc="2026-02-01T11:00:00Z"))
+    (check,) = [v for v in s.validity if v.name == "registration precedes data"]
+    assert check.passed is False
+    assert s.comparisons[0].verdict.label.value == "untested"
+
+
+def test_parquet_and_jsonl_give_the_same_finding(tiny):
+    tmp, reg = tiny
+    run = make_run(tmp, reg, control_diverges)
+    before = render_markdown(analyze_run(run))
+    records.compact(run)
+    assert records.load_table(run, "responses").source == "parquet"
+    assert render_markdown(analyze_run(run)) == before
+
+
+def test_run_recorded_under_another_registration_is_refused(tiny):
+    tmp, reg = tiny
+    run = make_run(tmp, reg, control_diverges)
+    (tmp / "o").mkdir()
+    other = register_tiny(tmp / "o", declaration(n_prompts=11), name="tiny")
+    with pytest.raises(AnalysisError) as err:
+        analyze_run(run, other.path)
+    assert str(err.value) == (
+        f"{run / 'run.json'}: registration.sha256 {reg.sha256} is not the seal of {other.path} "
+        f"({other.sha256}); the run was recorded under another registration")
+
+
+def test_cli_analyze_and_compact(tiny, monkeypatch):
+    tmp, reg = tiny
+    make_run(tmp, reg, control_diverges,
+             throughput=lambda arm, p: 50.0 + p if arm == "trt" else 100.0 + p)
+    monkeypatch.chdir(tmp)
+    runner = CliRunner()
+    res = runner.invoke(cli, ["analyze", "run", "--out", "out"], catch_exceptions=False)
+    assert res.exit_code == 0
+    assert res.output == ("wrote out/tiny.md and 4 plots\n"
+                          "trt vs ctl: working\n"
+                          "  Batch invariance is working by the registered rule.\n")
+    assert sorted(p.name for p in (tmp / "out").iterdir()) == [
+        "tiny-divergence.png", "tiny-match.png", "tiny-running.png", "tiny-throughput.png",
+        "tiny.md"]
+    res = runner.invoke(cli, ["analyze", "run", "--out", "out", "--json"], catch_exceptions=False)
+    data = json.loads(res.output)
+    assert [(a["name"], a["n_matched"], a["n_units"]) for a in data["arms"]] == [
+        ("ctl", 8, 10), ("trt", 10, 10)]
+    assert data["comparisons"][0]["verdict"]["label"] == "working"
+    res = runner.invoke(cli, ["compact", "run"], catch_exceptions=False)
+    assert res.output.splitlines()[:2] == ["wrote run/schedule.parquet", "wrote run/responses.parquet"]
+    (tmp / "empty").mkdir()
+    res = runner.invoke(cli, ["analyze", "empty"])
+    assert (res.exit_code, res.output) == (
+        1, "Error: empty/run.json: not found; is empty a bistat run directory?\n")
+
+
+def test_cli_fail_on_returns_the_verdict_code(tiny, monkeypatch):
+    tmp, reg = tiny
+    make_run(tmp, reg, control_diverges)   # equal throughput: not "working"
+    monkeypatch.chdir(tmp)
+    res = CliRunner().invoke(cli, ["analyze", "run", "--out", "out", "--fail-on",
+                                   "reported as observed"])
+    assert res.exit_code == 11
+    assert "trt vs ctl: reported as observed" in res.output

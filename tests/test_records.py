@@ -1,0 +1,187 @@
+"""The recorded-data format: append-only writer, readers with gaps, schema checks, compaction."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+import threading
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from bistat import records
+from bistat.records import RecordsError, RunWriter
+
+
+def _resp(i: int, **kw) -> dict:
+    ids = [i, i + 1, i + 2]
+    rec = {"arm": "a", "seq": 0, "pass_index": 0, "kind": "counted", "prompt_id": f"p{i}",
+           "prompt_index": i, "token_ids": ids, "text": "x", "logprobs": [-0.5, -0.25, 0.0],
+           "top_logprobs": [[[i, -0.5], [7, -2.0]]], "finish_reason": "length",
+           "n_prompt_tokens": 4, "t_submit": 0.0, "t_first_token": None, "t_done": 1.25,
+           "error": None, "attempts": 1, "token_sha256": records.token_sha256(ids),
+           "logprob_sha256": None}
+    rec.update(kw)
+    return rec
+
+
+def test_create_writes_header_once_and_refuses_an_existing_run(tmp_path):
+    run = tmp_path / "r"
+    with RunWriter.create(run, {"run_id": "x"}):
+        pass
+    assert json.loads((run / "run.json").read_text()) == {"run_id": "x", "schema": "bistat.run/1"}
+    with pytest.raises(RecordsError) as err:
+        RunWriter.create(run, {"run_id": "y"})
+    assert str(err.value) == (
+        f"{run / 'run.json'}: a run is already recorded here and is never overwritten; choose a "
+        "new run directory, or resume this one (RunWriter.open_existing / bistat run --resume)")
+    assert json.loads((run / "run.json").read_text())["run_id"] == "x"
+
+
+def test_append_adds_schema_one_line_per_record(tmp_path):
+    with RunWriter.create(tmp_path / "r", {}) as w:
+        w.append("events", {"arm": "a", "event": "started", "time_utc": "t", "detail": None})
+        w.append("events", {"arm": "a", "event": "stopped", "time_utc": "u", "detail": "d"})
+    lines = (tmp_path / "r" / "events.jsonl").read_text().splitlines()
+    assert lines == [
+        '{"schema":"bistat.events/1","arm":"a","event":"started","time_utc":"t","detail":null}',
+        '{"schema":"bistat.events/1","arm":"a","event":"stopped","time_utc":"u","detail":"d"}']
+
+
+def test_append_refusals_name_the_problem(tmp_path):
+    run = tmp_path / "r"
+    with RunWriter.create(run, {}) as w:
+        with pytest.raises(RecordsError, match="unknown table 'response'; expected one of "
+                                               "'schedule', 'responses'"):
+            w.append("response", {})
+        with pytest.raises(RecordsError, match=r"record schema 'bistat.passes/1' does not match "
+                                               r"table schema 'bistat.responses/1'"):
+            w.append("responses", {"schema": "bistat.passes/1"})
+        with pytest.raises(RecordsError) as err:
+            w.append("passes", {"wall_s": float("nan")})
+        assert "field(s) ['wall_s'] hold NaN or infinity" in str(err.value)
+        w.append("passes", {"n": np.int64(3), "x": np.float32(0.5), "ids": np.arange(2)})
+    assert records.read_jsonl(run / "passes.jsonl")[0] == [
+        {"schema": "bistat.passes/1", "n": 3, "x": 0.5, "ids": [0, 1]}]
+    with pytest.raises(RecordsError, match="writer is closed"):
+        w.append("passes", {})
+
+
+def test_truncated_last_line_is_a_gap_and_resume_closes_it_off(tmp_path):
+    run = tmp_path / "r"
+    with RunWriter.create(run, {}) as w:
+        w.append("responses", _resp(0))
+        w.append("responses", _resp(1))
+    with open(run / "responses.jsonl", "a") as fh:   # a crash in the middle of a line
+        fh.write('{"schema":"bistat.responses/1","arm":"a","se')
+    recs, gaps = records.read_jsonl(run / "responses.jsonl")
+    assert [r["prompt_id"] for r in recs] == ["p0", "p1"]
+    assert gaps == ["responses.jsonl:3: truncated line (no newline: cut off while being "
+                    "written); ignored"]
+    with RunWriter.open_existing(run) as w:
+        w.append("responses", _resp(2))
+    recs, gaps = records.read_jsonl(run / "responses.jsonl")
+    assert [r["prompt_id"] for r in recs] == ["p0", "p1", "p2"]
+    assert gaps == ["responses.jsonl:3: unreadable line (cut off by a crash and closed off on "
+                    "resume); ignored"]
+    # the partial line was kept, not rewritten
+    assert (run / "responses.jsonl").read_text().splitlines()[2].endswith('"arm":"a","se')
+
+
+def test_unknown_schema_versions_are_refused(tmp_path):
+    run = tmp_path / "r"
+    with RunWriter.create(run, {}) as w:
+        w.append("events", {"arm": "a"})
+    with open(run / "events.jsonl", "a") as fh:
+        fh.write('{"schema":"bistat.events/2","arm":"b"}\n')
+    with pytest.raises(RecordsError) as err:
+        records.read_jsonl(run / "events.jsonl")
+    assert str(err.value) == (f"{run / 'events.jsonl'}:2: schema version 'bistat.events/2' is "
+                              "not supported; this bistat reads 'bistat.events/1'. Upgrade "
+                              "bistat to read newer records")
+    (run / "run.json").write_text('{"schema": "bistat.run/9"}')
+    with pytest.raises(RecordsError, match=r"run.json: field 'schema': schema version "
+                                           r"'bistat.run/9' is not supported"):
+        records.read_header(run)
+    with pytest.raises(RecordsError, match="not found; is .* a bistat run directory"):
+        records.read_header(tmp_path / "nothing")
+
+
+def test_compact_round_trip_and_fallback_when_jsonl_grows(tmp_path):
+    run = tmp_path / "r"
+    with RunWriter.create(run, {}) as w:
+        for i in range(5):
+            w.append("responses", _resp(i, error="boom" if i == 3 else None))
+        w.append("passes", {"arm": "a", "seq": 0, "pass_index": 0, "batching": {"max": 2}})
+    before = records.load_table(run, "responses")
+    assert before.source == "jsonl"
+    written = records.compact(run)
+    assert [p.name for p in written] == ["responses.parquet", "passes.parquet"]
+    after = records.load_table(run, "responses")
+    assert after.source == "parquet"
+    pd.testing.assert_frame_equal(before.frame, after.frame)
+    assert after.frame.loc[0, "top_logprobs"] == [[[0, -0.5], [7, -2.0]]]
+    assert after.frame.loc[2, "token_ids"] == [2, 3, 4]
+    assert records.read_table(run, "passes")["batching"].tolist() == [{"max": 2}]
+    cols = ["prompt_id", "token_ids", "absent"]
+    sub = records.read_table(run, "responses", cols, filters={"prompt_id": ["p1", "p4"]})
+    assert sub["prompt_id"].tolist() == ["p1", "p4"]
+    assert sub["token_ids"].tolist() == [[1, 2, 3], [4, 5, 6]]
+    assert sub["absent"].isna().all()
+    with RunWriter.open_existing(run) as w:   # the JSONL grows: Parquet is stale
+        w.append("responses", _resp(5))
+    grown = records.load_table(run, "responses", cols, filters={"prompt_id": ["p1", "p5"]})
+    assert grown.source == "jsonl"
+    assert grown.frame["prompt_id"].tolist() == ["p1", "p5"]
+    pd.testing.assert_frame_equal(
+        sub.reset_index(drop=True),
+        records.read_table(run, "responses", cols, filters={"prompt_id": ["p1", "p4"]}))
+
+
+def test_compact_keeps_gaps_and_refuses_badly_typed_fields(tmp_path):
+    run = tmp_path / "r"
+    with RunWriter.create(run, {}) as w:
+        w.append("responses", _resp(0))
+    with open(run / "responses.jsonl", "a") as fh:
+        fh.write("{broken\n")
+    records.compact(run)
+    read = records.load_table(run, "responses")
+    assert (read.source, read.gaps) == ("parquet", (
+        "responses.jsonl:2: unreadable line (cut off by a crash and closed off on resume); "
+        "ignored",))
+    bad = tmp_path / "b"
+    with RunWriter.create(bad, {}) as w:
+        w.append("responses", _resp(0, seq="first"))
+    with pytest.raises(RecordsError, match=r"responses.jsonl: field 'seq' does not hold int64 "
+                                           r"values"):
+        records.compact(bad)
+
+
+def test_hashes_are_little_endian_int64_and_float64():
+    assert records.token_sha256([]) == hashlib.sha256(b"").hexdigest()
+    assert records.token_sha256([1, 256]) == hashlib.sha256(
+        struct.pack("<qq", 1, 256)).hexdigest()
+    assert records.logprob_sha256(None) is None
+    assert records.logprob_sha256([-0.5]) == hashlib.sha256(struct.pack("<d", -0.5)).hexdigest()
+    # bitwise: -0.0 and 0.0 compare equal as floats but are different records
+    assert records.logprob_sha256([0.0]) != records.logprob_sha256([-0.0])
+
+
+def test_concurrent_appends_never_interleave(tmp_path):
+    run = tmp_path / "r"
+    with RunWriter.create(run, {}) as w:
+        def work(k: int) -> None:
+            for i in range(50):
+                w.append("metrics", {"arm": f"a{k}", "seq": i, "t": float(i),
+                                     "source": "x" * 500})
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    recs, gaps = records.read_jsonl(run / "metrics.jsonl")
+    assert gaps == [] and len(recs) == 200
+    assert sorted((r["arm"], r["seq"]) for r in recs) == sorted(
+        (f"a{k}", i) for k in range(4) for i in range(50))

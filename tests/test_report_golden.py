@@ -1,0 +1,74 @@
+"""The worked example: the committed synthetic run regenerates the committed finding byte for byte."""
+
+from __future__ import annotations
+
+import filecmp
+import subprocess
+import sys
+from pathlib import Path
+
+import matplotlib.image
+import pytest
+
+from bistat.analysis import analyze_run
+from bistat.report import write_finding
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "synthetic"
+FINDINGS = ROOT / "findings"
+NAME = "synthetic-example"
+PLOTS = ("match", "throughput", "divergence", "running")
+
+
+@pytest.fixture(scope="module")
+def regenerated(tmp_path_factory):
+    out1 = tmp_path_factory.mktemp("finding1")
+    out2 = tmp_path_factory.mktemp("finding2")
+    summary = analyze_run(EXAMPLE / "run", EXAMPLE / f"{NAME}.json")
+    write_finding(summary, out1)
+    write_finding(analyze_run(EXAMPLE / "run", EXAMPLE / f"{NAME}.json"), out2)
+    return summary, out1, out2
+
+
+def test_committed_finding_is_regenerated_byte_for_byte(regenerated):
+    _, out, _ = regenerated
+    committed = (FINDINGS / f"{NAME}.md").read_bytes()
+    fresh = (out / f"{NAME}.md").read_bytes()
+    assert fresh == committed, (
+        "findings/synthetic-example.md is stale: regenerate it with "
+        "`bistat analyze examples/synthetic/run --out findings` and review the diff")
+
+
+def test_plots_are_byte_identical_when_regenerated(regenerated):
+    _, out1, out2 = regenerated
+    for plot in PLOTS:
+        name = f"{NAME}-{plot}.png"
+        assert (out1 / name).read_bytes() == (out2 / name).read_bytes(), name
+        # the committed PNG exists and has the regenerated size (its pixels depend on the
+        # matplotlib / FreeType version that drew it, so only the markdown is compared exactly)
+        assert (matplotlib.image.imread(FINDINGS / name).shape
+                == matplotlib.image.imread(out1 / name).shape), name
+
+
+def test_finding_states_what_the_issue_requires(regenerated):
+    summary, out, _ = regenerated
+    text = (out / f"{NAME}.md").read_text(encoding="utf-8")
+    for heading in ("## Hypothesis", "## Verdict", "## Decision rule (as registered)",
+                    "## Amendments", "## Environment", "## Match", "## Throughput",
+                    "## First divergences", "## Batching", "## Validity checks",
+                    "## Deviations", "## Not run"):
+        assert f"\n{heading}\n" in text, heading
+    assert f"| Registration SHA-256 | `{summary.registration_sha256}` |" in text
+    assert "Verdict: **working** (batch-invariant vs default)." in text
+    assert ("- arm default: 1 failed request(s) in counted passes; 1 prompt(s) excluded from "
+            "matching") in text
+    assert str(out) not in text and str(ROOT) not in text   # no machine-specific paths
+
+
+def test_generator_reproduces_the_committed_records(tmp_path):
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_synthetic_run.py"),
+                    "--out", str(tmp_path)], check=True, capture_output=True, cwd=ROOT)
+    for table in ("schedule", "responses", "passes", "metrics", "environment", "events"):
+        assert filecmp.cmp(tmp_path / "run" / f"{table}.jsonl",
+                           EXAMPLE / "run" / f"{table}.jsonl", shallow=False), table
+    assert (tmp_path / f"{NAME}.toml").read_bytes() == (EXAMPLE / f"{NAME}.toml").read_bytes()
