@@ -55,7 +55,8 @@ def test_minimal_declaration_resolves_every_default():
     exp = load_experiment(DECL / "minimal.toml")
     r = exp.resolved()
     assert r["workload"] == {
-        "source": "builtin:chat", "n_prompts": 400, "max_tokens": 16, "concurrency": 8,
+        "source": "builtin:chat", "n_prompts": 400, "max_tokens": 16, "max_tokens_min": None,
+        "concurrency": 8,
         "passes": 3, "warmup_passes": 1, "order": "abba", "seed": 0, "temperature": 0.0,
         "top_p": 1.0, "top_k": -1, "ignore_eos": False, "shuffle_within_pass": True,
         "retries": 2, "request_timeout_s": 600.0,
@@ -121,7 +122,7 @@ def test_tensor_parallel_and_several_treatments_are_declarable():
         "workload.max_tokens: expected an integer, got '4' (string)",
         "workload.passes: required field is missing; add it to [workload]",
         "workload.pases: unknown field 'pases'; did you mean 'passes'? allowed: source, "
-        "n_prompts, max_tokens, concurrency, passes, warmup_passes, order, seed, temperature, "
+        "n_prompts, max_tokens, max_tokens_min, concurrency, passes, warmup_passes, order, seed, temperature, "
         "top_p, top_k, ignore_eos, shuffle_within_pass, retries, request_timeout_s",
         "rule.labels[0].all[0].at_least: must be less than 1.0, got 1.5",
         "rule.labels[0].all[1]: unknown criterion 'throughput_slowr'; expected one of "

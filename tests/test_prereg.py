@@ -338,3 +338,32 @@ def test_amend_refused_on_a_tampered_registration(work):
     _change_threshold(work, "0.98")
     with pytest.raises(RegistrationError, match="seal broken"):
         amend("experiments/minimal.toml", "x", now=at(1))
+
+
+def _reseal(path: Path, mutate) -> None:
+    """Rewrite a registration as an older (or forged) bistat would have sealed it."""
+    data = json.loads(path.read_text())
+    mutate(data["sealed"]["declaration"])
+    data["sealed"]["declaration_sha256"] = sha256_hex(data["sealed"]["declaration"])
+    data["sha256"] = sha256_hex(data["sealed"])
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def test_a_registration_sealed_before_a_new_schema_field_stays_readable(work):
+    register("experiments/minimal.toml", now=T0)
+    path = work / "preregistrations" / "minimal.json"
+    # An older schema had no workload.max_tokens_min: its registration lacks the key.
+    _reseal(path, lambda d: d["workload"].pop("max_tokens_min"))
+    reg = load_registration(path)
+    assert "max_tokens_min" not in reg.declaration["workload"]
+    assert reg.experiment().workload.max_tokens_min is None
+
+
+def test_a_sealed_value_the_schema_resolves_differently_is_refused(work):
+    register("experiments/minimal.toml", now=T0)
+    path = work / "preregistrations" / "minimal.json"
+    # Resealed with a value bistat register never writes: the CV left unresolved (it resolves
+    # to the declared default, 0.05).
+    _reseal(path, lambda d: d["design"].update(expected_cv=None))
+    with pytest.raises(RegistrationError, match="is not in resolved form"):
+        load_registration(path)

@@ -73,7 +73,7 @@ class DeclarationError(ValueError):
 
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]*$"
-SOURCE_PATTERN = r"^(builtin:chat|builtin:token-ids|file:.+\.jsonl)$"
+SOURCE_PATTERN = r"^(builtin:chat|builtin:token-ids(\?[a-z0-9=&_.]*)?|file:.+\.jsonl)$"
 
 
 class _Model(BaseModel):
@@ -86,6 +86,9 @@ class EngineSpec(_Model):
     kind: str
     model: str = Field(min_length=1)
     args: dict[str, Any] = Field(default_factory=dict)
+    engines_concurrent: bool | Literal["auto"] = Field(
+        default="auto", description="keep every arm's engine up at once (true), restart per block "
+                                    "of passes (false), or decide from the engine kind (auto)")
 
     @field_validator("kind")
     @classmethod
@@ -122,6 +125,10 @@ class Workload(_Model):
     source: str = Field(pattern=SOURCE_PATTERN)
     n_prompts: int = Field(ge=1)
     max_tokens: int = Field(ge=1)
+    max_tokens_min: int | None = Field(
+        default=None, ge=1, description="when set, prompt i's output length is drawn uniformly from "
+                                        "[max_tokens_min, max_tokens] (seeded per prompt, the same in "
+                                        "every pass and arm); use with ignore_eos = true")
     concurrency: int = Field(ge=1)
     passes: int = Field(ge=1, description="counted passes per arm")
     warmup_passes: int = Field(default=1, ge=0)
@@ -142,6 +149,13 @@ class Workload(_Model):
             raise ValueError("0 is ambiguous across engines; use -1 for off or a positive k")
         return top_k
 
+    @model_validator(mode="after")
+    def _min_tokens(self) -> "Workload":
+        if self.max_tokens_min is not None and self.max_tokens_min > self.max_tokens:
+            raise ValueError(f"max_tokens_min ({self.max_tokens_min}) exceeds max_tokens "
+                             f"({self.max_tokens}); lower it or raise max_tokens")
+        return self
+
 
 class Match(_Model):
     """What counts as two passes of a prompt matching."""
@@ -153,10 +167,17 @@ class Match(_Model):
 class Validity(_Model):
     """Checks that must pass for the run to test the hypothesis (else the verdict is *untested*)."""
 
-    min_mean_running: float | None = Field(default=1.5, ge=0.0)
+    min_mean_running: float | None = Field(default=1.5, ge=0.0,
+                                           description="false (or 0) disables the check")
     max_preemptions: int | None = Field(default=None, ge=0)
     same_gpu: bool = True
     same_versions: bool = True
+
+    @field_validator("min_mean_running", mode="before")
+    @classmethod
+    def _disable(cls, value: Any) -> Any:
+        # TOML has no null: ``min_mean_running = false`` switches the check off.
+        return None if value is False else value
 
 
 class Design(_Model):

@@ -386,7 +386,7 @@ def _seal_problems(path: Path, data: dict[str, Any]) -> list[str]:
                         "declaration was changed after it was sealed")
     try:
         exp = validate_experiment(sealed["declaration"], source=f"{path}: declaration")
-        if exp.resolved() != sealed["declaration"]:
+        if not _sealed_within(sealed["declaration"], exp.resolved()):
             problems.append(f"{path}: the declaration is not in resolved form; it was not "
                             "written by bistat register")
     except DeclarationError as exc:
@@ -416,6 +416,22 @@ def _seal_problems(path: Path, data: dict[str, Any]) -> list[str]:
         problems.append(f"{path}: the last amendment does not produce the sealed declaration; "
                         "the log was edited")
     return problems
+
+
+def _sealed_within(sealed: Any, resolved: Any) -> bool:
+    """True when every value the seal holds is what the current schema resolves it to.
+
+    Fields added to the schema after a registration was sealed appear in ``resolved`` with their
+    defaults and are tolerated, so old registrations stay readable (additive schema changes only);
+    any sealed field the schema resolves differently is not.
+    """
+    if isinstance(sealed, dict):
+        return (isinstance(resolved, dict)
+                and all(k in resolved and _sealed_within(v, resolved[k]) for k, v in sealed.items()))
+    if isinstance(sealed, list):
+        return (isinstance(resolved, list) and len(sealed) == len(resolved)
+                and all(_sealed_within(a, b) for a, b in zip(sealed, resolved)))
+    return sealed == resolved
 
 
 def load_registration(path: str | Path) -> Registration:

@@ -16,10 +16,11 @@ from bistat import __version__
 _COMMAND_MODULES = (
     "bistat.cli.cmd_register",   # register, verify, design
     "bistat.cli.cmd_analyze",    # analyze, compact
-    "bistat.cli.cmd_model",      # model fetch / export / info
+    "bistat.cli.cmd_model",      # model fetch / export / info / path
     "bistat.cli.cmd_serve",      # serve
     "bistat.cli.cmd_run",        # run, probe
-    "bistat.cli.cmd_kernels",    # kernels probe / sweep / bench / report
+    "bistat.cli.cmd_kernels",    # kernels probe / sweep / bench / results
+    "bistat.cli.cmd_synth",      # synth-model (random-weight Hugging Face folders)
 )
 
 

@@ -1,0 +1,209 @@
+"""The H200 study declarations (issue 6) and the tensor-parallel ones (issue 7) load, validate with
+the real schema, have the arms and environments the study design needs, and get a design analysis.
+
+Every declaration is loaded exactly as written, including ``builtin:token-ids?length=..&vocab=..``
+sources and ``workload.max_tokens_min`` (per-prompt output lengths uniform in [min, max],
+workload (i)).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from bistat.design_report import analyse_design
+from bistat.experiment import DeclarationError, load_experiment, validate_experiment
+from bistat.fingerprint import same_node
+from bistat.workload import load_prompts
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+EXP = ROOT / "experiments"
+MATCH = ["h200-match-smollm2", "h200-match-smollm2-improved", "h200-match-qwen3-8b-synth",
+         "h200-match-qwen3-8b-synth-improved"]
+COST = ["h200-cost-qwen3-8b-throughput", "h200-cost-qwen3-8b-throughput-goal",
+        "h200-cost-qwen3-8b-latency-b8", "h200-cost-qwen3-8b-latency-b32"]
+TP = ["tp2-match", "tp1-match"]
+ALL = MATCH + COST + TP
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def _raw(name: str) -> dict:
+    return tomllib.loads((EXP / f"{name}.toml").read_text(encoding="utf-8"))
+
+
+def _validated(name: str):
+    """The declaration validated by the real schema (from its parsed TOML)."""
+    return validate_experiment(_raw(name), source=f"experiments/{name}.toml")
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_declaration_loads_as_written(name):
+    exp = load_experiment(EXP / f"{name}.toml")
+    assert exp.name == name
+
+
+def test_the_declarations_are_the_whole_set():
+    names = {p.stem for p in EXP.glob("h200-*.toml")} | {p.stem for p in EXP.glob("tp*-match.toml")}
+    assert names == set(ALL)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_everything_else_validates_and_the_design_is_computed(name):
+    exp = _validated(name)
+    assert exp.name == name
+    report = analyse_design(exp)
+    assert report.name == name and report.passes_per_arm == exp.workload.passes >= 4
+    assert report.throughput, "every study has a throughput criterion to plan for"
+    assert report.to_dict()["cv"] == exp.design.expected_cv
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_every_vllm_process_has_multicast_off_and_no_flashinfer_sampler(name):
+    exp = _validated(name)
+    assert exp.engine.kind in ("vllm-server", "vllm-offline")
+    assert exp.engine.args["enable_prefix_caching"] is False
+    for arm in exp.arms:
+        assert {k: arm.env.get(k) for k in NO_MULTICAST} == NO_MULTICAST, arm.name
+        assert arm.env["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
+        assert arm.env["VLLM_BATCH_INVARIANT"] == ("0" if arm.role == "control" else "1"), arm.name
+    assert exp.validity.same_gpu and exp.validity.same_versions
+    assert exp.validity.max_preemptions == 0
+
+
+@pytest.mark.parametrize("name", MATCH)
+def test_matching_study_arms_and_workload(name):
+    exp = _validated(name)
+    assert [a.name for a in exp.arms] == ["default", "batch-invariant", "bi-tuned-gemm",
+                                          "bi-triton-attn"]
+    env = {a.name: a.env for a in exp.arms}
+    assert env["bi-tuned-gemm"]["BISTAT_TUNED_GEMM"] == "1"
+    assert all(env[a]["BISTAT_TUNED_GEMM"] == "0" for a in ("default", "batch-invariant",
+                                                             "bi-triton-attn"))
+    assert exp.arm_args("bi-triton-attn")["attention_backend"] == "TRITON_ATTN"
+    assert all("attention_backend" not in exp.arm_args(a) for a in ("default", "batch-invariant",
+                                                                    "bi-tuned-gemm"))
+    wl = exp.workload
+    assert (wl.n_prompts >= 541, wl.max_tokens, wl.concurrency, wl.temperature) == (True, 256, 64, 0.0)
+    assert (wl.warmup_passes, wl.order, wl.shuffle_within_pass) == (1, "abba", True)
+    assert exp.engine.args.get("tensor_parallel_size", 1) == 1
+    assert exp.match.unit == "token_ids+logprobs"
+    assert exp.validity.min_mean_running is not None and exp.validity.min_mean_running >= 32
+    assert "Prior" in exp.hypothesis
+
+
+@pytest.mark.parametrize("base", ["h200-match-smollm2", "h200-match-qwen3-8b-synth",
+                                  "h200-cost-qwen3-8b-throughput"])
+def test_rule_pairs_differ_only_in_name_and_rule(base):
+    sibling = base + ("-goal" if "cost" in base else "-improved")
+    a, b = _validated(base).resolved(), _validated(sibling).resolved()
+    assert a["rule"] != b["rule"]
+    for data in (a, b):
+        del data["name"], data["rule"]
+    assert a == b
+    published = _validated(base).rule
+    kinds = [[c.criterion for c in lab.criteria] for lab in published.labels]
+    assert kinds == [["match_lower_bound", "throughput_ratio"],
+                     ["match_intervals_overlap", "throughput_ratio"]]
+    assert [c.statistic for lab in published.labels for c in lab.criteria
+            if c.criterion == "throughput_ratio"] == ["point", "point"]
+
+
+def test_improved_rule_uses_the_ratio_interval():
+    rule = _validated("h200-match-qwen3-8b-synth-improved").rule
+    assert [(lab.label, [c.criterion for c in lab.criteria]) for lab in rule.labels] == [
+        ("working", ["match_lower_bound", "throughput_slower"]),
+        ("doubtful", ["match_intervals_overlap", "throughput_not_slower"])]
+    assert rule.labels[0].criteria[1].bound == 0.90
+    assert rule.labels[1].criteria[1].lower_at_least == 0.95
+
+
+def test_synthetic_prompts_are_valid_qwen3_token_ids():
+    raw = _raw("h200-match-qwen3-8b-synth")["workload"]
+    prompts = load_prompts(raw["source"], raw["n_prompts"], raw["seed"])
+    assert len(prompts) == 541 and all(len(p.prompt) == 64 for p in prompts)
+    assert min(min(p.prompt) for p in prompts) >= 3 and max(max(p.prompt) for p in prompts) < 151936
+    assert _validated("h200-match-qwen3-8b-synth").engine.args["skip_tokenizer_init"] is True
+
+
+def test_cost_workloads():
+    thr = _raw("h200-cost-qwen3-8b-throughput")["workload"]
+    assert (thr["n_prompts"], thr["concurrency"], thr["max_tokens_min"], thr["max_tokens"],
+            thr["ignore_eos"]) == (1000, 1000, 90, 110, True)
+    for b in (8, 32):
+        exp = _validated(f"h200-cost-qwen3-8b-latency-b{b}")
+        wl = exp.workload
+        # one batch of B requests per pass, the same batch every pass
+        assert (wl.n_prompts, wl.concurrency, wl.max_tokens, wl.shuffle_within_pass) == (b, b, 128, False)
+        assert _raw(f"h200-cost-qwen3-8b-latency-b{b}")["workload"]["source"].startswith(
+            "builtin:token-ids?length=128&")
+        assert exp.validity.min_mean_running == 0.0  # no floor: one batch per pass
+        assert [c.criterion for lab in exp.rule.labels for c in lab.criteria] == ["throughput_not_slower"]
+    for name in COST:
+        exp = _validated(name)
+        assert exp.engine.kind == "vllm-offline"
+        assert exp.engine.args["load_format"] == "dummy" and exp.engine.args["skip_tokenizer_init"]
+        assert [a.name for a in exp.arms] == ["default", "batch-invariant", "bi-tuned-gemm"]
+
+
+def test_engines_of_every_study_fit_one_gpu_together():
+    from bistat.runner import resolve_engines_concurrent
+
+    for name in ALL:
+        together, why = resolve_engines_concurrent(_validated(name))
+        assert together, f"{name}: {why}"
+
+
+def test_tp_declarations():
+    tp2, tp1 = _validated("tp2-match"), _validated("tp1-match")
+    assert tp2.engine.args["tensor_parallel_size"] == 2 and tp1.engine.args["tensor_parallel_size"] == 1
+    for exp in (tp2, tp1):
+        assert [(a.name, a.role) for a in exp.arms] == [("default", "control"),
+                                                         ("batch-invariant", "treatment")]
+        for arm in exp.arms:
+            assert arm.env["VLLM_ALLREDUCE_USE_SYMM_MEM"] == "0"
+        assert exp.workload.passes >= 4
+    a, b = tp2.resolved(), tp1.resolved()
+    for data in (a, b):
+        del data["name"], data["hypothesis"]
+        del data["engine"]["args"]["tensor_parallel_size"]
+    assert a == b
+
+
+def test_vllm_server_flags_for_tp2_and_the_triton_arm():
+    pytest.importorskip("httpx")
+    from bistat.engines.vllm_server import VLLMServerEngine, cli_args
+
+    exp = _validated("tp2-match")
+    args = dict(exp.arm_args("batch-invariant"))
+    tp = args.pop("tensor_parallel_size")
+    prefix = args.pop("enable_prefix_caching")
+    eng = VLLMServerEngine(exp.engine.model, args=args, env=exp.arms[1].env,
+                           tensor_parallel_size=tp, enable_prefix_caching=prefix)
+    argv = eng.argv(8000)
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
+    assert "--no-enable-prefix-caching" in argv and "--skip-tokenizer-init" in argv
+    assert {k: eng.child_env()[k] for k in NO_MULTICAST} == NO_MULTICAST
+    flags = cli_args(_validated("h200-match-smollm2").arm_args("bi-triton-attn"))
+    assert flags[flags.index("--attention-backend") + 1] == "TRITON_ATTN"
+
+
+def _fp(*uuids: str | None) -> dict:
+    return {"gpus": [{"name": "NVIDIA H200", "uuid": u, "serial": None, "driver": "580.159.04"}
+                     for u in uuids], "host": "h"}
+
+
+def test_same_gpu_check_with_two_gpus_per_arm():
+    two = _fp("GPU-aaaa", "GPU-bbbb")
+    assert same_node([two, _fp("GPU-aaaa", "GPU-bbbb")])
+    assert same_node([two, _fp("GPU-bbbb", "GPU-aaaa")])       # order of devices is irrelevant
+    assert not same_node([two, _fp("GPU-aaaa", "GPU-cccc")])   # one GPU swapped
+    assert not same_node([two, _fp("GPU-aaaa")])               # a TP=1 arm is not the same set
+    assert not same_node([two, _fp("GPU-aaaa", None)])         # an unreadable UUID fails
