@@ -1,7 +1,238 @@
-"""(placeholder module: its owner replaces this file)"""
+"""``bistat run`` (execute a registered experiment) and ``bistat probe`` (the bitwise invariance probe)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
 
 import click
 
+from bistat.cli.exitcodes import ERROR
+
+RUN_EXIT_CODES = """\b
+Exit codes: 0 the run ended (the whole schedule ran; failed requests, if
+any, are flagged in the records; or the run is untested and --fail-on does
+not name 'untested'); 1 error, or the run stopped early (engine died,
+Ctrl-C: resume it with --resume); 12 untested (an engine refused the
+setting or failed to start; the data so far is kept) with --fail-on untested."""
+
+PROBE_EXIT_CODES = """\b
+Exit codes: 0 whatever the outcome unless --fail-on names its label;
+1 error. Outcomes map to labels: confirmed (bitwise invariant and the
+negative control differs) -> working; violated (a probed arm gave the
+needle different bits) -> 'reported as observed' (11); no_power (the
+negative control did not differ either) and untested (an engine could
+not run) -> untested (12)."""
+
+FAIL_ON_HELP = ("Exit non-zero when the outcome has one of these verdict labels (comma-separated, "
+                "or repeated; 'any' for all): doubtful, reported-as-observed, untested.")
+
+
+def _fail_on(values: tuple[str, ...]) -> frozenset[str]:
+    from bistat.gating import FailOnError, parse_fail_on
+
+    try:
+        return parse_fail_on(values)
+    except FailOnError as exc:
+        raise click.UsageError(str(exc)) from exc
+
+
+def _load_sealed(path: Path, runs_dir: Path):
+    """The registration at ``path``, verified (seal intact, precedes all recorded data)."""
+    from bistat.prereg import RegistrationError, load_registration, verify
+
+    report = verify(path, runs_dirs=(runs_dir,))
+    if not report.ok:
+        raise click.ClickException(
+            "\n".join(report.problems) + f"\nrefusing to run an unverified registration; "
+            f"check it with: bistat verify {path}"
+        )
+    try:
+        return load_registration(path)
+    except RegistrationError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def _reporter(no_progress: bool):
+    from rich.console import Console
+
+    from bistat.runner import PlainReporter, RichReporter
+
+    console = Console(stderr=True)
+    if no_progress or not console.is_terminal:
+        return PlainReporter(lambda line: click.echo(line, err=True))
+    return RichReporter(console)
+
+
+def _finish(outcome, fail_on: frozenset[str]) -> None:
+    run_dir = outcome.run_dir
+    if outcome.status == "complete":
+        flagged = (
+            f"; {outcome.failed_requests} failed request(s) in {outcome.failed_passes} flagged pass(es)"
+            if outcome.failed_requests
+            else ""
+        )
+        click.echo(f"run complete: {run_dir} ({outcome.passes_run} pass(es) run{flagged})")
+        if outcome.detail:
+            click.echo(outcome.detail)
+        click.echo(f"next: bistat analyze {run_dir}")
+        return
+    if outcome.status == "untested":
+        click.echo(f"run untested: {outcome.detail}", err=True)
+        click.echo(f"data kept in {run_dir}; the finding will say untested: bistat analyze {run_dir}")
+        from bistat.gating import gate
+
+        sys.exit(gate(["untested"], fail_on).exit_code)
+    what = "interrupted" if outcome.status == "interrupted" else "stopped"
+    click.echo(f"run {what}: {outcome.detail}", err=True)
+    click.echo(f"data kept in {run_dir}; continue with: bistat run --resume {run_dir}", err=True)
+    sys.exit(ERROR)
+
+
+@click.command("run", epilog=RUN_EXIT_CODES)
+@click.argument("registration", required=False, type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--resume", "resume_dir", type=click.Path(path_type=Path, file_okay=False),
+              help="Continue the run recorded in this directory where it stopped.")
+@click.option("--runs-dir", type=click.Path(path_type=Path, file_okay=False), default=Path("runs"),
+              show_default=True, help="Where new run directories <name>-<UTC stamp> go.")
+@click.option("--run-dir", type=click.Path(path_type=Path, file_okay=False),
+              help="Record into exactly this (new) directory instead.")
+@click.option("--no-progress", is_flag=True, help="Print one line per pass instead of progress bars.")
+@click.option("--fail-on", "fail_on", multiple=True, help=FAIL_ON_HELP)
+def run_command(registration: Path | None, resume_dir: Path | None, runs_dir: Path, run_dir: Path | None,
+                no_progress: bool, fail_on: tuple[str, ...]) -> None:
+    """Run a sealed registration (preregistrations/NAME.json) and record everything.
+
+    Warm-up passes, then the declared passes per arm in the declared order; every response is
+    written as it arrives, so a killed run loses nothing and --resume continues it.
+    """
+    from bistat.records import RecordsError, read_header
+    from bistat.runner import ResumeError, new_run_dir, resume_run, start_run
+    from bistat.workload import WorkloadError
+
+    if (registration is None) == (resume_dir is None):
+        raise click.UsageError("give either REGISTRATION or --resume RUN_DIR")
+    fail_labels = _fail_on(fail_on)
+    if resume_dir is not None and run_dir is not None:
+        raise click.UsageError("--run-dir cannot be combined with --resume")
+    reporter = _reporter(no_progress)
+    try:
+        if resume_dir is not None:
+            try:
+                header = read_header(resume_dir)
+            except RecordsError as exc:
+                raise click.ClickException(f"cannot resume: {exc}") from exc
+            ref = header.get("registration") or {}
+            reg_path = Path(str(ref.get("path", "")))
+            reg = _load_sealed(reg_path, resume_dir.parent)
+            if reg.sha256 != ref.get("sha256"):
+                raise click.ClickException(
+                    f"{resume_dir / 'run.json'}: recorded against registration seal {ref.get('sha256')}, "
+                    f"but {reg_path} is now sealed as {reg.sha256}; a run cannot continue under another "
+                    "registration"
+                )
+            click.echo(f"resuming {resume_dir}")
+            outcome = resume_run(reg.experiment(), resume_dir, reporter=reporter)
+        else:
+            assert registration is not None
+            reg = _load_sealed(registration, runs_dir)
+            experiment = reg.experiment()
+            target = run_dir if run_dir is not None else new_run_dir(runs_dir, experiment.name)
+            if (target / "run.json").exists():
+                raise click.ClickException(
+                    f"{target}: a run is already recorded here; choose another --run-dir or "
+                    f"continue it with --resume {target}"
+                )
+            click.echo(f"running {experiment.name} into {target}")
+            outcome = start_run(experiment, reg.reference(), target, reporter=reporter)
+    except (WorkloadError, RecordsError, ResumeError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    _finish(outcome, fail_labels)
+
+
+@click.command("probe", epilog=PROBE_EXIT_CODES)
+@click.argument("declaration", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--arm", "arms", multiple=True,
+              help="Arm to probe (repeatable; default: every treatment arm).")
+@click.option("--control", default=None,
+              help="Negative-control arm, which must show a difference (default: the control arm).")
+@click.option("--no-control", is_flag=True, help="Run no negative control (the outcome is then at best no_power).")
+@click.option("--trials", default=3, show_default=True, type=click.IntRange(min=1),
+              help="Placements of the needle among fillers.")
+@click.option("--min-fillers", default=32, show_default=True, type=click.IntRange(min=1),
+              help="Fewest filler prompts around the needle.")
+@click.option("--max-fillers", default=128, show_default=True, type=click.IntRange(min=1),
+              help="Most filler prompts around the needle.")
+@click.option("--max-tokens", default=None, type=click.IntRange(min=1),
+              help="Tokens per request [default: the declaration's workload.max_tokens].")
+@click.option("--needle", "needle_index", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Index of the needle prompt in the declaration's prompt source.")
+@click.option("--seed", default=None, type=int, help="Placement seed [default: the declaration's workload.seed].")
+@click.option("--output", type=click.Path(path_type=Path, dir_okay=False),
+              help="Also write the JSON report to this file.")
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON report instead of the summary.")
+@click.option("--fail-on", "fail_on", multiple=True, help=FAIL_ON_HELP)
+def probe_command(declaration: Path, arms: tuple[str, ...], control: str | None, no_control: bool,
+                  trials: int, min_fillers: int, max_fillers: int, max_tokens: int | None,
+                  needle_index: int, seed: int | None, output: Path | None, as_json: bool,
+                  fail_on: tuple[str, ...]) -> None:
+    """Bitwise invariance probe: a needle prompt alone, then among fillers, on a declaration's engine.
+
+    DECLARATION is an experiments/NAME.toml or a preregistrations/NAME.json. Token ids and
+    logprobs are compared bitwise; the negative control (invariance off) must differ, or the
+    probe is reported as lacking power.
+    """
+    from bistat.experiment import DeclarationError, load_experiment
+    from bistat.probe import ProbeSettings, run_probe
+    from bistat.workload import WorkloadError
+
+    if no_control and control is not None:
+        raise click.UsageError("--control and --no-control exclude each other")
+    fail_labels = _fail_on(fail_on)
+    try:
+        if declaration.suffix == ".json":
+            from bistat.prereg import RegistrationError, load_registration
+
+            try:
+                experiment = load_registration(declaration).experiment()
+            except RegistrationError as exc:
+                raise click.ClickException(str(exc)) from exc
+        else:
+            experiment = load_experiment(declaration)
+        settings = ProbeSettings(
+            trials=trials,
+            min_fillers=min_fillers,
+            max_fillers=max_fillers,
+            needle_index=needle_index,
+            max_tokens=max_tokens or experiment.workload.max_tokens,
+            seed=experiment.workload.seed if seed is None else seed,
+        )
+        report = run_probe(
+            experiment,
+            arms=list(arms) or None,
+            control="" if no_control else control,
+            settings=settings,
+            on_arm=None if as_json else (lambda name: click.echo(f"probing arm {name} ...", err=True)),
+        )
+    except DeclarationError as exc:
+        raise click.ClickException(str(exc)) from exc
+    except (ValueError, WorkloadError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    data = report.to_json()
+    if output is not None:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    if as_json:
+        click.echo(json.dumps(data, indent=2, sort_keys=True))
+    else:
+        for line in report.summary_lines():
+            click.echo(line)
+    from bistat.gating import probe_gate
+
+    sys.exit(probe_gate(report.outcome, fail_labels).exit_code)
+
 
 def register(group: click.Group) -> None:
-    return None
+    group.add_command(run_command)
+    group.add_command(probe_command)

@@ -1,0 +1,82 @@
+"""Engine kind -> adapter class, imported lazily.
+
+Adding an engine is one new module with a class implementing :class:`bistat.engines.base.Engine`
+whose constructor takes ``(experiment, arm)``, plus one line in :data:`ADAPTERS` (or a call to
+:func:`register_adapter`, which also makes the kind valid in declarations). Adapters are imported
+only when used: ``bistat --help`` never imports vLLM, and a kind whose optional dependencies are
+missing fails with an error naming the extra to install.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from bistat.engines.base import Engine, EngineStartError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from bistat.experiment import Arm, Experiment
+
+__all__ = ["ADAPTERS", "adapter_class", "create_engine", "register_adapter"]
+
+#: kind -> "module:Class" (imported on first use)
+ADAPTERS: dict[str, str] = {
+    "embedded": "bistat.engines.embedded:EmbeddedEngineAdapter",
+    "openai": "bistat.engines.openai_http:OpenAIHTTPEngine",
+    "vllm-server": "bistat.engines.vllm_server:VLLMServerEngine",
+    "vllm-offline": "bistat.engines.vllm_offline:VLLMOfflineEngine",
+}
+
+_EXTRAS = {"vllm-server": "bistat[vllm]", "vllm-offline": "bistat[vllm]"}
+
+
+def register_adapter(kind: str, target: str, description: str | None = None) -> None:
+    """Map ``kind`` to the adapter class ``"module:Class"`` and make it a valid ``engine.kind``."""
+    module, sep, cls = target.partition(":")
+    if not sep or not module or not cls:
+        raise ValueError(f"adapter target {target!r} must read 'module:Class'")
+    from bistat.experiment import register_engine_kind
+
+    register_engine_kind(kind, description or f"adapter {target}")
+    ADAPTERS[kind] = target
+
+
+def adapter_class(kind: str) -> type:
+    """The adapter class of an engine kind (imported now).
+
+    Raises
+    ------
+    ValueError
+        unknown kind.
+    EngineStartError
+        the adapter's module cannot be imported (a missing optional dependency), naming the extra.
+    """
+    try:
+        target = ADAPTERS[kind]
+    except KeyError:
+        expected = ", ".join(repr(k) for k in ADAPTERS)
+        raise ValueError(f"engine.kind: unknown engine {kind!r}; expected one of {expected}") from None
+    module_name, _, cls_name = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        extra = _EXTRAS.get(kind)
+        hint = f"; install it with: pip install '{extra}'" if extra else ""
+        raise EngineStartError(f"engine {kind!r}: cannot import {module_name} ({exc}){hint}") from exc
+    try:
+        return getattr(module, cls_name)
+    except AttributeError as exc:
+        raise EngineStartError(f"engine {kind!r}: {module_name} has no class {cls_name}") from exc
+
+
+def create_engine(experiment: "Experiment", arm: "Arm") -> Engine:
+    """A new (not yet started) engine for one arm of an experiment.
+
+    The adapter is built with ``cls.from_experiment(experiment, arm)`` when the class defines
+    that constructor (adapters whose ``__init__`` takes engine-level parameters), otherwise with
+    ``cls(experiment, arm)``.
+    """
+    cls = adapter_class(experiment.engine.kind)
+    build = getattr(cls, "from_experiment", None)
+    engine: Any = build(experiment, arm) if callable(build) else cls(experiment, arm)
+    return engine

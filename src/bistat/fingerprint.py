@@ -1,0 +1,253 @@
+"""The environment fingerprint recorded for every arm at every engine start.
+
+"Version or it doesn't count" and "same node, logged serials, or re-run" (docs of the field):
+a comparison between arms is only valid on one physical machine with identical software. The
+fingerprint records what is needed to check both, and :func:`same_node` / :func:`same_versions`
+are the comparisons the analysis' validity checks use.
+
+Format (a JSON object)::
+
+    {"gpus": [{"name", "uuid", "serial", "driver"}],        # [] without an NVIDIA GPU
+     "cpu": {"model", "count", "machine"},
+     "os": {"system", "release", "platform"},
+     "versions": {"python", "numpy", "torch", "triton", "vllm", "bistat"},   # null: not installed
+     "git": {"commit", "dirty"},                             # nulls outside a git checkout
+     "host": "hostname"}
+
+Versions come from :mod:`importlib.metadata` (package metadata), never by importing the
+packages: importing torch or vLLM takes seconds and can initialise CUDA. GPU details come from
+``nvidia-smi --query-gpu=name,uuid,serial,driver_version`` or, where ``nvidia-smi`` is absent,
+from ``pynvml`` when it is installed. A GPU field the driver does not report (serials are often
+``[N/A]`` on consumer boards) is null.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.metadata
+import io
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+__all__ = [
+    "VERSIONED_PACKAGES",
+    "collect_fingerprint",
+    "cpu_info",
+    "git_info",
+    "gpu_info",
+    "package_versions",
+    "same_node",
+    "same_versions",
+]
+
+VERSIONED_PACKAGES = ("numpy", "torch", "triton", "vllm", "bistat")
+_NVIDIA_SMI_FIELDS = ("name", "uuid", "serial", "driver_version")
+_TIMEOUT_S = 10
+
+
+def _na(value: str | None) -> str | None:
+    if value is None:
+        return None
+    value = value.strip()
+    return None if value in ("", "[N/A]", "N/A", "[Not Supported]") else value
+
+
+def _parse_nvidia_smi(text: str) -> list[dict[str, str | None]]:
+    gpus = []
+    for row in csv.reader(io.StringIO(text)):
+        if not row or not "".join(row).strip():
+            continue
+        if len(row) != len(_NVIDIA_SMI_FIELDS):
+            raise ValueError(f"nvidia-smi: expected {len(_NVIDIA_SMI_FIELDS)} fields per GPU, got {row!r}")
+        name, uuid, serial, driver = (_na(x) for x in row)
+        gpus.append({"name": name, "uuid": uuid, "serial": serial, "driver": driver})
+    return gpus
+
+
+def _gpus_from_pynvml() -> list[dict[str, str | None]]:
+    try:
+        import pynvml  # type: ignore[import-not-found]
+    except ImportError:
+        return []
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return []
+    try:
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        gpus = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+
+            def get(fn: Any, handle: Any = handle) -> str | None:
+                try:
+                    value = fn(handle)
+                except pynvml.NVMLError:
+                    return None
+                return _na(value.decode() if isinstance(value, bytes) else str(value))
+
+            gpus.append(
+                {
+                    "name": get(pynvml.nvmlDeviceGetName),
+                    "uuid": get(pynvml.nvmlDeviceGetUUID),
+                    "serial": get(pynvml.nvmlDeviceGetSerial),
+                    "driver": _na(driver.decode() if isinstance(driver, bytes) else str(driver)),
+                }
+            )
+        return gpus
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def gpu_info(visible_devices: str | None = None) -> list[dict[str, str | None]]:
+    """Name, UUID, serial and driver of each NVIDIA GPU; ``[]`` when there is none.
+
+    ``visible_devices`` (an arm's ``CUDA_VISIBLE_DEVICES``, comma-separated indices or UUIDs)
+    restricts the list to the GPUs that arm's engine can see.
+    """
+    gpus: list[dict[str, str | None]] = []
+    smi = shutil.which("nvidia-smi")
+    if smi is not None:
+        try:
+            out = subprocess.run(
+                [smi, "--query-gpu=" + ",".join(_NVIDIA_SMI_FIELDS), "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=_TIMEOUT_S,
+                check=True,
+            ).stdout
+            gpus = _parse_nvidia_smi(out)
+        except (OSError, subprocess.SubprocessError, ValueError):
+            gpus = _gpus_from_pynvml()
+    else:
+        gpus = _gpus_from_pynvml()
+    if visible_devices is not None and visible_devices.strip():
+        wanted = [v.strip() for v in visible_devices.split(",") if v.strip()]
+        selected = []
+        for w in wanted:
+            if w.isdigit() and int(w) < len(gpus):
+                selected.append(gpus[int(w)])
+            else:
+                selected.extend(g for g in gpus if g["uuid"] is not None and g["uuid"].startswith(w))
+        gpus = selected
+    return gpus
+
+
+def cpu_info(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
+    """CPU model name (from ``/proc/cpuinfo`` where it exists), logical CPU count, machine type."""
+    model = None
+    try:
+        for line in cpuinfo.read_text(encoding="utf-8", errors="replace").splitlines():
+            key, sep, value = line.partition(":")
+            if sep and key.strip() in ("model name", "Model", "Hardware", "cpu model"):
+                model = value.strip()
+                break
+    except OSError:
+        model = None
+    return {"model": model or platform.processor() or None, "count": os.cpu_count(), "machine": platform.machine()}
+
+
+def package_versions(packages: Iterable[str] = VERSIONED_PACKAGES) -> dict[str, str | None]:
+    """Installed versions from package metadata (never by import); ``python`` too; null if absent."""
+    versions: dict[str, str | None] = {"python": platform.python_version()}
+    for name in packages:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def git_info(directory: Path | None = None) -> dict[str, Any]:
+    """The git commit of ``directory`` (default: bistat's own source tree) and whether it is dirty."""
+    directory = directory or Path(__file__).resolve().parent
+    git = shutil.which("git")
+    if git is None:
+        return {"commit": None, "dirty": None}
+    try:
+        commit = subprocess.run(
+            [git, "rev-parse", "HEAD"], cwd=directory, capture_output=True, text=True, timeout=_TIMEOUT_S
+        )
+        if commit.returncode != 0:
+            return {"commit": None, "dirty": None}
+        status = subprocess.run(
+            [git, "status", "--porcelain", "--untracked-files=no"],
+            cwd=directory,
+            capture_output=True,
+            text=True,
+            timeout=_TIMEOUT_S,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+    dirty = bool(status.stdout.strip()) if status.returncode == 0 else None
+    return {"commit": commit.stdout.strip() or None, "dirty": dirty}
+
+
+def collect_fingerprint(env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The fingerprint of this machine (see the module docstring for the format).
+
+    ``env`` is the arm's environment; its ``CUDA_VISIBLE_DEVICES`` (if any) selects the GPUs.
+    """
+    visible = (env or {}).get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
+    return {
+        "gpus": gpu_info(visible),
+        "cpu": cpu_info(),
+        "os": {"system": platform.system(), "release": platform.release(), "platform": sys.platform},
+        "versions": package_versions(),
+        "git": git_info(),
+        "host": socket.gethostname(),
+    }
+
+
+def _node_key(fp: Mapping[str, Any]) -> tuple[Any, ...]:
+    gpus = fp.get("gpus") or []
+    if gpus:
+        return ("gpu", tuple(sorted(str(g.get("uuid")) for g in gpus)))
+    return ("host", fp.get("host"), (fp.get("cpu") or {}).get("model"))
+
+
+def same_node(fingerprints: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether all fingerprints come from the same hardware.
+
+    With GPUs: the same set of GPU UUIDs (the physical devices, which survive a host rename).
+    Without GPUs: the same host name and CPU model. A GPU fingerprint never equals a CPU-only one.
+    A GPU without a readable UUID cannot be shown to be the same device: the check fails.
+
+    Examples
+    --------
+    >>> a = {"gpus": [{"name": "H200", "uuid": "GPU-1", "serial": None, "driver": "580"}], "host": "n1"}
+    >>> same_node([a, dict(a, host="n2")]), same_node([a, dict(a, gpus=[])])
+    (True, False)
+    """
+    if not fingerprints:
+        return True
+    for fp in fingerprints:
+        if any(g.get("uuid") is None for g in fp.get("gpus") or []):
+            return False
+    keys = {_node_key(fp) for fp in fingerprints}
+    return len(keys) == 1
+
+
+def same_versions(
+    fingerprints: Sequence[Mapping[str, Any]], packages: Iterable[str] = ("python",) + VERSIONED_PACKAGES
+) -> bool:
+    """Whether all fingerprints have identical versions of ``packages`` (absent == absent) and git commit.
+
+    The GPU driver is part of the software too and must match.
+    """
+    if not fingerprints:
+        return True
+    packages = tuple(packages)
+
+    def key(fp: Mapping[str, Any]) -> tuple[Any, ...]:
+        versions = fp.get("versions") or {}
+        drivers = tuple(sorted(str(g.get("driver")) for g in fp.get("gpus") or []))
+        return (tuple(versions.get(p) for p in packages), (fp.get("git") or {}).get("commit"), drivers)
+
+    return len({key(fp) for fp in fingerprints}) == 1

@@ -1,0 +1,264 @@
+"""A scriptable fake engine implementing :class:`bistat.engines.base.Engine`, special-cased nowhere.
+
+The runner and the probe drive it exactly as they drive a real engine (after llm's
+``MockModel``). Its outputs are pure functions of the request and — when asked — of the batch it
+ran in, so tests know what to expect:
+
+* deterministic outputs: token ids and logprobs derived from ``sha256(prompt)``;
+* batch-dependent outputs (``divergence``): a request whose batch (the ``concurrency``-sized
+  chunk of the submission order it falls in) hashes below ``divergence`` gets a changed token at
+  a hash-chosen position and a logprob off by one ulp: passes with different batch compositions
+  then disagree, the way a non-invariant GEMM makes them disagree. ``logprob_jitter`` changes only
+  the logprob bits;
+* failures: ``fail_prompts`` always fail (like HTTP 500 after every retry); ``transient_failures``
+  makes the first N attempts of every request fail (retried up to ``workload.retries``);
+  ``drop_prompts`` are never answered (a protocol violation the runner must catch);
+* crashes: ``crash_on_call`` (the k-th ``run_pass`` call of that arm, counted across engine
+  instances, so across restarts and resumes) raises :class:`EngineError` after
+  ``crash_after`` results; ``interrupt_on_call`` raises :class:`KeyboardInterrupt` instead, and
+  ``exit_on_call`` ends the whole process at once (``os._exit(137)``, like ``kill -9``);
+* start-up: ``refuse`` (:class:`EngineRefused`) and ``start_error`` (:class:`EngineStartError`).
+
+A :class:`FakeScript` holds the behaviour per arm and the call log; ``script.factory`` is the
+engine factory the runner takes. :func:`install` registers the kind ``"fake"`` so the CLI can run
+declarations with ``engine.kind = "fake"``; the engine then reads its behaviour from the arm's
+engine arguments (``args = { fake = { divergence = 0.5 } }``) and uses the installed script's
+call counters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping, Sequence
+
+from bistat.engines.base import (
+    EngineError,
+    EngineInfo,
+    EngineRefused,
+    EngineStartError,
+    GenerationRequest,
+    GenerationResult,
+    MetricsSample,
+)
+
+VOCAB = 1000
+EOS = 0
+
+
+@dataclass(frozen=True)
+class FakeArm:
+    """Behaviour of one arm's fake engine (see the module docstring)."""
+
+    divergence: float = 0.0
+    logprob_jitter: bool = False
+    fail_prompts: frozenset[str] = frozenset()
+    transient_failures: int = 0
+    drop_prompts: frozenset[str] = frozenset()
+    crash_on_call: int | None = None
+    crash_after: int = 0
+    interrupt_on_call: int | None = None
+    exit_on_call: int | None = None
+    refuse: str | None = None
+    start_error: str | None = None
+    version: str = "fake-1.0"
+    gpu_uuid: str | None = None
+
+    @classmethod
+    def from_args(cls, args: Mapping[str, Any]) -> "FakeArm":
+        fake = dict(args.get("fake", {}))
+        for key in ("fail_prompts", "drop_prompts"):
+            if key in fake:
+                fake[key] = frozenset(fake[key])
+        return cls(**fake)
+
+
+@dataclass
+class FakeScript:
+    """Per-arm behaviour plus the log of what the engines were asked (shared by all instances)."""
+
+    arms: dict[str, FakeArm] = field(default_factory=dict)
+    calls: dict[str, int] = field(default_factory=dict)  # run_pass calls per arm
+    starts: list[str] = field(default_factory=list)
+    stops: list[str] = field(default_factory=list)
+    passes: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)  # (arm, submission order)
+    running: set[str] = field(default_factory=set)
+    max_running_engines: int = 0
+
+    def behaviour(self, arm: str, args: Mapping[str, Any]) -> FakeArm:
+        return self.arms.get(arm) or FakeArm.from_args(args)
+
+    def factory(self, experiment: Any, arm: Any) -> "FakeEngine":
+        return FakeEngine(experiment, arm, script=self)
+
+
+_INSTALLED: dict[str, FakeScript] = {}
+
+
+def install(script: FakeScript | None = None) -> FakeScript:
+    """Register engine kind ``"fake"`` (-> :class:`FakeEngine`) and make ``script`` its default."""
+    from bistat.engines.registry import register_adapter
+
+    script = script or FakeScript()
+    _INSTALLED["default"] = script
+    register_adapter("fake", f"{__name__}:FakeEngine", "the test suite's fake engine")
+    return script
+
+
+def _h(*parts: object) -> int:
+    data = "\x1f".join(str(p) for p in parts).encode()
+    return int.from_bytes(hashlib.sha256(data).digest()[:8], "little")
+
+
+def _next_after(x: float) -> float:
+    """The float64 one ulp above ``x`` (a bitwise-different, numerically negligible value)."""
+    (bits,) = struct.unpack("<q", struct.pack("<d", x))
+    bits += 1 if x >= 0 else -1
+    return struct.unpack("<d", struct.pack("<q", bits))[0]
+
+
+def expected_tokens(request: GenerationRequest) -> list[int]:
+    """The fake's batch-independent output for a request (``max_tokens`` ids, or up to its EOS)."""
+    key = request.prompt if isinstance(request.prompt, str) else ",".join(map(str, request.prompt))
+    ids = [1 + _h(key, request.seed, i) % (VOCAB - 1) for i in range(request.max_tokens)]
+    if not request.ignore_eos:
+        stop = _h(key, "eos") % (2 * request.max_tokens)
+        if stop < len(ids):
+            ids = ids[:stop] + [EOS]
+    return ids
+
+
+class FakeEngine:
+    """The fake engine; constructor ``(experiment, arm)`` like every adapter."""
+
+    kind = "fake"
+
+    def __init__(self, experiment: Any, arm: Any, *, script: FakeScript | None = None) -> None:
+        self.experiment = experiment
+        self.arm = arm
+        self.script = script or _INSTALLED.get("default") or FakeScript()
+        self.behaviour = self.script.behaviour(arm.name, experiment.arm_args(arm))
+        self.retries = experiment.workload.retries
+        self.started = False
+
+    # protocol -------------------------------------------------------------------------------
+
+    def start(self) -> EngineInfo:
+        b = self.behaviour
+        if b.refuse is not None:
+            raise EngineRefused(b.refuse)
+        if b.start_error is not None:
+            raise EngineStartError(b.start_error)
+        self.started = True
+        self.script.starts.append(self.arm.name)
+        self.script.running.add(self.arm.name)
+        self.script.max_running_engines = max(self.script.max_running_engines, len(self.script.running))
+        return EngineInfo(
+            kind=self.kind,
+            version=b.version,
+            commit="0" * 40,
+            args=dict(self.experiment.arm_args(self.arm)),
+            env=dict(self.arm.env),
+            log_findings=("fake: batch invariance " + ("off" if b.divergence else "on"),),
+        )
+
+    def fingerprint(self) -> dict[str, Any]:
+        gpus = [] if self.behaviour.gpu_uuid is None else [
+            {"name": "Fake GPU", "uuid": self.behaviour.gpu_uuid, "serial": None, "driver": "0"}
+        ]
+        return {
+            "gpus": gpus,
+            "cpu": {"model": "fake", "count": 1, "machine": "x86_64"},
+            "os": {"system": "Linux", "release": "0", "platform": "linux"},
+            "versions": {"python": "3", "numpy": "2", "torch": None, "triton": None, "vllm": None,
+                         "bistat": "0.1.0", "fake": self.behaviour.version},
+            "git": {"commit": None, "dirty": None},
+            "host": "fake-host",
+        }
+
+    def stop(self) -> None:
+        if self.started:
+            self.started = False
+            self.script.stops.append(self.arm.name)
+            self.script.running.discard(self.arm.name)
+
+    def run_pass(
+        self,
+        requests: Sequence[GenerationRequest],
+        *,
+        concurrency: int,
+        on_result: Callable[[GenerationResult], None],
+        on_metrics: Callable[[MetricsSample], None],
+    ) -> None:
+        if not self.started:
+            raise EngineError("run_pass before start")
+        b = self.behaviour
+        name = self.arm.name
+        call = self.script.calls.get(name, 0)
+        self.script.calls[name] = call + 1
+        self.script.passes.append((name, tuple(r.prompt_id for r in requests)))
+        crash = b.crash_on_call == call
+        interrupt = b.interrupt_on_call == call
+        hard_exit = b.exit_on_call == call
+        delivered = 0
+        t = 0.0
+        generated = 0
+        for start in range(0, len(requests), concurrency):
+            batch = list(requests[start:start + concurrency])
+            batch_key = tuple(sorted(r.prompt_id for r in batch))
+            waiting = len(requests) - start - len(batch)
+            on_metrics(MetricsSample(t=t, num_requests_running=float(len(batch)), num_requests_waiting=float(waiting),
+                                     num_preemptions_total=0.0, generation_tokens_total=float(generated),
+                                     prompt_tokens_total=0.0, source="fake"))
+            for request in batch:
+                if (crash or interrupt or hard_exit) and delivered >= b.crash_after:
+                    if hard_exit:
+                        os._exit(137)
+                    if interrupt:
+                        raise KeyboardInterrupt
+                    raise EngineError(f"fake engine for {name!r} died (scripted crash on call {call})")
+                t += 0.001
+                if request.prompt_id in b.drop_prompts:
+                    continue
+                result = self._result(request, batch_key, t)
+                generated += len(result.token_ids)
+                on_result(result)
+                delivered += 1
+            t += 0.01
+        on_metrics(MetricsSample(t=t, num_requests_running=0.0, num_requests_waiting=0.0,
+                                 num_preemptions_total=0.0, generation_tokens_total=float(generated),
+                                 prompt_tokens_total=0.0, source="fake"))
+
+    # outputs --------------------------------------------------------------------------------
+
+    def _result(self, request: GenerationRequest, batch_key: tuple[str, ...], t: float) -> GenerationResult:
+        b = self.behaviour
+        attempts_needed = b.transient_failures + 1
+        base = GenerationResult(prompt_id=request.prompt_id, token_ids=[], text="", logprobs=None,
+                                top_logprobs=None, finish_reason=None, n_prompt_tokens=None,
+                                t_submit=t - 0.001, t_first_token=None, t_done=t)
+        if request.prompt_id in b.fail_prompts or attempts_needed > self.retries + 1:
+            return replace(base, error="HTTP 500: Internal Server Error", attempts=self.retries + 1)
+        ids = expected_tokens(request)
+        logprobs = [-(1 + _h(request.prompt_id, i) % 1000) / 997.0 for i in range(len(ids))]
+        batch_hash = _h(request.prompt_id, *batch_key) / 2.0**64
+        if ids and b.divergence > 0 and batch_hash < b.divergence:
+            pos = _h(request.prompt_id, "pos", *batch_key) % len(ids)
+            ids = ids[:pos] + [(ids[pos] % (VOCAB - 1)) + 1 if ids[pos] != VOCAB - 1 else 1] + ids[pos + 1:]
+            logprobs = logprobs[:pos] + [_next_after(logprobs[pos])] + logprobs[pos + 1:]
+        elif ids and b.logprob_jitter and batch_hash < 0.5:
+            logprobs = [_next_after(logprobs[0])] + logprobs[1:]
+        n_prompt = len(request.prompt) if not isinstance(request.prompt, str) else len(request.prompt.split())
+        return replace(
+            base,
+            token_ids=ids,
+            text=" ".join(f"t{i}" for i in ids),
+            logprobs=logprobs,
+            top_logprobs=[[(tok, lp)] for tok, lp in zip(ids, logprobs)] if request.logprobs >= 1 else None,
+            finish_reason="stop" if ids and ids[-1] == EOS else "length",
+            n_prompt_tokens=n_prompt,
+            t_first_token=t - 0.0005,
+            attempts=attempts_needed,
+        )

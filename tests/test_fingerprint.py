@@ -1,0 +1,91 @@
+"""The environment fingerprint and the same-node / same-versions comparisons."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+
+from bistat.fingerprint import (
+    _parse_nvidia_smi,
+    collect_fingerprint,
+    cpu_info,
+    gpu_info,
+    package_versions,
+    same_node,
+    same_versions,
+)
+
+
+def test_fingerprint_format_on_this_cpu_only_machine():
+    fp = collect_fingerprint()
+    assert set(fp) == {"gpus", "cpu", "os", "versions", "git", "host"}
+    assert fp["gpus"] == []
+    assert set(fp["cpu"]) == {"model", "count", "machine"}
+    assert set(fp["versions"]) == {"python", "numpy", "torch", "triton", "vllm", "bistat"}
+    assert fp["versions"]["python"] == platform.python_version()
+    assert fp["versions"]["numpy"] == importlib.metadata.version("numpy")
+    assert fp["versions"]["vllm"] is None
+    assert set(fp["git"]) == {"commit", "dirty"}
+    assert fp["git"]["commit"] is None or len(fp["git"]["commit"]) == 40
+
+
+def test_versions_come_from_metadata_without_importing(monkeypatch):
+    import sys
+
+    before = "torch" in sys.modules
+    versions = package_versions(["numpy", "no-such-package-xyz"])
+    assert versions["no-such-package-xyz"] is None
+    assert ("torch" in sys.modules) == before
+
+
+def test_cpu_model_from_cpuinfo(tmp_path):
+    f = tmp_path / "cpuinfo"
+    f.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9654 96-Core Processor\n")
+    assert cpu_info(f)["model"] == "AMD EPYC 9654 96-Core Processor"
+
+
+def test_nvidia_smi_parsing_maps_na_to_null():
+    text = ("NVIDIA H200, GPU-5a3e0c1d-aaaa-bbbb-cccc-000000000001, 1654923012345, 580.65.06\n"
+            "NVIDIA H200, GPU-5a3e0c1d-aaaa-bbbb-cccc-000000000002, [N/A], 580.65.06\n")
+    assert _parse_nvidia_smi(text) == [
+        {"name": "NVIDIA H200", "uuid": "GPU-5a3e0c1d-aaaa-bbbb-cccc-000000000001", "serial": "1654923012345",
+         "driver": "580.65.06"},
+        {"name": "NVIDIA H200", "uuid": "GPU-5a3e0c1d-aaaa-bbbb-cccc-000000000002", "serial": None,
+         "driver": "580.65.06"},
+    ]
+
+
+def test_gpu_info_uses_nvidia_smi_and_visible_devices(monkeypatch, tmp_path):
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'NVIDIA H200, GPU-aaa, 1, 580'\necho 'NVIDIA H200, GPU-bbb, 2, 580'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    assert [g["uuid"] for g in gpu_info()] == ["GPU-aaa", "GPU-bbb"]
+    assert [g["uuid"] for g in gpu_info("1")] == ["GPU-bbb"]
+    assert [g["uuid"] for g in gpu_info("GPU-aaa")] == ["GPU-aaa"]
+
+
+def _fp(uuid=None, host="n1", cpu="EPYC", driver="580", vllm="0.25.0", commit="abc"):
+    gpus = [] if uuid is None else [{"name": "H200", "uuid": uuid, "serial": None, "driver": driver}]
+    return {"gpus": gpus, "cpu": {"model": cpu}, "host": host,
+            "versions": {"python": "3.11", "numpy": "2", "torch": "2.9", "triton": "3.5", "vllm": vllm,
+                         "bistat": "0.1.0"},
+            "git": {"commit": commit, "dirty": False}}
+
+
+def test_same_node():
+    assert same_node([_fp("GPU-1"), _fp("GPU-1", host="renamed")])
+    assert not same_node([_fp("GPU-1"), _fp("GPU-2")])
+    assert not same_node([_fp("GPU-1"), _fp(None)])
+    assert same_node([_fp(None), _fp(None)])
+    assert not same_node([_fp(None), _fp(None, host="n2")])
+    no_uuid = _fp("x")
+    no_uuid["gpus"][0]["uuid"] = None
+    assert not same_node([no_uuid, no_uuid])
+
+
+def test_same_versions():
+    assert same_versions([_fp("GPU-1"), _fp("GPU-2")])
+    assert not same_versions([_fp("GPU-1"), _fp("GPU-1", vllm="0.24.0")])
+    assert not same_versions([_fp("GPU-1"), _fp("GPU-1", driver="575")])
+    assert not same_versions([_fp("GPU-1"), _fp("GPU-1", commit="def")])

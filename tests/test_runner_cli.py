@@ -1,0 +1,179 @@
+"""``bistat run`` and ``bistat probe`` through CliRunner, on the fake engine (kind "fake")."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import fakes
+import helpers_runner as h
+from bistat.cli import cli
+from bistat.prereg import register
+from bistat.records import read_jsonl
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    fakes.install(fakes.FakeScript())
+    return tmp_path
+
+
+def _register(workdir: Path, **sections) -> Path:
+    (workdir / "experiments").mkdir(exist_ok=True)
+    decl = h.write_toml(workdir / "experiments" / "fakerun.toml", h.declaration(**sections))
+    register(decl, registrations_dir=workdir / "preregistrations")
+    return Path("preregistrations") / "fakerun.json"
+
+
+def _invoke(*args, **kw):
+    return CliRunner().invoke(cli, list(args), prog_name="bistat", **kw)
+
+
+def test_run_help():
+    result = _invoke("run", "--help")
+    assert result.exit_code == 0
+    assert result.output.startswith("Usage: bistat run [OPTIONS] [REGISTRATION]\n\n"
+                                    "  Run a sealed registration (preregistrations/NAME.json) and record everything.\n")
+    for option in ("--resume DIRECTORY", "--runs-dir DIRECTORY", "--run-dir DIRECTORY", "--no-progress"):
+        assert option in result.output
+    assert "Exit codes: 0 the run ended" in result.output
+
+
+def test_probe_help():
+    result = _invoke("probe", "--help")
+    assert result.exit_code == 0
+    assert result.output.startswith("Usage: bistat probe [OPTIONS] DECLARATION\n")
+    assert "Exit codes: 0 whatever the outcome unless --fail-on names its label" in result.output
+
+
+def test_run_needs_a_registration_or_resume(workdir):
+    result = _invoke("run")
+    assert result.exit_code == 2
+    assert result.output.endswith("Error: give either REGISTRATION or --resume RUN_DIR\n")
+
+
+def test_missing_registration(workdir):
+    result = _invoke("run", "preregistrations/nope.json")
+    assert result.exit_code == 1
+    assert result.output == (
+        "Error: preregistrations/nope.json: no such registration\n"
+        "refusing to run an unverified registration; check it with: bistat verify preregistrations/nope.json\n")
+
+
+def test_tampered_registration_is_refused(workdir):
+    path = _register(workdir)
+    data = json.loads(path.read_text())
+    data["sealed"]["declaration"]["workload"]["passes"] = 2
+    path.write_text(json.dumps(data))
+    result = _invoke("run", str(path))
+    assert result.exit_code == 1
+    assert result.output.startswith("Error: preregistrations/fakerun.json: seal broken: ")
+    assert result.output.endswith(
+        "refusing to run an unverified registration; check it with: bistat verify preregistrations/fakerun.json\n")
+    assert not (workdir / "runs").exists()
+
+
+def test_bad_run_dir_for_resume(workdir):
+    (workdir / "empty").mkdir()
+    result = _invoke("run", "--resume", "empty")
+    assert result.exit_code == 1
+    assert result.output == ("Error: cannot resume: empty/run.json: not found; is empty a bistat run "
+                             "directory?\n")
+
+
+def test_run_end_to_end_then_resume_has_nothing_left(workdir):
+    path = _register(workdir, arms=[{"name": "blas", "role": "control", "args": {"fake": {"divergence": 0.5}}},
+                                    {"name": "invariant", "role": "treatment"}])
+    result = _invoke("run", str(path), "--run-dir", "runs/r1", "--no-progress", catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0] == "running fakerun into runs/r1"
+    assert [line.split(":")[0] for line in lines[1:11]] == [f"pass {i}/10 {arm} {kind} (seq {i - 1})" for i, (arm, kind) in
+                                                             enumerate([("blas", "warmup"), ("invariant", "warmup"),
+                                                                        ("blas", "counted"), ("invariant", "counted"),
+                                                                        ("invariant", "counted"), ("blas", "counted"),
+                                                                        ("blas", "counted"), ("invariant", "counted"),
+                                                                        ("invariant", "counted"), ("blas", "counted")],
+                                                                       start=1)]
+    assert lines[11:] == ["run complete: runs/r1 (10 pass(es) run)", "next: bistat analyze runs/r1"]
+    header = json.loads((workdir / "runs/r1/run.json").read_text())
+    assert header["registration"]["path"] == "preregistrations/fakerun.json"
+    assert header["registration"]["sha256"] == json.loads(path.read_text())["sha256"]
+
+    again = _invoke("run", "--resume", "runs/r1", "--no-progress", catch_exceptions=False)
+    assert again.exit_code == 0
+    assert again.output.splitlines() == ["resuming runs/r1", "run complete: runs/r1 (0 pass(es) run)",
+                                         "nothing left to run: the schedule is complete",
+                                         "next: bistat analyze runs/r1"]
+    existing = _invoke("run", str(path), "--run-dir", "runs/r1")
+    assert existing.exit_code == 1
+    assert existing.output == ("Error: runs/r1: a run is already recorded here; choose another --run-dir or "
+                               "continue it with --resume runs/r1\n")
+
+
+def test_default_run_dir_and_untested_exit_code(workdir):
+    path = _register(workdir, arms=[{"name": "blas", "role": "control"},
+                                    {"name": "invariant", "role": "treatment", "args": {"fake": {"refuse": "mode off"}}}])
+    result = _invoke("run", str(path), "--no-progress", "--fail-on", "untested")
+    assert result.exit_code == 12
+    (run_dir,) = (workdir / "runs").iterdir()
+    assert run_dir.name.startswith("fakerun-") and run_dir.name.endswith("Z")
+    assert result.output.splitlines()[1:] == [
+        "run untested: engine for arm 'invariant' refused the setting: mode off",
+        f"data kept in runs/{run_dir.name}; the finding will say untested: bistat analyze runs/{run_dir.name}"]
+    events, _ = read_jsonl(run_dir / "events.jsonl")
+    assert [e["event"] for e in events] == ["started", "refused", "stopped"]
+    again = _invoke("run", str(path), "--no-progress", "--run-dir", "runs/second")
+    assert again.exit_code == 0  # untested exits 0 unless --fail-on names it
+    assert "run untested: engine for arm 'invariant' refused the setting: mode off" in again.output
+
+
+def test_interrupted_run_tells_how_to_resume_and_resume_completes(workdir):
+    path = _register(workdir, arms=[{"name": "blas", "role": "control", "args": {"fake": {"crash_on_call": 1}}},
+                                    {"name": "invariant", "role": "treatment"}])
+    result = _invoke("run", str(path), "--run-dir", "runs/r", "--no-progress")
+    assert result.exit_code == 1
+    assert result.output.splitlines()[-2:] == [
+        "run stopped: engine for arm 'blas' failed during pass seq 2: fake engine for 'blas' died "
+        "(scripted crash on call 1)",
+        "data kept in runs/r; continue with: bistat run --resume runs/r"]
+    # the scripted crash is on the arm's second run_pass call ever: the resumed run gets past it
+    resumed = _invoke("run", "--resume", "runs/r", "--no-progress", catch_exceptions=False)
+    assert resumed.exit_code == 0, resumed.output
+    schedule, _ = read_jsonl(workdir / "runs/r/schedule.jsonl")
+    ends = [(r["kind"], r["status"]) for r in schedule if r["event"] == "end"]
+    # first run: 2 warm-ups, 1 interrupted pass; the resumed part: 2 warm-ups again, then all 8 counted
+    assert ends.count(("counted", "interrupted")) == 1
+    assert ends.count(("warmup", "complete")) == 4 and ends.count(("counted", "complete")) == 8
+
+
+def test_probe_cli_confirmed_json_and_exit_codes(workdir):
+    data = h.declaration(arms=[{"name": "blas", "role": "control", "args": {"fake": {"divergence": 0.9}}},
+                               {"name": "invariant", "role": "treatment"}])
+    (workdir / "experiments").mkdir()
+    decl = h.write_toml(workdir / "experiments" / "p.toml", data)
+    result = _invoke("probe", str(decl), "--max-fillers", "40", "--max-tokens", "5", "--output", "probe.json")
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines() == ["probing arm invariant ...", "probing arm blas ..."]
+    assert result.stdout.splitlines()[0] == "needle chat-0000, 3 trial(s) of 32-40 fillers, 5 tokens"
+    assert result.stdout.splitlines()[-1] == ("outcome: confirmed — bitwise identical alone and in every batch, "
+                                              "and the negative control differs")
+    assert json.loads((workdir / "probe.json").read_text())["outcome"] == "confirmed"
+    nopower = _invoke("probe", str(decl), "--max-fillers", "40", "--no-control", "--json")
+    assert nopower.exit_code == 0  # verdict-producing commands exit 0 unless --fail-on names the label
+    assert json.loads(nopower.stdout)["outcome"] == "no_power"
+    nopower = _invoke("probe", str(decl), "--max-fillers", "40", "--no-control", "--json", "--fail-on", "any")
+    assert nopower.exit_code == 12
+    assert json.loads(nopower.stdout)["outcome"] == "no_power"
+    violated = _invoke("probe", str(decl), "--arm", "blas", "--control", "invariant", "--max-fillers", "40",
+                       "--fail-on", "reported-as-observed,untested")
+    assert violated.exit_code == 11
+    bad_label = _invoke("probe", str(decl), "--fail-on", "working")
+    assert bad_label.exit_code == 2
+    assert "'working' has exit code 0 and cannot fail a command" in bad_label.output
+    bad = _invoke("probe", str(decl), "--arm", "nope")
+    assert (bad.exit_code, bad.output) == (1, "Error: arm 'nope' is not in the declaration; arms: blas, invariant\n")

@@ -1,0 +1,58 @@
+"""End to end on the real embedded engine (a tiny random-weight model): runner, records, probe."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import helpers_runner as h
+from bistat.engines.embedded import EmbeddedEngineAdapter
+from bistat.model.testing import tiny_random_model
+from bistat.probe import ProbeSettings, run_probe
+from bistat.records import read_jsonl
+from bistat.runner import start_run
+
+REG = {"path": "p.json", "sha256": "0" * 64, "registered_utc": "2026-01-01T00:00:00Z", "name": "fakerun"}
+
+
+def _factory(experiment, arm):
+    return EmbeddedEngineAdapter(experiment, arm, loader=lambda name: tiny_random_model(0, tokenizer="byte"))
+
+
+def _exp(**workload):
+    return h.experiment(
+        engine={"kind": "embedded", "model": "tiny", "args": {"max_batch_size": 8, "max_model_len": 256}},
+        arms=[{"name": "blas", "role": "control", "args": {"gemm": "blas"}},
+              {"name": "invariant", "role": "treatment", "args": {"gemm": "invariant"}}],
+        workload={"source": "builtin:token-ids?length=6&vocab=400", "n_prompts": 8, "max_tokens": 4,
+                  "concurrency": 4, "passes": 2, "warmup_passes": 1, "ignore_eos": True, **workload},
+    )
+
+
+def test_embedded_engine_end_to_end(tmp_path):
+    outcome = start_run(_exp(), REG, tmp_path / "run", engine_factory=_factory)
+    assert (outcome.status, outcome.passes_run, outcome.failed_requests) == ("complete", 6, 0)
+    responses, _ = read_jsonl(tmp_path / "run" / "responses.jsonl")
+    assert len(responses) == 6 * 8
+    assert {len(r["token_ids"]) for r in responses} == {4}
+    assert all(r["logprobs"] is not None and r["logprob_sha256"] is not None for r in responses)
+    # the invariant GEMM gives every prompt the same tokens in every pass, whatever the batch
+    by_prompt = Counter()
+    for r in responses:
+        if r["arm"] == "invariant" and r["kind"] == "counted":
+            by_prompt[(r["prompt_id"], r["token_sha256"], r["logprob_sha256"])] += 1
+    assert set(by_prompt.values()) == {2} and len(by_prompt) == 8
+    passes, _ = read_jsonl(tmp_path / "run" / "passes.jsonl")
+    assert all(p["batching"]["max_running"] >= 1 for p in passes)
+    env, _ = read_jsonl(tmp_path / "run" / "environment.jsonl")
+    assert [(e["arm"], e["engine"]["args"]["gemm"], e["fingerprint"]["gpus"]) for e in env] == [
+        ("blas", "blas", []), ("invariant", "invariant", [])]
+
+
+def test_probe_on_the_embedded_engine_invariant_arm_is_bitwise_identical():
+    report = run_probe(_exp(), settings=ProbeSettings(trials=2, min_fillers=8, max_fillers=12, max_tokens=3),
+                       engine_factory=_factory)
+    invariant = report.arms[0]
+    assert invariant.arm == "invariant" and invariant.error is None
+    assert invariant.alone_repeat_identical is True
+    assert all(t.identical for t in invariant.trials)
+    assert report.outcome in ("confirmed", "no_power")

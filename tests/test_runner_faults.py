@@ -1,0 +1,111 @@
+"""The runner under failures: failed and dropped requests, refused engines, crashes, Ctrl-C."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import fakes
+import helpers_runner as h
+from bistat.records import read_jsonl
+from bistat.runner import start_run
+
+REG = {"path": "p.json", "sha256": "0" * 64, "registered_utc": "2026-01-01T00:00:00Z", "name": "fakerun"}
+
+
+def _arms(control=None, treatment=None):
+    return [{"name": "blas", "role": "control", "args": {"fake": control or {}}},
+            {"name": "invariant", "role": "treatment", "args": {"fake": treatment or {}}}]
+
+
+def _run(tmp_path, control=None, treatment=None, **workload):
+    script = fakes.FakeScript()
+    exp = h.experiment(arms=_arms(control, treatment), workload=workload)
+    outcome = start_run(exp, REG, tmp_path / "run", engine_factory=script.factory)
+    tables = {t: read_jsonl(tmp_path / "run" / f"{t}.jsonl")[0]
+              for t in ("schedule", "responses", "passes", "events", "environment")}
+    return outcome, script, tables
+
+
+def test_failed_requests_are_recorded_counted_and_flag_the_pass(tmp_path):
+    outcome, _, t = _run(tmp_path, treatment={"fail_prompts": ["chat-0003", "chat-0007"]})
+    assert outcome.status == "complete"
+    assert (outcome.failed_requests, outcome.failed_passes) == (2 * 5, 5)
+    failed = [r for r in t["responses"] if r["error"] is not None]
+    assert len(failed) == 10
+    assert {(r["arm"], r["prompt_id"], r["error"], r["attempts"], r["token_sha256"]) for r in failed} == {
+        ("invariant", "chat-0003", "HTTP 500: Internal Server Error", 3, None),
+        ("invariant", "chat-0007", "HTTP 500: Internal Server Error", 3, None)}
+    ends = [r for r in t["schedule"] if r["event"] == "end"]
+    assert {(r["arm"], r["status"], r["n_failed"]) for r in ends} == {("blas", "complete", 0),
+                                                                      ("invariant", "failed", 2)}
+    assert {(p["arm"], p["n_failed"], p["status"]) for p in t["passes"]} == {("blas", 0, "complete"),
+                                                                            ("invariant", 2, "failed")}
+
+
+def test_transient_failures_within_the_declared_retries_succeed(tmp_path):
+    outcome, _, t = _run(tmp_path, control={"transient_failures": 2}, retries=2)
+    assert outcome.failed_requests == 0
+    assert Counter((r["arm"], r["attempts"]) for r in t["responses"]) == {("blas", 3): 60, ("invariant", 1): 60}
+
+
+def test_transient_failures_beyond_the_retries_fail(tmp_path):
+    outcome, _, t = _run(tmp_path, control={"transient_failures": 2}, retries=1)
+    assert outcome.failed_requests == 60
+    assert {(r["error"], r["attempts"]) for r in t["responses"] if r["arm"] == "blas"} == {
+        ("HTTP 500: Internal Server Error", 2)}
+
+
+def test_a_request_the_engine_never_answers_is_recorded_as_failed(tmp_path):
+    outcome, _, t = _run(tmp_path, control={"drop_prompts": ["chat-0005"]})
+    assert outcome.failed_requests == 5
+    dropped = [r for r in t["responses"] if r["error"] is not None]
+    assert {(r["prompt_id"], r["prompt_index"], r["error"], r["attempts"]) for r in dropped} == {
+        ("chat-0005", 5, "engine returned no result", 0)}
+    assert len(t["responses"]) == 120
+
+
+def test_refused_engine_makes_the_run_untested_and_stops_the_started_one(tmp_path):
+    outcome, script, t = _run(tmp_path, treatment={"refuse": "VLLM_BATCH_INVARIANT needs compute capability 9.0"})
+    assert outcome.status == "untested"
+    assert outcome.detail == ("engine for arm 'invariant' refused the setting: "
+                              "VLLM_BATCH_INVARIANT needs compute capability 9.0")
+    assert [(e["arm"], e["event"], e["detail"]) for e in t["events"]][1:] == [
+        ("invariant", "refused", "VLLM_BATCH_INVARIANT needs compute capability 9.0"),
+        ("blas", "stopped", None)]
+    assert script.running == set()
+    assert t["schedule"] == [] and t["responses"] == []
+    assert (tmp_path / "run" / "events.parquet").exists()
+
+
+def test_engine_start_failure_is_untested(tmp_path):
+    outcome, _, t = _run(tmp_path, control={"start_error": "server never became healthy (900 s)"})
+    assert outcome.status == "untested"
+    assert [(e["arm"], e["event"], e["detail"]) for e in t["events"]] == [
+        ("blas", "start_failed", "EngineStartError: server never became healthy (900 s)")]
+
+
+def test_engine_death_mid_pass_keeps_every_received_record(tmp_path):
+    outcome, script, t = _run(tmp_path, treatment={"crash_on_call": 2, "crash_after": 5,
+                                                   "fail_prompts": ["chat-0000", "chat-0001", "chat-0002",
+                                                                    "chat-0003", "chat-0004", "chat-0005",
+                                                                    "chat-0006", "chat-0007", "chat-0008",
+                                                                    "chat-0009", "chat-0010", "chat-0011"]})
+    assert outcome.status == "incomplete"
+    assert outcome.detail.startswith("engine for arm 'invariant' failed during pass seq 4: ")
+    crashed = [r for r in t["responses"] if r["seq"] == 4]
+    assert len(crashed) == 5 and all(r["error"] is not None for r in crashed)
+    end = [r for r in t["schedule"] if r["event"] == "end" and r["seq"] == 4]
+    assert [(r["status"], r["n_failed"]) for r in end] == [("interrupted", 5)]
+    assert [e["event"] for e in t["events"] if e["arm"] == "invariant"][-1] == "exited"
+    assert script.running == set()
+    assert not (tmp_path / "run" / "responses.parquet").exists()
+
+
+def test_ctrl_c_stops_engines_and_keeps_the_data(tmp_path):
+    outcome, script, t = _run(tmp_path, control={"interrupt_on_call": 1, "crash_after": 7})
+    assert (outcome.status, outcome.detail) == ("interrupted", "interrupted by the user (Ctrl-C)")
+    assert outcome.passes_run == 2
+    assert len([r for r in t["responses"] if r["seq"] == 2]) == 7
+    assert [(r["event"], r.get("status")) for r in t["schedule"] if r["seq"] == 2] == [("start", None),
+                                                                                        ("end", "interrupted")]
+    assert script.running == set() and sorted(script.stops) == ["blas", "invariant"]
