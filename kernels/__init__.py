@@ -1,1 +1,9 @@
+"""bistat_kernels: a tuned batch-invariant Triton GEMM for vLLM's batch-invariant mode.
 
+Modules (one concept each): ``matmul_persistent`` (kernels and launcher), ``tables`` (config
+table schema, loading, M-bucket lookup), ``probe`` (the two gates), ``sweep`` (tuning),
+``bench`` (tuned vs torch.mm vs default), ``timing`` (CUDA-graph timing), ``shapes`` (model GEMM
+shapes), ``provenance``, ``make_results`` (RESULTS.md), ``vllm_plugin`` (the vLLM general plugin).
+Importing this package imports nothing heavy: torch and triton load with the modules that need
+them. See ``kernels/README.md``.
+"""

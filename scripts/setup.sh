@@ -10,7 +10,7 @@ py=${PYTHON:-python3}
 python -m pip install -q --upgrade pip
 if [ "$extras" = dev ]; then
   # torch==2.13.0 resolves to the CPU build on these machines; an unpinned torch would pull CUDA wheels.
-  python -m pip install -q -e ".[dev]" "torch==2.13.0" "triton==${TRITON_VERSION:-3.6.0}"
+  python -m pip install -q -e ".[dev]" "torch==2.13.0" "triton==${TRITON_VERSION:-3.7.1}"
 else
   python -m pip install -q -e .
 fi

@@ -664,8 +664,11 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
                 ("counted" if (arm, pidx) in with_responses else "unknown"))
         seq = _opt_int(rec.get("seq", st.get("seq")))
         stat = status.get((arm, pidx), "no end event")
+        # "failed" = the pass ran to its end with some requests failed: it counts, and its failed
+        # prompts are excluded from matching below; "interrupted" passes were re-run in full.
         counted = (kind == "counted" and arm in roles and
-                   (stat == "complete" or (stat == "no end event" and (arm, pidx) in with_responses)))
+                   (stat in ("complete", "failed")
+                    or (stat == "no end event" and (arm, pidx) in with_responses)))
         b = batching.get((arm, seq if seq is not None else -1), {})
         batch_rec = rec.get("batching") if isinstance(rec.get("batching"), Mapping) else {}
         passes.append(PassSummary(
@@ -752,10 +755,15 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
         elif n_counted > wl.passes:
             deviations.append(f"arm {a.name}: {n_counted} counted passes recorded, "
                               f"{wl.passes} declared")
-        n_warm = len({p.pass_index for p in passes if p.arm == a.name and p.kind == "warmup"})
-        if n_warm != wl.warmup_passes:
+        # Warm-ups run after every engine start (restarts per block, resumes), so the declared
+        # count applies per start of the arm's engine.
+        n_warm = len({p.pass_index for p in passes if p.arm == a.name and p.kind == "warmup"
+                      and p.status != "interrupted"})
+        n_starts = envs[a.name].n_starts if a.name in envs else 1
+        if n_warm != wl.warmup_passes * max(n_starts, 1):
             deviations.append(f"arm {a.name}: {n_warm} warm-up pass(es) recorded, "
-                              f"{wl.warmup_passes} declared")
+                              f"{wl.warmup_passes} declared per engine start "
+                              f"({max(n_starts, 1)} start(s))")
         if a.n_excluded_failed:
             deviations.append(f"arm {a.name}: {a.n_failed_requests} failed request(s) in counted "
                               f"passes; {a.n_excluded_failed} prompt(s) excluded from matching")

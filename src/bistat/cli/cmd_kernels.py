@@ -1,7 +1,205 @@
-"""(placeholder module: its owner replaces this file)"""
+"""``bistat kernels probe | sweep | bench | results``: the tuned batch-invariant GEMM.
+
+Thin commands over :mod:`bistat_kernels` (the top-level ``kernels/`` folder). torch and triton
+are imported only inside the commands that need them, so ``bistat`` works without the
+``[kernels]`` extra; ``results`` needs neither (it renders recorded JSON).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
 
 import click
 
+_MODELS = ("qwen3-8b", "qwen3-1.7b", "smollm2-135m")
+_DTYPES = ("bfloat16", "float16", "float32")
+
+
+def _require_torch(command: str, *, allow_interpreter: bool) -> object:
+    """Import torch (and triton) or fail with the fix; require CUDA unless interpreting."""
+    try:
+        import torch
+        import triton  # noqa: F401
+    except ImportError as exc:
+        raise click.ClickException(
+            f"bistat kernels {command} needs torch and triton ({exc.name} is missing); "
+            f"install them with: pip install 'bistat[kernels]'") from exc
+    interpreting = os.environ.get("TRITON_INTERPRET") == "1"
+    if not torch.cuda.is_available() and not (allow_interpreter and interpreting):
+        hint = (" or set TRITON_INTERPRET=1 to run small shapes on the CPU interpreter"
+                if allow_interpreter else "")
+        raise click.ClickException(f"bistat kernels {command} needs a CUDA GPU{hint}")
+    return torch
+
+
+def _parse_shape(text: str) -> tuple[int, int]:
+    match = re.fullmatch(r"(\d+)x(\d+)", text)
+    if match is None:
+        raise click.BadParameter(f"got {text!r}; expected NxK, e.g. 4096x2048",
+                                 param_hint="--shape")
+    return int(match.group(1)), int(match.group(2))
+
+
+@click.group("kernels")
+def kernels() -> None:
+    """The tuned batch-invariant Triton GEMM: probe, sweep, bench, results."""
+
+
+@kernels.command("probe")
+@click.option("--table", "table_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Table file (default: the table of this GPU under kernels/tables).")
+@click.option("--model", "models", multiple=True, type=click.Choice(_MODELS),
+              help="Probe this model's shapes (repeatable).")
+@click.option("--shape", "shapes", multiple=True, help="Probe the shape NxK (repeatable).")
+@click.option("--dtype", default="bfloat16", show_default=True, type=click.Choice(_DTYPES))
+@click.option("--max-m", default=4096, show_default=True, type=click.IntRange(1),
+              help="Largest batch size checked.")
+@click.option("--bias/--no-bias", default=False, show_default=True)
+@click.option("--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the results as JSON here.")
+def probe_command(table_path: Path | None, models: tuple[str, ...], shapes: tuple[str, ...],
+                  dtype: str, max_m: int, bias: bool, output: Path | None) -> None:
+    """Check both gates: bitwise row invariance and accuracy.
+
+    Gate 1 compares rows computed alone with the same rows inside batches (bitwise); gate 2
+    compares with a higher-precision reference, beside torch.mm. Without --model/--shape,
+    every entry of the table is probed. Exit code 1 if a gate fails.
+    """
+    torch = _require_torch("probe", allow_interpreter=True)
+    from bistat_kernels import probe, tables
+    from bistat_kernels.shapes import shapes_for
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device_name = torch.cuda.get_device_name(0) if device == "cuda" else None
+    try:
+        if table_path is not None:
+            table = tables.load_table(table_path)
+            tables.set_device_table(table)
+        else:
+            table = tables.resolve_device_table(device_name)
+    except tables.TableError as exc:
+        raise click.ClickException(str(exc)) from exc
+    wanted = [(s.n, s.k) for s in shapes_for(models)] + [_parse_shape(s) for s in shapes]
+    if not wanted:
+        if table is None:
+            raise click.ClickException("no table for this device; pass --table, --model or --shape")
+        wanted = [(n, k) for (dt, n, k) in sorted(table.entries) if dt == dtype]
+    accuracy_ms = sorted({m for m in (1, 16, 256, max_m) if m <= max_m})
+    results = []
+    for n, k in wanted:
+        entry = table.lookup(dtype, n, k) if table is not None else None
+        res = probe.probe_shape(n, k, getattr(torch, dtype), device, entry, max_m=max_m,
+                                accuracy_ms=accuracy_ms, with_bias=bias)
+        results.append(res.to_dict())
+        inv = res.invariance
+        acc = " ".join(f"M={r.m}:{r.max_rel_err:.2e}(torch.mm {r.torch_mm_max_rel_err:.2e})"
+                       for r in res.accuracy)
+        click.echo(f"N={n} K={k} {dtype}: invariance {inv.rows_equal}/{inv.rows_checked} rows "
+                   f"equal; rel err {acc}; {'PASS' if res.passed else 'FAIL'}")
+    if output is not None:
+        output.write_text(json.dumps({"schema": "bistat_kernels.probe/1",
+                                      "table": table.source if table is not None else None,
+                                      "shapes": results}, indent=1) + "\n", encoding="utf-8")
+    if not all(r["passed"] for r in results):
+        sys.exit(1)
+
+
+@kernels.command("sweep")
+@click.option("--model", "models", multiple=True, type=click.Choice(_MODELS),
+              help="Tune this model's shapes (repeatable; default: all three).")
+@click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("kernels/tables"), show_default=True,
+              help="Where the table (<gpu>.json) and raw measurements are written.")
+@click.option("--resume/--retune", default=True, show_default=True,
+              help="Skip shapes already in the table in --out-dir, or tune all again.")
+@click.option("--budget-s", default=480.0, show_default=True, type=click.FloatRange(1),
+              help="Stop at a shape boundary before this many seconds.")
+@click.option("--workers", default=8, show_default=True, type=click.IntRange(0),
+              help="Processes that precompile the candidates (0: compile when first timed).")
+def sweep_command(models: tuple[str, ...], out_dir: Path, resume: bool, budget_s: float,
+                  workers: int) -> None:
+    """Tune the GEMM table on this GPU (chunked, resumable).
+
+    BLOCK_K and SPLIT_K are chosen per shape, launch parameters per M bucket; every candidate
+    passes both gates before it is timed.
+    """
+    torch = _require_torch("sweep", allow_interpreter=False)
+    from bistat_kernels import sweep, tables
+    from bistat_kernels.shapes import shapes_for
+
+    slug = tables.device_slug(torch.cuda.get_device_name(0))
+    res = sweep.run_sweep(
+        shapes_for(models or _MODELS), out_dir,
+        resume_table=out_dir / f"{slug}.json" if resume else None,
+        resume_raw=out_dir / f"sweep_raw_{slug}.json" if resume else None,
+        budget_s=budget_s, precompile_workers=workers, command=sys.argv, progress=click.echo)
+    click.echo(f"table: {res['table']}")
+    if res["missing"]:
+        click.echo(f"not yet tuned (run again to resume): {', '.join(res['missing'])}")
+
+
+@kernels.command("bench")
+@click.option("--table", "table_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Table file (default: the table of this GPU under kernels/tables).")
+@click.option("--model", "models", multiple=True, type=click.Choice(_MODELS),
+              help="Bench this model's shapes (repeatable; default: all three).")
+@click.option("--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the JSON (rows, summary, provenance) here.")
+def bench_command(table_path: Path | None, models: tuple[str, ...], output: Path | None) -> None:
+    """Time tuned, torch.mm and the fixed default per shape and M.
+
+    Prints one line per shape and the geometric means against the goals.
+    """
+    _require_torch("bench", allow_interpreter=False)
+    from bistat_kernels import bench, tables
+    from bistat_kernels.shapes import shapes_for
+
+    if table_path is not None:
+        try:
+            tables.set_device_table(tables.load_table(table_path))
+        except tables.TableError as exc:
+            raise click.ClickException(str(exc)) from exc
+    doc = bench.run_bench(shapes_for(models or _MODELS), command=sys.argv, progress=click.echo)
+    click.echo(format_bench_summary(doc["summary"]), nl=False)
+    if output is not None:
+        output.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+
+
+def format_bench_summary(summary: dict) -> str:
+    """The closing lines of ``bench``: geometric means against the issue's goals."""
+    return (f"geomean tuned/torch.mm over M in {summary['goal_ms']}: "
+            f"{summary['geomean_tuned_over_mm']:.3f} (goal <= 1.15)\n"
+            f"geomean tuned/torch.mm at M <= {summary['decode_max_m']}: "
+            f"{summary['decode_geomean_tuned_over_mm']:.3f} (goal <= 1.25)\n"
+            f"geomean default/torch.mm over the goal set: "
+            f"{summary['geomean_default_over_mm']:.3f}\n")
+
+
+@kernels.command("results")
+@click.option("--results-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Recorded JSON (default: kernels/results).")
+@click.option("--tables-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Tables (default: kernels/tables).")
+@click.option("--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="Markdown file to write (default: kernels/RESULTS.md).")
+def results_command(results_dir: Path | None, tables_dir: Path | None,
+                    output: Path | None) -> None:
+    """Regenerate RESULTS.md from the recorded JSON.
+
+    Needs no GPU and no torch: it only renders kernels/results and kernels/tables.
+    """
+    from bistat_kernels import make_results
+
+    text = make_results.render_results(results_dir or make_results.RESULTS_DIR,
+                                       tables_dir or make_results.TABLES_DIR)
+    target = output or make_results.KERNELS_DIR / "RESULTS.md"
+    target.write_text(text, encoding="utf-8")
+    click.echo(f"wrote {target}")
+
 
 def register(group: click.Group) -> None:
-    return None
+    group.add_command(kernels)

@@ -1,0 +1,227 @@
+#!/usr/bin/env python3
+"""Driver for one device command: check, sweep (chunked), probe and bench on the lent GPU.
+
+The device image has torch and triton but not bistat; run from the repository root with
+``bistat_kernels`` on the path (the folder ``kernels/`` linked as that name), e.g.::
+
+    mkdir -p /tmp/pk && ln -sfn "$PWD/kernels" /tmp/pk/bistat_kernels
+    PYTHONPATH=/tmp/pk python3 kernels/device/gpu_call.py all --out "$OUT" --budget-s 360
+
+Stages (``all`` runs them in this order, each only while the time budget lasts):
+``check`` (gates on ragged shapes in every dtype, split-K, bias, torch.compile + CUDA graph through
+the plugin's custom op), ``sweep`` (resumes from ``kernels/tables`` and ``kernels/results``),
+``probe`` (both gates on every entry of the table) and ``bench``. Every stage writes JSON under
+``--out``; the Triton cache is packed there too so that the next command compiles nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tarfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from bistat_kernels import bench, probe, sweep, tables
+from bistat_kernels import matmul_persistent as mp
+from bistat_kernels.provenance import gpu_provenance
+from bistat_kernels.shapes import MODEL_SHAPES, shapes_for
+
+ROOT = Path(__file__).resolve().parents[2]
+CACHE_TGZ = ROOT / ".cache" / "bistat_kernels" / "triton_cache.tgz"
+TRITON_CACHE = Path.home() / ".triton" / "cache"
+MODELS = ("qwen3-8b", "qwen3-1.7b", "smollm2-135m")
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def write(path: Path, data: object) -> None:
+    path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+
+
+def stage_check(out: Path) -> bool:
+    """Gates on small ragged shapes with several configs per dtype, and the compiled path."""
+    results = []
+    ok = True
+    configs = [tables.GemmConfig(16, 32, 64, 8, 4, 4, 1),
+               tables.GemmConfig(64, 128, 128, 8, 4, 3, 1),
+               tables.GemmConfig(128, 128, 64, 8, 8, 3, 1),
+               tables.GemmConfig(16, 64, 128, 8, 4, 4, 2),
+               tables.GemmConfig(32, 64, 128, 8, 4, 4, 3)]
+    plan = [(torch.bfloat16, n, k, bias, cfg) for n, k, bias in
+            ((1000, 1000, False), (4096, 2048, False), (576, 1536, True)) for cfg in configs]
+    plan += [(dtype, 1000, 1000, True, cfg) for dtype in (torch.float16, torch.float32)
+             for cfg in (configs[0], configs[4])]
+    for dtype, n, k, bias, cfg in plan:
+        fn = (lambda a, b, bb, c=cfg: mp.matmul_persistent(a, b, bb, config=c))
+        res = probe.probe_shape(n, k, dtype, "cuda", None, max_m=1024,
+                                accuracy_ms=(1, 255, 1024), with_bias=bias, mm=fn)
+        d = res.to_dict()
+        d["config"] = cfg.__dict__
+        results.append(d)
+        ok &= res.passed
+        if not res.passed:
+            log(f"check FAILED {dtype} N={n} K={k} {cfg}: {json.dumps(d)[:600]}")
+    log(f"check: {sum(r['passed'] for r in results)}/{len(results)} gate runs passed")
+    # The compiled path: torch.compile (dynamic M) + CUDA graphs through the plugin's custom op.
+    compiled = {}
+    try:
+        from bistat_kernels import vllm_plugin
+        op = vllm_plugin.tuned_matmul_op()
+        w = torch.randn(4096, 2048, device="cuda", dtype=torch.bfloat16) * 0.02
+
+        def layer(x):  # x2 is exact in bf16, so compiled and eager must agree bitwise
+            return op(x, w.t(), None) * 2
+
+        f = torch.compile(layer, fullgraph=True, dynamic=True)
+        xs = torch.randn(64, 2048, device="cuda", dtype=torch.bfloat16)
+        outs = {m: f(xs[:m]) for m in (1, 7, 64)}
+        eager = {m: mp.matmul_persistent(xs[:m], w.t()) * 2 for m in outs}
+        compiled["compile_equal_eager"] = all(torch.equal(outs[m], eager[m]) for m in outs)
+        compiled["compile_row_invariant"] = bool(torch.equal(outs[7][3], outs[64][3])
+                                                 and torch.equal(outs[1][0], outs[64][0]))
+        static = xs[:8].clone()
+        g = torch.cuda.CUDAGraph()
+        f(static)
+        torch.cuda.synchronize()
+        with torch.cuda.graph(g):
+            gout = f(static)
+        static.copy_(xs[8:16])
+        g.replay()
+        torch.cuda.synchronize()
+        compiled["cuda_graph_replay_equal"] = bool(torch.equal(gout, eager[64][8:16]))
+        compiled["op_calls"] = {str(k): v for k, v in vllm_plugin.CALLS.items()}
+    except Exception as exc:  # noqa: BLE001 - recorded and reported, the stage fails
+        compiled["error"] = f"{type(exc).__name__}: {exc}"
+        traceback.print_exc()
+    ok &= all(compiled.get(k) is True for k in
+              ("compile_equal_eager", "compile_row_invariant", "cuda_graph_replay_equal"))
+    log(f"check compiled path: {compiled}")
+    write(out / "check_gpu.json", {"provenance": gpu_provenance(0), "passed": ok,
+                                   "gates": results, "compiled": compiled})
+    return ok
+
+
+def stage_sweep(out: Path, budget_s: float, workers: int, retune: bool) -> dict:
+    device = torch.cuda.get_device_name(0)
+    slug = tables.device_slug(device)
+    resume = None if retune else ROOT / "kernels" / "tables" / f"{slug}.json"
+    resume_raw = None if retune else ROOT / "kernels" / "results" / f"sweep_raw_{slug}.json"
+    res = sweep.run_sweep(
+        shapes_for(MODELS), out, resume_table=resume, resume_raw=resume_raw, budget_s=budget_s,
+        precompile_workers=workers, command=sys.argv, progress=log)
+    log(f"sweep: {json.dumps(res)}")
+    fallback = ROOT / "kernels" / "tables" / f"{slug}.json"
+    fresh_path = Path(res["table"])
+    if res["missing"] and fallback.is_file() and fresh_path.is_file():
+        # Shapes this command could not re-tune keep their entry from the previous table
+        # (each entry carries its own provenance, so the table says which command measured it).
+        fresh = tables.load_table(fresh_path).entries
+        for key, entry in tables.load_table(fallback).entries.items():
+            fresh.setdefault(key, entry)
+        write(fresh_path, tables.table_to_dict(device, list(fresh.values())))
+        log(f"sweep: kept {len(res['missing'])} entries from {fallback}")
+        res["missing"] = []
+    return res
+
+
+def _table_path(out: Path) -> Path:
+    slug = tables.device_slug(torch.cuda.get_device_name(0))
+    fresh = out / f"{slug}.json"
+    return fresh if fresh.is_file() else ROOT / "kernels" / "tables" / f"{slug}.json"
+
+
+def stage_probe(out: Path, max_m: int) -> bool:
+    table = tables.load_table(_table_path(out))
+    tables.set_device_table(table)
+    results = []
+    for (dtype, n, k), entry in sorted(table.entries.items()):
+        res = probe.probe_shape(n, k, getattr(torch, dtype), "cuda", entry, max_m=max_m,
+                                accuracy_ms=(1, 16, 256, max_m))
+        results.append(res.to_dict())
+        log(f"probe: N={n} K={k} invariance {res.invariance.rows_equal}/"
+            f"{res.invariance.rows_checked} accuracy "
+            + " ".join(f"M={r.m}:{r.max_rel_err:.2e}(mm {r.torch_mm_max_rel_err:.2e})"
+                       for r in res.accuracy) + (" PASS" if res.passed else " FAIL"))
+    slug = tables.device_slug(table.device_name)
+    write(out / f"probe_{slug}.json", {"schema": "bistat_kernels.probe/1", "table": table.source,
+                                       "provenance": gpu_provenance(0, sys.argv),
+                                       "passed": all(r["passed"] for r in results),
+                                       "shapes": results})
+    return all(r["passed"] for r in results)
+
+
+def stage_bench(out: Path) -> dict:
+    table = tables.load_table(_table_path(out))
+    tables.set_device_table(table)
+    doc = bench.run_bench(shapes_for(MODELS), command=sys.argv, progress=log)
+    write(out / f"bench_{tables.device_slug(table.device_name)}.json", doc)
+    log(f"bench summary: {json.dumps(doc['summary'])}")
+    return doc["summary"]
+
+
+def pack_cache(out: Path) -> None:
+    if not TRITON_CACHE.is_dir():
+        return
+    target = out / "triton_cache.tgz"
+    with tarfile.open(target, "w:gz") as tar:
+        tar.add(TRITON_CACHE, arcname="cache")
+    if target.stat().st_size > 15 * 2**20:
+        log(f"triton cache {target.stat().st_size / 2**20:.1f} MiB is too large to return; dropped")
+        target.unlink()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("stages", nargs="+", choices=("check", "sweep", "probe", "bench", "all"))
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--budget-s", type=float, default=360.0, help="whole-command budget")
+    parser.add_argument("--workers", type=int, default=16, help="precompile processes")
+    parser.add_argument("--max-m", type=int, default=4096)
+    parser.add_argument("--pack-cache", action="store_true")
+    parser.add_argument("--retune", action="store_true",
+                        help="re-tune every shape; shapes not reached keep kernels/tables' entry")
+    args = parser.parse_args()
+    t0 = time.monotonic()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if CACHE_TGZ.is_file():
+        TRITON_CACHE.parent.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(CACHE_TGZ) as tar:
+            tar.extractall(TRITON_CACHE.parent, filter="data")
+        log(f"restored Triton cache from {CACHE_TGZ}")
+    stages = ("check", "sweep", "probe", "bench") if "all" in args.stages else args.stages
+    log(f"device {torch.cuda.get_device_name(0)}, torch {torch.__version__}, models "
+        f"{', '.join(MODELS)} ({sum(len(MODEL_SHAPES[m]) for m in MODELS)} shapes)")
+    status = 0
+    sweep_complete = True
+    for stage in stages:
+        left = args.budget_s - (time.monotonic() - t0)
+        try:
+            if stage == "check" and left > 50:
+                status |= 0 if stage_check(args.out) else 1
+            elif stage == "sweep":
+                res = stage_sweep(args.out, left - 60, args.workers, args.retune)
+                sweep_complete = not res["missing"]
+            elif stage == "probe" and sweep_complete and left > 60:
+                status |= 0 if stage_probe(args.out, args.max_m) else 1
+            elif stage == "bench" and sweep_complete and left > 45:
+                stage_bench(args.out)
+            else:
+                log(f"{stage}: skipped (sweep complete={sweep_complete}, {left:.0f}s left)")
+        except Exception:  # noqa: BLE001 - keep going so the files written so far come back
+            traceback.print_exc()
+            status |= 2
+        log(f"after {stage}: {time.monotonic() - t0:.0f}s")
+    if args.pack_cache:
+        pack_cache(args.out)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

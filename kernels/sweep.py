@@ -1,0 +1,405 @@
+"""Tune the batch-invariant GEMM per weight shape on the GPU and write a table with provenance.
+
+Method, per weight shape ``(N, K)``:
+
+1. *Reduction layout* (shape-wide): for each candidate ``(BLOCK_K, SPLIT_K)`` the best launch
+   candidate is timed at the scoring sizes ``SCORE_MS``; the layout with the lowest
+   decode-weighted geometric mean of ``time / torch.mm time`` (weights ``SCORE_WEIGHTS``) wins.
+2. *Launch parameters* per M bucket: with that layout fixed, every launch candidate of the bucket
+   is timed at the bucket's upper bound M, and the fastest one that passes both gates is kept.
+
+Both gates run on every candidate before it is timed: gate 1 compares rows of the candidate's
+output bitwise with the same rows computed alone (M = 1) by a fixed canonical launch of the same
+layout; gate 2 bounds the error against a float32 (no TF32) reference. Timing is
+:func:`bistat_kernels.timing.graph_time_ms`: CUDA-graph replays over weight copies that exceed the
+L2 cache, median per call (no Python launch overhead, weights read from HBM).
+
+The sweep is chunked and resumable: it writes the table and the raw measurements after every
+shape, skips shapes already in the table it resumes from, and stops at a shape boundary when its
+time budget would be exceeded, so that it fits 10-minute device commands.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import triton
+from triton.runtime.errors import OutOfResources
+from bistat_kernels import matmul_persistent as mp
+from bistat_kernels import tables
+from bistat_kernels import timing
+from bistat_kernels.probe import ACCURACY_TOLERANCE, reference_mm, row_positions
+from bistat_kernels.shapes import GemmShape
+
+_log = logging.getLogger("bistat_kernels.sweep")
+
+RAW_SCHEMA = "bistat_kernels.sweep_raw/1"
+BUCKETS: tuple[int, ...] = (1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+SCORE_MS: tuple[int, ...] = (1, 16, 256, 4096)
+SCORE_WEIGHTS: dict[int, float] = {1: 2.0, 16: 2.0, 256: 1.0, 4096: 1.0}  # decode-weighted
+GROUP_M = 8
+
+# Launch candidates per bucket class, as (BLOCK_M, BLOCK_N, num_warps, num_stages, programs per
+# SM), built from products of a few values each (the Hopper rows of vLLM's
+# batch_invariant_configs.py and the Triton tutorial's configs span these ranges). Small M wants
+# narrow tiles and more programs (decode is weight-bandwidth-bound); configs whose shared memory
+# exceeds the device's limit are skipped when launched ("out_of_resources" in the raw records).
+def _product(bms, bns, warps_stages, per_sm):
+    return tuple((bm, bn, w, s, p) for bm in bms for bn in bns for w, s in warps_stages
+                 for p in per_sm)
+
+
+_LAUNCH_CANDIDATES: dict[str, tuple[tuple[int, int, int, int, int], ...]] = {
+    "decode": _product((16,), (32, 64, 128, 256), ((4, 4), (4, 6)), (1, 2)),
+    "small": _product((16, 32), (32, 64, 128), ((4, 4), (4, 6)), (1, 2)),
+    "mid": _product((32, 64), (64, 128, 256), ((4, 3), (4, 4), (8, 3)), (1,))
+    + ((128, 128, 8, 3, 1), (128, 64, 4, 4, 1), (64, 64, 4, 4, 2)),
+    "large": _product((64, 128), (64, 128, 256), ((4, 3), (4, 4), (8, 3)), (1,))
+    + ((64, 64, 4, 4, 2), (64, 128, 4, 3, 2)),
+    "prefill": _product((128,), (64, 128, 256), ((4, 3), (8, 3), (8, 4), (8, 2)), (1,))
+    + ((256, 128, 8, 3, 1), (64, 64, 4, 4, 2), (64, 128, 4, 3, 2), (128, 64, 4, 4, 2),
+       (64, 128, 4, 4, 1), (64, 256, 8, 3, 1)),
+}
+
+
+def _bucket_class(m: int) -> str:
+    if m <= 16:
+        return "decode"
+    if m <= 32:
+        return "small"
+    if m <= 128:
+        return "mid"
+    if m <= 512:
+        return "large"
+    return "prefill"
+
+
+def launch_candidates(m: int, n: int, block_k: int, split_k: int) -> list[tables.GemmConfig]:
+    """Launch candidates for a bucket whose upper bound is ``m`` (BLOCK_N capped near N)."""
+    out = []
+    seen = set()
+    for bm, bn, warps, stages, per_sm in _LAUNCH_CANDIDATES[_bucket_class(m)]:
+        bn = min(bn, max(16, triton.next_power_of_2(n)))
+        cfg = tables.GemmConfig(bm, bn, block_k, GROUP_M, warps, stages, split_k, per_sm)
+        if cfg not in seen:
+            seen.add(cfg)
+            out.append(cfg)
+    if m <= 16 and n <= 2048:  # narrow N: 16-column tiles keep every multiprocessor busy
+        out.append(tables.GemmConfig(16, 16, block_k, GROUP_M, 4, 4, split_k))
+        out.append(tables.GemmConfig(16, 16, block_k, GROUP_M, 4, 4, split_k, 2))
+    return out
+
+
+def reduction_candidates(n: int, num_sms: int) -> list[tuple[int, int]]:
+    """``(BLOCK_K, SPLIT_K)`` layouts tried for a shape.
+
+    Split-K is tried only where even 32-column tiles leave multiprocessors idle at M = 1.
+    """
+    out = [(64, 1), (128, 1)]
+    if triton.cdiv(n, 32) < num_sms:
+        out.append((128, 2))
+    return out
+
+
+def canonical_config(block_k: int, split_k: int) -> tables.GemmConfig:
+    """The fixed launch whose row-alone outputs every candidate of a layout must reproduce."""
+    return tables.GemmConfig(16, 64, block_k, GROUP_M, 4, 3, split_k)
+
+
+def all_sweep_configs(shapes: Sequence[GemmShape], num_sms: int) -> list[tables.GemmConfig]:
+    """Every launch configuration the sweep may compile (for parallel precompilation)."""
+    configs: dict[tables.GemmConfig, None] = {}
+    for shape in shapes:
+        for bk, split in reduction_candidates(shape.n, num_sms):
+            configs[canonical_config(bk, split)] = None
+            for m in BUCKETS:
+                for cfg in launch_candidates(m, shape.n, bk, split):
+                    configs[cfg] = None
+    return list(configs)
+
+
+def _compile_worker(args: tuple[str, list[tuple[int, ...]]]) -> list[str]:
+    dtype_name, raw = args
+    dtype = getattr(torch, dtype_name)
+    errors = []
+    for fields in raw:
+        cfg = tables.GemmConfig(*fields)
+        try:
+            mp._matmul_persistent_kernel.warmup(
+                dtype, dtype, dtype, torch.float32 if cfg.split_k > 1 else dtype, None,
+                64, 64, 64, 64, 1, 1, 64, 64, 1,
+                BLOCK_SIZE_M=cfg.block_m, BLOCK_SIZE_N=cfg.block_n, BLOCK_SIZE_K=cfg.block_k,
+                GROUP_SIZE_M=cfg.group_m, SPLIT_K=cfg.split_k,
+                NUM_PROGRAMS=_WORKER_NUM_SMS * cfg.programs_per_sm,
+                A_LARGE=False, B_LARGE=False, C_LARGE=False, HAS_BIAS=False,
+                IEEE=dtype == torch.float32, num_warps=cfg.num_warps,
+                num_stages=cfg.num_stages, grid=(1,))
+        except Exception as exc:  # noqa: BLE001 - reported per config; the real launch re-raises
+            errors.append(f"{cfg}: {type(exc).__name__}: {str(exc)[:200]}")
+    return errors
+
+
+_WORKER_NUM_SMS = int(os.environ.get("BISTAT_PRECOMPILE_NUM_SMS", "0") or 0)
+
+
+def precompile(configs: Sequence[tables.GemmConfig], dtype: torch.dtype, num_sms: int,
+               workers: int) -> list[str]:
+    """Compile ``configs`` in ``workers`` processes into Triton's on-disk cache.
+
+    The timed process then loads them from the cache instead of compiling one after another.
+    Returns the per-config failures (out-of-resources configs fail here and are skipped later).
+    """
+    os.environ["BISTAT_PRECOMPILE_NUM_SMS"] = str(num_sms)
+    raw = [tuple(asdict(c).values()) for c in configs]
+    chunks = [raw[i::workers] for i in range(workers)]
+    name = mp.dtype_name(dtype)
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    errors: list[str] = []
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        for chunk_errors in pool.map(_compile_worker, [(name, c) for c in chunks if c]):
+            errors.extend(chunk_errors)
+    return errors
+
+
+def time_ms(calls: Sequence[Callable[[], Any]], what: tuple[Any, ...] = ()) -> float:
+    """Median GPU time per call in ms (:func:`bistat_kernels.timing.graph_time_ms`).
+
+    ``what`` names the measurement (kind, M, config); CPU tests replace this function by a
+    deterministic fake clock that reads it.
+    """
+    return timing.graph_time_ms(calls)
+
+
+@dataclass
+class _ShapeState:
+    shape: GemmShape
+    dtype: torch.dtype
+    a_big: torch.Tensor  # [max M, K]
+    b: torch.Tensor  # [K, N] (weight.t())
+    b_copies: list[torch.Tensor]  # b and clones of it, rotated through when timing
+    torch_mm_ms: dict[int, float]
+    refs: dict[int, torch.Tensor]
+    alone: dict[tuple[int, int], dict[int, torch.Tensor]]
+
+
+def _measure_candidate(st: _ShapeState, m: int, cfg: tables.GemmConfig) -> dict[str, Any]:
+    a = st.a_big[:m]
+    rec: dict[str, Any] = {"m": m, **asdict(cfg)}
+    try:
+        out = mp.matmul_persistent(a, st.b, config=cfg)  # [m, N]
+        if out.is_cuda:
+            torch.cuda.synchronize()
+    except OutOfResources as exc:
+        rec.update(status="out_of_resources", detail=str(exc)[:200])
+        return rec
+    alone = st.alone[cfg.reduction_key()]
+    rows = row_positions(m)
+    inv_ok = all(torch.equal(out[r], alone[r]) for r in rows)
+    diff = (out.float() - st.refs[m]).abs().max().item()
+    scale = st.refs[m].abs().max().item()
+    rel = diff / scale if scale > 0 else diff
+    finite = bool(torch.isfinite(out).all())
+    acc_ok = finite and rel <= ACCURACY_TOLERANCE[st.dtype]
+    rec.update(invariance_ok=inv_ok, rows_checked=list(rows), max_abs_err=diff, max_rel_err=rel,
+               accuracy_ok=acc_ok)
+    if not (inv_ok and acc_ok):
+        rec["status"] = "gate_failed"
+        return rec
+    rec["time_ms"] = time_ms([lambda bb=bb: mp.matmul_persistent(a, bb, config=cfg)
+                              for bb in st.b_copies], ("tuned", m, cfg))
+    rec["status"] = "ok"
+    return rec
+
+
+def _ensure_ref(st: _ShapeState, m: int) -> None:
+    if m not in st.refs:
+        st.refs.clear()  # keep one reference alive (lm_head at M = 4096 is 2.5 GB in fp32)
+        torch.cuda.empty_cache()
+        st.refs[m] = reference_mm(st.a_big[:m], st.b, None)
+    if m not in st.torch_mm_ms:
+        a = st.a_big[:m]
+        torch.mm(a, st.b)
+        st.torch_mm_ms[m] = time_ms([lambda bb=bb: torch.mm(a, bb) for bb in st.b_copies],
+                                    ("torch.mm", m, None))
+
+
+def _ensure_alone(st: _ShapeState, layout: tuple[int, int]) -> None:
+    if layout in st.alone:
+        return
+    canon = canonical_config(*layout)
+    rows = sorted({r for m in BUCKETS for r in row_positions(m)})
+    st.alone[layout] = {r: mp.matmul_persistent(st.a_big[r:r + 1], st.b, config=canon)[0]
+                        for r in rows}
+
+
+def _best(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    ok = [r for r in records if r.get("status") == "ok"]
+    return min(ok, key=lambda r: r["time_ms"]) if ok else None
+
+
+def sweep_shape(shape: GemmShape, dtype: torch.dtype, num_sms: int, provenance: dict[str, Any],
+                seed: int = 0, device: str = "cuda",
+                ) -> tuple[tables.ShapeConfig, dict[str, Any]]:
+    """Tune one weight shape; returns its table entry and the raw measurements."""
+    t0 = time.monotonic()
+    gen = torch.Generator(device=device).manual_seed(seed)
+    w = torch.randn(shape.n, shape.k, device=device, dtype=dtype, generator=gen) * 0.02  # [N, K]
+    a_big = torch.randn(max(BUCKETS), shape.k, device=device, dtype=dtype, generator=gen)
+    copies = timing.weight_copies(w) if device != "cpu" else [w]
+    st = _ShapeState(shape, dtype, a_big, w.t(), [c.t() for c in copies], {}, {}, {})
+    layouts = reduction_candidates(shape.n, num_sms)
+    records: list[dict[str, Any]] = []
+    best: dict[tuple[tuple[int, int], int], dict[str, Any]] = {}
+
+    # Phase 1: score each reduction layout at the scoring sizes.
+    for m in SCORE_MS:
+        _ensure_ref(st, m)
+        for layout in layouts:
+            _ensure_alone(st, layout)
+            recs = [_measure_candidate(st, m, cfg)
+                    for cfg in launch_candidates(m, shape.n, *layout)]
+            for r in recs:
+                r["phase"] = "layout"
+            records.extend(recs)
+            winner = _best(recs)
+            if winner is not None:
+                best[(layout, m)] = winner
+    scores: dict[str, float] = {}
+    for layout in layouts:
+        if all((layout, m) in best for m in SCORE_MS):
+            log_sum = sum(SCORE_WEIGHTS[m] * math.log(best[(layout, m)]["time_ms"]
+                                                       / st.torch_mm_ms[m]) for m in SCORE_MS)
+            scores[f"bk{layout[0]}_s{layout[1]}"] = math.exp(
+                log_sum / sum(SCORE_WEIGHTS.values()))
+    if not scores:
+        raise RuntimeError(f"sweep: no reduction layout of N={shape.n} K={shape.k} passed both "
+                           f"gates at every scoring size; see the raw records")
+    chosen_name = min(scores, key=scores.__getitem__)
+    chosen = next(lay for lay in layouts if f"bk{lay[0]}_s{lay[1]}" == chosen_name)
+
+    # Phase 2: the remaining buckets with the chosen layout.
+    buckets = []
+    for m in BUCKETS:
+        if (chosen, m) not in best:
+            _ensure_ref(st, m)
+            recs = [_measure_candidate(st, m, cfg)
+                    for cfg in launch_candidates(m, shape.n, *chosen)]
+            for r in recs:
+                r["phase"] = "bucket"
+            records.extend(recs)
+            winner = _best(recs)
+            if winner is None:
+                raise RuntimeError(f"sweep: no candidate for N={shape.n} K={shape.k} M={m} "
+                                   f"passed both gates")
+            best[(chosen, m)] = winner
+        w_rec = best[(chosen, m)]
+        buckets.append(tables.BucketConfig(
+            m_max=m, block_m=w_rec["block_m"], block_n=w_rec["block_n"], group_m=w_rec["group_m"],
+            num_warps=w_rec["num_warps"], num_stages=w_rec["num_stages"],
+            programs_per_sm=w_rec["programs_per_sm"],
+            measured={"m": m, "time_ms": round(w_rec["time_ms"], 5),
+                      "torch_mm_ms": round(st.torch_mm_ms[m], 5),
+                      "max_rel_err": w_rec["max_rel_err"]}))
+    entry = tables.ShapeConfig(
+        dtype=mp.dtype_name(dtype), n=shape.n, k=shape.k, block_k=chosen[0], split_k=chosen[1],
+        buckets=tuple(buckets), provenance=provenance,
+        extra={"layers": [f"{shape.model}/{shape.layer}"],
+               "selection": {"score": "decode-weighted geometric mean of best time / torch.mm "
+                                      "time at M in SCORE_MS",
+                             "score_weights": {str(k): v for k, v in SCORE_WEIGHTS.items()},
+                             "scores": {k: round(v, 4) for k, v in scores.items()},
+                             "chosen": chosen_name},
+               "gates": {"invariance": "every kept candidate reproduced the row-alone output of "
+                                       f"{canonical_config(*chosen)} bitwise at rows "
+                                       "first/second/middle/last",
+                         "accuracy_tolerance_rel": ACCURACY_TOLERANCE[dtype]}})
+    raw = {"n": shape.n, "k": shape.k, "model": shape.model, "layer": shape.layer,
+           "dtype": mp.dtype_name(dtype), "torch_mm_ms": {str(k): v for k, v in
+                                                           st.torch_mm_ms.items()},
+           "records": records, "elapsed_s": round(time.monotonic() - t0, 1)}
+    del st, w, a_big, copies
+    torch.cuda.empty_cache()
+    return entry, raw
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def run_sweep(shapes: Sequence[GemmShape], out_dir: Path, *, dtype: torch.dtype = torch.bfloat16,
+              resume_table: Path | None = None, resume_raw: Path | None = None,
+              budget_s: float = 480.0, precompile_workers: int = 0,
+              command: list[str] | None = None,
+              progress: Callable[[str], None] = print) -> dict[str, Any]:
+    """Sweep ``shapes`` not yet in ``resume_table``; write ``<device>.json`` and the raw file.
+
+    Returns a summary: shapes done now, shapes still missing, the paths written.
+    """
+    from bistat_kernels.provenance import gpu_provenance
+
+    t_start = time.monotonic()
+    device_name = torch.cuda.get_device_name(0)
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    provenance = gpu_provenance(0, command)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    table_path = tables.table_path_for(device_name, out_dir)
+    raw_path = out_dir / f"sweep_raw_{tables.device_slug(device_name)}.json"
+
+    entries: dict[tuple[str, int, int], tables.ShapeConfig] = {}
+    if resume_table is not None and resume_table.is_file():
+        entries.update(tables.load_table(resume_table).entries)
+    raw_shapes: list[dict[str, Any]] = []
+    if resume_raw is not None and resume_raw.is_file():
+        raw_shapes = json.loads(resume_raw.read_text(encoding="utf-8"))["shapes"]
+    name = mp.dtype_name(dtype)
+    todo = []
+    for shape in shapes:
+        key = (name, shape.n, shape.k)
+        if key not in entries and all(s.k != shape.k or s.n != shape.n for s in todo):
+            todo.append(shape)
+    progress(f"sweep: {len(todo)} shape(s) to tune on {device_name}, "
+             f"{len(entries)} already in the table")
+    if todo and precompile_workers > 0:
+        t0 = time.monotonic()
+        errs = precompile(all_sweep_configs(todo, num_sms), dtype, num_sms, precompile_workers)
+        progress(f"sweep: precompiled in {time.monotonic() - t0:.1f}s, {len(errs)} config(s) "
+                 f"failed to compile (skipped when timed)")
+    done: list[str] = []
+    per_shape_s: list[float] = []
+    for shape in todo:
+        elapsed = time.monotonic() - t_start
+        estimate = max(per_shape_s) if per_shape_s else 20.0
+        if elapsed + estimate > budget_s:
+            progress(f"sweep: budget {budget_s:.0f}s reached after {elapsed:.0f}s; resume later")
+            break
+        t0 = time.monotonic()
+        entry, raw = sweep_shape(shape, dtype, num_sms, provenance)
+        per_shape_s.append(time.monotonic() - t0)
+        entries[(name, shape.n, shape.k)] = entry
+        raw_shapes = [r for r in raw_shapes if (r["n"], r["k"], r["dtype"]) !=
+                      (shape.n, shape.k, name)] + [raw]
+        _write_json(table_path, tables.table_to_dict(device_name, list(entries.values())))
+        _write_json(raw_path, {"schema": RAW_SCHEMA, "device_name": device_name,
+                               "provenance": provenance, "shapes": raw_shapes})
+        ratios = ", ".join(f"M={b.m_max}:{b.measured['time_ms'] / b.measured['torch_mm_ms']:.2f}"
+                           for b in entry.buckets)
+        progress(f"sweep: {shape.model}/{shape.layer} N={shape.n} K={shape.k} -> "
+                 f"{entry.extra['selection']['chosen']} in {per_shape_s[-1]:.1f}s; "
+                 f"tuned/torch.mm {ratios}")
+        done.append(f"{shape.model}/{shape.layer}")
+    missing = [f"{s.model}/{s.layer}" for s in shapes if (name, s.n, s.k) not in entries]
+    return {"done": done, "missing": missing, "table": str(table_path), "raw": str(raw_path)}

@@ -1,0 +1,323 @@
+"""Config tables for the batch-invariant persistent GEMM: schema, loading, lookup.
+
+A table is data with its reason attached (STYLE §1.7). It maps a weight shape ``(dtype, N, K)``
+to one *shape-wide* reduction layout (``block_k``, ``split_k``) and to launch parameters per M
+bucket (``block_m``, ``block_n``, ``group_m``, ``num_warps``, ``num_stages``). Only the per-bucket
+values change with the batch size M; they change how output tiles are scheduled, never the order
+in which an output element's K-reduction is summed, which is what keeps a row's bits independent
+of the batch it sits in. Values above the largest bucket reuse the largest bucket.
+
+The launcher resolves the table of the device it runs on once, into the module-level value
+``_DEVICE_TABLE``, and picks the M bucket by a linear scan over a short sorted tuple: no
+``functools.lru_cache`` and no ``bisect(..., key=)`` on the hot path, because torch.compile's
+tracer rejected both in vLLM (FIELD-NOTES, "Correctness traps").
+
+The schema is validated by hand rather than with pydantic: this module is imported inside vLLM
+workers and on GPU machines whose images may not carry pydantic, and it must not need anything
+beyond the standard library at import time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "bistat_kernels.gemm_table/1"
+TABLES_DIR = Path(__file__).resolve().parent / "tables"
+TABLE_ENV = "BISTAT_GEMM_TABLE"  # a path that overrides the per-device table file
+DTYPES = ("bfloat16", "float16", "float32")
+
+_log = logging.getLogger("bistat_kernels")
+
+
+class TableError(ValueError):
+    """A table file that breaks the schema; the message names the file, the field and the fix."""
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """A complete launch configuration of ``_matmul_persistent_kernel``.
+
+    ``block_k`` and ``split_k`` fix the K-reduction order; the other fields only schedule tiles.
+    """
+
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int
+    num_warps: int
+    num_stages: int
+    split_k: int = 1
+    programs_per_sm: int = 1  # persistent programs launched per multiprocessor (at most)
+
+    def reduction_key(self) -> tuple[int, int]:
+        """The part of the config that decides an output element's summation order."""
+        return (self.block_k, self.split_k)
+
+
+@dataclass(frozen=True)
+class BucketConfig:
+    """Launch parameters for every M with ``previous m_max < M <= m_max``."""
+
+    m_max: int
+    block_m: int
+    block_n: int
+    group_m: int
+    num_warps: int
+    num_stages: int
+    programs_per_sm: int = 1
+    measured: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+
+@dataclass(frozen=True)
+class ShapeConfig:
+    """The table entry of one weight shape: a shape-wide reduction layout and M buckets."""
+
+    dtype: str
+    n: int
+    k: int
+    block_k: int
+    split_k: int
+    buckets: tuple[BucketConfig, ...]
+    provenance: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def config_for(self, m: int) -> GemmConfig:
+        """The launch configuration for batch size ``m`` (linear scan; above the range: last)."""
+        chosen = self.buckets[-1]
+        for bucket in self.buckets:
+            if m <= bucket.m_max:
+                chosen = bucket
+                break
+        return GemmConfig(
+            block_m=chosen.block_m,
+            block_n=chosen.block_n,
+            block_k=self.block_k,
+            group_m=chosen.group_m,
+            num_warps=chosen.num_warps,
+            num_stages=chosen.num_stages,
+            split_k=self.split_k,
+            programs_per_sm=chosen.programs_per_sm,
+        )
+
+
+@dataclass(frozen=True)
+class GemmTable:
+    """All entries of one device's table, keyed by ``(dtype, N, K)``."""
+
+    device_name: str
+    entries: dict[tuple[str, int, int], ShapeConfig]
+    source: str = ""
+
+    def lookup(self, dtype: str, n: int, k: int) -> ShapeConfig | None:
+        return self.entries.get((dtype, n, k))
+
+
+# vLLM 0.25.0's fixed configuration (`matmul_persistent` in
+# vllm/model_executor/layers/batch_invariant.py) for every shape and every M; fp16 uses
+# BLOCK_N 256 on GPUs with more than 104 KiB of shared memory per block, as vLLM does there.
+DEFAULT_CONFIGS: dict[str, GemmConfig] = {
+    "bfloat16": GemmConfig(128, 128, 64, 8, 8, 3),
+    "float16": GemmConfig(128, 256, 64, 8, 8, 3),
+    "float32": GemmConfig(128, 128, 32, 8, 8, 3),
+}
+
+
+def device_slug(device_name: str) -> str:
+    """File stem of a device's table: ``'NVIDIA H200'`` -> ``'nvidia_h200'``."""
+    return re.sub(r"[^a-z0-9]+", "_", device_name.lower()).strip("_")
+
+
+def _is_pow2(value: int) -> bool:
+    return value > 0 and (value & (value - 1)) == 0
+
+
+def _require_int(where: str, obj: dict[str, Any], key: str, *, pow2: bool = False,
+                 minimum: int = 1) -> int:
+    if key not in obj:
+        raise TableError(f"{where}: missing field '{key}'; add it (an integer >= {minimum})")
+    value = obj[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise TableError(f"{where}.{key}: got {value!r}; expected an integer >= {minimum}")
+    if pow2 and not _is_pow2(value):
+        raise TableError(f"{where}.{key}: got {value}; expected a power of two "
+                         f"(Triton block sizes)")
+    return value
+
+
+def parse_table(data: Any, source: str = "<table>") -> GemmTable:
+    """Validate a decoded table document and build a :class:`GemmTable`.
+
+    Raises
+    ------
+    TableError
+        With the file, the field and what is allowed, e.g.
+        ``tables/x.json: entries[2].buckets[1].m_max: got 4 after 8; sort buckets by m_max``.
+    """
+    if not isinstance(data, dict):
+        raise TableError(f"{source}: expected a JSON object at the top level")
+    if data.get("schema") != SCHEMA:
+        raise TableError(f"{source}: schema: got {data.get('schema')!r}; expected {SCHEMA!r}")
+    device_name = data.get("device_name")
+    if not isinstance(device_name, str) or not device_name:
+        raise TableError(f"{source}: device_name: expected the GPU name torch reports, "
+                         f"e.g. 'NVIDIA H200'; got {device_name!r}")
+    raw_entries = data.get("entries")
+    if not isinstance(raw_entries, list):
+        raise TableError(f"{source}: entries: expected a list of shape entries")
+    entries: dict[tuple[str, int, int], ShapeConfig] = {}
+    for i, raw in enumerate(raw_entries):
+        where = f"{source}: entries[{i}]"
+        if not isinstance(raw, dict):
+            raise TableError(f"{where}: expected an object")
+        dtype = raw.get("dtype")
+        if dtype not in DTYPES:
+            raise TableError(f"{where}.dtype: got {dtype!r}; expected one of {', '.join(DTYPES)}")
+        n = _require_int(where, raw, "n")
+        k = _require_int(where, raw, "k")
+        block_k = _require_int(where, raw, "block_k", pow2=True, minimum=16)
+        split_k = _require_int(where, raw, "split_k")
+        provenance = raw.get("provenance")
+        if not isinstance(provenance, dict) or not provenance:
+            raise TableError(f"{where}.provenance: every entry needs its provenance (GPU name and "
+                             f"UUID, driver, torch/triton versions, date, command)")
+        raw_buckets = raw.get("buckets")
+        if not isinstance(raw_buckets, list) or not raw_buckets:
+            raise TableError(f"{where}.buckets: expected a non-empty list sorted by m_max")
+        buckets = []
+        previous = 0
+        for j, rb in enumerate(raw_buckets):
+            bwhere = f"{where}.buckets[{j}]"
+            if not isinstance(rb, dict):
+                raise TableError(f"{bwhere}: expected an object")
+            m_max = _require_int(bwhere, rb, "m_max")
+            if m_max <= previous:
+                raise TableError(f"{bwhere}.m_max: got {m_max} after {previous}; "
+                                 f"sort buckets by strictly increasing m_max")
+            previous = m_max
+            for forbidden in ("block_k", "split_k"):
+                if forbidden in rb:
+                    raise TableError(f"{bwhere}.{forbidden}: may not vary per M bucket (it changes "
+                                     f"the K-reduction order); set it once on the entry")
+            buckets.append(BucketConfig(
+                m_max=m_max,
+                block_m=_require_int(bwhere, rb, "block_m", pow2=True, minimum=16),
+                block_n=_require_int(bwhere, rb, "block_n", pow2=True, minimum=16),
+                group_m=_require_int(bwhere, rb, "group_m"),
+                num_warps=_require_int(bwhere, rb, "num_warps", pow2=True),
+                num_stages=_require_int(bwhere, rb, "num_stages"),
+                programs_per_sm=(_require_int(bwhere, rb, "programs_per_sm")
+                                 if "programs_per_sm" in rb else 1),
+                measured=dict(rb.get("measured") or {}),
+            ))
+        key = (dtype, n, k)
+        if key in entries:
+            raise TableError(f"{where}: duplicate entry for dtype={dtype} N={n} K={k}; keep one")
+        extra = {name: value for name, value in raw.items()
+                 if name not in {"dtype", "n", "k", "block_k", "split_k", "buckets", "provenance"}}
+        entries[key] = ShapeConfig(dtype, n, k, block_k, split_k, tuple(buckets), provenance, extra)
+    return GemmTable(device_name=device_name, entries=entries, source=source)
+
+
+def load_table(path: str | os.PathLike[str]) -> GemmTable:
+    """Read and validate one table file."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise TableError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}); "
+                         f"regenerate it with `bistat kernels sweep`") from exc
+    return parse_table(data, str(path))
+
+
+def table_to_dict(table_device: str, entries: list[ShapeConfig]) -> dict[str, Any]:
+    """Serialize entries in the schema :func:`parse_table` reads (entries sorted by key)."""
+    out = []
+    for entry in sorted(entries, key=lambda e: (e.dtype, e.n, e.k)):
+        buckets = []
+        for b in entry.buckets:
+            d = asdict(b)
+            if not d["measured"]:
+                del d["measured"]
+            buckets.append(d)
+        item: dict[str, Any] = {"dtype": entry.dtype, "n": entry.n, "k": entry.k,
+                                "block_k": entry.block_k, "split_k": entry.split_k,
+                                "buckets": buckets}
+        item.update(entry.extra)
+        item["provenance"] = entry.provenance
+        out.append(item)
+    return {"schema": SCHEMA, "device_name": table_device, "entries": out}
+
+
+def table_path_for(device_name: str, tables_dir: Path = TABLES_DIR) -> Path:
+    return tables_dir / f"{device_slug(device_name)}.json"
+
+
+# ---- the module-level resolved table ------------------------------------------------------------
+
+_DEVICE_TABLE: GemmTable | None = None
+_DEVICE_TABLE_RESOLVED = False
+_WARNED_SHAPES: set[tuple[str, int, int]] = set()
+
+
+def resolve_device_table(device_name: str | None) -> GemmTable | None:
+    """Load the table for ``device_name`` (or ``$BISTAT_GEMM_TABLE``) into the module value, once.
+
+    Returns ``None`` when no table exists for the device; the launcher then uses
+    :data:`DEFAULT_CONFIGS` and logs that once per shape.
+    """
+    global _DEVICE_TABLE, _DEVICE_TABLE_RESOLVED
+    if _DEVICE_TABLE_RESOLVED:
+        return _DEVICE_TABLE
+    override = os.environ.get(TABLE_ENV)
+    table: GemmTable | None = None
+    if override:
+        table = load_table(override)
+    elif device_name is not None:
+        path = table_path_for(device_name)
+        if path.is_file():
+            table = load_table(path)
+    if table is None:
+        _log.warning("bistat_kernels: no tuned GEMM table for device %r in %s; every shape uses "
+                     "the default configuration", device_name, TABLES_DIR)
+    else:
+        _log.info("bistat_kernels: GEMM table %s (%d shapes) for %s", table.source,
+                  len(table.entries), table.device_name)
+    _DEVICE_TABLE = table
+    _DEVICE_TABLE_RESOLVED = True
+    return table
+
+
+def set_device_table(table: GemmTable | None) -> None:
+    """Install ``table`` as the resolved table (sweeps, probes and tests choose their own)."""
+    global _DEVICE_TABLE, _DEVICE_TABLE_RESOLVED
+    _DEVICE_TABLE = table
+    _DEVICE_TABLE_RESOLVED = True
+    _WARNED_SHAPES.clear()
+
+
+def reset_device_table() -> None:
+    """Forget the resolved table so that the next lookup resolves it again."""
+    global _DEVICE_TABLE, _DEVICE_TABLE_RESOLVED
+    _DEVICE_TABLE = None
+    _DEVICE_TABLE_RESOLVED = False
+    _WARNED_SHAPES.clear()
+
+
+def lookup_config(m: int, n: int, k: int, dtype: str, device_name: str | None) -> GemmConfig:
+    """The launch configuration for one GEMM; falls back to the default, logging it once."""
+    table = _DEVICE_TABLE if _DEVICE_TABLE_RESOLVED else resolve_device_table(device_name)
+    entry = table.lookup(dtype, n, k) if table is not None else None
+    if entry is not None:
+        return entry.config_for(m)
+    key = (dtype, n, k)
+    if key not in _WARNED_SHAPES:
+        _WARNED_SHAPES.add(key)
+        _log.warning("bistat_kernels: no tuned entry for dtype=%s N=%d K=%d; using the default "
+                     "configuration %s", dtype, n, k, DEFAULT_CONFIGS[dtype])
+    return DEFAULT_CONFIGS[dtype]

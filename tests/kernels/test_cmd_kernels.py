@@ -1,0 +1,66 @@
+"""``bistat kernels ...`` through CliRunner: help, errors, the interpreted probe, RESULTS.md."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from click.testing import CliRunner
+from helpers_kernels import torch
+
+from bistat.cli import cli
+
+KERNELS = Path(__file__).resolve().parents[2] / "kernels"
+
+
+def _run(args, **kw):
+    return CliRunner().invoke(cli, ["kernels", *args], **kw)
+
+
+def test_help_lists_the_four_commands():
+    result = _run(["--help"], catch_exceptions=False)
+    assert result.exit_code == 0
+    assert result.output == (
+        "Usage: cli kernels [OPTIONS] COMMAND [ARGS]...\n\n"
+        "  The tuned batch-invariant Triton GEMM: probe, sweep, bench, results.\n\n"
+        "Options:\n  -h, --help  Show this message and exit.\n\n"
+        "Commands:\n"
+        "  bench    Time tuned, torch.mm and the fixed default per shape and M.\n"
+        "  probe    Check both gates: bitwise row invariance and accuracy.\n"
+        "  results  Regenerate RESULTS.md from the recorded JSON.\n"
+        "  sweep    Tune the GEMM table on this GPU (chunked, resumable).\n")
+
+
+def test_sweep_and_bench_refuse_without_a_gpu():
+    if torch.cuda.is_available():  # pragma: no cover - GPU machines run the real thing
+        return
+    for command in ("sweep", "bench"):
+        result = _run([command])
+        assert result.exit_code == 1
+        assert result.output == f"Error: bistat kernels {command} needs a CUDA GPU\n"
+
+
+def test_probe_rejects_a_malformed_shape():
+    result = _run(["probe", "--shape", "4096by2048"])
+    assert result.exit_code == 2
+    assert result.output.endswith("Error: Invalid value for --shape: got '4096by2048'; expected "
+                                  "NxK, e.g. 4096x2048\n")
+
+
+def test_probe_runs_on_the_interpreter_and_writes_json(tmp_path):
+    out = tmp_path / "probe.json"
+    result = _run(["probe", "--shape", "40x72", "--dtype", "float32", "--max-m", "8",
+                   "--output", str(out)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert re.fullmatch(r"N=40 K=72 float32: invariance 14/14 rows equal; rel err "
+                        r"M=1:\d\.\d\de-\d\d\(torch\.mm \d\.\d\de-\d\d\) "
+                        r"M=8:\d\.\d\de-\d\d\(torch\.mm \d\.\d\de-\d\d\); PASS\n", result.output)
+    assert '"passed": true' in out.read_text(encoding="utf-8")
+
+
+def test_results_regenerates_the_committed_page_byte_for_byte(tmp_path):
+    target = tmp_path / "RESULTS.md"
+    result = _run(["results", "--output", str(target)], catch_exceptions=False)
+    assert result.exit_code == 0
+    assert result.output == f"wrote {target}\n"
+    assert target.read_bytes() == (KERNELS / "RESULTS.md").read_bytes()
