@@ -47,6 +47,7 @@ import json
 import math
 import sys
 import threading
+import concurrent.futures
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -480,21 +481,56 @@ class _Session:
         self.writer.append("events", {"arm": arm, "event": event, "time_utc": utc_now(), "detail": detail})
 
     def start_engine(self, arm: str, block: int) -> None:
+        self.start_engines([arm], block)
+
+    def _launch(self, arm: str) -> tuple[Engine | None, EngineInfo | None, BaseException | None]:
+        """Create and start one arm's engine; never raises (the caller records the outcome)."""
+        engine: Engine | None = None
         try:
             engine = self.engine_factory(self.experiment, self.arms[arm])
-        except EngineError as exc:
-            self._event(arm, "start_failed", f"{type(exc).__name__}: {exc}")
-            raise _Untested(f"engine for arm {arm!r} could not be created: {exc}") from exc
-        try:
-            info: EngineInfo = engine.start()
-        except EngineRefused as exc:
-            self._event(arm, "refused", str(exc))
-            self._stop_quietly(arm, engine)
-            raise _Untested(f"engine for arm {arm!r} refused the setting: {exc}") from exc
-        except EngineError as exc:
-            self._event(arm, "start_failed", f"{type(exc).__name__}: {exc}")
-            self._stop_quietly(arm, engine)
-            raise _Untested(f"engine for arm {arm!r} failed to start: {exc}") from exc
+            return engine, engine.start(), None
+        except BaseException as exc:  # recorded and re-raised by start_engines
+            return engine, None, exc
+
+    def start_engines(self, arms: Sequence[str], block: int) -> None:
+        """Start the block's engines at once and record the outcomes in arm order.
+
+        vLLM servers take minutes each to compile and capture graphs, so the starts run in
+        parallel threads; the records (events, environment) are written afterwards in the
+        block's arm order, so a run directory does not depend on which start finished first.
+        When a start fails, the engines that did start are stopped and the run is *untested*.
+        """
+        if len(arms) == 1:
+            launched = [self._launch(arms[0])]
+        else:
+            with concurrent.futures.ThreadPoolExecutor(max_workers=len(arms),
+                                                       thread_name_prefix="bistat-start") as pool:
+                launched = list(pool.map(self._launch, arms))
+        failure: BaseException | None = None
+        for arm, (engine, info, exc) in zip(arms, launched):
+            if exc is None and failure is None:
+                assert engine is not None and info is not None
+                self._record_started(arm, block, engine, info)
+                continue
+            if exc is None:  # started, but an earlier arm failed: stop it, record nothing
+                assert engine is not None
+                self._stop_quietly(arm, engine)
+                continue
+            if engine is not None:
+                self._stop_quietly(arm, engine)
+            if isinstance(exc, EngineRefused):
+                self._event(arm, "refused", str(exc))
+                failure = failure or _Untested(f"engine for arm {arm!r} refused the setting: {exc}")
+            elif isinstance(exc, EngineError):
+                self._event(arm, "start_failed", f"{type(exc).__name__}: {exc}")
+                what = "could not be created" if engine is None else "failed to start"
+                failure = failure or _Untested(f"engine for arm {arm!r} {what}: {exc}")
+            else:
+                failure = failure or exc
+        if failure is not None:
+            raise failure
+
+    def _record_started(self, arm: str, block: int, engine: Engine, info: EngineInfo) -> None:
         self.engines[arm] = engine
         self._event(arm, "started", f"block {block}; {info.kind} {info.version}" + (f" ({info.commit})" if info.commit else ""))
         self.writer.append(
@@ -666,7 +702,7 @@ class _Session:
                 for arm in block.arms:
                     if arm in self.engines:  # a new block is a new start
                         self.stop_engine(arm)
-                    self.start_engine(arm, block.block)
+                self.start_engines(block.arms, block.block)
                 for planned in block.passes:
                     position += 1
                     self.run_pass(planned, position, total)
