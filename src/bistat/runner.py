@@ -431,6 +431,13 @@ def _schedule_record(planned: PlannedPass, event: str, **extra: Any) -> dict[str
 # --------------------------------------------------------------------------------------------
 
 
+#: Engine kinds whose starts may overlap. vLLM sizes its KV cache by profiling the GPU memory free
+#: at start-up, so two vLLM engines starting together on one GPU each count the other's
+#: allocations and fail ("No available memory for the cache blocks"; seen on the H200 with
+#: vLLM 0.25.0): vLLM engines start one after the other.
+PARALLEL_START_KINDS = frozenset({"embedded", "openai"})
+
+
 class _Untested(Exception):
     def __init__(self, detail: str) -> None:
         super().__init__(detail)
@@ -495,13 +502,13 @@ class _Session:
     def start_engines(self, arms: Sequence[str], block: int) -> None:
         """Start the block's engines at once and record the outcomes in arm order.
 
-        vLLM servers take minutes each to compile and capture graphs, so the starts run in
-        parallel threads; the records (events, environment) are written afterwards in the
+        Where the kind allows (``PARALLEL_START_KINDS``) the starts run in parallel threads;
+        the records (events, environment) are written afterwards in the
         block's arm order, so a run directory does not depend on which start finished first.
         When a start fails, the engines that did start are stopped and the run is *untested*.
         """
-        if len(arms) == 1:
-            launched = [self._launch(arms[0])]
+        if len(arms) == 1 or self.experiment.engine.kind not in PARALLEL_START_KINDS:
+            launched = [self._launch(arm) for arm in arms]
         else:
             with concurrent.futures.ThreadPoolExecutor(max_workers=len(arms),
                                                        thread_name_prefix="bistat-start") as pool:
