@@ -1,0 +1,177 @@
+"""The numpy operators of the LLaMA forward pass, float32 throughout, picoGPT-style.
+
+Pure functions over arrays, with the shapes on every line (after jaymody/picoGPT ``gpt2.py``).
+The conventions follow Hugging Face ``transformers`` ``models/llama/modeling_llama.py``:
+RMSNorm (Zhang & Sennrich, 2019), rotary embeddings with the ``rotate_half`` layout (Su et al.,
+2021), grouped-query attention (Ainslie et al., 2023) and the SwiGLU MLP (Shazeer, 2020).
+
+Two GEMM modes (:func:`gemm`):
+
+``"blas"``
+    ``x @ w`` as numpy gives it. OpenBLAS picks its kernel from the shape: ``M == 1`` goes to
+    GEMV, small ``M`` to its small-matrix kernels, larger ``M`` to the packed GEMM, and the thread
+    partition depends on ``M`` too. Those paths sum the ``K`` products in different orders, so a
+    row's float32 result depends on how many other rows share the call, i.e. on the batch.
+
+``"invariant"``
+    :func:`gemm_invariant`: the rows are cut into tiles of a fixed number of rows (the last one
+    padded with zeros) and BLAS is called once per tile with the *identical* shape
+    ``[tile, K] @ [K, N]``. BLAS therefore always takes the same kernel, blocking and thread
+    partition, and a GEMM never mixes rows, so each output row is the same function of its input
+    row whatever the other rows are and wherever the row sits in its tile (checked bitwise by
+    ``tests/test_embedded_invariance.py``). The other reductions are per row or per request already:
+    RMSNorm and the log-softmax reduce one row at a time (numpy's pairwise sum along the
+    contiguous last axis, whose order depends only on the row length), and attention runs per request
+    on that request's own KV cache, with shapes that depend on the request alone.
+
+References
+----------
+.. [1] B. Zhang and R. Sennrich, "Root Mean Square Layer Normalization", NeurIPS 2019.
+.. [2] J. Su et al., "RoFormer: Enhanced Transformer with Rotary Position Embedding", 2021,
+       arXiv:2104.09864.
+.. [3] J. Ainslie et al., "GQA: Training Generalized Multi-Query Transformer Models from
+       Multi-Head Checkpoints", EMNLP 2023.
+.. [4] N. Shazeer, "GLU Variants Improve Transformer", 2020, arXiv:2002.05202.
+.. [5] H. He and Thinking Machines Lab, "Defeating Nondeterminism in LLM Inference", 2025
+       (batch invariance: fixed reduction order regardless of batch size).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+GEMM_MODES = ("blas", "invariant")
+# Rows per BLAS call in "invariant" mode. Any fixed value is invariant; it trades small-batch
+# against full-batch speed. Decode throughput invariant / blas, SmolLM2-135M, 48 greedy tokens,
+# median of 2-3 interleaved repeats, 2-core AMD EPYC (OpenBLAS 0.3.31 SkylakeX kernels, 2 threads,
+# OPENBLAS_CORETYPE unset), machine shared (load 0.3-2), `python benchmarks/bench_embedded.py --tile T`:
+#   tile  8: batch 32 -> 0.58, batch 1 -> 0.41
+#   tile 16: batch 32 -> 0.71-0.73, batch 1 -> 0.33-0.35   (default: the middle of both regimes)
+#   tile 32: batch 32 -> 0.96, batch 1 -> 0.25
+DEFAULT_TILE = 16
+
+
+def gemm_blas(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """``x @ w`` with numpy's BLAS as is: [M, K] @ [K, N] -> [M, N] (batch-variant)."""
+    return x @ w  # [M, K] @ [K, N] -> [M, N]
+
+
+def gemm_invariant(x: np.ndarray, w: np.ndarray, tile: int = DEFAULT_TILE) -> np.ndarray:
+    """Batch-invariant ``x @ w``: one BLAS call of shape ``[tile, K] @ [K, N]`` per row tile.
+
+    Parameters
+    ----------
+    x : ndarray, float32, shape [M, K]
+    w : ndarray, float32, shape [K, N], C-contiguous
+    tile : int
+        Rows per BLAS call. Every call has exactly this many rows (the last tile is zero-padded),
+        so BLAS takes the same kernel, blocking and threading for every call and every ``M``.
+
+    Returns
+    -------
+    ndarray, float32, shape [M, N]
+        Row ``i`` depends on ``x[i]`` and ``w`` only: not on ``M``, the other rows, or ``i``.
+    """
+    m, k = x.shape  # [M, K]
+    n = w.shape[1]
+    m_pad = -(-m // tile) * tile
+    if m_pad != m or not x.flags.c_contiguous:
+        xp = np.zeros((m_pad, k), dtype=np.float32)  # [M_pad, K]
+        xp[:m] = x
+    else:
+        xp = x
+    out = np.empty((m_pad, n), dtype=np.float32)  # [M_pad, N]
+    for i in range(0, m_pad, tile):
+        np.matmul(xp[i : i + tile], w, out=out[i : i + tile])  # [tile, K] @ [K, N] -> [tile, N]
+    return out[:m]  # [M, N]
+
+
+def gemm(x: np.ndarray, w: np.ndarray, mode: str, tile: int = DEFAULT_TILE) -> np.ndarray:
+    """[M, K] @ [K, N] -> [M, N] in the given mode (``"blas"`` or ``"invariant"``)."""
+    if mode == "invariant":
+        return gemm_invariant(x, w, tile)
+    return gemm_blas(x, w)
+
+
+def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """RMSNorm [1]_ as in HF ``LlamaRMSNorm``: [M, D] -> [M, D], one reduction per row."""
+    var = np.mean(x * x, axis=-1, keepdims=True)  # [M, D] -> [M, 1]
+    return (x * (np.float32(1.0) / np.sqrt(var + np.float32(eps)))) * w  # [M, D]
+
+
+def rope_tables(head_dim: int, theta: float, max_positions: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin tables of HF's default rotary embedding: -> ([P, head_dim], [P, head_dim]) float32.
+
+    ``inv_freq = 1 / theta ** (arange(0, d, 2) / d)`` and the angles are computed in float32, as
+    ``LlamaRotaryEmbedding`` does for a float32 model; the halves are repeated (``cat(f, f)``).
+    """
+    exponent = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)  # [d/2]
+    inv_freq = (np.float32(1.0) / (np.float32(theta) ** exponent)).astype(np.float32)  # [d/2]
+    pos = np.arange(max_positions, dtype=np.float32)  # [P]
+    freqs = pos[:, None] * inv_freq[None, :]  # [P, d/2]
+    emb = np.concatenate([freqs, freqs], axis=-1)  # [P, d]
+    return np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)
+
+
+def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotary embedding [2]_, HF ``rotate_half`` layout: [M, H, d] with cos/sin [M, d] -> [M, H, d]."""
+    half = x.shape[-1] // 2
+    rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)  # [M, H, d]
+    return x * cos[:, None, :] + rotated * sin[:, None, :]  # [M, H, d]
+
+
+def attention(
+    q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, start_pos: int
+) -> np.ndarray:
+    """Causal grouped-query attention [3]_ of one request's query chunk over its own KV cache.
+
+    Parameters
+    ----------
+    q : [C, H, d] float32, the queries at positions ``start_pos .. start_pos + C - 1`` (rotated)
+    k_cache, v_cache : [KVH, T, d] float32 with ``T = start_pos + C`` (keys already rotated)
+    start_pos : int, position of the first query
+
+    Returns
+    -------
+    [C, H * d] float32
+
+    Notes
+    -----
+    All shapes depend on this request alone (its chunk and cache length), so the result does not
+    depend on the other requests of the step in either GEMM mode.
+    """
+    c, h, d = q.shape
+    kvh, t, _ = k_cache.shape
+    g = h // kvh
+    qg = q.transpose(1, 0, 2).reshape(kvh, g * c, d)  # [C, H, d] -> [KVH, G*C, d]
+    scores = qg @ k_cache.transpose(0, 2, 1)  # [KVH, G*C, d] @ [KVH, d, T] -> [KVH, G*C, T]
+    scores *= np.float32(1.0 / np.sqrt(d))
+    if c > 1:
+        q_pos = start_pos + np.arange(c)  # [C]
+        masked = np.arange(t)[None, :] > q_pos[:, None]  # [C, T]
+        scores.reshape(kvh, g, c, t)[:, :, masked] = -np.inf  # [KVH, G, C, T]
+    scores -= scores.max(axis=-1, keepdims=True)  # [KVH, G*C, T]
+    np.exp(scores, out=scores)
+    scores /= scores.sum(axis=-1, keepdims=True)  # softmax over T
+    out = scores @ v_cache  # [KVH, G*C, T] @ [KVH, T, d] -> [KVH, G*C, d]
+    return out.reshape(h, c, d).transpose(1, 0, 2).reshape(c, h * d)  # -> [C, H*d]
+
+
+def swiglu(gate_up: np.ndarray) -> np.ndarray:
+    """SwiGLU [4]_: [M, 2I] (gate | up) -> silu(gate) * up, [M, I]."""
+    i = gate_up.shape[-1] // 2
+    gate, up = gate_up[:, :i], gate_up[:, i:]  # [M, I], [M, I]
+    return gate / (np.float32(1.0) + np.exp(-gate)) * up  # [M, I]
+
+
+def log_softmax_rows(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-row log-sum-exp in float32: [M, V] -> (lse [M], max [M]).
+
+    ``logprob(token) = logits[token] - lse``. Computed in float32 (as vLLM computes logprobs from
+    float32 logits): max-shifted exponentials, numpy's pairwise sum along the row, then log. The
+    absolute error of a logprob is about ``V * eps32 * |lse|`` at worst, far below the 1e-4 the
+    tests allow against a float64 reference.
+    """
+    m = logits.max(axis=-1)  # [M, V] -> [M]
+    s = np.exp(logits - m[:, None]).sum(axis=-1)  # [M]
+    return m + np.log(s), m  # [M], [M]

@@ -1,0 +1,179 @@
+"""The ``embedded`` engine kind: bistat's in-process numpy engine behind the ``Engine`` protocol.
+
+``start()`` loads the declared model (``engine.model``: a registered name such as
+``smollm2-135m`` from the cache, or a model folder) and starts an
+:class:`bistat.embedded.engine.EmbeddedEngine` with the merged arguments (``engine.args``
+overridden by the arm's ``args``): ``gemm`` (``"blas"`` | ``"invariant"``), ``max_batch_size``,
+``max_model_len``, ``tile``, ``prefill_chunk``, ``max_num_batched_tokens``.
+
+``run_pass`` keeps at most ``concurrency`` requests in flight, calls ``on_result`` in the calling
+thread as requests finish (times rebased on the pass start), and ``on_metrics`` about once a second
+with ``source="embedded"``. In those samples ``num_requests_running`` is the *step-log* figure: the
+mean batch size of the engine steps completed since the previous sample (the instantaneous count
+when no step completed), so the batching evidence comes from what the engine actually computed;
+``pass_step_log`` keeps every step of the last pass as ``(t since pass start, batch size)``.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import time
+from concurrent.futures import Future
+from dataclasses import replace
+from typing import Any, Callable, Sequence
+
+from bistat import __version__
+from bistat.engines.base import (
+    EngineInfo,
+    EngineRefused,
+    EngineStartError,
+    GenerationRequest,
+    GenerationResult,
+    MetricsSample,
+)
+
+ENGINE_ARGS = ("gemm", "max_batch_size", "max_model_len", "tile", "prefill_chunk", "max_num_batched_tokens")
+_DEFAULTS = {"gemm": "blas", "max_batch_size": 32, "max_model_len": 2048}
+METRICS_INTERVAL_S = 1.0
+
+
+def _default_loader(name: str) -> Any:
+    from bistat.model import load_model  # imported lazily: the model package reads the cache
+
+    return load_model(name)
+
+
+def _blas_findings() -> tuple[str, ...]:
+    """Which BLAS numpy uses and the kernel it chose (threadpoolctl, when installed)."""
+    lines = [f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '')!s} "
+             f"OPENBLAS_L2_SIZE={os.environ.get('OPENBLAS_L2_SIZE', '')!s}"]
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return tuple(lines)
+    for info in threadpool_info():
+        if info.get("user_api") == "blas":
+            lines.append(f"blas: {info.get('internal_api')} {info.get('version')} "
+                         f"architecture={info.get('architecture')} threads={info.get('num_threads')}")
+    return tuple(lines)
+
+
+class EmbeddedEngineAdapter:
+    """``Engine`` protocol adapter of the embedded numpy engine (one per arm)."""
+
+    kind = "embedded"
+
+    def __init__(self, experiment: Any, arm: Any, *, loader: Callable[[str], Any] | None = None) -> None:
+        self.model_name = str(experiment.engine.model)
+        self.args = {**dict(experiment.engine.args), **dict(arm.args)}
+        self.env = dict(getattr(arm, "env", {}) or {})
+        self.arm_name = getattr(arm, "name", "?")
+        self._loader = loader or _default_loader
+        self.engine: Any = None
+        self.pass_step_log: list[tuple[float, int]] = []
+
+    def start(self) -> EngineInfo:
+        unknown = sorted(set(self.args) - set(ENGINE_ARGS))
+        if unknown:
+            raise EngineRefused(
+                f"arms[{self.arm_name}].args: unknown embedded-engine argument(s) {unknown}; "
+                f"expected some of {list(ENGINE_ARGS)}")
+        if self.env:
+            raise EngineRefused(
+                f"arms[{self.arm_name}].env: the embedded engine runs inside the bistat process, so "
+                f"environment variables {sorted(self.env)} cannot apply to it; remove them or use a "
+                "server engine kind")
+        args = {**_DEFAULTS, **self.args}
+        from bistat.embedded.engine import EmbeddedEngine
+
+        try:
+            model = self._loader(self.model_name)
+        except Exception as exc:  # noqa: BLE001 - every load failure makes the arm untested
+            raise EngineStartError(f"embedded engine: cannot load model {self.model_name!r}: {exc}") from exc
+        try:
+            self.engine = EmbeddedEngine(model, **args)
+        except (TypeError, ValueError, KeyError) as exc:
+            raise EngineRefused(f"embedded engine: arguments {args} refused: {exc}") from exc
+        self.engine.start()
+        findings = (f"embedded gemm mode: {args['gemm']}",) + _blas_findings()
+        return EngineInfo(kind=self.kind, version=__version__, commit=None,
+                          args={**args, "model": self.model_name,
+                                "model_sha256": getattr(model, "sha256", None)},
+                          env={}, log_findings=findings)
+
+    def run_pass(self, requests: Sequence[GenerationRequest], *, concurrency: int,
+                 on_result: Callable[[GenerationResult], None],
+                 on_metrics: Callable[[MetricsSample], None]) -> None:
+        if self.engine is None:
+            raise EngineStartError("embedded engine: run_pass() before start()")
+        if concurrency < 1:
+            raise ValueError(f"concurrency ({concurrency}) must be at least 1")
+        eng = self.engine
+        t0 = time.monotonic()
+        step0 = len(eng.step_log)
+        last_step = step0
+        done: queue.Queue[tuple[GenerationRequest, Future]] = queue.Queue()
+        pending = list(requests)[::-1]
+        in_flight = 0
+
+        def submit_next() -> None:
+            nonlocal in_flight
+            req = pending.pop()
+            fut = eng.submit(req)
+            fut.add_done_callback(lambda f, r=req: done.put((r, f)))
+            in_flight += 1
+
+        def sample(t: float) -> None:
+            nonlocal last_step
+            m = eng.metrics()
+            steps = eng.step_log[last_step:]
+            last_step += len(steps)
+            running = (sum(b for _, b in steps) / len(steps)) if steps else m["num_requests_running"]
+            on_metrics(MetricsSample(t=t, num_requests_running=float(running),
+                                     num_requests_waiting=m["num_requests_waiting"],
+                                     num_preemptions_total=m["num_preemptions_total"],
+                                     generation_tokens_total=m["generation_tokens_total"],
+                                     prompt_tokens_total=m["prompt_tokens_total"], source="embedded"))
+
+        while pending and in_flight < concurrency:
+            submit_next()
+        next_sample = t0 + METRICS_INTERVAL_S
+        sample(0.0)
+        while in_flight:
+            try:
+                req, fut = done.get(timeout=max(0.0, next_sample - time.monotonic()))
+            except queue.Empty:
+                pass
+            else:
+                in_flight -= 1
+                on_result(self._rebased(req, fut, t0))
+                if pending:
+                    submit_next()
+            now = time.monotonic()
+            if now >= next_sample:
+                sample(now - t0)
+                next_sample = now + METRICS_INTERVAL_S
+        sample(time.monotonic() - t0)
+        self.pass_step_log = [(t - t0, b) for t, b in eng.step_log[step0:]]
+
+    @staticmethod
+    def _rebased(req: GenerationRequest, fut: Future, t0: float) -> GenerationResult:
+        try:
+            res: GenerationResult = fut.result()
+        except Exception as exc:  # noqa: BLE001 - a request's failure is a result, never a raise
+            now = time.monotonic() - t0
+            return GenerationResult(prompt_id=req.prompt_id, token_ids=[], text="", logprobs=None,
+                                    top_logprobs=None, finish_reason=None, n_prompt_tokens=None,
+                                    t_submit=now, t_first_token=None, t_done=now,
+                                    error=f"{type(exc).__name__}: {exc}")
+        return replace(res, t_submit=res.t_submit - t0, t_done=res.t_done - t0,
+                       t_first_token=None if res.t_first_token is None else res.t_first_token - t0)
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {}
+
+    def stop(self) -> None:
+        if self.engine is not None:
+            self.engine.stop()
+            self.engine = None
