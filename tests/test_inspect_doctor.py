@@ -1,0 +1,140 @@
+"""``bistat inspect`` (what a run holds, its gaps) and ``bistat doctor`` (what this machine can run)."""
+
+from __future__ import annotations
+
+import json
+
+import click
+import pytest
+from click.testing import CliRunner
+from helpers_explain import blas_run, validate
+
+from bistat.cli import cmd_doctor, cmd_inspect
+from bistat.doctor import doctor, render_doctor
+from bistat.inspect_run import inspect_run, render_inspection
+from bistat.records import RunWriter, token_sha256
+
+
+@pytest.fixture()
+def cli():
+    group = click.Group("bistat")
+    cmd_inspect.register(group)
+    cmd_doctor.register(group)
+    return group
+
+
+def test_inspect_a_complete_run(tmp_path_factory, cli):
+    run = blas_run(tmp_path_factory)
+    ins = inspect_run(run)
+    assert ins.schema == "bistat.run/1" and ins.run_id == "blasrun"
+    assert ins.registration_state == "seal verified"
+    assert [(t.table, t.source, t.gaps) for t in ins.tables][:2] == [
+        ("schedule", "parquet", ()), ("responses", "parquet", ())]
+    assert {t.table: t.n_records for t in ins.tables}["responses"] == 192
+    assert [(p.arm, p.pass_index, p.status, p.n_responses) for p in ins.passes] == [
+        ("blas", 0, "complete", 32), ("invariant", 0, "complete", 32),
+        ("invariant", 1, "complete", 32), ("blas", 1, "complete", 32),
+        ("blas", 2, "complete", 32), ("invariant", 2, "complete", 32)]
+    assert ins.missing == () and ins.gaps == () and ins.events == ()
+    result = CliRunner().invoke(cli, ["inspect", str(run)], catch_exceptions=False)
+    assert result.exit_code == 0 and result.output == render_inspection(ins)
+    assert result.output.splitlines()[-1] == "gaps: none"
+    data = json.loads(CliRunner().invoke(cli, ["inspect", str(run), "--json"]).output)
+    validate(data, "inspect.schema.json")
+
+
+def _resp(p, pid, error=None):
+    return {"arm": "a", "seq": p, "pass_index": p, "kind": "counted", "prompt_id": pid,
+            "prompt_index": 0, "token_ids": [] if error else [1], "text": "", "logprobs": None,
+            "top_logprobs": None, "finish_reason": None, "n_prompt_tokens": 2, "t_submit": 0.0,
+            "t_first_token": None, "t_done": 0.1, "error": error, "attempts": 3,
+            "token_sha256": None if error else token_sha256([1]), "logprob_sha256": None}
+
+
+def test_inspect_reports_every_gap(tmp_path, cli):
+    reg = tmp_path / "reg.json"
+    reg.write_text(json.dumps({"sealed": {"declaration": {
+        "arms": [{"name": "a", "role": "control"}], "workload": {"passes": 2}}}}))
+    run = tmp_path / "run"
+    with RunWriter.create(run, {"run_id": "gappy", "registration": {"path": str(reg)},
+                                "engine_kind": "fake", "command": ["bistat", "run"]}) as w:
+        base = {"arm": "a", "kind": "counted", "block": 0, "time_utc": "t"}
+        w.append("schedule", {"event": "start", "seq": 0, "pass_index": 0, **base})
+        w.append("schedule", {"event": "end", "seq": 0, "pass_index": 0, "status": "failed",
+                              "n_failed": 1, **base})
+        w.append("schedule", {"event": "start", "seq": 1, "pass_index": 1, **base})
+        w.append("responses", _resp(0, "p0"))
+        w.append("responses", _resp(0, "p1", error="HTTP 500 after 3 attempts"))
+        w.append("responses", _resp(1, "p0"))
+        w.append("events", {"arm": "a", "event": "exited", "time_utc": "t", "detail": "killed"})
+    with open(run / "responses.jsonl", "ab") as fh:
+        fh.write(b'{"schema": "bistat.responses/1", "arm": "a", "pass')   # cut by a crash
+    ins = inspect_run(run)
+    assert ins.registration_state.startswith("seal broken: ")
+    assert [(p.pass_index, p.status, p.n_responses, p.n_failed, p.first_errors)
+            for p in ins.passes] == [(0, "failed", 2, 1, ("HTTP 500 after 3 attempts",)),
+                                     (1, "started, never ended", 1, 0, ())]
+    assert ins.gaps == ("responses.jsonl:4: truncated line (no newline: cut off while being "
+                        "written); ignored",)
+    assert ins.missing == ("arm a: 2 of 2 counted passes not recorded complete",)
+    assert ins.events == ("arm a: exited (killed)",)
+    assert ins.n_failed_requests == 1
+    text = CliRunner().invoke(cli, ["inspect", str(run)], catch_exceptions=False).output
+    assert text.splitlines()[-8:] == [
+        "passes:",
+        "  seq 0 a pass 0 (counted): failed; 2 response(s), 1 failed",
+        "    error: HTTP 500 after 3 attempts",
+        "  seq 1 a pass 1 (counted): started, never ended; 1 response(s)",
+        "gaps:",
+        "  responses.jsonl:4: truncated line (no newline: cut off while being written); ignored",
+        "  missing: arm a: 2 of 2 counted passes not recorded complete",
+        "  event: arm a: exited (killed)",
+    ]
+    validate(ins.to_dict(), "inspect.schema.json")
+
+
+def test_inspect_a_directory_that_is_not_a_run(tmp_path, cli):
+    result = CliRunner().invoke(cli, ["inspect", str(tmp_path)])
+    assert result.exit_code == 1
+    assert result.output == (f"Error: {tmp_path / 'run.json'}: not found; is {tmp_path} a bistat "
+                             "run directory?\n")
+
+
+def test_doctor_on_a_gpu_host_with_vllm(tmp_path, monkeypatch):
+    monkeypatch.setenv("BISTAT_HOME", str(tmp_path))
+    found = {"numpy", "httpx", "vllm"}
+    rep = doctor(find_spec=lambda m: object() if m in found else None,
+                 which=lambda c: f"/usr/bin/{c}",
+                 gpus=lambda: [{"name": "NVIDIA H200", "uuid": "GPU-1", "serial": None,
+                                "driver": "580.1"}])
+    assert [(e.kind, e.usable) for e in rep.engines] == [
+        ("embedded", True), ("openai", True), ("vllm-server", True), ("vllm-offline", True)]
+    assert rep.engines[2].detail == "vllm importable, `vllm` at /usr/bin/vllm"
+    assert rep.cache_dir == str(tmp_path)
+    assert [(m.name, m.cached) for m in rep.models] == [("smollm2-135m", False)]
+    text = render_doctor(rep)
+    assert "GPUs:\n  NVIDIA H200 GPU-1 driver 580.1\n" in text
+    assert f"cache: {tmp_path}\n  model smollm2-135m: not cached " in text
+    validate(rep.to_dict(), "doctor.schema.json")
+
+
+def test_doctor_without_vllm_or_gpu(tmp_path, monkeypatch):
+    monkeypatch.setenv("BISTAT_HOME", str(tmp_path))
+    (tmp_path / "models" / "smollm2-135m").mkdir(parents=True)
+    (tmp_path / "models" / "smollm2-135m" / "manifest.json").write_text("{}")
+    rep = doctor(find_spec=lambda m: None if m == "vllm" else object(), which=lambda c: None,
+                 gpus=list)
+    assert [(e.kind, e.usable, e.detail) for e in rep.engines][2:] == [
+        ("vllm-server", False, "vllm is not installed: pip install 'bistat[vllm]'"),
+        ("vllm-offline", False, "vllm is not installed: pip install 'bistat[vllm]'")]
+    assert [(m.name, m.cached) for m in rep.models] == [("smollm2-135m", True)]
+    assert "GPUs: none found (no nvidia-smi on PATH)\n" in render_doctor(rep)
+
+
+def test_doctor_cli_never_imports_vllm(cli):
+    import sys
+
+    result = CliRunner().invoke(cli, ["doctor", "--json"], catch_exceptions=False)
+    assert result.exit_code == 0
+    validate(json.loads(result.output), "doctor.schema.json")
+    assert "vllm" not in sys.modules
