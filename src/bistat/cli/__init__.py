@@ -21,6 +21,10 @@ _COMMAND_MODULES = (
     "bistat.cli.cmd_run",        # run, probe
     "bistat.cli.cmd_kernels",    # kernels probe / sweep / bench / results
     "bistat.cli.cmd_synth",      # synth-model (random-weight Hugging Face folders)
+    "bistat.cli.cmd_diagnose",   # diagnose
+    "bistat.cli.cmd_replay",     # replay, reproduce
+    "bistat.cli.cmd_inspect",    # inspect
+    "bistat.cli.cmd_doctor",     # doctor
 )
 
 
