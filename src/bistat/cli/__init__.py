@@ -25,6 +25,7 @@ _COMMAND_MODULES = (
     "bistat.cli.cmd_replay",     # replay, reproduce
     "bistat.cli.cmd_inspect",    # inspect
     "bistat.cli.cmd_doctor",     # doctor
+    "bistat.cli.cmd_index",      # index (findings/README.md)
 )
 
 
