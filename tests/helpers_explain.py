@@ -1,78 +1,30 @@
 """Shared helpers of the explain-a-divergence tests (anatomy, diagnose, replay, schemas, inspect).
 
-Runs are recorded with the real runner (``bistat.runner.start_run``) on the embedded engine
-(``EmbeddedEngineAdapter``) over a saved near-tie tiny model (``helpers_embedded.near_tie_model``):
-in ``blas`` mode its greedy choices flip with the batch, in ``invariant`` mode they never do.
-
-The engine factory wraps the real adapter in two ways the runner itself does not (yet) do:
-requests ask for ``TOP_K`` logprobs (``workload.top_logprobs``, to be added to the runner), and
-after each pass every engine step is reported as a metrics line with ``step_batch_size`` (the
-adapter keeps them in ``pass_step_log``; docs/CONTRACTS.md allows one such line per step).
+Runs are recorded with the real runner (``bistat.runner.start_run``) and the real embedded
+adapter (``EmbeddedEngineAdapter``, from the engine registry) over a saved near-tie tiny model
+(``helpers_embedded.near_tie_model``): in ``blas`` mode its greedy choices flip with the batch, in
+``invariant`` mode they never do. The runner asks every request for ``workload.top_logprobs``
+(default ``TOP_K`` = 5) alternatives, and the adapter records every engine step's batch size as a
+metrics line with ``step_batch_size``.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 from helpers_embedded import near_tie_model
 
-from bistat.engines.base import GenerationRequest, GenerationResult, MetricsSample
-from bistat.engines.registry import create_engine
 from bistat.model.loader import save_model
 from bistat.prereg import register
 from bistat.runner import start_run
 
-TOP_K = 5
+TOP_K = 5  # workload.top_logprobs's default
 SCHEMAS = Path(__file__).resolve().parents[1] / "src" / "bistat" / "schemas"
-
-
-@dataclass(frozen=True)
-class StepSample(MetricsSample):
-    """A metrics sample for one engine step (``step_batch_size`` = rows of that step's batch)."""
-
-    step_batch_size: float | None = None
-
-
-class StepLoggingEngine:
-    """The real adapter, asking for TOP_K logprobs and reporting every step's batch size."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.kind = inner.kind
-
-    def start(self):
-        return self.inner.start()
-
-    def run_pass(self, requests: Sequence[GenerationRequest], *, concurrency: int,
-                 on_result: Callable[[GenerationResult], None],
-                 on_metrics: Callable[[MetricsSample], None]) -> None:
-        requests = [replace(r, logprobs=TOP_K) for r in requests]
-        self.inner.run_pass(requests, concurrency=concurrency, on_result=on_result,
-                            on_metrics=on_metrics)
-        m = self.inner.engine.metrics()
-        for t, size in self.inner.pass_step_log:
-            on_metrics(StepSample(t=t, num_requests_running=float(size),
-                                  num_requests_waiting=m["num_requests_waiting"],
-                                  num_preemptions_total=0.0,
-                                  generation_tokens_total=m["generation_tokens_total"],
-                                  prompt_tokens_total=m["prompt_tokens_total"],
-                                  source="embedded-step", step_batch_size=float(size)))
-
-    def fingerprint(self):
-        return self.inner.fingerprint()
-
-    def stop(self) -> None:
-        self.inner.stop()
-
-
-def step_logging_factory(experiment, arm):
-    return StepLoggingEngine(create_engine(experiment, arm))
 
 
 def save_near_tie(dest: Path) -> Path:
@@ -132,7 +84,7 @@ def record_run(root: Path, name: str, arms: Sequence[tuple[str, str, str]], **kw
     reg, _ = register(decl, registrations_dir=root / "preregistrations")
     run_dir = root / "runs" / name
     outcome = start_run(reg.experiment(), reg.reference(), run_dir,
-                        engine_factory=step_logging_factory, command=["bistat", "run", name])
+                        command=["bistat", "run", name])
     assert outcome.status == "complete", outcome
     return run_dir
 

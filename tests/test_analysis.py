@@ -221,14 +221,22 @@ def test_cli_analyze_and_compact(tiny, monkeypatch):
     runner = CliRunner()
     res = runner.invoke(cli, ["analyze", "run", "--out", "out"], catch_exceptions=False)
     assert res.exit_code == 0
-    assert res.output == ("wrote out/tiny.md and 4 plots\n"
-                          "trt vs ctl: working\n"
-                          "  Batch invariance is working by the registered rule.\n")
+    lines = res.output.splitlines()
+    assert lines[:3] == ["wrote out/tiny.md and 5 plots", "trt vs ctl: working",
+                         "  Batch invariance is working by the registered rule."]
+    # then the one-screen CI summary (bistat.gating.ci_summary)
+    assert lines[3].startswith("bistat: tiny run run (registration ")
+    assert lines[4:7] == ["  arm ctl (control): matched 8/10 [0.4902, 0.9433]; 2 divergence(s)",
+                          "  arm trt (treatment): matched 10/10 [0.7225, 1.0000]; 0 divergence(s)",
+                          "VERDICT trt vs ctl: WORKING"]
+    assert lines[-1] == "exit 0: no --fail-on given: every verdict exits 0"
     assert sorted(p.name for p in (tmp / "out").iterdir()) == [
-        "tiny-divergence.png", "tiny-match.png", "tiny-running.png", "tiny-throughput.png",
-        "tiny.md"]
+        "tiny-anatomy.png", "tiny-divergence.png", "tiny-match.png", "tiny-running.png",
+        "tiny-throughput.png", "tiny.md"]
     res = runner.invoke(cli, ["analyze", "run", "--out", "out", "--json"], catch_exceptions=False)
-    data = json.loads(res.output)
+    data = json.loads(res.stdout)  # the CI summary goes to stderr with --json
+    assert res.stderr.splitlines()[-1] == "exit 0: no --fail-on given: every verdict exits 0"
+    assert data["anatomy"]["arms"][0]["label_counts"]["undetermined"] == 2
     assert [(a["name"], a["n_matched"], a["n_units"]) for a in data["arms"]] == [
         ("ctl", 8, 10), ("trt", 10, 10)]
     assert data["comparisons"][0]["verdict"]["label"] == "working"
@@ -248,3 +256,91 @@ def test_cli_fail_on_returns_the_verdict_code(tiny, monkeypatch):
                                    "reported as observed"])
     assert res.exit_code == 11
     assert "trt vs ctl: reported as observed" in res.output
+
+
+@pytest.mark.parametrize("label,code", [("working", 0), ("doubtful", 10),
+                                        ("reported as observed", 11)])
+def test_cli_fail_on_any_gives_each_verdicts_code(tmp_path, monkeypatch, label, code):
+    """`bistat analyze --fail-on any`: the exit code of every verdict label (untested below)."""
+    text = declaration()
+    if label != "working":  # the "working" criteria are not met: the fallback label is given
+        text = text.replace("[rule]\n", f'[rule]\notherwise = "{label}"\n')
+    reg = register_tiny(tmp_path, text)
+    make_run(tmp_path, reg, control_diverges,
+             throughput=lambda arm, p: 50.0 + p if label == "working" and arm == "trt" else 100.0 + p)
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(cli, ["analyze", "run", "--out", "out", "--fail-on", "any"])
+    assert res.exit_code == code
+    assert f"VERDICT trt vs ctl: {label.upper()}" in res.output.splitlines()
+
+
+def test_cli_fail_on_untested_and_a_bad_label(tiny, monkeypatch):
+    tmp, reg = tiny
+    make_run(tmp, reg, control_diverges, running=lambda arm, p: [0.5, 0.5])  # validity fails
+    monkeypatch.chdir(tmp)
+    res = CliRunner().invoke(cli, ["analyze", "run", "--out", "out", "--fail-on", "untested"])
+    assert res.exit_code == 12
+    assert res.output.splitlines()[-1] == "exit 12: verdict 1 is 'untested', named by --fail-on"
+    assert "  validity FAILED: mean running requests: observed 0.5, limit 1.0" in res.output
+    res = CliRunner().invoke(cli, ["analyze", "run", "--out", "out", "--fail-on", "working"])
+    assert res.exit_code == 2
+    assert ("Error: --fail-on: 'working' has exit code 0 and cannot fail a command; name one of "
+            "'doubtful', 'reported as observed', 'untested' or 'any'") in res.output
+
+
+def test_anatomy_of_the_summary_equals_bistat_anatomy_and_feeds_large_drifts(tmp_path_factory):
+    """analysis reads only the mismatching prompts' rows, yet gets bistat.anatomy's answer."""
+    from helpers_explain import blas_run
+
+    from bistat.anatomy import LARGE_DRIFT, NEAR_TIE, divergence_anatomy
+    from bistat.classify import classify
+    from bistat.rule import Rule
+
+    run_dir = blas_run(tmp_path_factory)
+    summary = analyze_run(run_dir)
+    full = divergence_anatomy(run_dir)
+    assert summary.anatomy.divergences == full.divergences
+    assert summary.anatomy.large_drifts() == full.large_drifts() == {"blas": 0, "invariant": 0}
+    blas = summary.anatomy.arm("blas")
+    assert blas.n_divergences > 0 and blas.count(NEAR_TIE) == blas.n_divergences
+    assert blas.n_divergences == len(summary.arm("blas").divergences)
+    assert summary.anatomy.top_k == 5  # workload.top_logprobs reached every request
+
+
+def _with_top_k(run_dir, tops):
+    """Rewrite responses.jsonl with top-k lists {(arm, pass, prompt index): [[pos, [[tok, lp]...]]]}."""
+    path = run_dir / "responses.jsonl"
+    rows = [json.loads(x) for x in path.read_text().splitlines()]
+    for r in rows:
+        got = tops.get((r["arm"], r["pass_index"], r["prompt_index"]))
+        if got is not None:
+            r["top_logprobs"] = [[[t, -1.0]] for t in r["token_ids"]]
+            for pos, top in got:
+                r["top_logprobs"][pos] = top
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+@pytest.mark.parametrize("cap,label", [(0, "reported as observed"), (1, "working")])
+def test_large_drifts_at_most_is_evaluated_from_the_anatomy(tmp_path, cap, label):
+    text = declaration().replace(
+        '{ criterion = "throughput_ratio", statistic = "point", below = 0.95 } ]',
+        f'{{ criterion = "large_drifts_at_most", arm = "control", count = {cap} }} ]')
+    assert "large_drifts_at_most" in text
+    reg = register_tiny(tmp_path, text)
+    run_dir = make_run(tmp_path, reg, control_diverges)
+    # ctl prompt 2 flips at index 1 by a wide margin (2.9 nats), prompt 5 at index 3 by 0.05
+    _with_top_k(run_dir, {
+        ("ctl", 0, 2): [(1, [[21, -0.1], [999, -3.0]])],
+        ("ctl", 1, 2): [(1, [[999, -0.1], [21, -3.0]])],
+        ("ctl", 0, 5): [(3, [[53, -0.70], [999, -0.75]])],
+        ("ctl", 1, 5): [(3, [[999, -0.70], [53, -0.72]])]})
+    summary = analyze_run(run_dir)
+    ctl = summary.anatomy.arm("ctl")
+    assert (ctl.count("large drift"), ctl.count("near-tie flip")) == (1, 1)
+    assert ctl.margins == pytest.approx((0.05, 2.9))
+    (comparison,) = summary.comparisons
+    assert comparison.verdict.label.value == label
+    (crit,) = [c for c in comparison.verdict.labels[0].criteria if "large-drift" in c.description]
+    assert (crit.met, crit.observed_text) == (cap >= 1, "1")
+    text = render_markdown(summary)
+    assert "| ctl | 2 | 1 (50 %) | 1 (50 %) | 0 (0 %) | 0 (0 %) | 0.05 [0.05, 2.9] | 1 [1, 3] |" in text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -46,11 +47,17 @@ def test_run_pass_bounded_concurrency_results_and_metrics(model):
         sizes = [b for _, b in eng.pass_step_log]
         assert max(sizes) == 3  # the engine could take 32; the pass kept 3 in flight
         assert all(t >= 0 for t, _ in eng.pass_step_log)
-        assert len(samples) >= 2 and {s.source for s in samples} == {"embedded"}
-        last = samples[-1]
+        per_second = [s for s in samples if s.source == "embedded"]
+        steps = [s for s in samples if s.source == "embedded-step"]
+        assert len(samples) == len(per_second) + len(steps) and len(per_second) >= 2
+        # one step sample per engine step of the pass, in order, with its exact batch size
+        assert [(s.t, s.step_batch_size) for s in steps] == [(t, float(b)) for t, b in eng.pass_step_log]
+        assert all(math.isnan(s.num_requests_running) for s in steps)
+        assert all(s.step_batch_size is None for s in per_second)
+        last = per_second[-1]
         assert last.generation_tokens_total >= sum(len(r.token_ids) for r in results)
         assert last.num_preemptions_total == 0 and last.num_requests_waiting == 0
-        assert all(0 <= s.num_requests_running <= 3 for s in samples)
+        assert all(0 <= s.num_requests_running <= 3 for s in per_second)
         assert eng.fingerprint() == {}
     finally:
         eng.stop()
@@ -109,3 +116,27 @@ def test_default_loader_reads_a_saved_model_folder(model, tmp_path):
     finally:
         eng.stop()
     assert len(results[0].token_ids) == 4
+
+
+@pytest.mark.parametrize("gemm", ["invariant", "blas"])
+def test_prompt_logprobs_prefill_each_prefix(model, gemm):
+    exp, arm = _decl(arm_args={"gemm": gemm})
+    eng = EmbeddedEngineAdapter(exp, arm, loader=lambda name: model)
+    eng.start()
+    try:
+        req = GenerationRequest("p", "prompt for prefill", 6, ignore_eos=True)
+        got = []
+        eng.run_pass([req], concurrency=1, on_result=got.append, on_metrics=lambda s: None)
+        (res,) = got
+        pre = eng.prompt_logprobs(req, res.token_ids)
+        assert len(pre) == len(res.token_ids)
+        # the same numbers up to float32 rounding: a prefill runs its GEMMs and attention over
+        # more rows than a decode step, so even the batch-invariant GEMM mode need not give the
+        # same bits (attention's numpy matmul over a chunk of queries is not row-invariant);
+        # the probe's prefill-decode mode measures exactly that
+        assert pre == pytest.approx(res.logprobs, abs=1e-4)
+        assert eng.prompt_logprobs(req, []) == []
+    finally:
+        eng.stop()
+    with pytest.raises(EngineStartError, match="prompt_logprobs\\(\\) before start\\(\\)"):
+        eng.prompt_logprobs(req, [1])

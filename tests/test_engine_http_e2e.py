@@ -134,3 +134,19 @@ def test_metrics_parser_sums_label_sets_and_filters_by_model():
     assert (s.t, s.num_requests_running, s.num_preemptions_total) == (1.5, 5.0, 4.0)
     assert math.isnan(s.num_requests_waiting) and math.isnan(s.generation_tokens_total)
     assert parse_vllm_metrics(text, t=0.0).num_requests_running == 12.0
+
+
+def test_bistat_serve_offers_no_prompt_logprobs_and_no_cache_reset(server):
+    """Optional capabilities are reported missing, never faked (bistat serve has neither)."""
+    from bistat.engines.base import EngineUnsupported
+
+    srv, _ = server
+    eng = OpenAIHTTPEngine(srv.url)
+    eng.start()
+    req = GenerationRequest("p", [5, 6, 7], 3)
+    with pytest.raises(EngineUnsupported, match=f"^{srv.url} returned no prompt_logprobs "):
+        eng.prompt_logprobs(req, [1, 2])
+    assert eng.prompt_logprobs(req, []) == []
+    assert eng.reset_prefix_cache() is False
+    with pytest.raises(EngineUnsupported, match="has no /tokenize endpoint"):
+        eng.prompt_logprobs(GenerationRequest("t", "a text prompt", 3), [1])

@@ -169,3 +169,65 @@ def test_server_killed_mid_pass_keeps_finished_results_and_fails_the_rest(tmp_pa
     failed = [r for r in results if r.error is not None]
     assert ok == [f"s{i}" for i in range(5)]
     assert len(failed) == 6 and all(r.attempts == 2 for r in failed)
+
+
+# --- prompt logprobs and the prefix-cache reset, against a scripted vLLM-like server ----------
+
+def vllm_like_app(seen: list) -> Starlette:
+    """``/tokenize``, ``prompt_logprobs`` answers shaped like vLLM's, ``/reset_prefix_cache``."""
+
+    async def tokenize(request: Request) -> Response:
+        body = await request.json()
+        seen.append(("tokenize", body))
+        text = body.get("prompt") or body["messages"][0]["content"]
+        return JSONResponse({"tokens": [ord(c) for c in text], "count": len(text)})
+
+    async def completions(request: Request) -> Response:
+        body = await request.json()
+        seen.append(("completions", body))
+        ids = body["prompt"]
+        plp = [None] + [{str(t): {"logprob": -t / 100.0, "rank": 1, "decoded_token": "x"},
+                         "99999": {"logprob": -9.0, "rank": 2, "decoded_token": "y"}}
+                        for t in ids[1:]]
+        if ids[0] == 1:   # a broken answer: a position without its token
+            plp[-1] = {"99999": {"logprob": -9.0}}
+        answer = _answer([10])
+        answer["choices"][0]["prompt_logprobs"] = plp
+        return JSONResponse(answer)
+
+    async def reset(request: Request) -> Response:
+        seen.append(("reset", None))
+        return JSONResponse({})
+
+    async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{"id": "m", "object": "model"}]})
+
+    return Starlette(routes=[Route("/v1/completions", completions, methods=["POST"]),
+                             Route("/tokenize", tokenize, methods=["POST"]),
+                             Route("/reset_prefix_cache", reset, methods=["POST"]),
+                             Route("/v1/models", models)])
+
+
+def test_prompt_logprobs_and_prefix_cache_reset_on_a_vllm_like_server():
+    from bistat.engines.base import EngineError
+
+    seen: list = []
+    with BackgroundServer(vllm_like_app(seen)) as srv:
+        eng = OpenAIHTTPEngine(srv.url, model="m")
+        eng.start()
+        # token-id prompt: no tokenize call; the continuation's logprobs at their positions
+        assert eng.prompt_logprobs(GenerationRequest("a", [7, 8], 3, seed=4), [20, 30]) == [-0.2, -0.3]
+        kind, body = seen[-1]
+        assert kind == "completions" and body["prompt"] == [7, 8, 20, 30]
+        assert (body["prompt_logprobs"], body["max_tokens"], body["temperature"], body["seed"]) == (1, 1, 0.0, 4)
+        assert "echo" not in body
+        # text and chat prompts are tokenized by the server first
+        assert eng.prompt_logprobs(GenerationRequest("t", "AB", 3), [50]) == [-0.5]
+        assert seen[-2] == ("tokenize", {"model": "m", "prompt": "AB"})
+        assert seen[-1][1]["prompt"] == [65, 66, 50]
+        eng.prompt_logprobs(GenerationRequest("c", "hi", 3, chat=True), [50])
+        assert seen[-2] == ("tokenize", {"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                         "add_generation_prompt": True})
+        with pytest.raises(EngineError, match="prompt_logprobs at position 3 lacks token 30"):
+            eng.prompt_logprobs(GenerationRequest("b", [1, 8], 3), [20, 30])
+        assert eng.reset_prefix_cache() is True and seen[-1] == ("reset", None)

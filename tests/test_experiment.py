@@ -59,9 +59,9 @@ def test_minimal_declaration_resolves_every_default():
         "concurrency": 8,
         "passes": 3, "warmup_passes": 1, "order": "abba", "seed": 0, "temperature": 0.0,
         "top_p": 1.0, "top_k": -1, "ignore_eos": False, "shuffle_within_pass": True,
-        "retries": 2, "request_timeout_s": 600.0,
+        "retries": 2, "request_timeout_s": 600.0, "top_logprobs": 5,
     }
-    assert r["match"] == {"unit": "token_ids", "multi_pass": "all"}
+    assert r["match"] == {"unit": "token_ids", "multi_pass": "all", "near_tie_epsilon": 0.125}
     assert r["validity"] == {"min_mean_running": 1.5, "max_preemptions": None,
                              "same_gpu": True, "same_versions": True}
     assert r["design"] == {"assumed_match_rate": 0.999, "expected_cv": 0.05, "cv_from": None,
@@ -123,7 +123,7 @@ def test_tensor_parallel_and_several_treatments_are_declarable():
         "workload.passes: required field is missing; add it to [workload]",
         "workload.pases: unknown field 'pases'; did you mean 'passes'? allowed: source, "
         "n_prompts, max_tokens, max_tokens_min, concurrency, passes, warmup_passes, order, seed, temperature, "
-        "top_p, top_k, ignore_eos, shuffle_within_pass, retries, request_timeout_s",
+        "top_p, top_k, ignore_eos, shuffle_within_pass, retries, request_timeout_s, top_logprobs",
         "rule.labels[0].all[0].at_least: must be less than 1.0, got 1.5",
         "rule.labels[0].all[1]: unknown criterion 'throughput_slowr'; expected one of "
         "'match_lower_bound', 'match_upper_bound', 'match_intervals_overlap', "
@@ -190,6 +190,14 @@ def _base() -> dict:
      "lower_at_least, not both"),
     (lambda d: d["rule"].update(alternative="less"),
      "rule.alternative: 'less' is not allowed; expected one of 'two-sided', 'greater'"),
+    (lambda d: d["workload"].update(top_logprobs=0),
+     "workload.top_logprobs: must be at least 1, got 0"),
+    (lambda d: d["workload"].update(top_logprobs=21),
+     "workload.top_logprobs: must be at most 20, got 21"),
+    (lambda d: d.update(match={"near_tie_epsilon": -0.1}),
+     "match.near_tie_epsilon: must be at least 0.0, got -0.1"),
+    (lambda d: d.update(match={"near_tie_epsilon": "small"}),
+     "match.near_tie_epsilon: expected a number, got 'small' (string)"),
 ])
 def test_field_errors(mutate, expected):
     data = copy.deepcopy(_base())
@@ -218,3 +226,39 @@ def test_models_are_immutable():
     with pytest.raises(Exception):
         exp.name = "other"  # type: ignore[misc]
     assert isinstance(exp, Experiment)
+
+
+def test_near_tie_epsilon_and_top_logprobs_are_declarable():
+    data = copy.deepcopy(_base())
+    data["workload"]["top_logprobs"] = 20
+    data["match"] = {"near_tie_epsilon": 1e-3}
+    exp = validate_experiment(data)
+    assert (exp.workload.top_logprobs, exp.match.near_tie_epsilon) == (20, 1e-3)
+    data["match"] = {"near_tie_epsilon": 0}  # an integer is a number too (TOML writes 0, not 0.0)
+    assert validate_experiment(data).match.near_tie_epsilon == 0.0
+
+
+def test_a_registration_sealed_before_the_new_fields_still_verifies(tmp_path):
+    """Registrations sealed without near_tie_epsilon / top_logprobs stay readable (additive)."""
+    import json
+
+    from bistat.prereg import load_registration, register
+
+    decl = tmp_path / "experiments" / "old.toml"
+    decl.parent.mkdir()
+    decl.write_text((DECL / "minimal.toml").read_text().replace('name = "minimal"',
+                                                                'name = "old"'))
+    reg, _ = register(decl, registrations_dir=tmp_path / "preregistrations")
+    data = json.loads(reg.path.read_text())
+    sealed = data["sealed"]
+    del sealed["declaration"]["match"]["near_tie_epsilon"]
+    del sealed["declaration"]["workload"]["top_logprobs"]
+    # re-seal the older form the way prereg seals: sha256 of the canonical JSON
+    from bistat.prereg import sha256_hex
+
+    sealed["declaration_sha256"] = sha256_hex(sealed["declaration"])
+    data["sha256"] = sha256_hex(sealed)
+    reg.path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    old = load_registration(reg.path)
+    assert old.experiment().match.near_tie_epsilon == 0.125
+    assert old.experiment().workload.top_logprobs == 5

@@ -6,8 +6,10 @@ import pytest
 
 import fakes
 import helpers_runner as h
-from bistat.engines.base import GenerationResult
-from bistat.probe import ProbeSettings, compare_bitwise, run_probe
+import math
+
+from bistat.engines.base import GenerationResult, MetricsSample
+from bistat.probe import ProbeSettings, compare_bitwise, run_probe, shared_step_evidence
 
 SMALL = ProbeSettings(trials=3, min_fillers=32, max_fillers=40, max_tokens=6, seed=1)
 
@@ -89,7 +91,8 @@ def test_report_json_and_summary():
     assert [a["differs"] for a in data["arms"]] == [False, True]
     lines = report.summary_lines()
     assert lines[0] == "needle chat-0000, 3 trial(s) of 32-40 fillers, 6 tokens"
-    assert lines[1] == "  invariant (probed): alone twice identical; in batch identical in 3/3 trial(s)"
+    assert lines[1] == ("  invariant (probed): alone twice identical; in batch identical in 3/3 trial(s); "
+                        "needle shared a step in 3/3 trial(s)")
     assert lines[2].startswith("  blas (negative control): alone twice identical; in batch identical in ")
     assert lines[-1] == ("outcome: confirmed — bitwise identical alone and in every batch, and the negative "
                          "control differs")
@@ -102,3 +105,204 @@ def test_bad_arguments():
         run_probe(_exp(), arms=["blas"], settings=SMALL, engine_factory=fakes.FakeScript().factory)
     with pytest.raises(ValueError, match="need 1 <= min_fillers <= max_fillers, got 64 and 32"):
         ProbeSettings(min_fillers=64, max_fillers=32)
+
+
+# --- the vacuity guard ------------------------------------------------------------------------
+
+
+class _Wrapped:
+    """A fake engine whose batching or capabilities a test changes (delegating the rest)."""
+
+    def __init__(self, inner, *, serial=False, no_metrics=False):
+        self.inner, self.kind, self.serial, self.no_metrics = inner, inner.kind, serial, no_metrics
+
+    def start(self):
+        return self.inner.start()
+
+    def run_pass(self, requests, *, concurrency, on_result, on_metrics):
+        self.inner.run_pass(requests, concurrency=1 if self.serial else concurrency,
+                            on_result=on_result,
+                            on_metrics=(lambda s: None) if self.no_metrics else on_metrics)
+
+    def fingerprint(self):
+        return self.inner.fingerprint()
+
+    def stop(self):
+        self.inner.stop()
+
+
+def _factory(**kw):
+    script = fakes.FakeScript()
+    return lambda exp, arm: _Wrapped(script.factory(exp, arm), **kw)
+
+
+def test_vacuous_when_the_needle_never_shared_a_step():
+    # one request per engine step: every sample says 1 running, the "batch" never batched
+    report = run_probe(_exp(control={"divergence": 0.9}), settings=SMALL,
+                       engine_factory=_factory(serial=True))
+    assert report.outcome == "vacuous"
+    assert report.reason.startswith(
+        "invariant: the engine's batching evidence shows the needle never shared an engine step "
+        "with another request; the sweep tested nothing -- raise the concurrency or the engine's "
+        "batch size (trial 0: running requests from 1 metrics sample(s) around the needle: max 1")
+    assert [t.shared_step for t in report.arms[0].trials] == [False, False, False]
+    assert report.summary_lines()[1].endswith("needle shared a step in 0/3 trial(s)")
+    from bistat.gating import gate
+
+    assert gate(["untested"], {"untested"}).exit_code == 12
+
+
+def test_vacuous_without_any_batching_evidence():
+    report = run_probe(_exp(control={"divergence": 0.9}), settings=SMALL,
+                       engine_factory=_factory(no_metrics=True))
+    assert report.outcome == "vacuous"
+    assert "the engine gave no batching evidence, so sharing a step cannot be shown" in report.reason
+    assert report.summary_lines()[1].endswith("; no batching evidence")
+
+
+def test_a_difference_is_a_violation_even_without_batching_evidence():
+    report = run_probe(_exp(treatment={"divergence": 0.9}), settings=SMALL,
+                       engine_factory=_factory(no_metrics=True))
+    assert report.outcome == "violated"
+
+
+def _step(t, b):
+    return MetricsSample(t, math.nan, math.nan, math.nan, math.nan, math.nan, "embedded-step",
+                         step_batch_size=b)
+
+
+def _sec(t, running):
+    return MetricsSample(t, running, 0.0, 0.0, 0.0, 0.0, "prometheus")
+
+
+def test_shared_step_evidence_prefers_per_step_sizes_within_the_needles_lifetime():
+    needle = GenerationResult("n", [1], "", None, None, None, None, 1.0, None, 2.0)
+    # steps outside (t_submit, t_done] do not count, however big
+    assert shared_step_evidence([_step(0.5, 9.0), _step(1.5, 1.0), _step(2.5, 9.0)], needle) == (
+        False, "per-step batch sizes while the needle ran: 1 step(s), max 1, mean 1")
+    # per-step sizes win over per-second running counts
+    assert shared_step_evidence([_sec(1.2, 8.0), _step(1.5, 1.0)], needle)[0] is False
+    # running counts: the last sample before submission, and those while it ran
+    assert shared_step_evidence([_sec(0.0, 1.0), _sec(0.9, 4.0), _sec(3.0, 9.0)], needle) == (
+        True, "running requests from 1 metrics sample(s) around the needle: max 4")
+    assert shared_step_evidence([_sec(3.0, 9.0)], needle) == (
+        None, "no batching evidence: the engine reported no metrics while the needle ran")
+
+
+# --- prefill vs decode, prefix cache --------------------------------------------------------
+
+
+def test_modes_are_checked():
+    with pytest.raises(ValueError, match="mode \\('sideways'\\) must be one of 'batch', "
+                                         "'prefill-decode', 'prefix-cache'"):
+        ProbeSettings(mode="sideways")
+
+
+def test_prefill_decode_is_unsupported_without_prompt_logprobs():
+    report = run_probe(_exp(control={"divergence": 0.9}), settings=ProbeSettings(
+        trials=1, min_fillers=1, max_fillers=1, max_tokens=4, mode="prefill-decode"),
+        engine_factory=fakes.FakeScript().factory)
+    assert report.outcome == "untested"
+    assert report.reason == ("invariant: unsupported: engine kind 'fake' offers no prompt logprobs "
+                             "(a prompt_logprobs method), so prefill cannot be compared with decode")
+
+
+class _Cached(_Wrapped):
+    """A fake with a prefix cache: a warm run shifts the logprobs when ``warm_differs``."""
+
+    enable_prefix_caching = True
+
+    def __init__(self, inner, warm_differs=False, has_reset=True):
+        super().__init__(inner)
+        self.warm_differs, self.seen, self.resets = warm_differs, set(), 0
+        if has_reset:
+            self.reset_prefix_cache = self._reset
+
+    def _reset(self):
+        self.seen.clear()
+        self.resets += 1
+        return True
+
+    def run_pass(self, requests, *, concurrency, on_result, on_metrics):
+        from dataclasses import replace
+
+        def deliver(r):
+            warm = r.prompt_id in self.seen
+            self.seen.add(r.prompt_id)
+            if warm and self.warm_differs and r.logprobs:
+                r = replace(r, logprobs=[fakes._next_after(r.logprobs[0])] + r.logprobs[1:])
+            on_result(r)
+
+        self.inner.run_pass(requests, concurrency=concurrency, on_result=deliver,
+                            on_metrics=on_metrics)
+
+
+def test_prefix_cache_cold_vs_warm():
+    settings = ProbeSettings(trials=2, min_fillers=1, max_fillers=1, max_tokens=4,
+                             mode="prefix-cache")
+    script = fakes.FakeScript()
+    engines = {}
+
+    def factory(exp, arm):
+        engines[arm.name] = _Cached(script.factory(exp, arm), warm_differs=arm.name == "blas")
+        return engines[arm.name]
+
+    report = run_probe(_exp(), settings=settings, engine_factory=factory)
+    assert (report.outcome, report.reason) == (
+        "confirmed", "bitwise identical with the prefix cache cold and warm, and the negative "
+                     "control differs")
+    assert engines["invariant"].resets == 1  # between trial 0 (cold after start) and trial 1
+    assert [t.evidence for t in report.arms[0].trials] == [
+        "prefix caching on; cold: first after engine start",
+        "prefix caching on; cold: after /reset_prefix_cache"]
+    assert report.summary_lines()[1] == ("  invariant (probed): alone twice n/a; warm identical "
+                                         "to cold in 2/2 trial(s)")
+    bad = run_probe(_exp(), arms=["blas"], control="", settings=settings,
+                    engine_factory=lambda e, a: _Cached(script.factory(e, a), warm_differs=True))
+    assert bad.outcome == "violated"
+    assert bad.reason == "bitwise differences on blas: a warm prefix cache changes the output"
+
+
+def test_prefix_cache_is_unsupported_on_an_engine_without_one():
+    report = run_probe(_exp(), settings=ProbeSettings(trials=1, min_fillers=1, max_fillers=1,
+                                                      max_tokens=4, mode="prefix-cache"),
+                       engine_factory=fakes.FakeScript().factory)
+    assert (report.outcome, report.reason) == (
+        "untested", "invariant: unsupported: engine kind 'fake' has no prefix cache")
+
+
+def test_every_request_asks_for_the_declared_top_logprobs():
+    seen = []
+    script = fakes.FakeScript()
+
+    class Spy(_Wrapped):
+        def run_pass(self, requests, **kw):
+            seen.extend(r.logprobs for r in requests)
+            super().run_pass(requests, **kw)
+
+    exp = h.experiment(arms=[{"name": "blas", "role": "control"},
+                             {"name": "invariant", "role": "treatment"}],
+                       workload={"top_logprobs": 7})
+    run_probe(exp, settings=SMALL, engine_factory=lambda e, a: Spy(script.factory(e, a)))
+    assert seen and set(seen) == {7}
+
+
+def test_prefill_decode_on_the_embedded_engine(tmp_path):
+    import tomllib
+
+    from helpers_explain import BLAS_ARMS, declaration_toml, save_near_tie
+
+    from bistat.experiment import validate_experiment
+
+    exp = validate_experiment(tomllib.loads(declaration_toml("pd", save_near_tie(tmp_path / "m"),
+                                                             BLAS_ARMS)))
+    report = run_probe(exp, settings=ProbeSettings(trials=1, min_fillers=1, max_fillers=1,
+                                                   max_tokens=8, mode="prefill-decode"))
+    assert report.outcome in ("confirmed", "violated", "no_power")  # the engine's behaviour
+    for arm in report.arms:
+        (trial,) = arm.trials
+        assert arm.error is None and arm.alone_repeat_identical is True
+        assert trial.evidence.startswith("8 position(s) compared; max |decode - prefill| ")
+        assert trial.tokens_equal is True and trial.logprobs_equal is not None
+    # blas GEMMs over 1 row (decode) and over the whole prefix (prefill) round differently
+    assert report.arms[1].arm == "blas" and report.arms[1].differs

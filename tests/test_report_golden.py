@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "synthetic"
 FINDINGS = ROOT / "findings"
 NAME = "synthetic-example"
-PLOTS = ("match", "throughput", "divergence", "running")
+PLOTS = ("match", "throughput", "divergence", "running", "anatomy")
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,7 @@ def test_finding_states_what_the_issue_requires(regenerated):
     text = (out / f"{NAME}.md").read_text(encoding="utf-8")
     for heading in ("## Hypothesis", "## Verdict", "## Decision rule (as registered)",
                     "## Amendments", "## Environment", "## Match", "## Throughput",
-                    "## First divergences", "## Batching", "## Validity checks",
+                    "## First divergences", "## Divergence anatomy", "## Batching", "## Validity checks",
                     "## Deviations", "## Not run"):
         assert f"\n{heading}\n" in text, heading
     assert f"| Registration SHA-256 | `{summary.registration_sha256}` |" in text
@@ -63,6 +63,10 @@ def test_finding_states_what_the_issue_requires(regenerated):
     assert ("- arm default: 1 failed request(s) in counted passes; 1 prompt(s) excluded from "
             "matching") in text
     assert str(out) not in text and str(ROOT) not in text   # no machine-specific paths
+    # the synthetic records hold no top-k logprobs: every divergence is located, none labelled
+    assert ("| default | 16 | 0 (0 %) | 0 (0 %) | 0 (0 %) | 16 (100 %) | — | 6 [2, 10] | 50 % |"
+            in text)
+    assert "![Margins and positions at first divergence](synthetic-example-anatomy.png)" in text
 
 
 def test_generator_reproduces_the_committed_records(tmp_path):

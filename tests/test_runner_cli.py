@@ -99,16 +99,26 @@ def test_run_end_to_end_then_resume_has_nothing_left(workdir):
                                                                         ("blas", "counted"), ("invariant", "counted"),
                                                                         ("invariant", "counted"), ("blas", "counted")],
                                                                        start=1)]
-    assert lines[11:] == ["run complete: runs/r1 (10 pass(es) run)", "next: bistat analyze runs/r1"]
+    assert lines[11:14] == ["run complete: runs/r1 (10 pass(es) run)", "next: bistat analyze runs/r1",
+                            f"bistat: fakerun run r1 (registration {json.loads(path.read_text())['sha256'][:12]})"]
+    # the one-screen CI summary of the run's analysis ends the output
+    assert lines[14].startswith("  arm blas (control): matched ")
+    assert lines[15] == "  arm invariant (treatment): matched 12/12 [0.7575, 1.0000]; 0 divergence(s)"
+    assert lines[16] == "VERDICT invariant vs blas: REPORTED AS OBSERVED"
+    assert lines[-1] == "exit 0: no --fail-on given: every verdict exits 0"
     header = json.loads((workdir / "runs/r1/run.json").read_text())
     assert header["registration"]["path"] == "preregistrations/fakerun.json"
     assert header["registration"]["sha256"] == json.loads(path.read_text())["sha256"]
 
     again = _invoke("run", "--resume", "runs/r1", "--no-progress", catch_exceptions=False)
     assert again.exit_code == 0
-    assert again.output.splitlines() == ["resuming runs/r1", "run complete: runs/r1 (0 pass(es) run)",
-                                         "nothing left to run: the schedule is complete",
-                                         "next: bistat analyze runs/r1"]
+    assert again.output.splitlines()[:4] == ["resuming runs/r1", "run complete: runs/r1 (0 pass(es) run)",
+                                             "nothing left to run: the schedule is complete",
+                                             "next: bistat analyze runs/r1"]
+    gated = _invoke("run", "--resume", "runs/r1", "--no-progress", "--fail-on", "reported-as-observed")
+    assert gated.exit_code == 11
+    assert gated.output.splitlines()[-1] == ("exit 11: verdict 1 is 'reported as observed', named by "
+                                             "--fail-on")
     existing = _invoke("run", str(path), "--run-dir", "runs/r1")
     assert existing.exit_code == 1
     assert existing.output == ("Error: runs/r1: a run is already recorded here; choose another --run-dir or "
@@ -122,9 +132,11 @@ def test_default_run_dir_and_untested_exit_code(workdir):
     assert result.exit_code == 12
     (run_dir,) = (workdir / "runs").iterdir()
     assert run_dir.name.startswith("fakerun-") and run_dir.name.endswith("Z")
-    assert result.output.splitlines()[1:] == [
+    assert result.output.splitlines()[1:3] == [
         "run untested: engine for arm 'invariant' refused the setting: mode off",
         f"data kept in runs/{run_dir.name}; the finding will say untested: bistat analyze runs/{run_dir.name}"]
+    assert "VERDICT invariant vs blas: UNTESTED" in result.output.splitlines()
+    assert result.output.splitlines()[-1] == "exit 12: verdict 1 is 'untested', named by --fail-on"
     events, _ = read_jsonl(run_dir / "events.jsonl")
     assert [e["event"] for e in events] == ["started", "refused", "stopped"]
     again = _invoke("run", str(path), "--no-progress", "--run-dir", "runs/second")
@@ -160,8 +172,9 @@ def test_probe_cli_confirmed_json_and_exit_codes(workdir):
     assert result.exit_code == 0, result.output
     assert result.stderr.splitlines() == ["probing arm invariant ...", "probing arm blas ..."]
     assert result.stdout.splitlines()[0] == "needle chat-0000, 3 trial(s) of 32-40 fillers, 5 tokens"
-    assert result.stdout.splitlines()[-1] == ("outcome: confirmed — bitwise identical alone and in every batch, "
-                                              "and the negative control differs")
+    assert result.stdout.splitlines()[-2:] == [
+        "outcome: confirmed — bitwise identical alone and in every batch, and the negative control differs",
+        "exit 0: no --fail-on given: every verdict exits 0"]
     assert json.loads((workdir / "probe.json").read_text())["outcome"] == "confirmed"
     nopower = _invoke("probe", str(decl), "--max-fillers", "40", "--no-control", "--json")
     assert nopower.exit_code == 0  # verdict-producing commands exit 0 unless --fail-on names the label
@@ -177,3 +190,45 @@ def test_probe_cli_confirmed_json_and_exit_codes(workdir):
     assert "'working' has exit code 0 and cannot fail a command" in bad_label.output
     bad = _invoke("probe", str(decl), "--arm", "nope")
     assert (bad.exit_code, bad.output) == (1, "Error: arm 'nope' is not in the declaration; arms: blas, invariant\n")
+
+
+def test_probe_cli_vacuous_and_mode(workdir):
+    data = h.declaration(arms=[{"name": "blas", "role": "control", "args": {"fake": {"divergence": 0.9}}},
+                               {"name": "invariant", "role": "treatment"}])
+    (workdir / "experiments").mkdir()
+    decl = h.write_toml(workdir / "experiments" / "p.toml", data)
+    # one filler at most, submitted with the needle: the fake runs them as one batch of 2, so
+    # the needle shares its step; the prefix-cache mode on the fake (no cache) is unsupported
+    result = _invoke("probe", str(decl), "--mode", "prefix-cache", "--min-fillers", "1",
+                     "--max-fillers", "1", "--fail-on", "untested")
+    assert result.exit_code == 12
+    assert result.stdout.splitlines()[-2:] == [
+        "outcome: untested — invariant: unsupported: engine kind 'fake' has no prefix cache",
+        "exit 12: verdict 1 is 'untested', named by --fail-on"]
+    bad = _invoke("probe", str(decl), "--mode", "sideways")
+    assert bad.exit_code == 2 and "Invalid value for '--mode'" in bad.output
+
+
+def _rule(otherwise, at_least=0.999999):
+    return {"confidence_level": 0.95, "otherwise": otherwise,
+            "labels": [{"label": "working", "all": [
+                {"criterion": "match_lower_bound", "arm": "treatment", "at_least": at_least}]}]}
+
+
+@pytest.mark.parametrize("label,code,sections", [
+    ("working", 0, {"rule": _rule("doubtful", at_least=0.5)}),
+    ("doubtful", 10, {"rule": _rule("doubtful")}),
+    ("reported as observed", 11, {"rule": _rule("reported as observed")}),
+    # the fake runs a final sample with 0 running: a mean of 4 running is never reached
+    ("untested", 12, {"validity": {"min_mean_running": 4.0}}),
+])
+def test_run_exit_code_for_every_verdict(workdir, label, code, sections):
+    """Every verdict label reaches the exit code through `bistat run --fail-on any`."""
+    path = _register(workdir, **sections)
+    result = _invoke("run", str(path), "--run-dir", f"runs/{code}", "--no-progress", "--fail-on", "any")
+    assert result.exit_code == code, result.output
+    assert f"VERDICT invariant vs blas: {label.upper()}" in result.output.splitlines()
+    assert result.output.splitlines()[-1] == (
+        f"exit {code}: verdict 1 is {label!r}, named by --fail-on" if code else
+        "exit 0: no verdict has a label named by --fail-on")
+    assert _invoke("run", "--resume", f"runs/{code}", "--no-progress").exit_code == 0

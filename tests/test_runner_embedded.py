@@ -35,6 +35,9 @@ def test_embedded_engine_end_to_end(tmp_path):
     assert len(responses) == 6 * 8
     assert {len(r["token_ids"]) for r in responses} == {4}
     assert all(r["logprobs"] is not None and r["logprob_sha256"] is not None for r in responses)
+    # workload.top_logprobs (default 5) alternatives at every position
+    assert all(len(r["top_logprobs"]) == 4 and {len(p) for p in r["top_logprobs"]} == {5}
+               for r in responses)
     # the invariant GEMM gives every prompt the same tokens in every pass, whatever the batch
     by_prompt = Counter()
     for r in responses:
@@ -43,6 +46,15 @@ def test_embedded_engine_end_to_end(tmp_path):
     assert set(by_prompt.values()) == {2} and len(by_prompt) == 8
     passes, _ = read_jsonl(tmp_path / "run" / "passes.jsonl")
     assert all(p["batching"]["max_running"] >= 1 for p in passes)
+    # one metrics line per engine step with its exact batch size, beside the ~1 s samples
+    metrics, _ = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    steps = [m for m in metrics if m["source"] == "embedded-step"]
+    assert steps and all(1 <= m["step_batch_size"] <= 4 and m["num_requests_running"] is None
+                         for m in steps)
+    assert all(m["step_batch_size"] is None for m in metrics if m["source"] == "embedded")
+    # the per-second figures ignore the step lines (their running count is null)
+    assert all(p["batching"]["max_running"] <= 4 and p["batching"]["mean_running"] > 0
+               for p in passes)
     env, _ = read_jsonl(tmp_path / "run" / "environment.jsonl")
     assert [(e["arm"], e["engine"]["args"]["gemm"], e["fingerprint"]["gpus"]) for e in env] == [
         ("blas", "blas", []), ("invariant", "invariant", [])]
@@ -55,4 +67,21 @@ def test_probe_on_the_embedded_engine_invariant_arm_is_bitwise_identical():
     assert invariant.arm == "invariant" and invariant.error is None
     assert invariant.alone_repeat_identical is True
     assert all(t.identical for t in invariant.trials)
+    # the needle shared engine steps with its fillers, by the per-step batch sizes
+    assert all(t.shared_step is True and t.evidence.startswith("per-step batch sizes while the "
+                                                               "needle ran: ")
+               for t in invariant.trials)
     assert report.outcome in ("confirmed", "no_power")
+
+
+def test_a_probe_with_one_request_per_step_is_vacuous():
+    exp = _exp()
+    exp = exp.model_copy(update={"engine": exp.engine.model_copy(update={
+        "args": {"max_batch_size": 1, "max_model_len": 256}})})
+    report = run_probe(exp, settings=ProbeSettings(trials=1, min_fillers=2, max_fillers=2,
+                                                   max_tokens=2), engine_factory=_factory)
+    assert report.outcome == "vacuous"
+    assert report.reason.startswith("invariant: the engine's batching evidence shows the needle "
+                                    "never shared an engine step with another request")
+    assert "per-step batch sizes while the needle ran: " in report.reason
+    assert report.reason.endswith(" step(s), max 1, mean 1)")

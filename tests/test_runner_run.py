@@ -170,3 +170,20 @@ def test_rich_progress_reports_each_pass(tmp_path):
     assert len(lines) == 10
     assert lines[0].startswith("pass 1/10 blas warmup (seq 0): 12 requests, 0 failed, ")
     assert lines[0].endswith(" tok/s")
+
+
+def test_every_request_asks_for_the_declared_top_logprobs(tmp_path):
+    seen = []
+    script = fakes.FakeScript()
+
+    class Spy(fakes.FakeEngine):
+        def run_pass(self, requests, **kw):
+            seen.extend(r.logprobs for r in requests)
+            super().run_pass(requests, **kw)
+
+    exp = h.experiment(workload={"top_logprobs": 3})
+    outcome = start_run(exp, REG, tmp_path / "run", engine_factory=lambda e, a: Spy(e, a, script=script))
+    assert outcome.status == "complete"
+    assert len(seen) == 10 * 12 and set(seen) == {3}
+    responses, _ = read_jsonl(tmp_path / "run" / "responses.jsonl")
+    assert all(r["top_logprobs"] is not None for r in responses)

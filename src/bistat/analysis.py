@@ -34,6 +34,13 @@ token index where the token ids differ (for ``token_ids+logprobs``, where the to
 logprob's bits differ); when one output is a prefix of the other, the shorter length.
 Token ids are loaded only for the mismatching prompts.
 
+*Divergence anatomy* (``bistat.anatomy``): each first divergence labelled a near-tie flip or a
+large drift by the top-1/top-2 margin there against the declared ``match.near_tie_epsilon``.
+It is computed from the rows of the mismatching prompts only (read once, with the token ids),
+over the same counted passes and reference pass as the match count; an arm's ``n_prompts`` in
+the anatomy is its number of compared prompts. Its large drifts per arm are what the criterion
+``large_drifts_at_most`` reads (``ArmStats.large_drifts``).
+
 *Batching evidence* per pass, from ``metrics.jsonl`` samples with ``num_requests_running``:
 mean and max running requests, mean waiting requests, and preemptions (last minus first
 ``num_preemptions_total`` of the pass).
@@ -50,6 +57,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from bistat import anatomy as anat
 from bistat import records
 from bistat import stats
 from bistat.classify import ArmStats, RunStatus, ValidityCheck, classify
@@ -211,6 +219,7 @@ class RunSummary:
     not_run: tuple[str, ...]
     gaps: tuple[str, ...]
     n_response_records: int
+    anatomy: anat.Anatomy | None = None   # the divergence anatomy (bistat.anatomy)
 
     def arm(self, name: str) -> ArmSummary:
         return next(a for a in self.arms if a.name == name)
@@ -336,12 +345,16 @@ def _first_difference(a: Sequence[Any], b: Sequence[Any]) -> int | None:
     return min(len(a), len(b)) if len(a) != len(b) else None
 
 
+#: Columns read for the mismatching prompts: first divergences and their anatomy.
+_OUTPUT_COLUMNS = ["arm", "seq", "kind", "pass_index", "prompt_id", "token_ids", "text",
+                   "logprobs", "top_logprobs", "finish_reason", "n_prompt_tokens", "t_submit",
+                   "t_done", "error"]
+
+
 def _load_outputs(run_dir: Path, mismatched: Mapping[str, Sequence[str]], unit: str
                   ) -> pd.DataFrame:
-    """Token ids (and logprobs) of the mismatching prompts only, in one read of the table."""
-    cols = ["arm", "kind", "pass_index", "prompt_id", "token_ids"]
-    if unit == "token_ids+logprobs":
-        cols.append("logprobs")
+    """Outputs (token ids, logprobs, top-k...) of the mismatching prompts only, in one read."""
+    cols = list(_OUTPUT_COLUMNS)
     arms = [a for a, ids in mismatched.items() if ids]
     if not arms:
         return pd.DataFrame({c: [] for c in cols})
@@ -358,7 +371,8 @@ def _divergences(got: pd.DataFrame, arm: str, mismatched: Sequence[str], passes:
     got = got[got["arm"] == arm]
     counted = set(passes)
     outputs: dict[tuple[str, int], tuple[list, list | None]] = {}
-    lps = got["logprobs"].tolist() if "logprobs" in got else [None] * len(got)
+    lps = (got["logprobs"].tolist() if unit == "token_ids+logprobs" and "logprobs" in got
+           else [None] * len(got))
     # the last response recorded per (prompt, pass) counts, as in the match count
     for kind, p, pid, ids, lp in zip(got["kind"].tolist(), got["pass_index"].tolist(),
                                      got["prompt_id"].tolist(), got["token_ids"].tolist(), lps):
@@ -386,6 +400,83 @@ def _divergences(got: pd.DataFrame, arm: str, mismatched: Sequence[str], passes:
                 out.append(Divergence(arm=arm, prompt_id=str(pid), pass_index=p,
                                       reference_pass=ref_pass, position=pos))
     return out
+
+
+def _pass_outputs(got: pd.DataFrame, arm: str, passes: Sequence[int]
+                  ) -> dict[tuple[int, str], anat.PassOutput]:
+    """Successful responses of one arm's counted passes by (pass, prompt); the last recorded wins."""
+    out: dict[tuple[int, str], anat.PassOutput] = {}
+    if got.empty:
+        return out
+    counted = {int(p) for p in passes}
+    rows = got[(got["arm"] == arm) & (got["kind"] == "counted")]
+    for row in rows.itertuples(index=False):
+        key = (int(row.pass_index), str(row.prompt_id))
+        if key[0] not in counted:
+            continue
+        if _opt_str(row.error) is not None:
+            out.pop(key, None)
+            continue
+        ids = row.token_ids if row.token_ids is not None else ()
+        lps, top = row.logprobs, row.top_logprobs
+        out[key] = anat.PassOutput(
+            arm=arm, pass_index=key[0], seq=_opt_int(row.seq), prompt_id=key[1],
+            token_ids=tuple(int(t) for t in ids), text=_opt_str(row.text),
+            logprobs=None if lps is None else tuple(_opt_float(x) for x in lps),
+            top_logprobs=None if top is None else tuple(
+                tuple(sorted(((int(t), _opt_float(lp)) for t, lp in pos),  # as bistat.anatomy
+                             key=lambda e: (math.inf if e[1] is None else -e[1], e[0])))
+                for pos in top),
+            finish_reason=_opt_str(row.finish_reason), n_prompt_tokens=_opt_int(row.n_prompt_tokens),
+            t_submit=_opt_float(row.t_submit), t_done=_opt_float(row.t_done))
+    return out
+
+
+def _anatomy(got: pd.DataFrame, run_id: str, unit: str, epsilon: float,
+             arm_passes: Mapping[str, Sequence[int]], mismatched: Mapping[str, Sequence[str]],
+             n_compared: Mapping[str, int]) -> anat.Anatomy:
+    """The divergence anatomy over the mismatching prompts (what ``bistat.anatomy`` defines).
+
+    Only mismatching prompts can diverge, so reading their rows alone gives every divergence;
+    each counted pass is compared with the arm's reference pass (its first counted pass).
+    """
+    divs: list[anat.DivergenceAnatomy] = []
+    arms: list[anat.ArmAnatomy] = []
+    top_k: int | None = None
+    for arm, plist in arm_passes.items():
+        plist = sorted(plist)
+        outputs = _pass_outputs(got, arm, plist) if mismatched.get(arm) else {}
+        for o in outputs.values():
+            for pos in o.top_logprobs or ():
+                top_k = max(top_k or 0, len(pos))
+        ref_pass = plist[0] if plist else None
+        arm_divs: list[anat.DivergenceAnatomy] = []
+        for pid in sorted(mismatched.get(arm, ())):
+            ref = outputs.get((ref_pass, pid)) if ref_pass is not None else None
+            if ref is None:
+                continue
+            for p in plist[1:]:
+                other = outputs.get((p, pid))
+                if other is None:
+                    continue
+                d = anat.anatomy_of_pair(arm, ref, other, unit, epsilon)
+                if d is not None:
+                    arm_divs.append(d)
+        counts = {lab: sum(d.label == lab for d in arm_divs) for lab in anat.LABELS}
+        arms.append(anat.ArmAnatomy(
+            arm=arm, reference_pass=ref_pass, counted_passes=tuple(plist),
+            n_prompts=int(n_compared.get(arm, 0)),
+            n_diverging_prompts=len({d.prompt_id for d in arm_divs}),
+            n_divergences=len(arm_divs),
+            label_counts=tuple((lab, counts[lab]) for lab in anat.LABELS),
+            margins=tuple(sorted(d.margin for d in arm_divs
+                                 if d.margin is not None and math.isfinite(d.margin))),
+            positions=tuple(sorted(d.position for d in arm_divs)),
+            relative_positions=tuple(sorted(d.relative_position for d in arm_divs
+                                            if d.relative_position is not None))))
+        divs.extend(arm_divs)
+    return anat.Anatomy(run_id=run_id, unit=unit, epsilon=float(epsilon), top_k=top_k,
+                        arms=tuple(arms), divergences=tuple(divs))
 
 
 # --------------------------------------------------------------------------------------------
@@ -713,6 +804,11 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
                                   prompt_ids, len(cpasses), multi)
         arm_passes[arm] = cpasses
     outputs = _load_outputs(run_dir, {a: m.mismatched for a, m in matches.items()}, unit)
+    run_id = str(header.get("run_id") or run_dir.name)
+    anatomy = _anatomy(outputs, run_id, unit, exp.match.near_tie_epsilon, arm_passes,
+                       {a: m.mismatched for a, m in matches.items()},
+                       {a: int(m.ok.sum()) for a, m in matches.items()})
+    large_drifts = anatomy.large_drifts()
     for arm in arm_names:
         m, cpasses = matches[arm], arm_passes[arm]
         divs = _divergences(outputs, arm, m.mismatched, cpasses, unit)
@@ -828,14 +924,16 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
                 ratio = stats.throughput_ratio(tt, ct, cl)
         verdict = classify(
             rule,
-            ArmStats(control.name, "control", control.n_units, control.n_matched, ct),
-            ArmStats(treat.name, "treatment", treat.n_units, treat.n_matched, tt),
+            ArmStats(control.name, "control", control.n_units, control.n_matched, ct,
+                     large_drifts=large_drifts.get(control.name)),
+            ArmStats(treat.name, "treatment", treat.n_units, treat.n_matched, tt,
+                     large_drifts=large_drifts.get(treat.name)),
             validity=tuple(validity), status=run_status)
         comparisons.append(Comparison(control.name, treat.name, n_paired, mcn, diff, ratio,
                                       point, verdict))
 
     return RunSummary(
-        name=exp.name, run_id=str(header.get("run_id") or run_dir.name),
+        name=exp.name, run_id=run_id,
         created_utc=header.get("created_utc"), engine_kind=header.get("engine_kind"),
         command=tuple(str(x) for x in header.get("command") or ()),
         registration_path=(hdr_reg.get("path") if isinstance(hdr_reg, Mapping) else None),
@@ -848,7 +946,8 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
         environments=tuple((a, envs[a]) for a in arm_names if a in envs),
         validity=tuple(validity), status=run_status, comparisons=tuple(comparisons),
         metrics=tuple(series), events=tuple(bad_events), deviations=tuple(deviations),
-        not_run=tuple(not_run), gaps=tuple(gaps), n_response_records=n_response_records)
+        not_run=tuple(not_run), gaps=tuple(gaps), n_response_records=n_response_records,
+        anatomy=anatomy)
 
 
 # --------------------------------------------------------------------------------------------
@@ -887,6 +986,8 @@ def summary_to_dict(summary: RunSummary, *, divergences: bool = True,
         arm["match_rate"] = arm["n_matched"] / arm["n_units"] if arm["n_units"] else None
         if not divergences:
             arm["divergences"] = len(arm["divergences"])
+    if not divergences and data.get("anatomy"):
+        data["anatomy"]["divergences"] = len(data["anatomy"]["divergences"])
     if not metrics:
         data.pop("metrics")
     return data

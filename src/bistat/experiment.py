@@ -141,6 +141,12 @@ class Workload(_Model):
     shuffle_within_pass: bool = True
     retries: int = Field(default=2, ge=0, description="transport retries per request")
     request_timeout_s: float = Field(default=600.0, gt=0.0)
+    top_logprobs: int = Field(
+        default=5, ge=1, le=20,
+        description="top-k alternatives recorded with their logprobs at every output position "
+                    "(the runner and the probe ask every request for them): the divergence "
+                    "anatomy reads the top-1/top-2 margin there. 1..20 (OpenAI's and vLLM's "
+                    "limit for chat completions is 20)")
 
     @field_validator("top_k")
     @classmethod
@@ -162,6 +168,14 @@ class Match(_Model):
 
     unit: Literal["token_ids", "text", "token_ids+logprobs"] = "token_ids"
     multi_pass: Literal["all", "pairwise"] = "all"
+    near_tie_epsilon: float = Field(
+        default=0.125, ge=0.0,
+        description="ε in nats: a first divergence whose top-1/top-2 logprob margin is within ε "
+                    "is a near-tie flip, one beyond it a large drift (bistat.anatomy). 0.125 is "
+                    "one bfloat16 step (ulp = 2**-3) for logits of magnitude 16 to 32, where the "
+                    "top logits of served LLMs lie, so a flip one rounding step causes shows a "
+                    "margin of at most 0.125; a float32 engine (bistat's embedded one) rounds "
+                    "about 65,000 times finer and may declare 1e-3")
 
 
 class Validity(_Model):

@@ -27,19 +27,52 @@ difference. Outcomes:
     the probed arms are invariant but so is the negative control: the probe could not have
     seen a difference at this size; raise the fillers, tokens or trials (exit code 12).
 ``untested``
-    an engine refused the setting, failed to start, died, or the needle's request failed
-    (exit code 12).
+    an engine refused the setting, failed to start, died, the needle's request failed, or the
+    mode needs a capability the engine lacks (reported *unsupported*) (exit code 12).
+``vacuous``
+    the probed arms showed no difference, but the engine's batching evidence does not show the
+    needle sharing an engine step with other requests in any trial: the sweep never tested what
+    it claims to, so the label is *untested* (exit code 12). The evidence is the embedded
+    engine's exact per-step batch sizes (metrics samples with ``step_batch_size``) while the
+    needle was in flight, else the running-request counts of the engine's metrics samples
+    (the last one before the needle was submitted and every one until it finished).
+
+Modes (``ProbeSettings.mode``)
+------------------------------
+``batch`` (default)
+    the needle alone and among fillers, as above.
+``prefill-decode``
+    the logprob each generated token got while decoding, against the one it gets when the same
+    prefix (prompt + earlier generated tokens) is prefilled -- the engine's
+    ``prompt_logprobs(request, continuation)`` (the embedded adapter's forward functions; vLLM's
+    ``prompt_logprobs`` request field over HTTP). Engines without it are reported unsupported.
+``prefix-cache``
+    the needle with the prefix cache cold (first after engine start, or after the server's
+    ``/reset_prefix_cache`` where it has one) and warm (at once again), ``trials`` times. vLLM
+    turns the cache on per arm with ``enable_prefix_caching = true`` in the arm's ``args``
+    (``--enable-prefix-caching``). Engines without a prefix cache (the embedded one) are
+    reported unsupported.
+
+Every request asks for the declaration's ``workload.top_logprobs`` alternatives.
 """
 
 from __future__ import annotations
 
+import math
 import struct
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
 
 import numpy as np
 
-from bistat.engines.base import Engine, EngineError, GenerationRequest, GenerationResult, MetricsSample
+from bistat.engines.base import (
+    Engine,
+    EngineError,
+    EngineUnsupported,
+    GenerationRequest,
+    GenerationResult,
+    MetricsSample,
+)
 from bistat.workload import Prompt, load_prompts, prompt_seed
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -51,12 +84,16 @@ __all__ = [
     "ProbeReport",
     "ProbeSettings",
     "ProbeTrial",
+    "PROBE_MODES",
     "compare_bitwise",
+    "shared_step_evidence",
     "probe_arm",
     "run_probe",
 ]
 
-ProbeOutcome = Literal["confirmed", "violated", "no_power", "untested"]
+ProbeOutcome = Literal["confirmed", "violated", "no_power", "untested", "vacuous"]
+ProbeMode = Literal["batch", "prefill-decode", "prefix-cache"]
+PROBE_MODES: tuple[str, ...] = ("batch", "prefill-decode", "prefix-cache")
 PROBE_SCHEMA = "bistat.probe/1"
 
 
@@ -70,8 +107,12 @@ class ProbeSettings:
     needle_index: int = 0
     max_tokens: int = 32
     seed: int = 0
+    mode: str = "batch"
 
     def __post_init__(self) -> None:
+        if self.mode not in PROBE_MODES:
+            raise ValueError(f"mode ({self.mode!r}) must be one of "
+                             + ", ".join(repr(m) for m in PROBE_MODES))
         if self.trials < 1:
             raise ValueError(f"trials must be at least 1, got {self.trials}")
         if not 1 <= self.min_fillers <= self.max_fillers:
@@ -139,6 +180,8 @@ class ProbeTrial:
     logprobs_equal: bool | None
     first_divergence: int | None
     error: str | None = None
+    shared_step: bool | None = None   # batch mode: the needle shared an engine step (None: no evidence)
+    evidence: str | None = None       # the batching (or mode) evidence, in words
 
     @property
     def identical(self) -> bool:
@@ -167,6 +210,11 @@ class ArmProbe:
     def failed(self) -> bool:
         return self.error is not None or any(t.error is not None for t in self.trials)
 
+    @property
+    def n_shared(self) -> int:
+        """Trials whose batching evidence shows the needle sharing an engine step."""
+        return sum(t.shared_step is True for t in self.trials)
+
 
 @dataclass(frozen=True)
 class ProbeReport:
@@ -187,9 +235,17 @@ class ProbeReport:
 
     def summary_lines(self) -> list[str]:
         """The human summary: one line per arm, then the outcome and its reason."""
-        lines = [f"needle {self.needle_prompt_id}, {self.settings.trials} trial(s) of "
-                 f"{self.settings.min_fillers}-{self.settings.max_fillers} fillers, "
-                 f"{self.settings.max_tokens} tokens"]
+        st = self.settings
+        if st.mode == "batch":
+            first = (f"needle {self.needle_prompt_id}, {st.trials} trial(s) of "
+                     f"{st.min_fillers}-{st.max_fillers} fillers, {st.max_tokens} tokens")
+        elif st.mode == "prefill-decode":
+            first = (f"needle {self.needle_prompt_id}, prefill vs decode logprobs, "
+                     f"{st.max_tokens} tokens")
+        else:
+            first = (f"needle {self.needle_prompt_id}, prefix cache cold vs warm, {st.trials} "
+                     f"trial(s), {st.max_tokens} tokens")
+        lines = [first]
         for a in self.arms:
             label = "negative control" if a.role == "negative_control" else "probed"
             if a.error is not None:
@@ -201,25 +257,34 @@ class ProbeReport:
             where = f"; first divergence at token {', '.join(map(str, firsts))}" if firsts else ""
             errors = sum(t.error is not None for t in a.trials)
             err = f"; {errors} trial(s) failed" if errors else ""
-            lines.append(
-                f"  {a.arm} ({label}): alone twice {repeat}; in batch identical in {same}/{len(a.trials)} "
-                f"trial(s){where}{err}"
-            )
+            if st.mode == "batch":
+                what = f"in batch identical in {same}/{len(a.trials)} trial(s)"
+                known = [t for t in a.trials if t.shared_step is not None]
+                shared = (f"; needle shared a step in {a.n_shared}/{len(a.trials)} trial(s)"
+                          if known else "; no batching evidence")
+            elif st.mode == "prefill-decode":
+                what = ("prefill and decode logprobs bitwise equal" if same == len(a.trials)
+                        else "prefill and decode logprobs DIFFER")
+                shared = ""
+            else:
+                what = f"warm identical to cold in {same}/{len(a.trials)} trial(s)"
+                shared = ""
+            lines.append(f"  {a.arm} ({label}): alone twice {repeat}; {what}{where}{err}{shared}")
         lines.append(f"outcome: {self.outcome} — {self.reason}")
         return lines
 
 
-def _run_batch(engine: Engine, requests: Sequence[GenerationRequest]) -> dict[str, GenerationResult]:
+def _run_batch(engine: Engine, requests: Sequence[GenerationRequest]
+               ) -> tuple[dict[str, GenerationResult], list[MetricsSample]]:
     results: dict[str, GenerationResult] = {}
+    samples: list[MetricsSample] = []
 
     def on_result(result: GenerationResult) -> None:
         results[result.prompt_id] = result
 
-    def on_metrics(sample: MetricsSample) -> None:
-        return None
-
-    engine.run_pass(requests, concurrency=len(requests), on_result=on_result, on_metrics=on_metrics)
-    return results
+    engine.run_pass(requests, concurrency=len(requests), on_result=on_result,
+                    on_metrics=samples.append)
+    return results, samples
 
 
 def _needle_result(results: dict[str, GenerationResult], needle_id: str) -> GenerationResult:
@@ -235,25 +300,76 @@ class _ProbeFailed(Exception):
     pass
 
 
-def probe_arm(
-    engine: Engine,
-    arm: str,
-    role: str,
-    needle: Prompt,
-    fillers: Sequence[Prompt],
-    settings: ProbeSettings,
-    make_request: Callable[[Prompt], GenerationRequest],
-) -> ArmProbe:
-    """Run the probe on one started engine (the caller starts and stops it)."""
-    if len(fillers) < settings.max_fillers:
-        raise ValueError(f"need at least {settings.max_fillers} filler prompts, got {len(fillers)}")
-    needle_request = make_request(needle)
-    try:
-        alone = _needle_result(_run_batch(engine, [needle_request]), needle.prompt_id)
-        again = _needle_result(_run_batch(engine, [needle_request]), needle.prompt_id)
-    except (_ProbeFailed, EngineError) as exc:
-        return ArmProbe(arm=arm, role=role, alone_repeat_identical=None, trials=(), n_needle_tokens=None,
-                        error=str(exc))
+def _finite(x: float | None) -> bool:
+    return x is not None and math.isfinite(x)
+
+
+def shared_step_evidence(samples: Sequence[MetricsSample], needle: GenerationResult
+                         ) -> tuple[bool | None, str]:
+    """Did the needle share an engine step with other requests, by the engine's batching evidence?
+
+    Per-step samples (``step_batch_size``) count when the step finished while the needle was in
+    flight (``t_submit < t <= t_done``); a batch of 2 or more there means it shared a step.
+    Without them, the running-request samples count: the last one at or before ``t_submit`` and
+    every one up to ``t_done``; 2 or more running means shared. No usable sample: None.
+
+    Returns
+    -------
+    (bool or None, str)
+        The answer and the evidence in words.
+
+    Examples
+    --------
+    >>> r = GenerationResult("n", [1], "", None, None, None, None, 1.0, None, 2.0)
+    >>> step = lambda t, b: MetricsSample(t, math.nan, math.nan, math.nan, math.nan, math.nan,
+    ...                                   "embedded-step", step_batch_size=b)
+    >>> shared_step_evidence([step(1.5, 1.0), step(1.9, 3.0)], r)
+    (True, 'per-step batch sizes while the needle ran: 2 step(s), max 3, mean 2')
+    >>> shared_step_evidence([step(1.5, 1.0)], r)
+    (False, 'per-step batch sizes while the needle ran: 1 step(s), max 1, mean 1')
+    """
+    lo, hi = needle.t_submit, needle.t_done
+    steps = [float(x.step_batch_size) for x in samples
+             if _finite(x.step_batch_size) and lo < x.t <= hi]
+    if steps:
+        return (max(steps) >= 2, f"per-step batch sizes while the needle ran: {len(steps)} "
+                                 f"step(s), max {max(steps):g}, mean {sum(steps) / len(steps):.3g}")
+    running = sorted(((x.t, float(x.num_requests_running)) for x in samples
+                      if x.step_batch_size is None and _finite(x.num_requests_running)),
+                     key=lambda p: p[0])
+    before = [v for t, v in running if t <= lo][-1:]
+    during = [v for t, v in running if lo < t <= hi]
+    window = before + during
+    if not window:
+        return None, "no batching evidence: the engine reported no metrics while the needle ran"
+    return (max(window) >= 2, f"running requests from {len(window)} metrics sample(s) around "
+                              f"the needle: max {max(window):g}")
+
+
+def _capability(engine: Engine, name: str) -> Callable[..., Any] | None:
+    """An optional engine method (``prompt_logprobs``, ``reset_prefix_cache``), or None.
+
+    Adapters that wrap an HTTP client (``vllm_server``) may offer it on their ``client``.
+    """
+    for obj in (engine, getattr(engine, "client", None)):
+        fn = getattr(obj, name, None) if obj is not None else None
+        if callable(fn):
+            return fn
+    return None
+
+
+def _prefix_caching(engine: Engine) -> bool | None:
+    """Whether the engine runs with a prefix cache: True/False where it says, None if it has none."""
+    for obj in (engine, getattr(engine, "client", None)):
+        v = getattr(obj, "enable_prefix_caching", None) if obj is not None else None
+        if isinstance(v, bool):
+            return v
+    return None
+
+
+def _batch_trials(engine: Engine, needle: Prompt, needle_request: GenerationRequest,
+                  alone: GenerationResult, fillers: Sequence[Prompt], settings: ProbeSettings,
+                  make_request: Callable[[Prompt], GenerationRequest]) -> list[ProbeTrial]:
     trials = []
     for t in range(settings.trials):
         rng = np.random.default_rng(np.random.SeedSequence([settings.seed, 2, t]))
@@ -264,30 +380,129 @@ def probe_arm(
             make_request(p) for p in chosen[position:]
         ]
         try:
-            result = _needle_result(_run_batch(engine, batch), needle.prompt_id)
+            results, samples = _run_batch(engine, batch)
+            result = _needle_result(results, needle.prompt_id)
         except (_ProbeFailed, EngineError) as exc:
             trials.append(ProbeTrial(t, n, position, None, None, None, error=str(exc)))
             continue
         c = compare_bitwise(alone, result)
-        trials.append(ProbeTrial(t, n, position, c.tokens_equal, c.logprobs_equal, c.first_divergence))
+        shared, evidence = shared_step_evidence(samples, result)
+        trials.append(ProbeTrial(t, n, position, c.tokens_equal, c.logprobs_equal,
+                                 c.first_divergence, shared_step=shared, evidence=evidence))
+    return trials
+
+
+def _prefill_trials(engine: Engine, needle_request: GenerationRequest,
+                    alone: GenerationResult) -> list[ProbeTrial]:
+    fn = _capability(engine, "prompt_logprobs")
+    if fn is None:
+        raise EngineUnsupported(
+            f"unsupported: engine kind {getattr(engine, 'kind', '?')!r} offers no prompt logprobs "
+            "(a prompt_logprobs method), so prefill cannot be compared with decode")
+    if alone.logprobs is None:
+        raise EngineUnsupported("unsupported: the engine returned no logprobs for the needle")
+    prefill = [float(x) for x in fn(needle_request, list(alone.token_ids))]
+    decode = [float(x) for x in alone.logprobs]
+    pre = replace(alone, logprobs=prefill)
+    c = compare_bitwise(alone, pre)
+    diffs = [abs(a - b) for a, b in zip(decode, prefill) if math.isfinite(a) and math.isfinite(b)]
+    evidence = (f"{len(prefill)} position(s) compared; max |decode - prefill| "
+                f"{max(diffs) if diffs else 0.0:.3g} nats")
+    return [ProbeTrial(0, 0, 0, True, c.logprobs_equal, c.first_divergence, evidence=evidence)]
+
+
+def _prefix_cache_trials(engine: Engine, needle: Prompt, needle_request: GenerationRequest,
+                         cold_first: GenerationResult, settings: ProbeSettings) -> list[ProbeTrial]:
+    state = _prefix_caching(engine)
+    if state is None:
+        raise EngineUnsupported(
+            f"unsupported: engine kind {getattr(engine, 'kind', '?')!r} has no prefix cache")
+    reset = _capability(engine, "reset_prefix_cache")
+    trials = []
+    cold = cold_first  # the first needle after the engine started: the cache held nothing of it
+    for t in range(settings.trials):
+        how = "first after engine start"
+        if t > 0:
+            if reset is None or not reset():
+                how = "no cache reset available: cold run is warm too"
+            else:
+                how = "after /reset_prefix_cache"
+            cold = _needle_result(_run_batch(engine, [needle_request])[0], needle.prompt_id)
+        warm = _needle_result(_run_batch(engine, [needle_request])[0], needle.prompt_id)
+        c = compare_bitwise(cold, warm)
+        trials.append(ProbeTrial(t, 0, 0, c.tokens_equal, c.logprobs_equal, c.first_divergence,
+                                 evidence=f"prefix caching {'on' if state else 'off'}; cold: {how}"))
+    return trials
+
+
+def probe_arm(
+    engine: Engine,
+    arm: str,
+    role: str,
+    needle: Prompt,
+    fillers: Sequence[Prompt],
+    settings: ProbeSettings,
+    make_request: Callable[[Prompt], GenerationRequest],
+) -> ArmProbe:
+    """Run the probe on one started engine (the caller starts and stops it)."""
+    if settings.mode == "batch" and len(fillers) < settings.max_fillers:
+        raise ValueError(f"need at least {settings.max_fillers} filler prompts, got {len(fillers)}")
+    needle_request = make_request(needle)
+    try:
+        alone = _needle_result(_run_batch(engine, [needle_request])[0], needle.prompt_id)
+        if settings.mode == "prefix-cache":
+            trials = _prefix_cache_trials(engine, needle, needle_request, alone, settings)
+            again = alone  # the warm repeats are the trials
+            repeat: bool | None = None
+        else:
+            again = _needle_result(_run_batch(engine, [needle_request])[0], needle.prompt_id)
+            repeat = compare_bitwise(alone, again).identical
+            if settings.mode == "prefill-decode":
+                trials = _prefill_trials(engine, needle_request, alone)
+            else:
+                trials = _batch_trials(engine, needle, needle_request, alone, fillers, settings,
+                                       make_request)
+    except EngineUnsupported as exc:
+        return ArmProbe(arm=arm, role=role, alone_repeat_identical=None, trials=(),
+                        n_needle_tokens=None, error=str(exc))
+    except (_ProbeFailed, EngineError) as exc:
+        return ArmProbe(arm=arm, role=role, alone_repeat_identical=None, trials=(), n_needle_tokens=None,
+                        error=str(exc))
     return ArmProbe(
         arm=arm,
         role=role,
-        alone_repeat_identical=compare_bitwise(alone, again).identical,
+        alone_repeat_identical=repeat,
         trials=tuple(trials),
         n_needle_tokens=len(alone.token_ids),
     )
 
 
-def _decide(arms: Sequence[ArmProbe]) -> tuple[ProbeOutcome, str]:
+def _decide(arms: Sequence[ArmProbe], mode: str = "batch") -> tuple[ProbeOutcome, str]:
     probed = [a for a in arms if a.role == "probed"]
     controls = [a for a in arms if a.role == "negative_control"]
-    failed = [a.arm for a in probed if a.failed]
+    failed = [a for a in probed if a.failed]
     if failed:
-        return "untested", f"the probe could not run on {', '.join(failed)}"
+        unsupported = [a for a in failed if (a.error or "").startswith("unsupported: ")]
+        if unsupported:
+            return "untested", f"{unsupported[0].arm}: {unsupported[0].error}"
+        return "untested", f"the probe could not run on {', '.join(a.arm for a in failed)}"
     violated = [a.arm for a in probed if a.differs]
     if violated:
-        return "violated", f"bitwise differences on {', '.join(violated)}: not batch invariant"
+        what = {"batch": "not batch invariant",
+                "prefill-decode": "decode and prefill logprobs differ",
+                "prefix-cache": "a warm prefix cache changes the output"}[mode]
+        return "violated", f"bitwise differences on {', '.join(violated)}: {what}"
+    if mode == "batch":
+        alone = [a for a in probed if a.n_shared == 0]
+        if alone:
+            a = alone[0]
+            known = [t for t in a.trials if t.shared_step is not None]
+            evidence = "; ".join(f"trial {t.trial}: {t.evidence}" for t in a.trials) or "no trials"
+            why = ("the engine's batching evidence shows the needle never shared an engine step "
+                   "with another request" if known else
+                   "the engine gave no batching evidence, so sharing a step cannot be shown")
+            return "vacuous", (f"{a.arm}: {why}; the sweep tested nothing -- raise the "
+                               f"concurrency or the engine's batch size ({evidence})")
     if not controls:
         return "no_power", "no negative control was run, so the probe's power is unknown"
     if any(a.failed for a in controls):
@@ -297,7 +512,10 @@ def _decide(arms: Sequence[ArmProbe]) -> tuple[ProbeOutcome, str]:
             "the negative control showed no difference either: the probe lacks power at this size; "
             "raise --max-tokens, the fillers or --trials"
         )
-    return "confirmed", "bitwise identical alone and in every batch, and the negative control differs"
+    done = {"batch": "bitwise identical alone and in every batch",
+            "prefill-decode": "decode logprobs bitwise equal to prefill logprobs",
+            "prefix-cache": "bitwise identical with the prefix cache cold and warm"}[mode]
+    return "confirmed", f"{done}, and the negative control differs"
 
 
 def run_probe(
@@ -313,7 +531,8 @@ def run_probe(
     (default: the declaration's control arm; ``""`` for none), one engine at a time.
 
     The prompts come from the declaration's prompt source (``max_fillers + 1`` of them, or the
-    needle index + 1 when larger) with the declaration's sampling settings and ``settings.max_tokens``.
+    needle index + 1 when larger) with the declaration's sampling settings, its
+    ``workload.top_logprobs`` and ``settings.max_tokens``.
     """
     by_name = {a.name: a for a in experiment.arms}
     probed = list(arms) if arms else [a.name for a in experiment.treatments]
@@ -331,7 +550,8 @@ def run_probe(
 
     def make_request(p: Prompt) -> GenerationRequest:
         return p.request(max_tokens=settings.max_tokens, temperature=wl.temperature, top_p=wl.top_p,
-                         top_k=wl.top_k, seed=prompt_seed(wl.seed, p.index), ignore_eos=wl.ignore_eos)
+                         top_k=wl.top_k, seed=prompt_seed(wl.seed, p.index), ignore_eos=wl.ignore_eos,
+                         logprobs=wl.top_logprobs)
 
     if engine_factory is None:
         from bistat.engines.registry import create_engine
@@ -352,6 +572,6 @@ def run_probe(
             results.append(probe_arm(engine, name, role, needle, fillers, settings, make_request))
         finally:
             engine.stop()
-    outcome, reason = _decide(results)
+    outcome, reason = _decide(results, settings.mode)
     return ProbeReport(outcome=outcome, reason=reason, settings=settings, needle_prompt_id=needle.prompt_id,
                        arms=tuple(results))

@@ -14,7 +14,11 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from bistat.analysis import RunSummary
+from bistat.anatomy import plot_anatomy, render_anatomy_section
 from bistat.plots import PLOTS, save_plots
+
+#: Suffix of the divergence-anatomy plot (``NAME-anatomy.png``), drawn by ``bistat.anatomy``.
+ANATOMY_PLOT = "anatomy"
 
 __all__ = ["FindingFiles", "render_markdown", "write_finding"]
 
@@ -270,22 +274,37 @@ def _tail(s: RunSummary) -> list[str]:
             "recomputed from the records, and regenerating gives the same bytes.", ""]
 
 
+def _anatomy(s: RunSummary, plot: str | None) -> list[str]:
+    if s.anatomy is None:
+        return []
+    return [render_anatomy_section(s.anatomy, plot)]
+
+
 def render_markdown(summary: RunSummary, plot_files: dict[str, str] | None = None) -> str:
     """The finding as markdown. ``plot_files`` maps plot suffix -> file name beside it."""
-    plots = plot_files or {suffix: f"{summary.name}-{suffix}.png" for suffix, _, _ in PLOTS}
+    suffixes = [suffix for suffix, _, _ in PLOTS] + [ANATOMY_PLOT]
+    plots = plot_files or {suffix: f"{summary.name}-{suffix}.png" for suffix in suffixes}
     parts = (_head(summary) + _verdict(summary) + _rule(summary) + _amendments(summary)
              + _environment(summary) + _match(summary, plots["match"])
              + _throughput(summary, plots["throughput"])
              + _divergence(summary, plots["divergence"])
+             + _anatomy(summary, plots.get(ANATOMY_PLOT))
              + _batching(summary, plots["running"]) + _validity(summary) + _tail(summary))
     return "\n".join(parts).rstrip("\n") + "\n"
 
 
 def write_finding(summary: RunSummary, out_dir: str | Path) -> FindingFiles:
-    """Write ``out_dir/NAME.md`` and its plots ``out_dir/NAME-*.png``; return the paths."""
+    """Write ``out_dir/NAME.md`` and its plots ``out_dir/NAME-*.png``; return the paths.
+
+    The plots are :data:`bistat.plots.PLOTS` and, with an anatomy, ``NAME-anatomy.png``
+    (``bistat.anatomy.plot_anatomy``).
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = save_plots(summary, out, summary.name)
+    if summary.anatomy is not None:
+        paths[ANATOMY_PLOT] = plot_anatomy(summary.anatomy,
+                                           out / f"{summary.name}-{ANATOMY_PLOT}.png")
     md = out / f"{summary.name}.md"
     text = render_markdown(summary, {k: p.name for k, p in paths.items()})
     md.write_bytes(text.encode("utf-8"))

@@ -607,6 +607,7 @@ class _Session:
             top_p=wl.top_p,
             top_k=wl.top_k,
             ignore_eos=wl.ignore_eos,
+            logprobs=wl.top_logprobs,
         )
         state = _PassState(planned=planned, index_of={p.prompt_id: p.index for p in self.prompts})
         started_utc = utc_now()

@@ -1,8 +1,9 @@
 """``bistat analyze`` (recorded run -> finding) and ``bistat compact`` (JSONL -> Parquet).
 
 Thin commands: ``analyze`` calls ``bistat.analysis.analyze_run`` then
-``bistat.report.write_finding``; ``compact`` calls ``bistat.records.compact``. Library errors
-reach the user as ``Error: <message>`` with exit code 1.
+``bistat.report.write_finding``, prints ``bistat.gating.ci_summary`` and exits with
+``bistat.gating.gate``'s code (``--fail-on``); ``compact`` calls ``bistat.records.compact``.
+Library errors reach the user as ``Error: <message>`` with exit code 1.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 import click
 
 from bistat.analysis import AnalysisError, analyze_run, summary_to_dict
-from bistat.cli.exitcodes import VERDICT_CODES
+from bistat.gating import FailOnError, ci_summary, gate, parse_fail_on
 from bistat.experiment import DeclarationError
 from bistat.prereg import RegistrationError
 from bistat.records import RecordsError, compact
@@ -22,14 +23,35 @@ from bistat.report import write_finding
 _ERRORS = (AnalysisError, RecordsError, RegistrationError, DeclarationError)
 
 
+#: ``--fail-on`` help, shared by every verdict-producing command.
+FAIL_ON_HELP = ("Exit with the verdict's code (10 doubtful, 11 reported as observed, 12 untested) "
+                "when a verdict has one of these labels: comma-separated or repeated; '-' or '_' "
+                "may stand for spaces; 'any' for all. 'working' (code 0) is refused.")
+
+
+ANALYZE_EXIT_CODES = """\b
+Exit codes: 0 whatever the verdicts, unless --fail-on names one: then the
+code of the first verdict (in comparison order) whose label it names:
+10 doubtful, 11 reported as observed, 12 untested; 1 error (unreadable
+records, broken registration); 2 usage error (a bad --fail-on label)."""
+
+
 def _fail(exc: Exception) -> click.ClickException:
     return click.ClickException(str(exc))
+
+
+def fail_on_labels(values: tuple[str, ...]) -> frozenset[str]:
+    """``--fail-on`` values as verdict labels; a bad label is a usage error (exit code 2)."""
+    try:
+        return parse_fail_on(values)
+    except FailOnError as exc:
+        raise click.UsageError(str(exc)) from exc
 
 
 def register(group: click.Group) -> None:
     """Add ``analyze`` and ``compact`` to the ``bistat`` group."""
 
-    @group.command("analyze")
+    @group.command("analyze", epilog=ANALYZE_EXIT_CODES)
     @click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
     @click.option("--registration", type=click.Path(dir_okay=False, path_type=Path),
                   default=None,
@@ -39,17 +61,16 @@ def register(group: click.Group) -> None:
                   help="Folder for NAME.md and its plots NAME-*.png.")
     @click.option("--json", "as_json", is_flag=True,
                   help="Print the summary and the verdicts as JSON instead of text.")
-    @click.option("--fail-on", "fail_on", multiple=True,
-                  type=click.Choice(sorted(VERDICT_CODES)),
-                  help="Exit with the verdict's code (10 doubtful, 11 reported as observed, "
-                       "12 untested) when a verdict has this label; repeatable.")
+    @click.option("--fail-on", "fail_on", multiple=True, help=FAIL_ON_HELP)
     def analyze(run_dir: Path, registration: Path | None, out_dir: Path, as_json: bool,
                 fail_on: tuple[str, ...]) -> None:
         """Analyse the recorded run RUN_DIR and write the finding OUT/NAME.md with its plots.
 
         Every number is recomputed from the records; regenerating from the same data gives
-        byte-identical files. Exit code 0 whatever the verdict, unless --fail-on names it.
+        byte-identical files. Ends with a one-screen plain-text summary for CI logs (on stderr
+        with --json). Exit code 0 whatever the verdict, unless --fail-on names it.
         """
+        labels = fail_on_labels(fail_on)
         try:
             summary = analyze_run(run_dir, registration)
             files = write_finding(summary, out_dir)
@@ -65,9 +86,9 @@ def register(group: click.Group) -> None:
             for c in summary.comparisons:
                 click.echo(f"{c.treatment} vs {c.control}: {c.verdict.label.value}")
                 click.echo(f"  {c.verdict.sentence}")
-        for c in summary.comparisons:
-            if c.verdict.label.value in fail_on:
-                raise SystemExit(VERDICT_CODES[c.verdict.label.value])
+        click.echo(ci_summary(summary, labels), nl=False, err=as_json)
+        raise SystemExit(gate([c.verdict.label.value for c in summary.comparisons],
+                              labels).exit_code)
 
     @group.command("compact")
     @click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))

@@ -12,18 +12,26 @@ from bistat.cli.exitcodes import ERROR
 
 RUN_EXIT_CODES = """\b
 Exit codes: 0 the run ended (the whole schedule ran; failed requests, if
-any, are flagged in the records; or the run is untested and --fail-on does
-not name 'untested'); 1 error, or the run stopped early (engine died,
-Ctrl-C: resume it with --resume); 12 untested (an engine refused the
-setting or failed to start; the data so far is kept) with --fail-on untested."""
+any, are flagged in the records) and --fail-on names no verdict it got;
+1 error, or the run stopped early (engine died, Ctrl-C: resume it with
+--resume); with --fail-on, the code of the first verdict whose label it
+names: 10 doubtful, 11 reported as observed, 12 untested (also when an
+engine refused the setting or failed to start; the data so far is kept).
+The run ends with a one-screen summary of its analysis for CI logs."""
 
 PROBE_EXIT_CODES = """\b
 Exit codes: 0 whatever the outcome unless --fail-on names its label;
 1 error. Outcomes map to labels: confirmed (bitwise invariant and the
 negative control differs) -> working; violated (a probed arm gave the
 needle different bits) -> 'reported as observed' (11); no_power (the
-negative control did not differ either) and untested (an engine could
-not run) -> untested (12)."""
+negative control did not differ either), vacuous (the engine's batching
+evidence does not show the needle sharing a step with other requests)
+and untested (an engine could not run, or the mode is unsupported)
+-> untested (12)."""
+
+#: Probe outcome -> verdict label (``bistat.gating.PROBE_OUTCOME_LABELS`` plus ``vacuous``).
+PROBE_LABELS = {"confirmed": "working", "violated": "reported as observed",
+                "no_power": "untested", "untested": "untested", "vacuous": "untested"}
 
 FAIL_ON_HELP = ("Exit non-zero when the outcome has one of these verdict labels (comma-separated, "
                 "or repeated; 'any' for all): doubtful, reported-as-observed, untested.")
@@ -65,7 +73,28 @@ def _reporter(no_progress: bool):
     return RichReporter(console)
 
 
-def _finish(outcome, fail_on: frozenset[str]) -> None:
+def _summarise(run_dir: Path, registration, fail_on: frozenset[str]) -> int:
+    """Analyse the recorded run, print the CI summary, return the gate's exit code.
+
+    An analysis that cannot be made is reported (the data is kept) and exits 1 when --fail-on
+    was given (a gate that cannot be evaluated must not pass), else 0.
+    """
+    from bistat.analysis import AnalysisError, analyze_run
+    from bistat.experiment import DeclarationError
+    from bistat.gating import ci_summary, gate
+    from bistat.prereg import RegistrationError
+    from bistat.records import RecordsError
+
+    try:
+        summary = analyze_run(run_dir, registration)
+    except (AnalysisError, RecordsError, RegistrationError, DeclarationError) as exc:
+        click.echo(f"cannot summarise the run: {exc}", err=True)
+        return ERROR if fail_on else 0
+    click.echo(ci_summary(summary, fail_on), nl=False)
+    return gate([c.verdict.label.value for c in summary.comparisons], fail_on).exit_code
+
+
+def _finish(outcome, registration, fail_on: frozenset[str]) -> None:
     run_dir = outcome.run_dir
     if outcome.status == "complete":
         flagged = (
@@ -77,13 +106,11 @@ def _finish(outcome, fail_on: frozenset[str]) -> None:
         if outcome.detail:
             click.echo(outcome.detail)
         click.echo(f"next: bistat analyze {run_dir}")
-        return
+        sys.exit(_summarise(run_dir, registration, fail_on))
     if outcome.status == "untested":
         click.echo(f"run untested: {outcome.detail}", err=True)
         click.echo(f"data kept in {run_dir}; the finding will say untested: bistat analyze {run_dir}")
-        from bistat.gating import gate
-
-        sys.exit(gate(["untested"], fail_on).exit_code)
+        sys.exit(_summarise(run_dir, registration, fail_on))
     what = "interrupted" if outcome.status == "interrupted" else "stopped"
     click.echo(f"run {what}: {outcome.detail}", err=True)
     click.echo(f"data kept in {run_dir}; continue with: bistat run --resume {run_dir}", err=True)
@@ -148,7 +175,7 @@ def run_command(registration: Path | None, resume_dir: Path | None, runs_dir: Pa
             outcome = start_run(experiment, reg.reference(), target, reporter=reporter)
     except (WorkloadError, RecordsError, ResumeError) as exc:
         raise click.ClickException(str(exc)) from exc
-    _finish(outcome, fail_labels)
+    _finish(outcome, reg, fail_labels)
 
 
 @click.command("probe", epilog=PROBE_EXIT_CODES)
@@ -171,12 +198,16 @@ def run_command(registration: Path | None, resume_dir: Path | None, runs_dir: Pa
 @click.option("--seed", default=None, type=int, help="Placement seed [default: the declaration's workload.seed].")
 @click.option("--output", type=click.Path(path_type=Path, dir_okay=False),
               help="Also write the JSON report to this file.")
+@click.option("--mode", default="batch", show_default=True,
+              type=click.Choice(["batch", "prefill-decode", "prefix-cache"]),
+              help="batch: the needle alone and among fillers; prefill-decode: decode logprobs "
+                   "against prefilling the same prefix; prefix-cache: prefix cache cold vs warm.")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report instead of the summary.")
 @click.option("--fail-on", "fail_on", multiple=True, help=FAIL_ON_HELP)
 def probe_command(declaration: Path, arms: tuple[str, ...], control: str | None, no_control: bool,
                   trials: int, min_fillers: int, max_fillers: int, max_tokens: int | None,
-                  needle_index: int, seed: int | None, output: Path | None, as_json: bool,
-                  fail_on: tuple[str, ...]) -> None:
+                  needle_index: int, seed: int | None, mode: str, output: Path | None,
+                  as_json: bool, fail_on: tuple[str, ...]) -> None:
     """Bitwise invariance probe: a needle prompt alone, then among fillers, on a declaration's engine.
 
     DECLARATION is an experiments/NAME.toml or a preregistrations/NAME.json. Token ids and
@@ -207,6 +238,7 @@ def probe_command(declaration: Path, arms: tuple[str, ...], control: str | None,
             needle_index=needle_index,
             max_tokens=max_tokens or experiment.workload.max_tokens,
             seed=experiment.workload.seed if seed is None else seed,
+            mode=mode,
         )
         report = run_probe(
             experiment,
@@ -228,9 +260,11 @@ def probe_command(declaration: Path, arms: tuple[str, ...], control: str | None,
     else:
         for line in report.summary_lines():
             click.echo(line)
-    from bistat.gating import probe_gate
+    from bistat.gating import gate
 
-    sys.exit(probe_gate(report.outcome, fail_labels).exit_code)
+    result = gate([PROBE_LABELS[report.outcome]], fail_labels)
+    click.echo(f"exit {result.exit_code}: {result.reason}", err=as_json)
+    sys.exit(result.exit_code)
 
 
 def register(group: click.Group) -> None:

@@ -22,6 +22,10 @@ class EngineStartError(EngineError):
     """The engine failed to start or never became healthy."""
 
 
+class EngineUnsupported(EngineRefused):
+    """The engine (or server) does not offer an optional capability, e.g. prompt logprobs."""
+
+
 @dataclass(frozen=True)
 class GenerationRequest:
     prompt_id: str
@@ -54,6 +58,14 @@ class GenerationResult:
 
 @dataclass(frozen=True)
 class MetricsSample:
+    """One engine metrics sample (about once a second), or one engine step.
+
+    A *step sample* sets ``step_batch_size`` (the requests computed together in that engine
+    step: exact batching evidence, which the embedded engine records) and leaves the counters
+    NaN (written as null), so per-second batching summaries ignore it; ``t`` is then the time
+    the step finished, on the pass clock.
+    """
+
     t: float
     num_requests_running: float
     num_requests_waiting: float
@@ -61,6 +73,7 @@ class MetricsSample:
     generation_tokens_total: float
     prompt_tokens_total: float
     source: str
+    step_batch_size: float | None = None
 
 
 @dataclass(frozen=True)

@@ -10,12 +10,21 @@ overridden by the arm's ``args``): ``gemm`` (``"blas"`` | ``"invariant"``), ``ma
 thread as requests finish (times rebased on the pass start), and ``on_metrics`` about once a second
 with ``source="embedded"``. In those samples ``num_requests_running`` is the *step-log* figure: the
 mean batch size of the engine steps completed since the previous sample (the instantaneous count
-when no step completed), so the batching evidence comes from what the engine actually computed;
-``pass_step_log`` keeps every step of the last pass as ``(t since pass start, batch size)``.
+when no step completed), so the batching evidence comes from what the engine actually computed.
+Before each of those samples, every engine step completed since the previous one is reported as
+a *step sample* (``source="embedded-step"``, ``step_batch_size`` = the requests in that step, ``t``
+= when it finished, counters NaN so per-second summaries skip it): the exact per-step batch sizes
+``bistat diagnose`` and the probe's vacuity guard read. ``pass_step_log`` keeps every step of the
+last pass as ``(t since pass start, batch size)``.
+
+``prompt_logprobs(request, continuation)`` prefills the prompt plus each prefix of
+``continuation`` in one forward step, without the KV cache of a decode, and returns the logprob
+of each continuation token: the prefill side of the prefill-vs-decode check.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import queue
 import time
@@ -36,6 +45,8 @@ from bistat.engines.base import (
 ENGINE_ARGS = ("gemm", "max_batch_size", "max_model_len", "tile", "prefill_chunk", "max_num_batched_tokens")
 _DEFAULTS = {"gemm": "blas", "max_batch_size": 32, "max_model_len": 2048}
 METRICS_INTERVAL_S = 1.0
+#: ``source`` of the per-step metrics samples (``step_batch_size`` set, counters NaN).
+STEP_SOURCE = "embedded-step"
 
 
 def _default_loader(name: str) -> Any:
@@ -129,6 +140,13 @@ class EmbeddedEngineAdapter:
             m = eng.metrics()
             steps = eng.step_log[last_step:]
             last_step += len(steps)
+            for ts, size in steps:  # one step sample per engine step: exact batching evidence
+                on_metrics(MetricsSample(t=ts - t0, num_requests_running=math.nan,
+                                         num_requests_waiting=math.nan,
+                                         num_preemptions_total=math.nan,
+                                         generation_tokens_total=math.nan,
+                                         prompt_tokens_total=math.nan, source=STEP_SOURCE,
+                                         step_batch_size=float(size)))
             running = (sum(b for _, b in steps) / len(steps)) if steps else m["num_requests_running"]
             on_metrics(MetricsSample(t=t, num_requests_running=float(running),
                                      num_requests_waiting=m["num_requests_waiting"],
@@ -169,6 +187,34 @@ class EmbeddedEngineAdapter:
                                     error=f"{type(exc).__name__}: {exc}")
         return replace(res, t_submit=res.t_submit - t0, t_done=res.t_done - t0,
                        t_first_token=None if res.t_first_token is None else res.t_first_token - t0)
+
+    def prompt_logprobs(self, request: GenerationRequest, continuation: Sequence[int]) -> list[float]:
+        """Logprob of each token of ``continuation`` when prompt + the tokens before it are prefilled.
+
+        One fresh KV cache and one forward step per position (a prefill of the whole prefix,
+        never a decode step), in the arm's GEMM mode; float32 logits, log-softmax as the
+        engine's sampler computes it. A decode that is consistent with prefill gives the same
+        bits at every position.
+        """
+        if self.engine is None:
+            raise EngineStartError("embedded engine: prompt_logprobs() before start()")
+        from bistat.embedded import ops
+        from bistat.embedded.forward import Segment, forward_step
+        from bistat.embedded.kvcache import KVCache
+
+        eng = self.engine
+        prompt = list(eng.encode_prompt(request))
+        d = eng.weights.dims
+        out: list[float] = []
+        for j, token in enumerate(int(t) for t in continuation):
+            ids = prompt + [int(t) for t in continuation[:j]]
+            cache = KVCache(d.num_hidden_layers, d.num_key_value_heads, d.head_dim,
+                            eng.max_model_len, initial=len(ids))
+            logits = forward_step(eng.weights, [Segment(cache, ids, 0, True)], eng.gemm,
+                                  eng.tile)  # [1, V]
+            lse, _ = ops.log_softmax_rows(logits)  # [1]
+            out.append(float(logits[0, token] - lse[0]))
+        return out
 
     def fingerprint(self) -> dict[str, Any]:
         return {}

@@ -7,6 +7,12 @@ model's generation_config can change a server's defaults), and asks for token id
 (vLLM's ``return_token_ids`` and ``return_tokens_as_token_ids``). ``/metrics`` is sampled about
 once per second in the background and handed to ``on_metrics``.
 
+Two optional capabilities serve the probe and ``bistat replay``: ``prompt_logprobs(request,
+continuation)`` (the logprob of each continuation token when prompt + continuation is prefilled:
+vLLM's ``prompt_logprobs`` request field on ``/v1/completions``, with token-id prompts, no
+``echo``) and ``reset_prefix_cache()`` (vLLM's ``POST /reset_prefix_cache``). Servers without them
+raise :class:`~bistat.engines.base.EngineUnsupported` / return False.
+
 Transport errors, timeouts, 408/429/5xx answers and bodies that are not the expected JSON are
 retried ``retries`` times with exponential backoff; then the request is reported with ``error``
 set. Other 4xx answers are not retried (the request itself is wrong). One request's failure never
@@ -24,8 +30,10 @@ from typing import Any, Callable, Sequence
 import httpx
 
 from bistat.engines.base import (
+    EngineError,
     EngineInfo,
     EngineStartError,
+    EngineUnsupported,
     GenerationRequest,
     GenerationResult,
     MetricsSample,
@@ -94,6 +102,46 @@ def parse_completion_choice(
     elif isinstance(data.get("usage"), dict) and data["usage"].get("prompt_tokens") is not None:
         n_prompt = int(data["usage"]["prompt_tokens"])
     return token_ids, text, logprobs, top, choice.get("finish_reason"), n_prompt
+
+
+def parse_prompt_logprobs(data: Any, n_prompt: int, continuation: Sequence[int], *,
+                          where: str = "the server") -> list[float]:
+    """The continuation tokens' logprobs from a completion answer's ``prompt_logprobs``.
+
+    vLLM returns one entry per prompt token (the first is null): a mapping from token id (as a
+    string) to ``{"logprob": x, "rank": r, ...}`` (or to the bare logprob), holding at least the
+    token actually at that position.
+
+    Raises
+    ------
+    EngineUnsupported
+        The answer has no ``prompt_logprobs`` (the server ignores the field).
+    EngineError
+        The list is too short or lacks a continuation token.
+    """
+    try:
+        plp = data["choices"][0].get("prompt_logprobs")
+    except (KeyError, IndexError, TypeError, AttributeError) as exc:
+        raise EngineError(f"{where}: not a completion answer ({type(exc).__name__}: {exc})") from exc
+    if plp is None:
+        raise EngineUnsupported(f"{where} returned no prompt_logprobs (the server does not "
+                                "support vLLM's prompt_logprobs request field)")
+    if not isinstance(plp, list) or len(plp) < n_prompt + len(continuation):
+        raise EngineError(f"{where}: prompt_logprobs has {len(plp) if isinstance(plp, list) else 0}"
+                          f" entries for {n_prompt + len(continuation)} prompt tokens")
+    out: list[float] = []
+    for j, tok in enumerate(continuation):
+        entry = plp[n_prompt + j]
+        got = entry.get(str(int(tok))) if isinstance(entry, dict) else None
+        if got is None and isinstance(entry, dict):
+            got = entry.get(f"token_id:{int(tok)}")
+        if isinstance(got, dict):
+            got = got.get("logprob")
+        if got is None:
+            raise EngineError(f"{where}: prompt_logprobs at position {n_prompt + j} lacks token "
+                              f"{int(tok)}")
+        out.append(float(got))
+    return out
 
 
 class OpenAIHTTPEngine:
@@ -293,6 +341,92 @@ class OpenAIHTTPEngine:
                 t_done=t_done, error=f"after {attempts} attempt(s): {error}",
                 attempts=max(attempts, 1))
         on_result(result)
+
+    # -- optional capabilities -------------------------------------------------------------
+    def _prompt_ids(self, client: httpx.Client, req: GenerationRequest) -> list[int]:
+        """The prompt's token ids as the server tokenizes it (vLLM's ``POST /tokenize``)."""
+        if not req.chat and not isinstance(req.prompt, str):
+            return [int(t) for t in req.prompt]
+        if not isinstance(req.prompt, str):
+            raise ValueError("a chat request needs a text prompt")
+        body: dict[str, Any] = {"model": self.model}
+        if req.chat:
+            body.update(messages=[{"role": "user", "content": req.prompt}],
+                        add_generation_prompt=True)
+        else:
+            body["prompt"] = req.prompt
+        resp = client.post("/tokenize", json=body)
+        if resp.status_code in (404, 405):
+            raise EngineUnsupported(
+                f"{self.base_url} has no /tokenize endpoint (HTTP {resp.status_code}), so a text "
+                "prompt cannot be turned into token ids for prompt logprobs; use token-id prompts "
+                "(builtin:token-ids) or a vLLM server")
+        if resp.status_code != 200:
+            raise EngineError(f"{self.base_url}/tokenize answered HTTP {resp.status_code}: "
+                              f"{resp.text[:200]!r}")
+        try:
+            return [int(t) for t in resp.json()["tokens"]]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise EngineError(f"{self.base_url}/tokenize: no token list in the answer "
+                              f"({type(exc).__name__}: {exc})") from exc
+
+    def prompt_logprobs(self, request: GenerationRequest, continuation: Sequence[int]) -> list[float]:
+        """Logprob of each ``continuation`` token when prompt + continuation is prefilled.
+
+        Sends ``/v1/completions`` with the prompt's token ids followed by ``continuation`` and
+        ``prompt_logprobs = 1`` (vLLM's extension; no ``echo``), ``max_tokens = 1``, greedy, and
+        reads each continuation position's entry for the token actually there. Text and chat
+        prompts are tokenized by the server first (``/tokenize``).
+
+        Raises
+        ------
+        EngineUnsupported
+            The server returns no prompt logprobs (``bistat serve``) or has no ``/tokenize``.
+        EngineError
+            The server failed or answered something unreadable.
+        """
+        if self.model is None:
+            raise EngineStartError("call start() before prompt_logprobs()")
+        cont = [int(t) for t in continuation]
+        if not cont:
+            return []
+        with httpx.Client(base_url=self.base_url, timeout=self.request_timeout_s,
+                          headers=self._headers) as client:
+            try:
+                ids = self._prompt_ids(client, request)
+                body = {"model": self.model, "prompt": ids + cont, "max_tokens": 1,
+                        "temperature": 0.0, "top_p": 1.0, "top_k": -1, "seed": request.seed,
+                        "prompt_logprobs": 1, "return_token_ids": True, "stream": False}
+                resp = client.post("/v1/completions", json=body)
+            except httpx.HTTPError as exc:
+                raise EngineError(f"{self.base_url}: prompt logprobs request failed "
+                                  f"({type(exc).__name__}: {exc})") from exc
+        if resp.status_code == 400 and "prompt_logprobs" in resp.text:
+            raise EngineUnsupported(f"{self.base_url} refuses prompt_logprobs: {resp.text[:200]!r}")
+        if resp.status_code != 200:
+            raise EngineError(f"{self.base_url}/v1/completions (prompt_logprobs) answered HTTP "
+                              f"{resp.status_code}: {resp.text[:200]!r}")
+        return parse_prompt_logprobs(resp.json(), len(ids), cont, where=self.base_url)
+
+    def reset_prefix_cache(self) -> bool:
+        """Empty the server's prefix cache (vLLM ``POST /reset_prefix_cache``).
+
+        Returns True when the server did it, False when it has no such endpoint (vLLM serves it
+        only with ``VLLM_SERVER_DEV_MODE=1``). Other failures raise ``EngineError``.
+        """
+        try:
+            with httpx.Client(base_url=self.base_url, timeout=self.start_timeout_s,
+                              headers=self._headers) as client:
+                resp = client.post("/reset_prefix_cache")
+        except httpx.HTTPError as exc:
+            raise EngineError(f"{self.base_url}/reset_prefix_cache: {type(exc).__name__}: {exc}"
+                              ) from exc
+        if resp.status_code in (404, 405):
+            return False
+        if resp.status_code != 200:
+            raise EngineError(f"{self.base_url}/reset_prefix_cache answered HTTP "
+                              f"{resp.status_code}: {resp.text[:200]!r}")
+        return True
 
     # -- metrics ---------------------------------------------------------------------------
     async def _sample(self, client: httpx.AsyncClient, t0: float) -> MetricsSample | None:
