@@ -135,16 +135,38 @@ def test_replay_of_the_invariant_arm_is_bitwise_stable(blas, diverging, tmp_path
 
 
 def test_replay_through_the_engine_protocol(blas, diverging, tmp_path):
-    """Any engine: run_pass for the batches; no prompt logprobs through the protocol."""
+    """Any engine: run_pass for the batches; prompt logprobs where the adapter offers them (the
+    embedded adapter does: prefill of each prefix in the arm's GEMM mode)."""
     rep = replay_prompt(blas, diverging.prompt_id, out_dir=tmp_path / "p", max_fillers=2,
                         engine_factory=create_engine)
-    assert rep.prefill_decode.status == "unsupported"
-    assert rep.prefill_decode.detail.startswith("unsupported: engine kind 'embedded' returns no "
-                                                "prompt logprobs through the Engine protocol")
+    assert rep.prefill_decode.status in ("identical", "differs")
+    assert not rep.prefill_decode.detail.startswith("unsupported")
     assert rep.prefix_cache.status == "identical"
     assert rep.prefix_cache.detail.startswith("prefix caching off; the needle first after engine "
                                               "start (cold) and again (warm): bitwise identical")
     validate(json.loads((tmp_path / "p" / "probes.json").read_text()), "repro-probes.schema.json")
+
+
+class _NoPromptLogprobs:
+    """An adapter that offers no prompt logprobs: replay must say so, not fail."""
+
+    def __init__(self, inner):
+        self._inner = inner
+        self.kind = inner.kind
+
+    def __getattr__(self, name):
+        if name == "prompt_logprobs":
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+def test_replay_reports_prefill_decode_unsupported_without_prompt_logprobs(blas, diverging,
+                                                                           tmp_path):
+    rep = replay_prompt(blas, diverging.prompt_id, out_dir=tmp_path / "p", max_fillers=2,
+                        engine_factory=lambda exp, arm: _NoPromptLogprobs(create_engine(exp, arm)))
+    assert rep.prefill_decode.status == "unsupported"
+    assert rep.prefill_decode.detail.startswith("unsupported: engine kind 'embedded' returns no "
+                                                "prompt logprobs through the Engine protocol")
 
 
 def test_unknown_prompt_and_existing_pack_are_refused(blas, pack, cli):

@@ -128,3 +128,21 @@ def test_requests_carry_explicit_sampling_settings_and_per_prompt_seeds():
     assert all((r.max_tokens, r.temperature, r.top_p, r.top_k, r.ignore_eos, r.chat, r.logprobs)
                == (9, 0.7, 0.9, 40, True, True, 1) for r in r1)
     assert prompt_seed(5, 0) == seeds1["chat-0000"]
+
+
+def test_output_lengths_uniform_in_the_declared_range_and_the_same_in_every_pass_and_arm():
+    from bistat.workload import load_prompts, requests_for_pass
+
+    prompts = load_prompts("builtin:token-ids", 400, 0)
+    common = dict(seed=0, shuffle=True, max_tokens=110, temperature=0.0, top_p=1.0, top_k=-1,
+                  ignore_eos=True, max_tokens_min=90)
+    a = {r.prompt_id: r.max_tokens for r in requests_for_pass(prompts, arm="a", pass_index=0, **common)}
+    b = {r.prompt_id: r.max_tokens for r in requests_for_pass(prompts, arm="b", pass_index=3, **common)}
+    assert a == b
+    lengths = sorted(a.values())
+    assert lengths[0] == 90 and lengths[-1] == 110 and len(set(lengths)) == 21
+    # uniform: each of the 21 lengths about 400/21 = 19 times (a loose band, seeded draw)
+    counts = [lengths.count(n) for n in range(90, 111)]
+    assert min(counts) >= 7 and max(counts) <= 35
+    fixed = requests_for_pass(prompts, arm="a", pass_index=0, **{**common, "max_tokens_min": None})
+    assert {r.max_tokens for r in fixed} == {110}

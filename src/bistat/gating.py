@@ -43,6 +43,7 @@ PROBE_OUTCOME_LABELS: dict[str, str] = {
     "violated": "reported as observed",
     "no_power": "untested",
     "untested": "untested",
+    "vacuous": "untested",
 }
 
 

@@ -51,6 +51,7 @@ from bistat.anatomy import (
 )
 from bistat.engines.base import (
     Engine,
+    EngineUnsupported,
     GenerationRequest,
     GenerationResult,
     MetricsSample,
@@ -175,11 +176,16 @@ class _EngineBackend:
     def prefill_logprobs(self, request: GenerationRequest, tokens: Sequence[int],
                          upto: int) -> list[float] | str:
         fn = getattr(self.engine, "prompt_logprobs", None)
+        if not callable(fn):  # adapters that wrap an HTTP client (vllm-server) expose it there
+            fn = getattr(getattr(self.engine, "client", None), "prompt_logprobs", None)
         if not callable(fn):
             return (f"unsupported: engine kind {getattr(self.engine, 'kind', '?')!r} returns no "
                     "prompt logprobs through the Engine protocol (needs a prompt_logprobs method, "
                     "e.g. vLLM's prompt_logprobs request field)")
-        return [float(x) for x in fn(request, list(tokens[:upto]))]
+        try:
+            return [float(x) for x in fn(request, list(tokens[:upto]))]
+        except EngineUnsupported as exc:
+            return f"unsupported: {exc}"
 
     def stop(self) -> None:
         self.engine.stop()

@@ -608,6 +608,7 @@ class _Session:
             top_k=wl.top_k,
             ignore_eos=wl.ignore_eos,
             logprobs=wl.top_logprobs,
+            max_tokens_min=wl.max_tokens_min,
         )
         state = _PassState(planned=planned, index_of={p.prompt_id: p.index for p in self.prompts})
         started_utc = utc_now()

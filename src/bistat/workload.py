@@ -379,6 +379,21 @@ def pass_order(n_prompts: int, *, seed: int, arm: str, pass_index: int, shuffle:
     return [int(i) for i in rng.permutation(n_prompts)]
 
 
+def output_length(seed: int, index: int, max_tokens: int, max_tokens_min: int | None) -> int:
+    """Prompt ``index``'s output length: ``max_tokens``, or with ``max_tokens_min`` a uniform draw
+    from ``[max_tokens_min, max_tokens]`` seeded by ``(seed, index)`` alone (never by arm or pass).
+
+    >>> output_length(0, 5, 110, None)
+    110
+    >>> output_length(0, 5, 110, 90) == output_length(0, 5, 110, 90)
+    True
+    """
+    if max_tokens_min is None:
+        return max_tokens
+    rng = np.random.default_rng(np.random.SeedSequence([seed, index, 2]))
+    return int(rng.integers(max_tokens_min, max_tokens + 1))
+
+
 def requests_for_pass(
     prompts: Sequence[Prompt],
     *,
@@ -392,12 +407,18 @@ def requests_for_pass(
     top_k: int,
     ignore_eos: bool,
     logprobs: int = 1,
+    max_tokens_min: int | None = None,
 ) -> list[GenerationRequest]:
-    """The requests of one pass, in submission order (see :func:`pass_order`)."""
+    """The requests of one pass, in submission order (see :func:`pass_order`).
+
+    With ``max_tokens_min``, prompt *i* asks for :func:`output_length` tokens, drawn uniformly
+    from ``[max_tokens_min, max_tokens]`` — the same in every pass and arm (the published
+    throughput workload: output lengths uniform in 90–110, EOS ignored).
+    """
     order = pass_order(len(prompts), seed=seed, arm=arm, pass_index=pass_index, shuffle=shuffle)
     return [
         prompts[i].request(
-            max_tokens=max_tokens,
+            max_tokens=output_length(seed, prompts[i].index, max_tokens, max_tokens_min),
             temperature=temperature,
             top_p=top_p,
             top_k=top_k,

@@ -30,8 +30,7 @@ and untested (an engine could not run, or the mode is unsupported)
 -> untested (12)."""
 
 #: Probe outcome -> verdict label (``bistat.gating.PROBE_OUTCOME_LABELS`` plus ``vacuous``).
-PROBE_LABELS = {"confirmed": "working", "violated": "reported as observed",
-                "no_power": "untested", "untested": "untested", "vacuous": "untested"}
+from bistat.gating import PROBE_OUTCOME_LABELS as PROBE_LABELS  # probe outcome -> verdict label
 
 FAIL_ON_HELP = ("Exit non-zero when the outcome has one of these verdict labels (comma-separated, "
                 "or repeated; 'any' for all): doubtful, reported-as-observed, untested.")

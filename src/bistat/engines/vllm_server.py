@@ -312,6 +312,19 @@ class VLLMServerEngine:
         raise EngineStartError(f"the server exited with code {code} before it was healthy: "
                                f"{last} (log: {self.log_path})")
 
+    def prompt_logprobs(self, request: GenerationRequest, continuation: Sequence[int]) -> list[float]:
+        """Prefill logprobs of ``continuation`` (vLLM's ``prompt_logprobs``), via the HTTP client."""
+        if self.client is None:
+            raise EngineStartError("vllm-server: prompt_logprobs() before start()")
+        return self.client.prompt_logprobs(request, continuation)
+
+    def reset_prefix_cache(self) -> bool:
+        """Ask the server to drop its prefix cache (vLLM serves the endpoint only with
+        ``VLLM_SERVER_DEV_MODE=1``); False when it has no such endpoint."""
+        if self.client is None:
+            raise EngineStartError("vllm-server: reset_prefix_cache() before start()")
+        return self.client.reset_prefix_cache()
+
     def run_pass(self, requests: Sequence[GenerationRequest], *, concurrency: int,
                  on_result: Callable[[GenerationResult], None],
                  on_metrics: Callable[[MetricsSample], None]) -> None:
