@@ -77,3 +77,11 @@ def test_diagnose_and_inspect_work_on_a_recorded_vllm_run():
     assert "bi-flash-attn" in text
     ins = render_inspection(inspect_run(FIXTURE))
     assert "responses" in ins
+
+
+@pytest.mark.parametrize("name", ["h200-fixture-smollm2", "h200-fixture-triton-attn"])
+def test_committed_h200_findings_regenerate_byte_for_byte(name, tmp_path):
+    from bistat.report import write_finding
+
+    files = write_finding(analyze_run(DATA / name), tmp_path)
+    assert files.markdown.read_text() == (ROOT / "findings" / "h200" / f"{name}.md").read_text()
