@@ -344,3 +344,39 @@ def test_large_drifts_at_most_is_evaluated_from_the_anatomy(tmp_path, cap, label
     assert (crit.met, crit.observed_text) == (cap >= 1, "1")
     text = render_markdown(summary)
     assert "| ctl | 2 | 1 (50 %) | 1 (50 %) | 0 (0 %) | 0 (0 %) | 0.05 [0.05, 2.9] | 1 [1, 3] |" in text
+
+
+
+def _sibling(tmp_path, monkeypatch, old: str, new: str):
+    """A registration of the synthetic example's declaration renamed, with ``old`` replaced by
+    ``new``, sealed (like the example's own) before the example run was recorded."""
+    import datetime as dt
+    import shutil
+    from pathlib import Path
+
+    from bistat.prereg import register
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(root / "examples", tmp_path / "examples")
+    text = (root / "examples" / "synthetic" / "synthetic-example.toml").read_text()
+    assert old in text
+    text = text.replace('name = "synthetic-example"', 'name = "synthetic-example-sibling"', 1)
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "experiments" / "synthetic-example-sibling.toml").write_text(text.replace(old, new, 1))
+    reg, _ = register("experiments/synthetic-example-sibling.toml",
+                      now=dt.datetime(2026, 1, 5, 9, 30, tzinfo=dt.timezone.utc))
+    return tmp_path / "examples" / "synthetic" / "run", reg
+
+
+def test_a_sibling_registration_differing_only_in_rule_analyses_the_run(tmp_path, monkeypatch):
+    run, reg = _sibling(tmp_path, monkeypatch, "at_least = 0.95", "at_least = 0.9")
+    summary = analyze_run(run, registration=reg)
+    assert any("a sibling of the registration the run was recorded under" in d
+               for d in summary.deviations)
+
+
+def test_a_registration_differing_in_the_workload_is_refused(tmp_path, monkeypatch):
+    run, reg = _sibling(tmp_path, monkeypatch, "max_tokens = 12", "max_tokens = 13")
+    with pytest.raises(AnalysisError, match="the run was recorded under another registration"):
+        analyze_run(run, registration=reg)

@@ -659,6 +659,26 @@ def resolve_registration(run_dir: Path, header: Mapping[str, Any],
     return p
 
 
+def _sibling_registration(hdr_reg: Mapping[str, Any], reg: Registration) -> Registration | None:
+    """The registration a run was recorded under, when ``reg`` is its sibling: the same resolved
+    declaration but for ``name`` and ``rule`` (several rules registered together for one run,
+    e.g. the published rule and its improved form). None otherwise."""
+    path = hdr_reg.get("path")
+    if not isinstance(path, str):
+        return None
+    try:
+        recorded = load_registration(path)
+    except (OSError, ValueError):
+        return None
+    if recorded.sha256 != hdr_reg.get("sha256"):
+        return None
+    # Compare as the current schema resolves them: a registration sealed before a field was
+    # added lacks it, with its default meant.
+    strip = lambda r: {k: v for k, v in r.experiment().resolved().items()  # noqa: E731
+                       if k not in ("name", "rule")}
+    return recorded if strip(recorded) == strip(reg) else None
+
+
 def analyze_run(run_dir: str | Path, registration: str | Path | Registration | None = None
                 ) -> RunSummary:
     """Analyse a recorded run against its sealed registration.
@@ -689,7 +709,14 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
     hdr_reg = header.get("registration") or {}
     deviations: list[str] = []
     recorded_sha = hdr_reg.get("sha256") if isinstance(hdr_reg, Mapping) else None
-    if recorded_sha is not None and recorded_sha != reg.sha256:
+    sibling_of = (_sibling_registration(hdr_reg, reg)
+                  if recorded_sha is not None and recorded_sha != reg.sha256 else None)
+    if sibling_of is not None:
+        deviations.append(
+            f"analysed under {reg.path} ({reg.sha256[:12]}), a sibling of the registration the run "
+            f"was recorded under, {sibling_of.path} ({sibling_of.sha256[:12]}): the two declarations "
+            "differ only in their name and decision rule, and both were sealed before the run")
+    elif recorded_sha is not None and recorded_sha != reg.sha256:
         earlier = recorded_sha in reg.previous_sha256s
         raise AnalysisError(
             f"{run_dir / 'run.json'}: registration.sha256 {recorded_sha} is not the seal of "
