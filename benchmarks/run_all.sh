@@ -31,7 +31,7 @@ run analyze python benchmarks/bench_analyze.py --dir "${BENCH_ANALYZE_DIR:-/tmp/
   echo "| CPU | $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores |"
   echo "| load average at start / end | $load_before / $(cut -d' ' -f1-3 /proc/loadavg) |"
   echo "| Python | $(python -c 'import sys; print(sys.version.split()[0])') |"
-  echo "| numpy / BLAS | $(python -c 'import numpy, threadpoolctl; i=[x for x in threadpoolctl.threadpool_info() if x["user_api"]=="blas"]; print(numpy.__version__, "/", ", ".join(f"{x["internal_api"]} {x["version"]} ({x.get("architecture")}, {x["num_threads"]} threads)" for x in i))') |"
+  echo "| numpy / BLAS | $(python -c 'import numpy, threadpoolctl; i = [x for x in threadpoolctl.threadpool_info() if x["user_api"] == "blas"]; print(numpy.__version__, "/", ", ".join("%s %s (%s, %s threads)" % (x["internal_api"], x["version"], x.get("architecture"), x["num_threads"]) for x in i))') |"
   echo "| OPENBLAS_CORETYPE | ${OPENBLAS_CORETYPE:-unset} |"
   echo
   cat "$tmp"/embedded.md "$tmp"/serve-overhead.md "$tmp"/http-runner.md "$tmp"/analyze.md
