@@ -918,19 +918,34 @@ def start_run(
         "workload_sha256": _prompts_sha256(prompts),
     }
     writer = RunWriter.create(run_dir, header)
+    return _execute_and_close(experiment, writer, lambda: _plan(experiment, concurrent, None),
+                              prompts, engine_factory, reporter, compact_at_end)
+
+
+def _execute_and_close(
+    experiment: "Experiment",
+    writer: RunWriter,
+    plan: Callable[[], Sequence[Block]],
+    prompts: Sequence[Prompt],
+    engine_factory: EngineFactory | None,
+    reporter: Reporter,
+    compact_at_end: bool,
+) -> RunOutcome:
+    """Run the planned blocks (nothing left: the schedule is complete), close the writer, and
+    compact the run when it ended complete or untested."""
     try:
-        outcome = execute_run(
-            experiment,
-            writer,
-            _plan(experiment, concurrent, None),
-            prompts=prompts,
-            engine_factory=engine_factory or _default_factory(),
-            reporter=reporter,
-        )
+        blocks = plan()
+        if not blocks:
+            outcome = RunOutcome(writer.run_dir, "complete", 0, 0, 0,
+                                 "nothing left to run: the schedule is complete")
+        else:
+            outcome = execute_run(experiment, writer, blocks, prompts=prompts,
+                                  engine_factory=engine_factory or _default_factory(),
+                                  reporter=reporter)
     finally:
         writer.close()
     if compact_at_end and outcome.status in ("complete", "untested"):
-        compact(run_dir)
+        compact(writer.run_dir)
     return outcome
 
 
@@ -966,22 +981,10 @@ def resume_run(
         concurrent, _ = resolve_engines_concurrent(experiment)
     state = read_resume_state(run_dir)
     writer = RunWriter.open_existing(run_dir)
-    try:
+
+    def plan() -> Sequence[Block]:
         _close_open_passes(writer, state)
-        blocks = _plan(experiment, concurrent, state)
-        if not blocks:
-            outcome = RunOutcome(run_dir, "complete", 0, 0, 0, "nothing left to run: the schedule is complete")
-        else:
-            outcome = execute_run(
-                experiment,
-                writer,
-                blocks,
-                prompts=prompts,
-                engine_factory=engine_factory or _default_factory(),
-                reporter=reporter,
-            )
-    finally:
-        writer.close()
-    if compact_at_end and outcome.status in ("complete", "untested"):
-        compact(run_dir)
-    return outcome
+        return _plan(experiment, concurrent, state)
+
+    return _execute_and_close(experiment, writer, plan, prompts, engine_factory, reporter,
+                              compact_at_end)
