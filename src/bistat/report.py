@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+import numpy as np
+
 from bistat.analysis import RunSummary
 from bistat.anatomy import plot_anatomy, render_anatomy_section
 from bistat.plots import PLOTS, save_plots
@@ -280,13 +282,43 @@ def _anatomy(s: RunSummary, plot: str | None) -> list[str]:
     return [render_anatomy_section(s.anatomy, plot)]
 
 
+def _latency(s: RunSummary) -> list[str]:
+    """Batch latency, for workloads of one batch per pass (``n_prompts == concurrency``: the
+    published latency workload, as ``vllm bench latency --batch-size`` measures it)."""
+    wl = s.declaration.get("workload", {})
+    if wl.get("n_prompts") != wl.get("concurrency"):
+        return []
+    rows = []
+    for arm in dict.fromkeys(p.arm for p in s.passes):
+        walls = [p.wall_s for p in s.passes if p.arm == arm and p.counted and p.wall_s]
+        per_token = [p.wall_s / (p.output_tokens / p.n_requests) for p in s.passes
+                     if p.arm == arm and p.counted and p.wall_s and p.output_tokens and p.n_requests]
+        if not walls:
+            continue
+        rows.append((arm, str(len(walls)), _f(float(np.median(walls)), 4),
+                     _f(float(np.percentile(walls, 90)), 4),
+                     _f(float(np.median(per_token)) * 1e3, 3) if per_token else "—"))
+    cl = f"{s.confidence_level * 100:g} %"
+    ratio_rows = [(f"{c.treatment} ÷ {c.control}", _f(1.0 / c.ratio_point),
+                   f"[{1.0 / c.ratio.interval.high:.4f}, {1.0 / c.ratio.interval.low:.4f}]")
+                  for c in s.comparisons if c.ratio is not None and c.ratio_point]
+    return ["## Batch latency", "",
+            f"One batch of {wl.get('n_prompts')} requests per pass: a pass's wall time is the "
+            "batch latency; time per output token is that latency divided by the tokens each "
+            "request generated.", "",
+            _table(("arm", "counted passes", "median latency s", "p90 latency s",
+                    "median ms per output token"), rows), "",
+            "Latency ratio (the inverse of the throughput ratio and of its interval):", "",
+            _table(("ratio", "point", f"{cl} interval"), ratio_rows), ""]
+
+
 def render_markdown(summary: RunSummary, plot_files: dict[str, str] | None = None) -> str:
     """The finding as markdown. ``plot_files`` maps plot suffix -> file name beside it."""
     suffixes = [suffix for suffix, _, _ in PLOTS] + [ANATOMY_PLOT]
     plots = plot_files or {suffix: f"{summary.name}-{suffix}.png" for suffix in suffixes}
     parts = (_head(summary) + _verdict(summary) + _rule(summary) + _amendments(summary)
              + _environment(summary) + _match(summary, plots["match"])
-             + _throughput(summary, plots["throughput"])
+             + _throughput(summary, plots["throughput"]) + _latency(summary)
              + _divergence(summary, plots["divergence"])
              + _anatomy(summary, plots.get(ANATOMY_PLOT))
              + _batching(summary, plots["running"]) + _validity(summary) + _tail(summary))

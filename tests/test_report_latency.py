@@ -1,0 +1,39 @@
+"""The batch-latency section of findings for one-batch-per-pass workloads (issue 6, workload ii)."""
+
+from types import SimpleNamespace
+
+from bistat.report import _latency
+from bistat.stats import throughput_ratio
+
+
+def _pass(arm, wall, counted=True):
+    return SimpleNamespace(arm=arm, counted=counted, wall_s=wall, output_tokens=8 * 128,
+                           n_requests=8)
+
+
+def _summary(n_prompts, concurrency):
+    passes = ([_pass("default", w) for w in (0.70, 0.71, 0.72, 0.73, 0.80)]
+              + [_pass("bi", w) for w in (2.38, 2.40, 2.41, 2.42, 2.50)]
+              + [_pass("bi", 9.0, counted=False)])
+    tput = lambda arm: [1024 / p.wall_s for p in passes if p.arm == arm and p.counted]  # noqa: E731
+    ratio = throughput_ratio(tput("bi"), tput("default"))
+    comparison = SimpleNamespace(treatment="bi", control="default", ratio=ratio,
+                                 ratio_point=ratio.ratio)
+    return SimpleNamespace(declaration={"workload": {"n_prompts": n_prompts,
+                                                     "concurrency": concurrency}},
+                           passes=passes, comparisons=[comparison], confidence_level=0.95), ratio
+
+
+def test_latency_section_reports_median_p90_per_token_and_the_inverted_ratio():
+    summary, ratio = _summary(8, 8)
+    text = "\n".join(_latency(summary))
+    # numpy: median(0.70..0.80) = 0.72, p90 (linear) = 0.73 + 0.6 * 0.07 = 0.772
+    assert "| default | 5 | 0.7200 | 0.7720 | 5.625 |" in text
+    assert "| bi | 5 | 2.4100 | 2.4680 | 18.828 |" in text  # the warm-up-like uncounted 9.0 s is left out
+    low, high = 1 / ratio.interval.high, 1 / ratio.interval.low
+    assert f"| bi ÷ default | {1 / ratio.ratio:.4f} | [{low:.4f}, {high:.4f}] |" in text
+
+
+def test_no_latency_section_for_many_batches_per_pass():
+    summary, _ = _summary(541, 64)
+    assert _latency(summary) == []
