@@ -19,40 +19,7 @@ import numpy as np
 
 from bistat.embedded import ops
 from bistat.embedded.kvcache import KVCache
-
-
-@dataclass(frozen=True)
-class Dims:
-    """The shapes the forward pass needs, read from a Hugging Face LLaMA config."""
-
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    vocab_size: int
-    rope_theta: float
-    rms_norm_eps: float
-    tie_word_embeddings: bool
-
-    @classmethod
-    def from_config(cls, config: Any) -> "Dims":
-        get = (config.get if isinstance(config, Mapping) else lambda k, d=None: getattr(config, k, d))
-        heads = int(get("num_attention_heads"))
-        head_dim = get("head_dim", None) or int(get("hidden_size")) // heads
-        return cls(
-            hidden_size=int(get("hidden_size")),
-            intermediate_size=int(get("intermediate_size")),
-            num_hidden_layers=int(get("num_hidden_layers")),
-            num_attention_heads=heads,
-            num_key_value_heads=int(get("num_key_value_heads", None) or heads),
-            head_dim=int(head_dim),
-            vocab_size=int(get("vocab_size")),
-            rope_theta=float(get("rope_theta", 10000.0)),
-            rms_norm_eps=float(get("rms_norm_eps", 1e-6)),
-            tie_word_embeddings=bool(get("tie_word_embeddings", False)),
-        )
+from bistat.model.config import ModelConfig
 
 
 @dataclass(frozen=True)
@@ -67,7 +34,7 @@ class LayerWeights:
 
 @dataclass(frozen=True)
 class Weights:
-    dims: Dims
+    dims: ModelConfig
     embed: np.ndarray  # [V, D]
     layers: tuple[LayerWeights, ...]
     final_norm: np.ndarray  # [D]
@@ -92,12 +59,12 @@ def _t(*parts: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.concatenate(parts, axis=0).T, dtype=np.float32)
 
 
-def prepare_weights(config: Any, weights: Mapping[str, np.ndarray], max_positions: int) -> Weights:
+def prepare_weights(config: ModelConfig | Mapping[str, Any], weights: Mapping[str, np.ndarray], max_positions: int) -> Weights:
     """Fuse and transpose Hugging Face LLaMA weights ([out, in], HF names) for the engine.
 
     Raises ``KeyError`` naming the missing tensor when the dict lacks one.
     """
-    dims = Dims.from_config(config)
+    dims = config if isinstance(config, ModelConfig) else ModelConfig.from_hf_dict(dict(config))
 
     def w(name: str) -> np.ndarray:
         if name not in weights:
