@@ -185,3 +185,15 @@ def test_concurrent_appends_never_interleave(tmp_path):
     assert gaps == [] and len(recs) == 200
     assert sorted((r["arm"], r["seq"]) for r in recs) == sorted(
         (f"a{k}", i) for k in range(4) for i in range(50))
+
+
+def test_strict_jsonl_ignores_only_a_truncated_last_line(tmp_path):
+    from bistat.records import RecordsError, iter_jsonl_strict
+
+    path = tmp_path / "passes.jsonl"
+    path.write_text('{"a": 1}\n\n{"a": 2}\n{"a": 3, "b"')
+    assert list(iter_jsonl_strict(path)) == [(1, {"a": 1}), (3, {"a": 2})]
+    path.write_text('{"a": 1}\n{"a": \n{"a": 3}\n')
+    with pytest.raises(RecordsError, match=r"passes.jsonl:2: not a JSON line"):
+        list(iter_jsonl_strict(path))
+    assert list(iter_jsonl_strict(tmp_path / "absent.jsonl")) == []

@@ -34,7 +34,7 @@ from collections.abc import Callable
 import numpy as np
 from scipy import stats as _sps
 
-from bistat.stats import wilson_interval
+from bistat.stats import _confidence_level, wilson_interval  # one validation for both modules
 
 __all__ = [
     "POWER_DRAWS",
@@ -107,15 +107,6 @@ def _probability(value: float, name: str) -> float:
     if not 0.0 <= v <= 1.0:
         raise ValueError(f"{name} must be between 0 and 1, got {value!r}")
     return v
-
-
-def _confidence_level(confidence_level: float) -> float:
-    cl = float(confidence_level)
-    if not 0.0 < cl < 1.0:
-        raise ValueError(
-            f"confidence_level must be strictly between 0 and 1 (e.g. 0.95), got {confidence_level!r}"
-        )
-    return cl
 
 
 # --------------------------------------------------------------------------------------------

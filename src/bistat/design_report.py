@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 from bistat import design, stats
 from bistat.experiment import Experiment
+from bistat.records import RecordsError, iter_jsonl_strict
 from bistat.rule import (
     LargeDriftsAtMost,
     MatchIntervalsOverlap,
@@ -157,16 +158,11 @@ def cv_from_run(run_dir: str | Path) -> tuple[stats.CVResult, str]:
         raise DesignError(f"design.cv_from: {run_dir}: no passes.jsonl there; name a run "
                           "directory of an earlier run, or declare design.expected_cv instead")
     groups: dict[str, list[float]] = {}
-    lines = path.read_text(encoding="utf-8").split("\n")
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if i == len(lines) - 1:  # a truncated last line (crash while writing): ignored
-                continue
-            raise DesignError(f"design.cv_from: {path}:{i + 1}: not JSON ({exc})") from exc
+    try:
+        recs = [rec for _, rec in iter_jsonl_strict(path)]
+    except RecordsError as exc:
+        raise DesignError(f"design.cv_from: {exc}") from None
+    for rec in recs:
         if rec.get("kind") != "counted":
             continue
         value = rec.get("output_tokens_per_s")

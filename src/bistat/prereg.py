@@ -37,6 +37,7 @@ from typing import Any, Iterable, Sequence
 from bistat import __version__
 from bistat.design_report import DesignReport, analyse_design
 from bistat.experiment import DeclarationError, Experiment, load_experiment, validate_experiment
+from bistat.records import RecordsError, iter_jsonl_strict
 
 __all__ = [
     "SCHEMA",
@@ -480,20 +481,10 @@ def find_recorded_runs(reg: Registration, runs_dirs: Iterable[str | Path]) -> li
 
 
 def _jsonl(path: Path) -> Iterable[tuple[int, dict[str, Any]]]:
-    if not path.is_file():
-        return
-    lines = path.read_text(encoding="utf-8").split("\n")
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            if i == len(lines) - 1:  # truncated last line: a crash while writing; ignored
-                continue
-            raise RegistrationError(f"{path}:{i + 1}: not a JSON line") from None
-        if isinstance(rec, dict):
-            yield i + 1, rec
+    try:
+        yield from iter_jsonl_strict(path)
+    except RecordsError as exc:
+        raise RegistrationError(str(exc)) from None
 
 
 def _data_times(run_dir: Path, run: dict[str, Any]) -> list[tuple[str, str]]:

@@ -374,6 +374,31 @@ def _parse_lines(path: Path, columns: Sequence[str] | None, stop_at: int | None 
     yield records, gaps
 
 
+def iter_jsonl_strict(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield ``(line number, record)`` of a JSONL file, refusing damage instead of skipping it.
+
+    For checks that must not pass over data (registration precedence, design CV): only a
+    truncated *last* line (a crash while writing) is ignored; any other unparsable line raises
+    :class:`RecordsError` naming the file and line. Lines that are not JSON objects are skipped;
+    a missing file yields nothing. (:func:`read_jsonl` is the lenient reader that reports gaps.)
+    """
+    path = Path(path)
+    if not path.is_file():
+        return
+    lines = path.read_text(encoding="utf-8").split("\n")
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if i == len(lines) - 1:
+                continue
+            raise RecordsError(f"{path}:{i + 1}: not a JSON line ({exc})") from None
+        if isinstance(rec, dict):
+            yield i + 1, rec
+
+
 def read_jsonl(path: str | os.PathLike) -> tuple[list[dict], list[str]]:
     """Read one JSONL table file: return its records and its gaps.
 
