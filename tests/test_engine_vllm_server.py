@@ -138,7 +138,7 @@ def test_from_experiment_splits_adapter_keys_from_server_flags():
         "max_num_seqs": 64, "retries": 5, "health_timeout_s": 30, "tensor_parallel_size": 2}))
     arm = SimpleNamespace(name="bi", env={"VLLM_BATCH_INVARIANT": "1"}, args={"max_num_seqs": 32})
     eng = VLLMServerEngine.from_experiment(exp, arm)
-    assert (eng.args, eng.http_kwargs, eng.health_timeout_s) == ({"max_num_seqs": 32}, {"retries": 5}, 30)
+    assert (eng.args, eng.http_kwargs, eng.health_timeout_s) == ({"max_num_seqs": 32}, {"retries": 5, "metrics_interval_s": 0.25}, 30)
     assert eng.argv(9)[-4:] == ["--tensor-parallel-size", "2", "--max-num-seqs", "32"]
     assert eng.arm_env == {"VLLM_BATCH_INVARIANT": "1"}
     off = VLLMOfflineEngine.from_experiment(exp, arm)

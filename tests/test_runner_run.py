@@ -187,3 +187,22 @@ def test_every_request_asks_for_the_declared_top_logprobs(tmp_path):
     assert len(seen) == 10 * 12 and set(seen) == {3}
     responses, _ = read_jsonl(tmp_path / "run" / "responses.jsonl")
     assert all(r["top_logprobs"] is not None for r in responses)
+
+
+def test_engine_server_logs_are_kept_in_the_run_dir(tmp_path, monkeypatch):
+    """An engine with a server log (vLLM's) gets it copied, gzipped, into engine-logs/ at stop."""
+    import gzip
+
+    def log_path(self):
+        p = tmp_path / f"server-{self.arm_name if hasattr(self, 'arm_name') else id(self)}.log"
+        if not p.exists():
+            p.write_text(f"INFO vLLM log of engine {id(self)}\n")
+        return p
+
+    monkeypatch.setattr(fakes.FakeEngine, "log_path", property(log_path), raising=False)
+    _, _, outcome = _run(tmp_path, arms=ARMS_DIVERGING)
+    assert outcome.status == "complete"
+    logs = sorted(p.name for p in (tmp_path / "run" / "engine-logs").iterdir())
+    assert logs == ["blas-1.log.gz", "invariant-1.log.gz"]
+    text = gzip.decompress((tmp_path / "run" / "engine-logs" / "blas-1.log.gz").read_bytes()).decode()
+    assert text.startswith("INFO vLLM log of engine ")

@@ -43,8 +43,10 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import hashlib
+import gzip
 import json
 import math
+import shutil
 import sys
 import threading
 import concurrent.futures
@@ -572,11 +574,27 @@ class _Session:
             local["engine_reported"] = fp
         return local
 
+    def _keep_log(self, arm: str, engine: Engine) -> None:
+        """Copy a stopped engine's server log (engines with a ``log_path``) into the run
+        directory, gzipped, as ``engine-logs/ARM-N.log.gz`` (N counts this arm's starts)."""
+        src = getattr(engine, "log_path", None)
+        if src is None or not Path(src).is_file():
+            return
+        dest_dir = self.writer.run_dir / "engine-logs"
+        dest_dir.mkdir(exist_ok=True)
+        n = 1 + sum(1 for _ in dest_dir.glob(f"{arm}-*.log.gz"))
+        try:
+            with open(src, "rb") as fin, gzip.open(dest_dir / f"{arm}-{n}.log.gz", "wb") as fout:
+                shutil.copyfileobj(fin, fout)
+        except OSError as exc:  # a lost log must not lose the run
+            self._event(arm, "exited", f"server log {src} not kept: {exc}")
+
     def _stop_quietly(self, arm: str, engine: Engine) -> None:
         try:
             engine.stop()
         except EngineError as exc:
             self._event(arm, "exited", f"stop failed: {exc}")
+        self._keep_log(arm, engine)
 
     def stop_engine(self, arm: str) -> None:
         engine = self.engines.pop(arm)
@@ -584,7 +602,9 @@ class _Session:
             engine.stop()
         except EngineError as exc:
             self._event(arm, "exited", f"stop failed: {exc}")
+            self._keep_log(arm, engine)
             return
+        self._keep_log(arm, engine)
         self._event(arm, "stopped")
 
     def stop_all(self) -> None:
