@@ -115,16 +115,21 @@ def _table_section(table: dict[str, Any], source: str) -> list[str]:
         prov = e["provenance"]
         lines.append(f"| {e['n']} | {e['k']} | {', '.join(e['layers'])} | {e['block_k']} | "
                      f"{e['split_k']} | {scores} | {prov['gpu_uuid']} {prov['date_utc']} |")
+    any_fused = any(b.get("fuse_splits", False) for e in table["entries"] for b in e["buckets"])
     lines += ["", "Buckets (BLOCK_M x BLOCK_N, warps, stages, programs per SM; sweep-time "
-              "tuned / torch.mm at the bucket bound):", "",
+              "tuned / torch.mm at the bucket bound)"
+              + ("; `fused`: the split-K partial sums are added inside the GEMM kernel, in split "
+                 "order, instead of by the separate reduce kernel (same bits, no workspace)"
+                 if any_fused else "") + ":", "",
               "| N | K | " + " | ".join(f"M<={b['m_max']}" for b in table["entries"][0]["buckets"])
               + " |", "|---|---|" + "---|" * len(table["entries"][0]["buckets"])]
     for e in table["entries"]:
         cells = []
         for b in e["buckets"]:
             ratio = b["measured"]["time_ms"] / b["measured"]["torch_mm_ms"]
+            fused = " fused" if b.get("fuse_splits", False) else ""
             cells.append(f"{b['block_m']}x{b['block_n']} w{b['num_warps']} s{b['num_stages']} "
-                         f"p{b.get('programs_per_sm', 1)} ({ratio:.2f})")
+                         f"p{b.get('programs_per_sm', 1)}{fused} ({ratio:.2f})")
         lines.append(f"| {e['n']} | {e['k']} | " + " | ".join(cells) + " |")
     first = table["entries"][0]["provenance"]
     lines += ["", f"Provenance of the first entry: {_prov_line(first)}."]
@@ -152,21 +157,62 @@ def _probe_section(probe: dict[str, Any], source: str) -> list[str]:
     return lines
 
 
+_NUMBER_WORDS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine",
+                 "ten", "eleven", "twelve")
+
+
+def _and_list(values: list[int]) -> str:
+    words = [str(v) for v in values]
+    return " and ".join([", ".join(words[:-1]), words[-1]] if len(words) > 2 else words)
+
+
+def _check_configs(gates: list[dict[str, Any]]) -> str:
+    """'five launch configurations including split-K 2 and 3' (+ the fused ones), from the data."""
+    configs = {json.dumps(g["config"], sort_keys=True): g["config"] for g in gates}
+    count = len(configs)
+    text = (f"{_NUMBER_WORDS[count] if count < len(_NUMBER_WORDS) else count} launch "
+            f"configurations")
+    parallel = sorted({c["split_k"] for c in configs.values()
+                       if c["split_k"] > 1 and not c.get("fuse_splits", False)})
+    fused = sorted({c["split_k"] for c in configs.values()
+                    if c["split_k"] > 1 and c.get("fuse_splits", False)})
+    if parallel:
+        text += f" including split-K {_and_list(parallel)}"
+    if fused:
+        text += (f"{' and' if parallel else ' including'} fused split-K {_and_list(fused)} "
+                 f"(partial sums added inside the GEMM kernel)")
+    return text
+
+
 def _check_section(check: dict[str, Any], source: str) -> list[str]:
     gates = check["gates"]
     comp = check["compiled"]
-    return ["## Kernel checks and the compiled path", "", f"Source: `{source}`. Measured on "
-            f"{_prov_line(check['provenance'])}.", "",
-            f"- Both gates on ragged shapes (N x K = 1000 x 1000, 4096 x 2048, 576 x 1536 with "
-            f"bias) with five launch configurations including split-K 2 and 3, in bf16, fp16 "
-            f"and fp32 (IEEE): {sum(g['passed'] for g in gates)}/{len(gates)} passed.",
-            f"- torch.compile (fullgraph, dynamic M) through the plugin's custom op equals eager "
-            f"bitwise: {comp.get('compile_equal_eager')}; rows invariant across M inside the "
-            f"compiled graph: {comp.get('compile_row_invariant')}; a CUDA graph of the compiled "
-            f"function replays to the same bits: {comp.get('cuda_graph_replay_equal')}.",
-            f"- Launch configurations the custom op chose per M while compiling and capturing "
-            f"(N, K, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K: calls): "
-            f"{', '.join(f'{k}: {v}' for k, v in sorted(comp.get('op_calls', {}).items()))}."]
+    lines = ["## Kernel checks and the compiled path", "", f"Source: `{source}`. Measured on "
+             f"{_prov_line(check['provenance'])}.", "",
+             f"- Both gates on ragged shapes (N x K = 1000 x 1000, 4096 x 2048, 576 x 1536 with "
+             f"bias) with {_check_configs(gates)}, in bf16, fp16 "
+             f"and fp32 (IEEE): {sum(g['passed'] for g in gates)}/{len(gates)} passed.",
+             *([f"- Fused split-K equals parallel split-K bitwise (split-K 2 and 3, M = 1, 17 "
+                f"and 1031, with and without bias, bf16, fp16 and fp32): "
+                f"{sum(check['fused_equals_parallel'])}/{len(check['fused_equals_parallel'])} "
+                f"comparisons."] if "fused_equals_parallel" in check else []),
+             f"- torch.compile (fullgraph, dynamic M) through the plugin's custom op equals eager "
+             f"bitwise: {comp.get('compile_equal_eager')}; rows invariant across M inside the "
+             f"compiled graph: {comp.get('compile_row_invariant')}; a CUDA graph of the compiled "
+             f"function replays to the same bits: {comp.get('cuda_graph_replay_equal')}.",
+             f"- Launch configurations the custom op chose per M while compiling and capturing "
+             f"(N, K, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K: calls): "
+             f"{', '.join(f'{k}: {v}' for k, v in sorted(comp.get('op_calls', {}).items()))}."]
+    fused = comp.get("fused_table")
+    if fused is not None:
+        lines.append(
+            f"- The same through a table whose entry for N x K = 4096 x 2048 uses split-K 2, "
+            f"parallel for M <= {fused.get('parallel_max_m', '?')} and fused above: compiled "
+            f"equals eager bitwise: {fused.get('compile_equal_eager')}; rows invariant across M "
+            f"(a row computed alone by the parallel mode equals it inside a fused batch): "
+            f"{fused.get('compile_row_invariant')}; CUDA graph replay equal: "
+            f"{fused.get('cuda_graph_replay_equal')}.")
+    return lines
 
 
 def _history_section(results_dir: Path) -> list[str]:

@@ -13,11 +13,25 @@ Invariant kept
 Every output element ``C[m, n]`` is the sum over K taken in an order fixed by ``(K, BLOCK_K,
 SPLIT_K)`` alone: K-tiles of ``BLOCK_K`` added one after another into a float32 accumulator, split
 into ``SPLIT_K`` consecutive groups of ``cdiv(cdiv(K, BLOCK_K), SPLIT_K)`` tiles whose partial sums
-are then added in split order (split 0 first) by ``_splitk_reduce_kernel``; the bias is added last.
+are then added in split order (split 0 first); the bias is added last, in float32, before the cast.
 The table fixes ``BLOCK_K`` and ``SPLIT_K`` per weight shape ``(N, K)``, never per M, so a row's
 bits do not depend on which other rows share the batch. ``BLOCK_M``, ``BLOCK_N``, ``GROUP_M``,
-``num_warps`` and ``num_stages`` vary per M bucket: they decide which program computes which tile,
-not how a tile sums. The probe (:mod:`bistat_kernels.probe`) checks that claim bitwise.
+``num_warps``, ``num_stages`` and ``FUSE_SPLITS`` vary per M bucket: they decide which program
+computes which tile, and where the partial sums meet, not how a tile sums. The probe
+(:mod:`bistat_kernels.probe`) checks that claim bitwise, and the sweep checks it for every
+candidate it keeps.
+
+Split-K runs in one of two ways, a per-bucket launch choice. *Parallel*: every (split, tile) pair
+is its own persistent work item; each writes its float32 partial sum to a workspace
+``[SPLIT_K, M, N]`` and ``_splitk_reduce_kernel`` computes ``((p0 + p1) + ...) + bias``. *Fused*
+(``FUSE_SPLITS``): one work item per tile runs the splits one after another; each split starts
+from a fresh float32 zero accumulator and runs the very same ``tl.dot(a, b, acc)`` chain over the
+same K-tiles with the same masks (one helper, :func:`_split_partial`, serves both modes), and the
+partial sums are added in registers in the reduce kernel's order: ``total = p0``, then
+``total = total + p1``, ... , then ``+ bias`` in float32, then the cast. Storing a float32 partial
+to the workspace and loading it back is exact, and float32 addition is the same IEEE operation in
+either kernel, so fused and parallel produce the same bits: the same operations on the same values
+in the same order, with no workspace and no second kernel.
 """
 
 from __future__ import annotations
@@ -49,6 +63,74 @@ def _compute_pid(tile_id, num_pid_in_group, num_pid_m, GROUP_SIZE_M):
     return pid_m, pid_n
 
 
+@triton.jit
+def _operand_offsets(pid_m, pid_n, M, N, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
+                     A_LARGE: tl.constexpr, B_LARGE: tl.constexpr):
+    offs_am = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+    offs_bn = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    if A_LARGE:
+        offs_am = offs_am.to(tl.int64)
+    if B_LARGE:
+        offs_bn = offs_bn.to(tl.int64)
+    # Rows/columns past the edge read row/column 0 (always valid memory) and are not stored.
+    offs_am = tl.where(offs_am < M, offs_am, 0)
+    offs_bn = tl.where(offs_bn < N, offs_bn, 0)
+    offs_am = tl.max_contiguous(tl.multiple_of(offs_am, BLOCK_SIZE_M), BLOCK_SIZE_M)
+    offs_bn = tl.max_contiguous(tl.multiple_of(offs_bn, BLOCK_SIZE_N), BLOCK_SIZE_N)
+    return offs_am, offs_bn
+
+
+@triton.jit
+def _split_partial(a_ptr, b_ptr, offs_am, offs_bn, K, stride_am, stride_ak, stride_bk, stride_bn,
+                   k_tile0, k_tiles_per_split,
+                   BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
+                   BLOCK_SIZE_K: tl.constexpr, A_LARGE: tl.constexpr, B_LARGE: tl.constexpr,
+                   IEEE: tl.constexpr):
+    # One split's float32 partial sum of a tile: K-tiles k_tile0 .. k_tile0 + k_tiles_per_split - 1
+    # added one after another into a fresh zero accumulator (both split-K modes call this).
+    offs_k_base = tl.arange(0, BLOCK_SIZE_K)
+    accumulator = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    for kk in range(k_tiles_per_split):
+        # K-tiles past K load zeros: adding an exact 0 leaves the sum's bits unchanged.
+        k_start = (k_tile0 + kk) * BLOCK_SIZE_K
+        if A_LARGE or B_LARGE:
+            offs_k = k_start + offs_k_base.to(tl.int64)
+        else:
+            offs_k = k_start + offs_k_base
+        a_ptrs = a_ptr + (offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak)
+        b_ptrs = b_ptr + (offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn)
+        a = tl.load(a_ptrs, mask=offs_k_base[None, :] < K - k_start, other=0.0)
+        b = tl.load(b_ptrs, mask=offs_k_base[:, None] < K - k_start, other=0.0)
+        if IEEE:
+            accumulator = tl.dot(a, b, accumulator, input_precision="ieee")
+        else:
+            accumulator = tl.dot(a, b, accumulator)
+    return accumulator
+
+
+@triton.jit
+def _output_offsets(pid_m, pid_n, M, N, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
+                    C_LARGE: tl.constexpr):
+    offs_cm = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+    offs_cn = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    if C_LARGE:
+        offs_cm = offs_cm.to(tl.int64)
+        offs_cn = offs_cn.to(tl.int64)
+    c_mask = (offs_cm[:, None] < M) & (offs_cn[None, :] < N)
+    return offs_cm, offs_cn, c_mask
+
+
+@triton.jit
+def _store_output(c_ptr, bias_ptr, total, offs_cm, offs_cn, c_mask, N, stride_cm, stride_cn,
+                  HAS_BIAS: tl.constexpr):
+    # The epilogue of a complete sum: + bias in float32, then the cast to the output dtype.
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + offs_cn, mask=offs_cn < N, other=0.0).to(tl.float32)
+        total += bias[None, :]
+    c_ptrs = c_ptr + stride_cm * offs_cm[:, None] + stride_cn * offs_cn[None, :]
+    tl.store(c_ptrs, total.to(c_ptr.dtype.element_ty), mask=c_mask)
+
+
 @triton.jit(do_not_specialize=["M"])
 def _matmul_persistent_kernel(
     a_ptr, b_ptr, c_ptr, ws_ptr, bias_ptr,
@@ -57,69 +139,58 @@ def _matmul_persistent_kernel(
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr, SPLIT_K: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
     A_LARGE: tl.constexpr, B_LARGE: tl.constexpr, C_LARGE: tl.constexpr,
-    HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
+    HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, FUSE_SPLITS: tl.constexpr,
 ):
-    # Tiles: SPLIT_K x num_pid_m x num_pid_n, walked by NUM_PROGRAMS persistent programs.
     start_pid = tl.program_id(axis=0)
     num_pid_m = tl.cdiv(M, BLOCK_SIZE_M)
     num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
     k_tiles = tl.cdiv(K, BLOCK_SIZE_K)
     k_tiles_per_split = tl.cdiv(k_tiles, SPLIT_K)  # a function of (K, BLOCK_K, SPLIT_K) only
     num_mn = num_pid_m * num_pid_n
-    num_tiles = num_mn * SPLIT_K
     num_pid_in_group = GROUP_SIZE_M * num_pid_n
-    offs_k_base = tl.arange(0, BLOCK_SIZE_K)
 
-    for tile_id in tl.range(start_pid, num_tiles, NUM_PROGRAMS, flatten=True):
-        split = tile_id // num_mn
-        pid_m, pid_n = _compute_pid(tile_id % num_mn, num_pid_in_group, num_pid_m, GROUP_SIZE_M)
-        offs_am = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
-        offs_bn = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
-        if A_LARGE:
-            offs_am = offs_am.to(tl.int64)
-        if B_LARGE:
-            offs_bn = offs_bn.to(tl.int64)
-        # Rows/columns past the edge read row/column 0 (always valid memory) and are not stored.
-        offs_am = tl.where(offs_am < M, offs_am, 0)
-        offs_bn = tl.where(offs_bn < N, offs_bn, 0)
-        offs_am = tl.max_contiguous(tl.multiple_of(offs_am, BLOCK_SIZE_M), BLOCK_SIZE_M)
-        offs_bn = tl.max_contiguous(tl.multiple_of(offs_bn, BLOCK_SIZE_N), BLOCK_SIZE_N)
-
-        accumulator = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-        k_tile0 = split * k_tiles_per_split
-        for kk in range(k_tiles_per_split):
-            # K-tiles past K load zeros: adding an exact 0 leaves the sum's bits unchanged.
-            k_start = (k_tile0 + kk) * BLOCK_SIZE_K
-            if A_LARGE or B_LARGE:
-                offs_k = k_start + offs_k_base.to(tl.int64)
+    if FUSE_SPLITS:
+        # Fused split-K: num_pid_m x num_pid_n tiles; each runs its SPLIT_K splits in order and
+        # adds the partial sums as _splitk_reduce_kernel does: total = p0; total = total + p1; ...
+        for tile_id in tl.range(start_pid, num_mn, NUM_PROGRAMS):
+            pid_m, pid_n = _compute_pid(tile_id, num_pid_in_group, num_pid_m, GROUP_SIZE_M)
+            offs_am, offs_bn = _operand_offsets(pid_m, pid_n, M, N, BLOCK_SIZE_M, BLOCK_SIZE_N,
+                                                A_LARGE, B_LARGE)
+            total = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+            for split in range(SPLIT_K):
+                partial = _split_partial(a_ptr, b_ptr, offs_am, offs_bn, K, stride_am, stride_ak,
+                                         stride_bk, stride_bn, split * k_tiles_per_split,
+                                         k_tiles_per_split, BLOCK_SIZE_M, BLOCK_SIZE_N,
+                                         BLOCK_SIZE_K, A_LARGE, B_LARGE, IEEE)
+                # split 0 is taken as it is (not 0 + p0, which would turn a -0.0 into +0.0)
+                total = tl.where(split == 0, partial, total + partial)
+            offs_cm, offs_cn, c_mask = _output_offsets(pid_m, pid_n, M, N, BLOCK_SIZE_M,
+                                                       BLOCK_SIZE_N, C_LARGE)
+            _store_output(c_ptr, bias_ptr, total, offs_cm, offs_cn, c_mask, N, stride_cm,
+                          stride_cn, HAS_BIAS)
+    else:
+        # Tiles: SPLIT_K x num_pid_m x num_pid_n, walked by NUM_PROGRAMS persistent programs.
+        num_tiles = num_mn * SPLIT_K
+        for tile_id in tl.range(start_pid, num_tiles, NUM_PROGRAMS, flatten=True):
+            split = tile_id // num_mn
+            pid_m, pid_n = _compute_pid(tile_id % num_mn, num_pid_in_group, num_pid_m,
+                                        GROUP_SIZE_M)
+            offs_am, offs_bn = _operand_offsets(pid_m, pid_n, M, N, BLOCK_SIZE_M, BLOCK_SIZE_N,
+                                                A_LARGE, B_LARGE)
+            accumulator = _split_partial(a_ptr, b_ptr, offs_am, offs_bn, K, stride_am, stride_ak,
+                                         stride_bk, stride_bn, split * k_tiles_per_split,
+                                         k_tiles_per_split, BLOCK_SIZE_M, BLOCK_SIZE_N,
+                                         BLOCK_SIZE_K, A_LARGE, B_LARGE, IEEE)
+            offs_cm, offs_cn, c_mask = _output_offsets(pid_m, pid_n, M, N, BLOCK_SIZE_M,
+                                                       BLOCK_SIZE_N, C_LARGE)
+            if SPLIT_K == 1:
+                _store_output(c_ptr, bias_ptr, accumulator, offs_cm, offs_cn, c_mask, N,
+                              stride_cm, stride_cn, HAS_BIAS)
             else:
-                offs_k = k_start + offs_k_base
-            a_ptrs = a_ptr + (offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak)
-            b_ptrs = b_ptr + (offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn)
-            a = tl.load(a_ptrs, mask=offs_k_base[None, :] < K - k_start, other=0.0)
-            b = tl.load(b_ptrs, mask=offs_k_base[:, None] < K - k_start, other=0.0)
-            if IEEE:
-                accumulator = tl.dot(a, b, accumulator, input_precision="ieee")
-            else:
-                accumulator = tl.dot(a, b, accumulator)
-
-        offs_cm = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
-        offs_cn = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
-        if C_LARGE:
-            offs_cm = offs_cm.to(tl.int64)
-            offs_cn = offs_cn.to(tl.int64)
-        c_mask = (offs_cm[:, None] < M) & (offs_cn[None, :] < N)
-        if SPLIT_K == 1:
-            if HAS_BIAS:
-                bias = tl.load(bias_ptr + offs_cn, mask=offs_cn < N, other=0.0).to(tl.float32)
-                accumulator += bias[None, :]
-            c_ptrs = c_ptr + stride_cm * offs_cm[:, None] + stride_cn * offs_cn[None, :]
-            tl.store(c_ptrs, accumulator.to(c_ptr.dtype.element_ty), mask=c_mask)
-        else:
-            # float32 partial sums, workspace [SPLIT_K, M, N] contiguous
-            ws_offs = (split.to(tl.int64) * M * N + offs_cm.to(tl.int64)[:, None] * N
-                       + offs_cn.to(tl.int64)[None, :])
-            tl.store(ws_ptr + ws_offs, accumulator, mask=c_mask)
+                # float32 partial sums, workspace [SPLIT_K, M, N] contiguous
+                ws_offs = (split.to(tl.int64) * M * N + offs_cm.to(tl.int64)[:, None] * N
+                           + offs_cn.to(tl.int64)[None, :])
+                tl.store(ws_ptr + ws_offs, accumulator, mask=c_mask)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -189,7 +260,8 @@ def matmul_persistent(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | Non
     Notes
     -----
     The table entry for ``(dtype, N, K)`` fixes ``block_k`` and ``split_k`` for all M (see the
-    module docstring); shapes without an entry use vLLM 0.25.0's fixed configuration, which is
+    module docstring); ``config.fuse_splits`` adds split-K partial sums inside the GEMM kernel
+    (no float32 workspace, no reduce kernel) with the same bits as the parallel mode; shapes without an entry use vLLM 0.25.0's fixed configuration, which is
     logged once per shape.
     """
     assert a.dim() == 2 and b.dim() == 2, "matmul_persistent: a and b must be 2-D"
@@ -207,11 +279,13 @@ def matmul_persistent(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | Non
     if M == 0 or N == 0:
         return c
     split_k = config.split_k
-    if split_k > 1:
+    fused = config.fuse_splits  # always False when split_k == 1 (GemmConfig normalises it)
+    if split_k > 1 and not fused:
         ws = torch.empty((split_k, M, N), device=a.device, dtype=torch.float32)  # [S, M, N]
     else:
-        ws = c  # unused by the kernel when SPLIT_K == 1
-    num_tiles = (triton.cdiv(M, config.block_m) * triton.cdiv(N, config.block_n) * split_k)
+        ws = c  # unused by the kernel: no split, or splits added in the kernel
+    num_tiles = (triton.cdiv(M, config.block_m) * triton.cdiv(N, config.block_n)
+                 * (1 if fused else split_k))
     num_programs = num_sms * config.programs_per_sm
     grid = (min(num_programs, num_tiles),)
     _matmul_persistent_kernel[grid](
@@ -221,10 +295,10 @@ def matmul_persistent(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | Non
         BLOCK_SIZE_M=config.block_m, BLOCK_SIZE_N=config.block_n, BLOCK_SIZE_K=config.block_k,
         GROUP_SIZE_M=config.group_m, SPLIT_K=split_k, NUM_PROGRAMS=num_programs,
         A_LARGE=a.numel() > 2**31, B_LARGE=b.numel() > 2**31, C_LARGE=c.numel() > 2**31,
-        HAS_BIAS=bias is not None and split_k == 1, IEEE=a.dtype == torch.float32,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        HAS_BIAS=bias is not None and (split_k == 1 or fused), IEEE=a.dtype == torch.float32,
+        FUSE_SPLITS=fused, num_warps=config.num_warps, num_stages=config.num_stages,
     )
-    if split_k > 1:
+    if split_k > 1 and not fused:
         reduce_grid = (triton.cdiv(M * N, _SPLITK_REDUCE_BLOCK),)
         _splitk_reduce_kernel[reduce_grid](
             ws, c, bias, M, N, c.stride(0), c.stride(1),

@@ -7,10 +7,15 @@ Method, per weight shape ``(N, K)``:
    decode-weighted geometric mean of ``time / torch.mm time`` (weights ``SCORE_WEIGHTS``) wins.
 2. *Launch parameters* per M bucket: with that layout fixed, every launch candidate of the bucket
    is timed at the bucket's upper bound M, and the fastest one that passes both gates is kept.
+   For split-K layouts every candidate is tried twice, with the splits' partial sums added by
+   the separate reduce kernel (parallel) and inside the GEMM kernel (fused): a launch choice per
+   bucket that leaves the bits unchanged, so timing decides.
 
 Both gates run on every candidate before it is timed: gate 1 compares rows of the candidate's
 output bitwise with the same rows computed alone (M = 1) by a fixed canonical launch of the same
-layout; gate 2 bounds the error against a float32 (no TF32) reference. Timing is
+layout (always the parallel split-K form, so gate 1 also proves on the GPU that every kept fused
+candidate equals the parallel mode bit for bit); gate 2 bounds the error against a float32 (no
+TF32) reference. Timing is
 :func:`bistat_kernels.timing.graph_time_ms`: CUDA-graph replays over weight copies that exceed the
 L2 cache, median per call (no Python launch overhead, weights read from HBM).
 
@@ -54,6 +59,8 @@ GROUP_M = 8
 # batch_invariant_configs.py and the Triton tutorial's configs span these ranges). Small M wants
 # narrow tiles and more programs (decode is weight-bandwidth-bound); configs whose shared memory
 # exceeds the device's limit are skipped when launched ("out_of_resources" in the raw records).
+# The last entries of "large" and "prefill" are small tiles with two programs per SM for narrow or
+# short-K shapes (N <= 3072, K <= 1536), where 128-row tiles leave multiprocessors idle at M >= 512.
 def _product(bms, bns, warps_stages, per_sm):
     return tuple((bm, bn, w, s, p) for bm in bms for bn in bns for w, s in warps_stages
                  for p in per_sm)
@@ -65,10 +72,12 @@ _LAUNCH_CANDIDATES: dict[str, tuple[tuple[int, int, int, int, int], ...]] = {
     "mid": _product((32, 64), (64, 128, 256), ((4, 3), (4, 4), (8, 3)), (1,))
     + ((128, 128, 8, 3, 1), (128, 64, 4, 4, 1), (64, 64, 4, 4, 2)),
     "large": _product((64, 128), (64, 128, 256), ((4, 3), (4, 4), (8, 3)), (1,))
-    + ((64, 64, 4, 4, 2), (64, 128, 4, 3, 2)),
+    + ((64, 64, 4, 4, 2), (64, 128, 4, 3, 2))
+    + ((64, 64, 4, 5, 3), (128, 64, 4, 4, 2), (64, 128, 4, 4, 2), (128, 32, 4, 4, 2)),
     "prefill": _product((128,), (64, 128, 256), ((4, 3), (8, 3), (8, 4), (8, 2)), (1,))
     + ((256, 128, 8, 3, 1), (64, 64, 4, 4, 2), (64, 128, 4, 3, 2), (128, 64, 4, 4, 2),
-       (64, 128, 4, 4, 1), (64, 256, 8, 3, 1)),
+       (64, 128, 4, 4, 1), (64, 256, 8, 3, 1))
+    + ((64, 64, 4, 5, 3), (64, 128, 4, 4, 2), (128, 32, 4, 4, 2)),
 }
 
 
@@ -85,29 +94,44 @@ def _bucket_class(m: int) -> str:
 
 
 def launch_candidates(m: int, n: int, block_k: int, split_k: int) -> list[tables.GemmConfig]:
-    """Launch candidates for a bucket whose upper bound is ``m`` (BLOCK_N capped near N)."""
-    out = []
-    seen = set()
+    """Launch candidates for a bucket whose upper bound is ``m`` (BLOCK_N capped near N).
+
+    With ``split_k > 1`` each candidate comes in the parallel form followed by the fused one
+    (``fuse_splits=True``); with ``split_k == 1`` there is nothing to fuse. Duplicates (after the
+    BLOCK_N cap) are dropped, first occurrence kept.
+    """
+    raw = []
     for bm, bn, warps, stages, per_sm in _LAUNCH_CANDIDATES[_bucket_class(m)]:
         bn = min(bn, max(16, triton.next_power_of_2(n)))
-        cfg = tables.GemmConfig(bm, bn, block_k, GROUP_M, warps, stages, split_k, per_sm)
-        if cfg not in seen:
-            seen.add(cfg)
-            out.append(cfg)
+        raw.append((bm, bn, warps, stages, per_sm))
     if m <= 16 and n <= 2048:  # narrow N: 16-column tiles keep every multiprocessor busy
-        out.append(tables.GemmConfig(16, 16, block_k, GROUP_M, 4, 4, split_k))
-        out.append(tables.GemmConfig(16, 16, block_k, GROUP_M, 4, 4, split_k, 2))
+        raw += [(16, 16, 4, 4, 1), (16, 16, 4, 4, 2)]
+    modes = (False, True) if split_k > 1 else (False,)
+    out: list[tables.GemmConfig] = []
+    seen: set[tables.GemmConfig] = set()
+    for bm, bn, warps, stages, per_sm in raw:
+        for fused in modes:
+            cfg = tables.GemmConfig(bm, bn, block_k, GROUP_M, warps, stages, split_k, per_sm,
+                                    fuse_splits=fused)
+            if cfg not in seen:
+                seen.add(cfg)
+                out.append(cfg)
     return out
 
 
-def reduction_candidates(n: int, num_sms: int) -> list[tuple[int, int]]:
-    """``(BLOCK_K, SPLIT_K)`` layouts tried for a shape.
+def reduction_candidates(n: int, k: int, num_sms: int) -> list[tuple[int, int]]:
+    """``(BLOCK_K, SPLIT_K)`` layouts tried for a shape ``(N, K)``.
 
-    Split-K is tried only where even 32-column tiles leave multiprocessors idle at M = 1.
+    Split-K 2 (BLOCK_K 128) is tried for every N <= 8192 and wherever even 32-column tiles leave
+    multiprocessors idle at M = 1; with K >= 8192 split-K 4 as well. The fused mode (partial
+    sums added in the GEMM kernel) spares prefill sizes the workspace and the reduce kernel, so
+    a split layout chosen for decode no longer costs much at large M.
     """
     out = [(64, 1), (128, 1)]
-    if triton.cdiv(n, 32) < num_sms:
+    if n <= 8192 or triton.cdiv(n, 32) < num_sms:
         out.append((128, 2))
+        if k >= 8192:
+            out.append((128, 4))
     return out
 
 
@@ -120,7 +144,7 @@ def all_sweep_configs(shapes: Sequence[GemmShape], num_sms: int) -> list[tables.
     """Every launch configuration the sweep may compile (for parallel precompilation)."""
     configs: dict[tables.GemmConfig, None] = {}
     for shape in shapes:
-        for bk, split in reduction_candidates(shape.n, num_sms):
+        for bk, split in reduction_candidates(shape.n, shape.k, num_sms):
             configs[canonical_config(bk, split)] = None
             for m in BUCKETS:
                 for cfg in launch_candidates(m, shape.n, bk, split):
@@ -135,15 +159,17 @@ def _compile_worker(args: tuple[str, list[tuple[int, ...]]]) -> list[str]:
     for fields in raw:
         cfg = tables.GemmConfig(*fields)
         try:
+            # the workspace is float32 only in parallel split-K; otherwise the launcher passes c
+            ws_dtype = torch.float32 if cfg.split_k > 1 and not cfg.fuse_splits else dtype
             mp._matmul_persistent_kernel.warmup(
-                dtype, dtype, dtype, torch.float32 if cfg.split_k > 1 else dtype, None,
+                dtype, dtype, dtype, ws_dtype, None,
                 64, 64, 64, 64, 1, 1, 64, 64, 1,
                 BLOCK_SIZE_M=cfg.block_m, BLOCK_SIZE_N=cfg.block_n, BLOCK_SIZE_K=cfg.block_k,
                 GROUP_SIZE_M=cfg.group_m, SPLIT_K=cfg.split_k,
                 NUM_PROGRAMS=_WORKER_NUM_SMS * cfg.programs_per_sm,
                 A_LARGE=False, B_LARGE=False, C_LARGE=False, HAS_BIAS=False,
-                IEEE=dtype == torch.float32, num_warps=cfg.num_warps,
-                num_stages=cfg.num_stages, grid=(1,))
+                IEEE=dtype == torch.float32, FUSE_SPLITS=cfg.fuse_splits,
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages, grid=(1,))
         except Exception as exc:  # noqa: BLE001 - reported per config; the real launch re-raises
             errors.append(f"{cfg}: {type(exc).__name__}: {str(exc)[:200]}")
     return errors
@@ -259,7 +285,7 @@ def sweep_shape(shape: GemmShape, dtype: torch.dtype, num_sms: int, provenance: 
     a_big = torch.randn(max(BUCKETS), shape.k, device=device, dtype=dtype, generator=gen)
     copies = timing.weight_copies(w) if device != "cpu" else [w]
     st = _ShapeState(shape, dtype, a_big, w.t(), [c.t() for c in copies], {}, {}, {})
-    layouts = reduction_candidates(shape.n, num_sms)
+    layouts = reduction_candidates(shape.n, shape.k, num_sms)
     records: list[dict[str, Any]] = []
     best: dict[tuple[tuple[int, int], int], dict[str, Any]] = {}
 
@@ -309,6 +335,7 @@ def sweep_shape(shape: GemmShape, dtype: torch.dtype, num_sms: int, provenance: 
             m_max=m, block_m=w_rec["block_m"], block_n=w_rec["block_n"], group_m=w_rec["group_m"],
             num_warps=w_rec["num_warps"], num_stages=w_rec["num_stages"],
             programs_per_sm=w_rec["programs_per_sm"],
+            fuse_splits=w_rec["fuse_splits"],
             measured={"m": m, "time_ms": round(w_rec["time_ms"], 5),
                       "torch_mm_ms": round(st.torch_mm_ms[m], 5),
                       "max_rel_err": w_rec["max_rel_err"]}))

@@ -5,7 +5,10 @@ to one *shape-wide* reduction layout (``block_k``, ``split_k``) and to launch pa
 bucket (``block_m``, ``block_n``, ``group_m``, ``num_warps``, ``num_stages``). Only the per-bucket
 values change with the batch size M; they change how output tiles are scheduled, never the order
 in which an output element's K-reduction is summed, which is what keeps a row's bits independent
-of the batch it sits in. Values above the largest bucket reuse the largest bucket.
+of the batch it sits in. Values above the largest bucket reuse the largest bucket. For split-K
+layouts a bucket may also set ``fuse_splits`` (optional, default false): the splits' partial sums
+are then added in the GEMM kernel itself rather than by a separate reduce kernel, in the same
+order, so it too is a launch choice that leaves the bits unchanged.
 
 The launcher resolves the table of the device it runs on once, into the module-level value
 ``_DEVICE_TABLE``, and picks the M bucket by a linear scan over a short sorted tuple: no
@@ -44,6 +47,11 @@ class GemmConfig:
     """A complete launch configuration of ``_matmul_persistent_kernel``.
 
     ``block_k`` and ``split_k`` fix the K-reduction order; the other fields only schedule tiles.
+    ``fuse_splits`` (split-K only) runs the splits of an output tile one after another in one
+    program and adds their partial sums there, in split order, instead of writing them to a
+    float32 workspace for ``_splitk_reduce_kernel``: the same sums in the same order, without the
+    workspace and the second kernel. It means nothing when ``split_k == 1`` and is normalised to
+    ``False`` there, so that equal launches compare (and deduplicate) equal.
     """
 
     block_m: int
@@ -54,6 +62,10 @@ class GemmConfig:
     num_stages: int
     split_k: int = 1
     programs_per_sm: int = 1  # persistent programs launched per multiprocessor (at most)
+    fuse_splits: bool = False  # split-K partial sums added in the GEMM kernel (no workspace)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fuse_splits", bool(self.fuse_splits) and self.split_k > 1)
 
     def reduction_key(self) -> tuple[int, int]:
         """The part of the config that decides an output element's summation order."""
@@ -62,7 +74,10 @@ class GemmConfig:
 
 @dataclass(frozen=True)
 class BucketConfig:
-    """Launch parameters for every M with ``previous m_max < M <= m_max``."""
+    """Launch parameters for every M with ``previous m_max < M <= m_max``.
+
+    ``fuse_splits`` applies only to entries with ``split_k > 1`` (see :class:`GemmConfig`).
+    """
 
     m_max: int
     block_m: int
@@ -71,6 +86,7 @@ class BucketConfig:
     num_warps: int
     num_stages: int
     programs_per_sm: int = 1
+    fuse_splits: bool = False
     measured: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
 
@@ -103,6 +119,7 @@ class ShapeConfig:
             num_stages=chosen.num_stages,
             split_k=self.split_k,
             programs_per_sm=chosen.programs_per_sm,
+            fuse_splits=chosen.fuse_splits,
         )
 
 
@@ -147,6 +164,18 @@ def _require_int(where: str, obj: dict[str, Any], key: str, *, pow2: bool = Fals
     if pow2 and not _is_pow2(value):
         raise TableError(f"{where}.{key}: got {value}; expected a power of two "
                          f"(Triton block sizes)")
+    return value
+
+
+def _optional_fuse_splits(where: str, bucket: dict[str, Any], split_k: int) -> bool:
+    """The optional ``fuse_splits`` of a bucket (absent: false, as in tables written before it)."""
+    value = bucket.get("fuse_splits", False)
+    if not isinstance(value, bool):
+        raise TableError(f"{where}.fuse_splits: got {value!r}; expected true or false (or leave "
+                         f"it out for false)")
+    if value and split_k == 1:
+        raise TableError(f"{where}.fuse_splits: true needs the entry's split_k > 1 (got "
+                         f"split_k 1: there are no splits to fuse); remove the field")
     return value
 
 
@@ -213,6 +242,7 @@ def parse_table(data: Any, source: str = "<table>") -> GemmTable:
                 num_stages=_require_int(bwhere, rb, "num_stages"),
                 programs_per_sm=(_require_int(bwhere, rb, "programs_per_sm")
                                  if "programs_per_sm" in rb else 1),
+                fuse_splits=_optional_fuse_splits(bwhere, rb, split_k),
                 measured=dict(rb.get("measured") or {}),
             ))
         key = (dtype, n, k)
@@ -242,6 +272,8 @@ def table_to_dict(table_device: str, entries: list[ShapeConfig]) -> dict[str, An
         buckets = []
         for b in entry.buckets:
             d = asdict(b)
+            if not d["fuse_splits"]:
+                del d["fuse_splits"]  # optional; absent reads as false
             if not d["measured"]:
                 del d["measured"]
             buckets.append(d)

@@ -8,9 +8,10 @@ The device image has torch and triton but not bistat; run from the repository ro
     PYTHONPATH=/tmp/pk python3 kernels/device/gpu_call.py all --out "$OUT" --budget-s 360
 
 Stages (``all`` runs them in this order, each only while the time budget lasts):
-``check`` (gates on ragged shapes in every dtype, split-K, bias, torch.compile + CUDA graph through
-the plugin's custom op), ``sweep`` (resumes from ``kernels/tables`` and ``kernels/results``),
-``probe`` (both gates on every entry of the table) and ``bench``. Every stage writes JSON under
+``check`` (gates on ragged shapes in every dtype, split-K parallel and fused, bias, fused ==
+parallel bitwise, torch.compile + CUDA graph through the plugin's custom op, also with a table
+that switches to fused split-K above M = 4), ``sweep`` (resumes from ``kernels/tables`` and
+``kernels/results``), ``probe`` (both gates on every entry of the table) and ``bench``. Every stage writes JSON under
 ``--out``; the Triton cache is packed there too so that the next command compiles nothing.
 """
 
@@ -45,6 +46,45 @@ def write(path: Path, data: object) -> None:
     path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
 
 
+def _compiled_path_check(op, w: torch.Tensor, xs: torch.Tensor) -> dict:
+    """torch.compile (dynamic M) + CUDA graph through the custom op, against eager, bitwise."""
+    res: dict = {}
+
+    def layer(x):  # x2 is exact in bf16, so compiled and eager must agree bitwise
+        return op(x, w.t(), None) * 2
+
+    f = torch.compile(layer, fullgraph=True, dynamic=True)
+    outs = {m: f(xs[:m]) for m in (1, 7, 64)}
+    eager = {m: mp.matmul_persistent(xs[:m], w.t()) * 2 for m in outs}
+    res["compile_equal_eager"] = all(torch.equal(outs[m], eager[m]) for m in outs)
+    res["compile_row_invariant"] = bool(torch.equal(outs[7][3], outs[64][3])
+                                        and torch.equal(outs[1][0], outs[64][0]))
+    static = xs[:8].clone()
+    g = torch.cuda.CUDAGraph()
+    f(static)
+    torch.cuda.synchronize()
+    with torch.cuda.graph(g):
+        gout = f(static)
+    static.copy_(xs[8:16])
+    g.replay()
+    torch.cuda.synchronize()
+    res["cuda_graph_replay_equal"] = bool(torch.equal(gout, eager[64][8:16]))
+    return res
+
+
+FUSED_CHECK_PARALLEL_MAX_M = 4  # the fused-table check: parallel split-K up to here, fused above
+
+
+def _fused_check_table(device: str) -> tables.GemmTable:
+    """A table for (bf16, 4096, 2048): split-K 2, parallel at M <= 4 and fused above."""
+    buckets = (tables.BucketConfig(FUSED_CHECK_PARALLEL_MAX_M, 16, 64, 8, 4, 4),
+               tables.BucketConfig(16, 16, 64, 8, 4, 4, fuse_splits=True),
+               tables.BucketConfig(4096, 64, 128, 8, 4, 3, fuse_splits=True))
+    entry = tables.ShapeConfig("bfloat16", 4096, 2048, 128, 2, buckets,
+                               provenance={"command": "kernels/device/gpu_call.py check"})
+    return tables.GemmTable(device, {("bfloat16", 4096, 2048): entry}, "gpu_call fused check")
+
+
 def stage_check(out: Path) -> bool:
     """Gates on small ragged shapes with several configs per dtype, and the compiled path."""
     results = []
@@ -53,11 +93,14 @@ def stage_check(out: Path) -> bool:
                tables.GemmConfig(64, 128, 128, 8, 4, 3, 1),
                tables.GemmConfig(128, 128, 64, 8, 8, 3, 1),
                tables.GemmConfig(16, 64, 128, 8, 4, 4, 2),
-               tables.GemmConfig(32, 64, 128, 8, 4, 4, 3)]
+               tables.GemmConfig(32, 64, 128, 8, 4, 4, 3),
+               tables.GemmConfig(16, 64, 128, 8, 4, 4, 2, fuse_splits=True),
+               tables.GemmConfig(64, 128, 128, 8, 4, 3, 3, fuse_splits=True)]
     plan = [(torch.bfloat16, n, k, bias, cfg) for n, k, bias in
             ((1000, 1000, False), (4096, 2048, False), (576, 1536, True)) for cfg in configs]
+    # (configs[6] needs more shared memory than fp32 has room for at 3 stages)
     plan += [(dtype, 1000, 1000, True, cfg) for dtype in (torch.float16, torch.float32)
-             for cfg in (configs[0], configs[4])]
+             for cfg in (configs[0], configs[4], configs[5])]
     for dtype, n, k, bias, cfg in plan:
         fn = (lambda a, b, bb, c=cfg: mp.matmul_persistent(a, b, bb, config=c))
         res = probe.probe_shape(n, k, dtype, "cuda", None, max_m=1024,
@@ -68,43 +111,64 @@ def stage_check(out: Path) -> bool:
         ok &= res.passed
         if not res.passed:
             log(f"check FAILED {dtype} N={n} K={k} {cfg}: {json.dumps(d)[:600]}")
-    log(f"check: {sum(r['passed'] for r in results)}/{len(results)} gate runs passed")
-    # The compiled path: torch.compile (dynamic M) + CUDA graphs through the plugin's custom op.
-    compiled = {}
+    # Fused split-K equals parallel split-K bit for bit (same layout, with bias, ragged M).
+    fused_equal = []
+    fused_error = None
+    try:
+        gen = torch.Generator(device="cuda").manual_seed(7)
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            for n, k, split in ((1000, 1000, 3), (576, 1536, 2), (4096, 2048, 2)):
+                a = torch.randn(1031, k, device="cuda", dtype=dtype, generator=gen)
+                w = torch.randn(n, k, device="cuda", dtype=dtype, generator=gen) * 0.05
+                bias = torch.randn(n, device="cuda", dtype=dtype, generator=gen)
+                par = tables.GemmConfig(32, 64, 128, 8, 4, 4, split)
+                fused_configs = [tables.GemmConfig(16, 64, 128, 8, 4, 4, split, fuse_splits=True)]
+                if dtype != torch.float32:
+                    fused_configs.append(tables.GemmConfig(64, 128, 128, 8, 4, 3, split,
+                                                           fuse_splits=True))
+                for m in (1, 17, 1031):
+                    for bb in (None, bias):
+                        expected = mp.matmul_persistent(a[:m], w.t(), bb, config=par)
+                        fused_equal.extend(
+                            bool(torch.equal(mp.matmul_persistent(a[:m], w.t(), bb, config=fus),
+                                             expected)) for fus in fused_configs)
+    except Exception as exc:  # noqa: BLE001 - recorded and reported, the stage fails
+        fused_error = f"{type(exc).__name__}: {exc}"
+        traceback.print_exc()
+    ok &= fused_error is None and all(fused_equal)
+    log(f"check: {sum(r['passed'] for r in results)}/{len(results)} gate runs passed; fused == "
+        f"parallel split-K bitwise in {sum(fused_equal)}/{len(fused_equal)} comparisons")
+    # The compiled path: torch.compile (dynamic M) + CUDA graphs through the plugin's custom op,
+    # with the device's table, then with a table that switches to fused split-K above M = 4.
+    compiled: dict = {}
     try:
         from bistat_kernels import vllm_plugin
         op = vllm_plugin.tuned_matmul_op()
         w = torch.randn(4096, 2048, device="cuda", dtype=torch.bfloat16) * 0.02
-
-        def layer(x):  # x2 is exact in bf16, so compiled and eager must agree bitwise
-            return op(x, w.t(), None) * 2
-
-        f = torch.compile(layer, fullgraph=True, dynamic=True)
         xs = torch.randn(64, 2048, device="cuda", dtype=torch.bfloat16)
-        outs = {m: f(xs[:m]) for m in (1, 7, 64)}
-        eager = {m: mp.matmul_persistent(xs[:m], w.t()) * 2 for m in outs}
-        compiled["compile_equal_eager"] = all(torch.equal(outs[m], eager[m]) for m in outs)
-        compiled["compile_row_invariant"] = bool(torch.equal(outs[7][3], outs[64][3])
-                                                 and torch.equal(outs[1][0], outs[64][0]))
-        static = xs[:8].clone()
-        g = torch.cuda.CUDAGraph()
-        f(static)
-        torch.cuda.synchronize()
-        with torch.cuda.graph(g):
-            gout = f(static)
-        static.copy_(xs[8:16])
-        g.replay()
-        torch.cuda.synchronize()
-        compiled["cuda_graph_replay_equal"] = bool(torch.equal(gout, eager[64][8:16]))
+        compiled.update(_compiled_path_check(op, w, xs))
         compiled["op_calls"] = {str(k): v for k, v in vllm_plugin.CALLS.items()}
+        fused_table = _fused_check_table(torch.cuda.get_device_name(0))
+        tables.set_device_table(fused_table)
+        try:
+            fused = _compiled_path_check(op, w, xs)
+        finally:
+            tables.reset_device_table()
+        entry = fused_table.entries[("bfloat16", 4096, 2048)]
+        fused["parallel_max_m"] = FUSED_CHECK_PARALLEL_MAX_M
+        fused["configs"] = {str(m): entry.config_for(m).__dict__ for m in (1, 7, 8, 64)}
+        compiled["fused_table"] = fused
     except Exception as exc:  # noqa: BLE001 - recorded and reported, the stage fails
         compiled["error"] = f"{type(exc).__name__}: {exc}"
         traceback.print_exc()
-    ok &= all(compiled.get(k) is True for k in
-              ("compile_equal_eager", "compile_row_invariant", "cuda_graph_replay_equal"))
+    checks = ("compile_equal_eager", "compile_row_invariant", "cuda_graph_replay_equal")
+    ok &= all(compiled.get(k) is True for k in checks)
+    ok &= all(compiled.get("fused_table", {}).get(k) is True for k in checks)
     log(f"check compiled path: {compiled}")
     write(out / "check_gpu.json", {"provenance": gpu_provenance(0), "passed": ok,
-                                   "gates": results, "compiled": compiled})
+                                   "gates": results, "fused_equals_parallel": fused_equal,
+                                   **({"fused_error": fused_error} if fused_error else {}),
+                                   "compiled": compiled})
     return ok
 
 

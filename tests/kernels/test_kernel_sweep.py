@@ -15,8 +15,8 @@ from bistat_kernels.shapes import GemmShape  # noqa: E402
 def test_candidates_cap_block_n_and_try_split_k_only_for_narrow_n():
     assert all(c.block_n <= 64 for c in sweep.launch_candidates(1, 48, 64, 1))
     assert {c.block_k for c in sweep.launch_candidates(4096, 4096, 128, 1)} == {128}
-    assert sweep.reduction_candidates(4096, 132) == [(64, 1), (128, 1), (128, 2)]
-    assert sweep.reduction_candidates(151936, 132) == [(64, 1), (128, 1)]
+    assert sweep.reduction_candidates(4096, 4096, 132) == [(64, 1), (128, 1), (128, 2)]
+    assert sweep.reduction_candidates(151936, 4096, 132) == [(64, 1), (128, 1)]
 
 
 @pytest.fixture
@@ -37,7 +37,7 @@ def tiny_sweep(monkeypatch):
         return (1.0 if cfg.block_k == 32 else 1.5) + 1.0 / cfg.block_n - 0.01 * cfg.programs_per_sm
 
     monkeypatch.setattr(sweep, "time_ms", fake_clock)
-    monkeypatch.setattr(sweep, "reduction_candidates", lambda n, num_sms: [(16, 1), (32, 1)])
+    monkeypatch.setattr(sweep, "reduction_candidates", lambda n, k, num_sms: [(16, 1), (32, 1)])
 
 
 def test_sweep_picks_the_layout_by_score_and_the_fastest_gated_candidate(tiny_sweep):
