@@ -76,3 +76,24 @@ def test_generator_reproduces_the_committed_records(tmp_path):
         assert filecmp.cmp(tmp_path / "run" / f"{table}.jsonl",
                            EXAMPLE / "run" / f"{table}.jsonl", shallow=False), table
     assert (tmp_path / f"{NAME}.toml").read_bytes() == (EXAMPLE / f"{NAME}.toml").read_bytes()
+
+
+def test_operator_notes_are_quoted_in_the_finding(tmp_path):
+    """NOTES.md in a run directory appears, quoted line by line, after "Not run"; absent, no section."""
+    import shutil
+
+    from bistat.analysis import analyze_run
+    from bistat.report import render_markdown
+
+    run = tmp_path / "run"
+    shutil.copytree(ROOT / "examples" / "synthetic" / "run", run)
+    reg = ROOT / "examples" / "synthetic" / "synthetic-example.json"
+    plain = render_markdown(analyze_run(run, reg))
+    assert "## Operator's notes" not in plain
+    (run / "NOTES.md").write_text("Stopped after 2 of 8 passes: device time ran out.\n\nSecond line.\n",
+                                  encoding="utf-8")
+    noted = render_markdown(analyze_run(run, reg))
+    section = noted.split("## Operator's notes\n", 1)[1].split("## Data gaps", 1)[0]
+    assert "> Stopped after 2 of 8 passes: device time ran out.\n>\n> Second line.\n" in section
+    assert noted.index("## Not run") < noted.index("## Operator's notes") < noted.index("## Data gaps")
+    assert noted.replace(noted[noted.index("## Operator's notes"):noted.index("## Data gaps")], "") == plain

@@ -220,6 +220,9 @@ class RunSummary:
     gaps: tuple[str, ...]
     n_response_records: int
     anatomy: anat.Anatomy | None = None   # the divergence anatomy (bistat.anatomy)
+    #: the run directory's ``NOTES.md`` (what the operator states: why something was not run,
+    #: what happened on the machine), quoted in the finding as written, never interpreted
+    operator_notes: str | None = None
 
     def arm(self, name: str) -> ArmSummary:
         return next(a for a in self.arms if a.name == name)
@@ -974,7 +977,24 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
         validity=tuple(validity), status=run_status, comparisons=tuple(comparisons),
         metrics=tuple(series), events=tuple(bad_events), deviations=tuple(deviations),
         not_run=tuple(not_run), gaps=tuple(gaps), n_response_records=n_response_records,
-        anatomy=anatomy)
+        anatomy=anatomy, operator_notes=_operator_notes(run_dir))
+
+
+#: The operator's notes file of a run directory (optional, free text, committed with the data).
+NOTES_FILE = "NOTES.md"
+
+
+def _operator_notes(run_dir: Path) -> str | None:
+    """The text of ``run_dir/NOTES.md``, stripped; None when absent or empty."""
+    path = run_dir / NOTES_FILE
+    if not path.is_file():
+        return None
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+    except UnicodeDecodeError as exc:
+        raise AnalysisError(f"{path}: not UTF-8 text ({exc}); save the operator's notes as "
+                            "UTF-8 markdown") from None
+    return text or None
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,44 @@
+#!/bin/bash
+# Device side: run (or resume) a registered study in the background and watch it for at most
+# SECONDS, without stopping it. Engines start once per run instead of once per 10-minute call,
+# if the lent machine keeps background processes between calls (it keeps files in the repo copy
+# while warm; check with `bash scripts/device/run_bg.sh --check`). Calls must come back to back:
+# an idle machine is given back after 30 s.
+#   bash scripts/device/run_bg.sh NAME [SECONDS]   start, or keep watching; exit 0 when the run
+#                                                  has finished (its status line is printed),
+#                                                  3 while it is still running
+#   bash scripts/device/run_bg.sh --check          1st call: leave a marker process; 2nd: report it
+set -uo pipefail
+. "$(dirname "$0")/env.sh"
+if [ "${1:-}" = "--check" ]; then
+  if [ -f /tmp/bg-marker.pid ] && kill -0 "$(cat /tmp/bg-marker.pid)" 2>/dev/null; then
+    echo "[bg] background processes survive between calls (marker pid $(cat /tmp/bg-marker.pid) alive)"; exit 0
+  elif [ -f /tmp/bg-marker.pid ]; then
+    echo "[bg] background processes do NOT survive between calls: use run_chunk.sh"; exit 1
+  fi
+  setsid nohup sleep 3000 >/dev/null 2>&1 < /dev/null & echo $! > /tmp/bg-marker.pid
+  echo "[bg] marker started (pid $(cat /tmp/bg-marker.pid)); call --check again"; exit 0
+fi
+NAME=$1; BUDGET=${2:-540}
+REG="$REPO/preregistrations/$NAME.json"; RUN="$REPO/runs/$NAME"; LOG="$REPO/runs/$NAME.log"
+PIDF="$REPO/runs/$NAME.pid"; STATUS="$REPO/runs/$NAME.status"
+[ -f "$REG" ] || { echo "run_bg: $REG not found"; exit 1; }
+mkdir -p "$REPO/runs"
+alive() { [ -f "$PIDF" ] && kill -0 "$(cat "$PIDF")" 2>/dev/null; }
+if ! alive; then
+  if grep -q '"status": 0' "$STATUS" 2>/dev/null; then echo "[bg] $NAME already finished"; exit 0; fi
+  rm -f "$STATUS"
+  if [ -f "$RUN/run.json" ]; then what=(run --resume "$RUN" --no-progress); echo "[bg] resuming $RUN"
+  else what=(run "$REG" --run-dir "$RUN" --no-progress); echo "[bg] starting $RUN"; fi
+  setsid nohup bash -c '. scripts/device/env.sh; bistat "$@"; rc=$?; gpu_clean
+    echo "{\"status\": $rc}" > "'"$STATUS"'"' _ "${what[@]}" >> "$LOG" 2>&1 < /dev/null &
+  echo $! > "$PIDF"
+fi
+t0=$SECONDS; seen=0
+while alive && [ $((SECONDS - t0)) -lt "$BUDGET" ]; do
+  n=$(wc -l < "$LOG"); [ "$n" -gt "$seen" ] && { sed -n "$((seen + 1)),${n}p" "$LOG"; seen=$n; }
+  sleep 5
+done
+n=$(wc -l < "$LOG"); [ "$n" -gt "$seen" ] && sed -n "$((seen + 1)),${n}p" "$LOG"
+if alive; then echo "[bg] $NAME still running after this call's ${BUDGET} s; call again at once"; exit 3; fi
+echo "[bg] $NAME finished: $(cat "$STATUS" 2>/dev/null || echo 'no status (killed?)')"; exit 0
