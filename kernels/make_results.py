@@ -1,4 +1,4 @@
-"""Regenerate ``kernels/RESULTS.md`` from the recorded JSON (tables, bench, probe, check).
+"""Regenerate ``kernels/RESULTS.md`` from the recorded JSON (tables, bench, probe, check, fused).
 
 Nothing here measures; every number comes from a file written on the GPU, and the page says which
 file and which command. Rendering is deterministic, so a deleted RESULTS.md regenerates to the
@@ -37,11 +37,88 @@ def _geomean(values: list[float]) -> float:
 
 
 def _prov_line(prov: dict[str, Any]) -> str:
-    return (f"{prov.get('gpu_name', '?')} (UUID {prov.get('gpu_uuid', '?')}, serial "
-            f"{prov.get('gpu_serial', '?')}), driver {prov.get('driver', '?')}, torch "
-            f"{prov.get('torch', '?')}, CUDA {prov.get('cuda', '?')}, triton "
-            f"{prov.get('triton', '?')}, {prov.get('date_utc', '?')}; "
+    """GPU, UUID, serial, driver, versions, date and command; fields a file lacks are left out."""
+    ident = ", ".join(f"{label} {prov[key]}" for label, key in (("UUID", "gpu_uuid"),
+                                                               ("serial", "gpu_serial"))
+                      if key in prov)
+    rest = ", ".join(f"{label} {prov[key]}" for label, key in (
+        ("driver", "driver"), ("torch", "torch"), ("CUDA", "cuda"), ("triton", "triton"))
+        if key in prov)
+    return (f"{prov.get('gpu_name', '?')} ({ident}), {rest}, {prov.get('date_utc', '?')}; "
             f"command `{prov.get('command', '?')}`")
+
+
+def _and_words(words: list[str]) -> str:
+    return " and ".join([", ".join(words[:-1]), words[-1]] if len(words) > 2 else words)
+
+
+def _status_section(bench: dict[str, Any] | None, probe: dict[str, Any] | None,
+                    check: dict[str, Any] | None, table: dict[str, Any] | None,
+                    fused: dict[str, Any] | None, slug: str) -> list[str]:
+    """Goal status in one line, then which GPU and command each artefact came from."""
+    lines = ["## Status and provenance", ""]
+    if bench is not None:
+        s = bench["summary"]
+        met = s["geomean_tuned_over_mm"] <= GOAL_OVERALL
+        met_d = s["decode_geomean_tuned_over_mm"] <= GOAL_DECODE
+        lines += [f"Goal {'met' if met and met_d else '**not met**'}: geometric mean of tuned / "
+                  f"torch.mm {s['geomean_tuned_over_mm']:.3f} (target <= {GOAL_OVERALL}, "
+                  f"{'met' if met else '**not met**'}), at M <= {s['decode_max_m']} "
+                  f"{s['decode_geomean_tuned_over_mm']:.3f} (target <= {GOAL_DECODE}, "
+                  f"{'met' if met_d else '**not met**'}); both gates on every table entry: "
+                  + ("yes" if probe is not None and probe["passed"] else "**no**") + ".", ""]
+    lines += ["| artefact | GPU (UUID) | date (UTC) | command |", "|---|---|---|---|"]
+
+    def row(what: str, prov: dict[str, Any]) -> None:
+        lines.append(f"| {what} | {prov.get('gpu_name', '?')} ({prov.get('gpu_uuid', '?')}) | "
+                     f"{prov.get('date_utc', '?')} | `{prov.get('command', '?')}` |")
+
+    bench_uuid = bench["provenance"].get("gpu_uuid") if bench is not None else None
+    if table is not None:
+        sweeps: dict[tuple[str, str, str], list[str]] = {}
+        for e in table["entries"]:
+            p = e["provenance"]
+            sweeps.setdefault((p.get("gpu_uuid", "?"), p.get("date_utc", "?"),
+                               p.get("command", "?")), []).append(f"{e['n']}x{e['k']}")
+        for (uuid, date, command), shapes in sorted(sweeps.items()):
+            row(f"`kernels/tables/{slug}.json`: sweep of {len(shapes)} entr"
+                f"{'y' if len(shapes) == 1 else 'ies'}",
+                {"gpu_name": table.get("device_name", "?"), "gpu_uuid": uuid, "date_utc": date,
+                 "command": command})
+        sourced = [(e, b) for e in table["entries"] for b in e["buckets"]
+                   if "source" in b["measured"]]
+        if sourced and fused is not None:
+            where = ", ".join(f"{e['n']}x{e['k']} M<={b['m_max']}" for e, b in sourced)
+            row(f"`kernels/tables/{slug}.json`: {len(sourced)} bucket"
+                f"{'s' if len(sourced) != 1 else ''} set from the fused split-K comparison "
+                f"({where})", fused["provenance"])
+    if fused is not None:
+        row(f"`kernels/results/fused_compare_{slug}.json`", fused["provenance"])
+    if probe is not None:
+        row(f"`kernels/results/probe_{slug}.json`", probe["provenance"])
+    if bench is not None:
+        row(f"`kernels/results/bench_{slug}.json`", bench["provenance"])
+    if check is not None:
+        row("`kernels/results/check_gpu.json`", check["provenance"])
+    if bench is not None and table is not None:
+        others = {e["provenance"].get("gpu_uuid", "?"): e["provenance"]
+                  for e in table["entries"] if e["provenance"].get("gpu_uuid") != bench_uuid}
+        keys = (("gpu_name", "model"), ("driver", "driver"), ("torch", "torch"),
+                ("triton", "triton"))
+        text = ("Every ratio to torch.mm in the bench was measured side by side in one run on "
+                f"one GPU ({bench_uuid}), so the goal status stands on its own. ")
+        if not others:
+            text += "The table was tuned on the same GPU."
+        for uuid, prov in sorted(others.items()):
+            same = [word for key, word in keys if prov.get(key) == bench["provenance"].get(key)]
+            differ = [word for key, word in keys if prov.get(key) != bench["provenance"].get(key)]
+            text += (f"The table's sweep ran on another GPU ({uuid}), a sibling with the same "
+                     f"{_and_words(same) if same else 'nothing'}"
+                     + (f" but a different {_and_words(differ)}" if differ else "")
+                     + ": the bench measures how well its launch choices carry over, and the "
+                       "sweep-time ratios in the table section are that GPU's. ")
+        lines += ["", text.rstrip()]
+    return lines
 
 
 def _bench_section(bench: dict[str, Any], source: str) -> list[str]:
@@ -128,9 +205,16 @@ def _table_section(table: dict[str, Any], source: str) -> list[str]:
         for b in e["buckets"]:
             ratio = b["measured"]["time_ms"] / b["measured"]["torch_mm_ms"]
             fused = " fused" if b.get("fuse_splits", False) else ""
+            mark = "*" if "source" in b["measured"] else ""
             cells.append(f"{b['block_m']}x{b['block_n']} w{b['num_warps']} s{b['num_stages']} "
-                         f"p{b.get('programs_per_sm', 1)}{fused} ({ratio:.2f})")
+                         f"p{b.get('programs_per_sm', 1)}{fused} ({ratio:.2f}{mark})")
         lines.append(f"| {e['n']} | {e['k']} | " + " | ".join(cells) + " |")
+    sources = sorted({b["measured"]["source"] for e in table["entries"] for b in e["buckets"]
+                      if "source" in b["measured"]})
+    if sources:
+        lines += ["", "`*`: not a sweep measurement; the bucket was set, and its ratio measured, "
+                  "by " + "; ".join(f"`{src}`" if " " not in src else src for src in sources)
+                  + "."]
     first = table["entries"][0]["provenance"]
     lines += ["", f"Provenance of the first entry: {_prov_line(first)}."]
     return lines
@@ -154,6 +238,56 @@ def _probe_section(probe: dict[str, Any], source: str) -> list[str]:
                      f"{ours:.2e} | {theirs:.2e} | {shp['accuracy'][0]['tolerance']:.0e} | "
                      f"{'pass' if shp['passed'] else '**FAIL**'} |")
     lines += ["", f"All entries pass both gates: {'yes' if probe['passed'] else '**no**'}."]
+    return lines
+
+
+def _variant_label(name: str, cfg: dict[str, Any] | None) -> str:
+    """Row key -> words: the table's launch, the same fused, or a fused BMxBN wW sS launch."""
+    def launch(c: dict[str, Any]) -> str:
+        return (f"{c['block_m']}x{c['block_n']} w{c['num_warps']} s{c['num_stages']} "
+                f"p{c['programs_per_sm']}")
+    if name == "table":
+        return f"table ({launch(cfg)}{' fused' if cfg.get('fuse_splits') else ''})" if cfg \
+            else "table"
+    if name == "fused":
+        return f"table's launch, fused ({launch(cfg)})" if cfg else "table's launch, fused"
+    bm_bn, _, ws = name.removeprefix("fused_").partition("w")
+    warps, _, stages = ws.partition("s")
+    return f"fused {bm_bn} w{warps} s{stages} p1"
+
+
+def _fused_section(fused: dict[str, Any], source: str) -> list[str]:
+    """The fused split-K comparison: per shape and M, the table's launch, the fused ones, mm."""
+    prov = fused["provenance"]
+    recon = fused.get("table_configs_reconstructed", {})
+    lines = ["## Fused split-K comparison", "",
+             f"Source: `{source}`. Measured on {_prov_line(prov)}."]
+    if prov.get("reconstructed"):
+        lines += ["", f"Note: {prov.get('note', '')}"]
+    lines += ["",
+              "Each M: the table's launch (parallel split-K unless marked fused), the same launch "
+              "fused, and fused launches of other tile sizes, every one with the table's BLOCK_K "
+              "and SPLIT_K, against torch.mm; CUDA-graph timing as in the bench. Times in "
+              "microseconds; `equal`: every variant that ran returned the table launch's bits.",
+              "", "| N | K | M | table launch | table | same, fused | best fused launch | best "
+              "fused | torch.mm | best fused / table | best fused / mm | equal |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in fused["rows"]:
+        cfg = r.get("table_config") or recon.get(f"{r['n']}x{r['k']}/M={r['m']}")
+        timed = {name: ms for name, ms in r.items()
+                 if name.startswith("fused") and not name.endswith("_equal")
+                 and isinstance(ms, float)}
+        best = min(timed, key=timed.__getitem__)
+        equal = all(v for key, v in r.items() if key.endswith("_equal"))
+        lines.append(f"| {r['n']} | {r['k']} | {r['m']} | {_variant_label('table', cfg)} | "
+                     f"{_us(r['table'])} | {_us(r['fused'])} | {_variant_label(best, cfg)} | "
+                     f"{_us(timed[best])} | {_us(r['mm'])} | {timed[best] / r['table']:.2f} | "
+                     f"{timed[best] / r['mm']:.2f} | {'yes' if equal else '**no**'} |")
+    failed = sorted({name for r in fused["rows"] for name, v in r.items()
+                     if isinstance(v, str) and not name.endswith("_equal")})
+    if failed:
+        lines += ["", "Did not launch (error text in the file): "
+                  + ", ".join(f"`{name}`" for name in failed) + "."]
     return lines
 
 
@@ -224,7 +358,12 @@ def _history_section(results_dir: Path) -> list[str]:
                        "microseconds) were timed as launch overhead; the method was replaced "
                        "by CUDA-graph replays"),
                       ("call2_first_graph_sweep", "first sweep with CUDA-graph timing and a "
-                       "smaller candidate set (decode-heavier layout score 3:3:1:1)")):
+                       "smaller candidate set (decode-heavier layout score 3:3:1:1)"),
+                      ("call4_retune_partial", "device call 10 (`results/log_call4.txt`): a "
+                       "re-tune that reached only qwen3-8b/qkv before its budget ran out (its "
+                       "kernels compiled inside the timed loop; kernels/README.md says why); "
+                       "the bench used that qkv entry with the other 14 of the committed table, "
+                       "before the fused buckets; that table was not adopted")):
         bench = _load(results_dir / sub / "bench_nvidia_h200.json")
         if bench is None:
             continue
@@ -247,6 +386,9 @@ def render_results(results_dir: Path = RESULTS_DIR, tables_dir: Path = TABLES_DI
     table = _load(tables_dir / f"{device_slug}.json")
     probe = _load(results_dir / f"probe_{device_slug}.json")
     check = _load(results_dir / "check_gpu.json")
+    fused = _load(results_dir / f"fused_compare_{device_slug}.json")
+    if bench is not None or table is not None:
+        lines += _status_section(bench, probe, check, table, fused, device_slug) + [""]
     if bench is not None:
         lines += _bench_section(bench, f"kernels/results/bench_{device_slug}.json") + [""]
     if probe is not None:
@@ -255,6 +397,8 @@ def render_results(results_dir: Path = RESULTS_DIR, tables_dir: Path = TABLES_DI
         lines += _check_section(check, "kernels/results/check_gpu.json") + [""]
     if table is not None:
         lines += _table_section(table, f"kernels/tables/{device_slug}.json") + [""]
+    if fused is not None:
+        lines += _fused_section(fused, f"kernels/results/fused_compare_{device_slug}.json") + [""]
     history = _history_section(results_dir)
     if history:
         lines += history + [""]

@@ -7,9 +7,10 @@ Method, per weight shape ``(N, K)``:
    decode-weighted geometric mean of ``time / torch.mm time`` (weights ``SCORE_WEIGHTS``) wins.
 2. *Launch parameters* per M bucket: with that layout fixed, every launch candidate of the bucket
    is timed at the bucket's upper bound M, and the fastest one that passes both gates is kept.
-   For split-K layouts every candidate is tried twice, with the splits' partial sums added by
-   the separate reduce kernel (parallel) and inside the GEMM kernel (fused): a launch choice per
-   bucket that leaves the bits unchanged, so timing decides.
+   For split-K layouts the prefill buckets (M > 512) try every candidate twice, with the
+   splits' partial sums added by the separate reduce kernel (parallel) and inside the GEMM
+   kernel (fused): a launch choice per bucket that leaves the bits unchanged, so timing decides.
+   Smaller buckets try the parallel form only (see ``FUSED_CLASSES``).
 
 Both gates run on every candidate before it is timed: gate 1 compares rows of the candidate's
 output bitwise with the same rows computed alone (M = 1) by a fixed canonical launch of the same
@@ -22,6 +23,20 @@ L2 cache, median per call (no Python launch overhead, weights read from HBM).
 The sweep is chunked and resumable: it writes the table and the raw measurements after every
 shape, skips shapes already in the table it resumes from, and stops at a shape boundary when its
 time budget would be exceeded, so that it fits 10-minute device commands.
+
+Compilation happens before timing, in ``precompile`` worker processes that fill Triton's on-disk
+cache; the timed process then only loads kernels. That works only while the workers and the timed
+process agree on Triton's cache key, which includes the ptxas version. A ``torch.compile`` earlier
+in the same process (the ``check`` stage of ``kernels/device/gpu_call.py``) lets Inductor set
+``TRITON_PTXAS_PATH`` to torch's own ptxas and ``TRITON_CACHE_DIR`` to its own folder; workers
+spawned afterwards inherit both, while the timed process keeps the ptxas version it cached at its
+first compile, so no precompiled kernel is found and every candidate compiles again, one after
+another, inside the timed loop. That is the reading of device call 10 (108.9 s for one shape
+instead of 3.1 s, about 0.5 s per distinct launch: a compile, not a cache load) that fits its
+log; that run recorded no per-candidate clock to confirm it.
+:func:`pin_triton_toolchain`, called before anything compiles, fixes both variables for the whole
+command. Every raw record carries ``first_launch_s``, the wall time of the candidate's first
+launch, so a sweep that compiles in the timed loop shows it (``slow_first_launches`` per shape).
 """
 
 from __future__ import annotations
@@ -81,6 +96,17 @@ _LAUNCH_CANDIDATES: dict[str, tuple[tuple[int, int, int, int, int], ...]] = {
 }
 
 
+# Bucket classes whose split-K candidates also come in the fused form. Fused split-K runs a tile's
+# splits one after another in one program: it saves the workspace and the reduce kernel, which
+# pays at prefill sizes, but gives up the extra parallelism split-K exists for at decode sizes.
+# Measured on the H200: at M = 1 and 16 the best fused candidate of qwen3-8b/qkv (split-K 2) was
+# 13 % and 4 % slower than the best parallel one, at M = 256 within 2 %, at M = 4096 17 % faster
+# (kernels/results/call4_retune_partial/, device call 10, not adopted); for both split-K `down` shapes fused
+# lost at M = 64 and 256 and won at 1024 and 4096 (kernels/results/fused_compare_nvidia_h200.json).
+FUSED_CLASSES: tuple[str, ...] = ("prefill",)
+SLOW_FIRST_LAUNCH_S = 0.25  # a first launch slower than this compiled in the timed process
+
+
 def _bucket_class(m: int) -> str:
     if m <= 16:
         return "decode"
@@ -96,9 +122,10 @@ def _bucket_class(m: int) -> str:
 def launch_candidates(m: int, n: int, block_k: int, split_k: int) -> list[tables.GemmConfig]:
     """Launch candidates for a bucket whose upper bound is ``m`` (BLOCK_N capped near N).
 
-    With ``split_k > 1`` each candidate comes in the parallel form followed by the fused one
-    (``fuse_splits=True``); with ``split_k == 1`` there is nothing to fuse. Duplicates (after the
-    BLOCK_N cap) are dropped, first occurrence kept.
+    With ``split_k > 1`` and a bucket class in ``FUSED_CLASSES`` each candidate comes in the
+    parallel form followed by the fused one (``fuse_splits=True``); otherwise, and always with
+    ``split_k == 1`` (nothing to fuse), in the parallel form only. Duplicates (after the BLOCK_N
+    cap) are dropped, first occurrence kept.
     """
     raw = []
     for bm, bn, warps, stages, per_sm in _LAUNCH_CANDIDATES[_bucket_class(m)]:
@@ -106,7 +133,7 @@ def launch_candidates(m: int, n: int, block_k: int, split_k: int) -> list[tables
         raw.append((bm, bn, warps, stages, per_sm))
     if m <= 16 and n <= 2048:  # narrow N: 16-column tiles keep every multiprocessor busy
         raw += [(16, 16, 4, 4, 1), (16, 16, 4, 4, 2)]
-    modes = (False, True) if split_k > 1 else (False,)
+    modes = (False, True) if split_k > 1 and _bucket_class(m) in FUSED_CLASSES else (False,)
     out: list[tables.GemmConfig] = []
     seen: set[tables.GemmConfig] = set()
     for bm, bn, warps, stages, per_sm in raw:
@@ -150,6 +177,42 @@ def all_sweep_configs(shapes: Sequence[GemmShape], num_sms: int) -> list[tables.
                 for cfg in launch_candidates(m, shape.n, bk, split):
                     configs[cfg] = None
     return list(configs)
+
+
+def sweep_plan(shapes: Sequence[GemmShape], num_sms: int) -> dict[str, int]:
+    """Size of a sweep of ``shapes``: configs to precompile, most candidate measurements.
+
+    ``measurements_max`` counts phase 1 (every layout at every scoring size) and phase 2 for the
+    layout with the most candidates (the chosen one is known only after phase 1); each shape also
+    times torch.mm once per bucket.
+    """
+    measurements = 0
+    for shape in shapes:
+        layouts = reduction_candidates(shape.n, shape.k, num_sms)
+        measurements += sum(len(launch_candidates(m, shape.n, *lay))
+                            for m in SCORE_MS for lay in layouts)
+        measurements += max(sum(len(launch_candidates(m, shape.n, *lay))
+                                for m in BUCKETS if m not in SCORE_MS) for lay in layouts)
+    return {"shapes": len(shapes), "configs": len(all_sweep_configs(shapes, num_sms)),
+            "measurements_max": measurements}
+
+
+def pin_triton_toolchain() -> dict[str, str]:
+    """Fix Triton's cache folder and ptxas for this process and every process it starts.
+
+    Sets ``TRITON_CACHE_DIR`` and ``TRITON_PTXAS_PATH`` to what Triton resolves now, unless they
+    are set already, and returns both. Call it before anything compiles: Inductor sets the two
+    variables only where they are unset, so a later ``torch.compile`` in the same process can no
+    longer point the precompile workers at another ptxas than the one the timed process keyed its
+    kernels with (see the module docstring).
+    """
+    from triton import knobs  # triton >= 3.4 (the H200 image has 3.6.0)
+
+    if not os.environ.get("TRITON_CACHE_DIR"):
+        os.environ["TRITON_CACHE_DIR"] = knobs.cache.dir
+    if not os.environ.get("TRITON_PTXAS_PATH"):
+        os.environ["TRITON_PTXAS_PATH"] = knobs.nvidia.ptxas.path  # resolves Triton's bundled one
+    return {key: os.environ[key] for key in ("TRITON_CACHE_DIR", "TRITON_PTXAS_PATH")}
 
 
 def _compile_worker(args: tuple[str, list[tuple[int, ...]]]) -> list[str]:
@@ -223,13 +286,16 @@ class _ShapeState:
 def _measure_candidate(st: _ShapeState, m: int, cfg: tables.GemmConfig) -> dict[str, Any]:
     a = st.a_big[:m]
     rec: dict[str, Any] = {"m": m, **asdict(cfg)}
+    t0 = time.monotonic()
     try:
         out = mp.matmul_persistent(a, st.b, config=cfg)  # [m, N]
         if out.is_cuda:
             torch.cuda.synchronize()
     except OutOfResources as exc:
-        rec.update(status="out_of_resources", detail=str(exc)[:200])
+        rec.update(status="out_of_resources", detail=str(exc)[:200],
+                   first_launch_s=round(time.monotonic() - t0, 4))
         return rec
+    rec["first_launch_s"] = round(time.monotonic() - t0, 4)  # compile or cache load + run
     alone = st.alone[cfg.reduction_key()]
     rows = row_positions(m)
     inv_ok = all(torch.equal(out[r], alone[r]) for r in rows)
@@ -355,7 +421,9 @@ def sweep_shape(shape: GemmShape, dtype: torch.dtype, num_sms: int, provenance: 
     raw = {"n": shape.n, "k": shape.k, "model": shape.model, "layer": shape.layer,
            "dtype": mp.dtype_name(dtype), "torch_mm_ms": {str(k): v for k, v in
                                                            st.torch_mm_ms.items()},
-           "records": records, "elapsed_s": round(time.monotonic() - t0, 1)}
+           "records": records, "elapsed_s": round(time.monotonic() - t0, 1),
+           "slow_first_launches": sum(r["first_launch_s"] > SLOW_FIRST_LAUNCH_S
+                                      for r in records)}
     del st, w, a_big, copies
     torch.cuda.empty_cache()
     return entry, raw
@@ -379,6 +447,7 @@ def run_sweep(shapes: Sequence[GemmShape], out_dir: Path, *, dtype: torch.dtype 
     from bistat_kernels.provenance import gpu_provenance
 
     t_start = time.monotonic()
+    toolchain = pin_triton_toolchain()
     device_name = torch.cuda.get_device_name(0)
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     provenance = gpu_provenance(0, command)
@@ -400,6 +469,11 @@ def run_sweep(shapes: Sequence[GemmShape], out_dir: Path, *, dtype: torch.dtype 
             todo.append(shape)
     progress(f"sweep: {len(todo)} shape(s) to tune on {device_name}, "
              f"{len(entries)} already in the table")
+    if todo:
+        plan = sweep_plan(todo, num_sms)
+        progress(f"sweep: plan {plan['configs']} configs, at most {plan['measurements_max']} "
+                 f"measurements; Triton cache {toolchain['TRITON_CACHE_DIR']}, ptxas "
+                 f"{toolchain['TRITON_PTXAS_PATH']}")
     if todo and precompile_workers > 0:
         t0 = time.monotonic()
         errs = precompile(all_sweep_configs(todo, num_sms), dtype, num_sms, precompile_workers)
@@ -425,7 +499,9 @@ def run_sweep(shapes: Sequence[GemmShape], out_dir: Path, *, dtype: torch.dtype 
         ratios = ", ".join(f"M={b.m_max}:{b.measured['time_ms'] / b.measured['torch_mm_ms']:.2f}"
                            for b in entry.buckets)
         progress(f"sweep: {shape.model}/{shape.layer} N={shape.n} K={shape.k} -> "
-                 f"{entry.extra['selection']['chosen']} in {per_shape_s[-1]:.1f}s; "
+                 f"{entry.extra['selection']['chosen']} in {per_shape_s[-1]:.1f}s "
+                 f"({len(raw['records'])} candidates, {raw['slow_first_launches']} first "
+                 f"launches over {SLOW_FIRST_LAUNCH_S}s); "
                  f"tuned/torch.mm {ratios}")
         done.append(f"{shape.model}/{shape.layer}")
     missing = [f"{s.model}/{s.layer}" for s in shapes if (name, s.n, s.k) not in entries]

@@ -13,14 +13,18 @@ parallel bitwise, torch.compile + CUDA graph through the plugin's custom op, als
 that switches to fused split-K above M = 4), ``sweep`` (resumes from ``kernels/tables`` and
 ``kernels/results``), ``probe`` (both gates on every entry of the table) and ``bench``. Every stage writes JSON under
 ``--out``; the Triton cache is packed there too so that the next command compiles nothing.
+Triton's cache folder and ptxas are pinned first (:func:`bistat_kernels.sweep.pin_triton_toolchain`),
+so that the check stage's ``torch.compile`` cannot make the sweep's precompiled kernels unfindable.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tarfile
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -34,7 +38,6 @@ from bistat_kernels.shapes import MODEL_SHAPES, shapes_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE_TGZ = ROOT / ".cache" / "bistat_kernels" / "triton_cache.tgz"
-TRITON_CACHE = Path.home() / ".triton" / "cache"
 MODELS = ("qwen3-8b", "qwen3-1.7b", "smollm2-135m")
 
 
@@ -230,12 +233,12 @@ def stage_bench(out: Path) -> dict:
     return doc["summary"]
 
 
-def pack_cache(out: Path) -> None:
-    if not TRITON_CACHE.is_dir():
+def pack_cache(out: Path, cache_dir: Path) -> None:
+    if not cache_dir.is_dir():
         return
     target = out / "triton_cache.tgz"
     with tarfile.open(target, "w:gz") as tar:
-        tar.add(TRITON_CACHE, arcname="cache")
+        tar.add(cache_dir, arcname="cache")
     if target.stat().st_size > 15 * 2**20:
         log(f"triton cache {target.stat().st_size / 2**20:.1f} MiB is too large to return; dropped")
         target.unlink()
@@ -253,15 +256,20 @@ def main() -> int:
                         help="re-tune every shape; shapes not reached keep kernels/tables' entry")
     args = parser.parse_args()
     t0 = time.monotonic()
+    # Before anything compiles: the check stage's torch.compile would otherwise re-point
+    # TRITON_PTXAS_PATH / TRITON_CACHE_DIR and the sweep's precompiled kernels would be missed.
+    toolchain = sweep.pin_triton_toolchain()
     args.out.mkdir(parents=True, exist_ok=True)
+    cache_dir = Path(toolchain["TRITON_CACHE_DIR"])
     if CACHE_TGZ.is_file():
-        TRITON_CACHE.parent.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(CACHE_TGZ) as tar:
-            tar.extractall(TRITON_CACHE.parent, filter="data")
+        with tempfile.TemporaryDirectory() as tmp, tarfile.open(CACHE_TGZ) as tar:
+            tar.extractall(tmp, filter="data")  # the archive holds one folder named "cache"
+            shutil.copytree(Path(tmp) / "cache", cache_dir, dirs_exist_ok=True)
         log(f"restored Triton cache from {CACHE_TGZ}")
     stages = ("check", "sweep", "probe", "bench") if "all" in args.stages else args.stages
     log(f"device {torch.cuda.get_device_name(0)}, torch {torch.__version__}, models "
-        f"{', '.join(MODELS)} ({sum(len(MODEL_SHAPES[m]) for m in MODELS)} shapes)")
+        f"{', '.join(MODELS)} ({sum(len(MODEL_SHAPES[m]) for m in MODELS)} shapes); "
+        f"Triton toolchain pinned: {json.dumps(toolchain)}")
     status = 0
     sweep_complete = True
     for stage in stages:
@@ -283,7 +291,7 @@ def main() -> int:
             status |= 2
         log(f"after {stage}: {time.monotonic() - t0:.0f}s")
     if args.pack_cache:
-        pack_cache(args.out)
+        pack_cache(args.out, cache_dir)
     return status
 
 

@@ -200,8 +200,8 @@ def test_reduction_candidates(n, k, num_sms, expected):
     assert sweep.reduction_candidates(n, k, num_sms) == expected
 
 
-@pytest.mark.parametrize("m", [1, 32, 128, 512, 4096])
-def test_launch_candidates_pair_each_split_candidate_with_its_fused_twin(m):
+@pytest.mark.parametrize("m", [513, 1024, 4096])
+def test_prefill_launch_candidates_pair_each_split_candidate_with_its_fused_twin(m):
     single = sweep.launch_candidates(m, 2048, 128, 1)
     assert not any(c.fuse_splits for c in single)
     split = sweep.launch_candidates(m, 2048, 128, 2)
@@ -211,6 +211,14 @@ def test_launch_candidates_pair_each_split_candidate_with_its_fused_twin(m):
     assert len(parallel) == len(fused) == len(single)
     assert fused == [tables.GemmConfig(**{**c.__dict__, "fuse_splits": True}) for c in parallel]
     assert {(c.block_k, c.split_k) for c in split} == {(128, 2)}
+
+
+@pytest.mark.parametrize("m", [1, 32, 128, 512])
+def test_smaller_buckets_try_split_candidates_in_the_parallel_form_only(m):
+    # fused lost at M <= 256 on the H200 (sweep.FUSED_CLASSES cites the measurements)
+    single = sweep.launch_candidates(m, 2048, 128, 1)
+    split = sweep.launch_candidates(m, 2048, 128, 2)
+    assert split == [tables.GemmConfig(**{**c.__dict__, "split_k": 2}) for c in single]
 
 
 def test_prefill_candidates_include_small_tiles_for_narrow_shapes():
@@ -234,6 +242,7 @@ def split_sweep(monkeypatch):
     monkeypatch.setattr(sweep, "_LAUNCH_CANDIDATES", {
         "decode": ((16, 16, 4, 2, 1),), "small": ((16, 32, 4, 2, 1),)})
     monkeypatch.setattr(sweep, "reduction_candidates", lambda n, k, num_sms: [(16, 3)])
+    monkeypatch.setattr(sweep, "FUSED_CLASSES", ("decode", "small"))  # twins at these tiny M
 
     def fake_clock(calls, what):
         _, m, cfg = what

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 from helpers_kernels import torch
@@ -72,3 +73,52 @@ def test_a_candidate_that_breaks_invariance_is_never_chosen(tiny_sweep, monkeypa
     failed = [r for r in raw["records"] if r["status"] == "gate_failed"]
     assert failed and all(r["block_n"] == 32 and r["invariance_ok"] is False for r in failed)
     assert [b.block_n for b in entry.buckets] == [32, 16, 16]  # M=1 is alone by definition
+
+
+def test_every_candidate_the_sweep_launches_was_precompiled(tiny_sweep, monkeypatch):
+    """Device call 10 compiled in the timed loop; the precompiled set must cover every launch."""
+    monkeypatch.setattr(sweep, "reduction_candidates", lambda n, k, num_sms: [(16, 1), (16, 2)])
+    monkeypatch.setattr(sweep, "FUSED_CLASSES", ("decode", "small"))  # fused twins in this plan
+    launched = set()
+    real = mp.matmul_persistent
+
+    def spy(a, b, bias=None, *, config=None):
+        launched.add(config)
+        return real(a, b, bias, config=config)
+
+    monkeypatch.setattr(mp, "matmul_persistent", spy)
+    shape = GemmShape("t", "x", 40, 72)
+    _, raw = sweep.sweep_shape(shape, torch.float32, 4, {"gpu_name": "cpu"}, device="cpu")
+    precompiled = set(sweep.all_sweep_configs([shape], 4))
+    assert any(c.fuse_splits for c in launched) and any(c.split_k == 2 for c in launched)
+    assert launched - precompiled == set()
+    assert all(r["first_launch_s"] >= 0 for r in raw["records"])
+    assert raw["slow_first_launches"] == sum(r["first_launch_s"] > sweep.SLOW_FIRST_LAUNCH_S
+                                             for r in raw["records"])
+
+
+def test_fused_twins_only_for_prefill_buckets():
+    for m in sweep.BUCKETS:
+        fused = [c for c in sweep.launch_candidates(m, 4096, 128, 2) if c.fuse_splits]
+        assert bool(fused) == (m > 512), m
+    assert not any(c.fuse_splits for c in sweep.launch_candidates(4096, 4096, 128, 1))
+
+
+def test_the_full_three_model_plan_has_the_stated_size():
+    from bistat_kernels.shapes import shapes_for
+
+    plan = sweep.sweep_plan(shapes_for(("qwen3-8b", "qwen3-1.7b", "smollm2-135m")), 132)
+    # kernels/README.md states these numbers and the time they take on the H200
+    assert plan == {"shapes": 15, "configs": 316, "measurements_max": 6098}
+
+
+def test_pin_triton_toolchain_sets_unset_variables_and_keeps_set_ones(monkeypatch, tmp_path):
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    monkeypatch.delenv("TRITON_PTXAS_PATH", raising=False)
+    pinned = sweep.pin_triton_toolchain()
+    assert pinned["TRITON_CACHE_DIR"] == os.environ["TRITON_CACHE_DIR"] != ""
+    assert os.path.basename(pinned["TRITON_PTXAS_PATH"]).startswith("ptxas")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TRITON_PTXAS_PATH", "/opt/other/ptxas")
+    assert sweep.pin_triton_toolchain() == {"TRITON_CACHE_DIR": str(tmp_path),
+                                            "TRITON_PTXAS_PATH": "/opt/other/ptxas"}
