@@ -197,3 +197,36 @@ def test_strict_jsonl_ignores_only_a_truncated_last_line(tmp_path):
     with pytest.raises(RecordsError, match=r"passes.jsonl:2: not a JSON line"):
         list(iter_jsonl_strict(path))
     assert list(iter_jsonl_strict(tmp_path / "absent.jsonl")) == []
+
+
+def test_writer_fsyncs_at_most_every_interval_and_on_sync(tmp_path, monkeypatch):
+    """Lines are flushed at once (readable by another reader), fsync'ed at most every
+    FSYNC_INTERVAL_S, and every written table is fsync'ed by sync() and close()."""
+    import os as _os
+
+    from bistat import records as rec
+
+    synced = []
+    real_fsync = _os.fsync
+    monkeypatch.setattr(rec.os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
+    clock = [100.0]
+    monkeypatch.setattr(rec.time, "monotonic", lambda: clock[0])
+    w = rec.RunWriter.create(tmp_path / "run", {"run_id": "r"})
+    synced.clear()
+    w.append("events", {"arm": "a", "event": "x"})          # first line of the table: fsync
+    w.append("events", {"arm": "a", "event": "y"})          # within the interval: flushed only
+    assert len(synced) == 1
+    lines, _ = rec.read_jsonl(tmp_path / "run" / "events.jsonl")
+    assert [r["event"] for r in lines] == ["x", "y"]        # flushed: another reader sees both
+    clock[0] += rec.FSYNC_INTERVAL_S
+    w.append("events", {"arm": "a", "event": "z"})          # interval passed: fsync
+    assert len(synced) == 2
+    w.append("events", {"arm": "a", "event": "w"})
+    w.sync()
+    assert len(synced) == 3
+    w.sync()                                                 # nothing new: no fsync
+    assert len(synced) == 3
+    w.append("metrics", {"arm": "a", "t": 0.0})              # new table: fsync
+    w.append("metrics", {"arm": "a", "t": 1.0})
+    w.close()                                                # the dirty table is fsync'ed
+    assert len(synced) == 5

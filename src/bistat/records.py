@@ -2,11 +2,16 @@
 
 A run directory holds ``run.json`` (written once) and one append-only JSONL file per table in
 :data:`TABLES`. Every line is one JSON object carrying ``"schema": "bistat.<table>/1"``; each line
-is written with a single ``write``, flushed and ``os.fsync``'ed, so a crash loses at most the line
-in flight. Readers ignore an unreadable line (a truncated last line after a crash, or the partial
+is written with a single ``write`` and flushed to the operating system at once, so a crash of the
+process loses at most the line in flight; ``os.fsync`` follows at most :data:`FSYNC_INTERVAL_S`
+later (and at :meth:`RunWriter.sync` / close), so a crash of the machine loses at most that much.
+(An fsync per line cost ~2.5 ms per response on the runner's event loop:
+``benchmarks/bench_http_logprobs.py``.) Readers ignore an unreadable line (a truncated last line after a crash, or the partial
 line a resumed writer closed off) and report it as a *gap*. After a run, :func:`compact` writes
 ``<table>.parquet`` beside each JSONL file (the JSONL is kept); :func:`read_table` prefers the
 Parquet file when it is complete, that is when the JSONL has not grown since compaction.
+A *slim* compaction (``compact(run_dir, slim=True)``) stores each distinct output of
+``responses`` once in :data:`OUTPUTS_FILE`; :func:`read_table` rejoins it transparently.
 
 The format is documented field by field in ``docs/RECORDS.md``. Design follows pyperf's versioned,
 immutable result files and criterion's raw samples kept beside the analysis (see STYLE.md §1.5).
@@ -25,8 +30,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import struct
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
@@ -34,6 +42,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 __all__ = [
@@ -48,6 +57,8 @@ __all__ = [
     "read_table",
     "load_table",
     "compact",
+    "OUTPUTS_FILE",
+    "OUTPUT_FIELDS",
     "token_sha256",
     "logprob_sha256",
     "table_schema",
@@ -155,6 +166,10 @@ def _dumps(record: Mapping[str, Any], where: str) -> str:
 # --------------------------------------------------------------------------------------------
 
 
+#: Longest time (seconds) between a line's write and its ``os.fsync``.
+FSYNC_INTERVAL_S = 0.5
+
+
 class RunWriter:
     """Append-only writer of one run directory.
 
@@ -168,6 +183,8 @@ class RunWriter:
         self._files: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._closed = False
+        self._synced: dict[str, float] = {}   # table -> time.monotonic() of its last fsync
+        self._dirty: set[str] = set()
 
     @classmethod
     def create(cls, run_dir: str | os.PathLike, header: dict) -> "RunWriter":
@@ -231,7 +248,8 @@ class RunWriter:
         return fh
 
     def append(self, table: str, record: dict) -> None:
-        """Append ``record`` as one line of ``<table>.jsonl``, flushed and fsync'ed.
+        """Append ``record`` as one line of ``<table>.jsonl``: written and flushed at once,
+        fsync'ed at most :data:`FSYNC_INTERVAL_S` later (see the module docstring).
 
         Adds ``"schema": "bistat.<table>/1"``. A record that names another schema is refused.
         """
@@ -256,11 +274,32 @@ class RunWriter:
             fh = self._handle(table)
             fh.write(data)
             fh.flush()
-            os.fsync(fh.fileno())
+            now = time.monotonic()
+            if now - self._synced.get(table, -math.inf) >= FSYNC_INTERVAL_S:
+                os.fsync(fh.fileno())
+                self._synced[table] = now
+                self._dirty.discard(table)
+            else:
+                self._dirty.add(table)
+
+    def sync(self) -> None:
+        """``os.fsync`` every table written since its last fsync (the runner calls it after each
+        pass; :meth:`close` calls it too)."""
+        with self._lock:
+            self._sync_locked()
+
+    def _sync_locked(self) -> None:
+        for table in sorted(self._dirty):
+            fh = self._files.get(table)
+            if fh is not None and not fh.closed:
+                os.fsync(fh.fileno())
+            self._synced[table] = time.monotonic()
+        self._dirty.clear()
 
     def close(self) -> None:
-        """Close every open table file (idempotent)."""
+        """fsync and close every open table file (idempotent)."""
         with self._lock:
+            self._sync_locked()
             for fh in self._files.values():
                 fh.close()
             self._files.clear()
@@ -461,7 +500,9 @@ def load_table(run_dir: str | os.PathLike, table: str, columns: Sequence[str] | 
     -----
     The compacted ``<table>.parquet`` is read when it is complete (the JSONL has not grown since
     compaction); otherwise the JSONL is parsed. List columns come back as Python lists and
-    JSON-encoded columns as their decoded values in both cases.
+    JSON-encoded columns as their decoded values in both cases. A slim ``responses.parquet``
+    is rejoined with :data:`OUTPUTS_FILE` (read only when a heavy column is asked for) and
+    gives the same frame as a plain one.
     """
     _check_table(table)
     run_dir = Path(run_dir)
@@ -550,6 +591,8 @@ def _finish_columns(frame: pd.DataFrame, cols: list[str] | None,
 def _load_parquet(path: Path, table: str, cols: list[str] | None,
                   flt: Mapping[str, frozenset]) -> TableRead:
     meta = _parquet_meta(path)
+    if table == "responses" and meta.get("layout") == "slim":
+        return _load_slim_responses(path, meta, cols, flt)
     json_cols = set(json.loads(meta.get("json_columns", "[]")))
     gaps = tuple(json.loads(meta.get("gaps", "[]")))
     present = pq.read_schema(path).names
@@ -600,7 +643,8 @@ def _scan_fields(path: Path, stop_at: int) -> list[str]:
     return list(seen)
 
 
-def compact(run_dir: str | os.PathLike) -> list[Path]:
+def compact(run_dir: str | os.PathLike, *, slim: bool = False,
+            top_k: int | None = None) -> list[Path]:
     """Write ``<table>.parquet`` beside every non-empty ``<table>.jsonl`` of a run; keep the JSONL.
 
     Known fields get typed columns (``token_ids`` as ``list<int64>``, times as ``float64``...);
@@ -608,59 +652,523 @@ def compact(run_dir: str | os.PathLike) -> list[Path]:
     schema, the JSONL's byte size at compaction (the completeness check of :func:`read_table`)
     and the gaps found. Each file is written to a temporary name and renamed into place.
 
+    Parameters
+    ----------
+    run_dir : path
+        The run directory.
+    slim : bool, default False
+        Store each distinct output of ``responses`` once: ``responses.parquet`` keeps one row per
+        response without ``token_ids``, ``text``, ``logprobs`` and ``top_logprobs`` (plus
+        ``output_index``, the row of its output), and :data:`OUTPUTS_FILE` holds every distinct
+        output once, in the narrowest types that keep every bit (see ``docs/RECORDS.md``,
+        "Slim compaction"). :func:`read_table` rejoins them and returns what it returns for a
+        plain compaction.
+    top_k : int, optional
+        With ``slim``: keep only the first ``top_k`` alternatives of ``top_logprobs`` at each
+        position (recorded in both footers as ``bistat.top_k``). Default: keep what was recorded.
+
     Returns
     -------
     list of Path
-        The Parquet files written, in :data:`TABLES` order.
+        The Parquet files written, in :data:`TABLES` order (:data:`OUTPUTS_FILE` right after
+        ``responses.parquet``).
+
+    Raises
+    ------
+    RecordsError
+        No readable ``run.json``; a field whose values do not fit its typed column; ``top_k``
+        without ``slim`` or below 1.
     """
     run_dir = Path(run_dir)
     read_header(run_dir)
+    if top_k is not None:
+        if not slim:
+            raise RecordsError(f"{run_dir}: top_k={top_k!r} applies to a slim compaction only; "
+                               f"pass slim=True (bistat compact --slim --top-k K)")
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+            raise RecordsError(f"{run_dir}: top_k must be a whole number >= 1, got {top_k!r}")
     written: list[Path] = []
     for table in TABLES:
         src = run_dir / f"{table}.jsonl"
         if not src.exists() or src.stat().st_size == 0:
             continue
-        size = src.stat().st_size
-        fields = _scan_fields(src, size)
-        typed = _COLUMN_TYPES[table]
-        json_cols = [f for f in fields if f not in typed]
-        schema = pa.schema([(f, typed.get(f, pa.string())) for f in fields])
-        dst = run_dir / f"{table}.parquet"
-        tmp = run_dir / f".{table}.parquet.tmp"
-        gaps: list[str] = []
-        n_rows = 0
-        with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
-            for records, chunk_gaps in _parse_lines(src, None, stop_at=size, chunk=_CHUNK_LINES):
-                gaps.extend(chunk_gaps)
-                if not records:
-                    continue
-                arrays = []
-                for f in fields:
-                    values = [r.get(f) for r in records]
-                    if f in json_cols:
-                        values = [None if v is None else
-                                  json.dumps(v, sort_keys=True, ensure_ascii=False)
-                                  for v in values]
-                    try:
-                        arrays.append(pa.array(values, type=schema.field(f).type))
-                    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-                        raise RecordsError(
-                            f"{src}: field {f!r} does not hold {schema.field(f).type} values "
-                            f"({exc}); fix the writer of this table"
-                        ) from exc
-                writer.write_table(pa.Table.from_arrays(arrays, schema=schema))
-                n_rows += len(records)
-            writer.add_key_value_metadata({
-                "bistat.schema": table_schema(table),
-                "bistat.source_bytes": str(size),
-                "bistat.source_records": str(n_rows),
-                "bistat.json_columns": json.dumps(json_cols),
-                "bistat.gaps": json.dumps(gaps),
-            })
-        os.replace(tmp, dst)
-        written.append(dst)
+        if table == "responses" and slim:
+            written.extend(_compact_responses_slim(run_dir, src, top_k))
+            continue
+        written.append(_compact_table(run_dir, table, src))
+        if table == "responses":
+            # a slim compaction's outputs file would be left over, unreferenced
+            (run_dir / OUTPUTS_FILE).unlink(missing_ok=True)
     _fsync_dir(run_dir)
     return written
+
+
+def _records_to_arrow(records: list[dict], schema: pa.Schema, json_cols: Sequence[str],
+                      src: Path) -> pa.Table:
+    """One chunk of records as a table of ``schema`` (JSON columns as text)."""
+    arrays = []
+    for f in schema.names:
+        values = [r.get(f) for r in records]
+        if f in json_cols:
+            values = [None if v is None else json.dumps(v, sort_keys=True, ensure_ascii=False)
+                      for v in values]
+        try:
+            arrays.append(pa.array(values, type=schema.field(f).type))
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise RecordsError(
+                f"{src}: field {f!r} does not hold {schema.field(f).type} values "
+                f"({exc}); fix the writer of this table"
+            ) from exc
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _source_meta(table: str, size: int, n_rows: int, json_cols: Sequence[str],
+                 gaps: Sequence[str]) -> dict[str, str]:
+    return {
+        "bistat.schema": table_schema(table),
+        "bistat.source_bytes": str(size),
+        "bistat.source_records": str(n_rows),
+        "bistat.json_columns": json.dumps(list(json_cols)),
+        "bistat.gaps": json.dumps(list(gaps)),
+    }
+
+
+def _compact_table(run_dir: Path, table: str, src: Path) -> Path:
+    """The plain compaction of one table: every field in ``<table>.parquet``."""
+    size = src.stat().st_size
+    fields = _scan_fields(src, size)
+    typed = _COLUMN_TYPES[table]
+    json_cols = [f for f in fields if f not in typed]
+    schema = pa.schema([(f, typed.get(f, pa.string())) for f in fields])
+    dst = run_dir / f"{table}.parquet"
+    tmp = run_dir / f".{table}.parquet.tmp"
+    gaps: list[str] = []
+    n_rows = 0
+    with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
+        for records, chunk_gaps in _parse_lines(src, None, stop_at=size, chunk=_CHUNK_LINES):
+            gaps.extend(chunk_gaps)
+            if not records:
+                continue
+            writer.write_table(_records_to_arrow(records, schema, json_cols, src))
+            n_rows += len(records)
+        writer.add_key_value_metadata(_source_meta(table, size, n_rows, json_cols, gaps))
+    os.replace(tmp, dst)
+    return dst
+
+
+# --------------------------------------------------------------------------------------------
+# Slim compaction of responses: each distinct output stored once
+# --------------------------------------------------------------------------------------------
+
+#: The file of a slim compaction that holds each distinct output once.
+OUTPUTS_FILE = "outputs.parquet"
+#: The heavy fields of ``responses`` that a slim compaction moves to :data:`OUTPUTS_FILE`.
+OUTPUT_FIELDS = ("token_ids", "text", "logprobs", "top_logprobs")
+_KEY_HASHES = ("token_sha256", "logprob_sha256")   # the output key, when it identifies the payload
+_KEY_PAYLOAD = ("payload_sha256",)                  # the fallback key: a hash of the whole payload
+_ZSTD_LEVEL = 19
+_INT32 = (-(2 ** 31), 2 ** 31 - 1)
+
+
+def _payload_digest(payload: Sequence[Any]) -> bytes:
+    """SHA-256 of an output's heavy fields as canonical JSON (floats by repr: every bit counts)."""
+    text = json.dumps(list(payload), ensure_ascii=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(text.encode("ascii")).digest()
+
+
+def _compact_responses_slim(run_dir: Path, src: Path, top_k: int | None) -> list[Path]:
+    """Write the slim ``responses.parquet`` and :data:`OUTPUTS_FILE`; return both paths."""
+    size = src.stat().st_size
+    fields = _scan_fields(src, size)
+    typed = _COLUMN_TYPES["responses"]
+    light = [f for f in fields if f not in OUTPUT_FIELDS]
+    heavy = [f for f in OUTPUT_FIELDS if f in fields]
+    json_cols = [f for f in light if f not in typed]
+    light_schema = pa.schema([(f, typed.get(f, pa.string())) for f in light])
+
+    chunks: list[pa.Table] = []
+    gaps: list[str] = []
+    payload_of_digest: dict[bytes, int] = {}
+    payloads: list[tuple] = []            # distinct heavy payloads, first-seen order
+    digests: list[bytes] = []
+    first_prompt: list[str] = []          # prompt of the first response of each payload
+    payload_of_key: dict[tuple, int] = {}
+    key_identifies_payload = True
+    resp_payload: list[int] = []
+    resp_key: list[tuple] = []
+    max_alternatives = 0
+    for records, chunk_gaps in _parse_lines(src, None, stop_at=size, chunk=_CHUNK_LINES):
+        gaps.extend(chunk_gaps)
+        if not records:
+            continue
+        for r in records:
+            payload = [r.get(f) for f in OUTPUT_FIELDS]
+            top = payload[3]
+            if isinstance(top, list):
+                for pos in top:
+                    if isinstance(pos, list):
+                        max_alternatives = max(max_alternatives, len(pos))
+                if top_k is not None:
+                    payload[3] = [pos[:top_k] if isinstance(pos, list) else pos for pos in top]
+            digest = _payload_digest(payload)
+            idx = payload_of_digest.get(digest)
+            if idx is None:
+                idx = payload_of_digest[digest] = len(payloads)
+                payloads.append(tuple(payload))
+                digests.append(digest)
+                first_prompt.append(str(r.get("prompt_id")))
+            key = (r.get("token_sha256"), r.get("logprob_sha256"))
+            if payload_of_key.setdefault(key, idx) != idx:
+                key_identifies_payload = False
+            resp_payload.append(idx)
+            resp_key.append(key)
+        chunks.append(_records_to_arrow(records, light_schema, json_cols, src))
+    n_rows = len(resp_payload)
+
+    # Output rows: one per distinct key, grouped by prompt so that near-identical outputs sit
+    # side by side (zstd finds the shared prefixes).
+    if key_identifies_payload:
+        key_cols = _KEY_HASHES
+        row_keys = list(payload_of_key)               # first-seen order
+        row_payload = [payload_of_key[k] for k in row_keys]
+        resp_row_key = resp_key
+    else:
+        key_cols = _KEY_PAYLOAD
+        row_keys = [(d.hex(),) for d in digests]
+        row_payload = list(range(len(payloads)))
+        resp_row_key = [row_keys[i] for i in resp_payload]
+    order = sorted(range(len(row_keys)), key=lambda i: (first_prompt[row_payload[i]], i))
+    row_keys = [row_keys[i] for i in order]
+    row_payload = [row_payload[i] for i in order]
+    row_of_key = {k: row for row, k in enumerate(row_keys)}
+    output_index = pa.array([row_of_key[k] for k in resp_row_key], type=pa.int32())
+    outputs_id = hashlib.sha256(json.dumps(
+        [size, n_rows, list(key_cols), row_keys], separators=(",", ":")).encode()).hexdigest()
+
+    out_arrays, encoding = _encode_outputs([payloads[i] for i in row_payload], heavy, src)
+    out_columns: dict[str, pa.Array] = {}
+    for j, name in enumerate(key_cols):
+        out_columns[name] = pa.array([k[j] for k in row_keys], type=pa.string())
+    out_columns.update(out_arrays)
+    outputs = pa.table(out_columns)
+    top_k_text = "recorded" if top_k is None else str(top_k)
+    common = {
+        "bistat.outputs_id": outputs_id,
+        "bistat.outputs_key": "+".join(key_cols),
+        "bistat.top_k": top_k_text,
+    }
+    outputs = outputs.replace_schema_metadata({
+        **common,
+        "bistat.schema": table_schema("responses"),
+        "bistat.part": "outputs",
+        "bistat.n_outputs": str(len(row_keys)),
+        "bistat.columns": json.dumps(heavy),
+        "bistat.encoding": json.dumps(encoding, sort_keys=True),
+        "bistat.max_alternatives_recorded": str(max_alternatives),
+    })
+
+    light_tbl = (pa.concat_tables(chunks) if chunks else light_schema.empty_table())
+    light_tbl = light_tbl.append_column("output_index", output_index)
+    if key_cols == _KEY_PAYLOAD:
+        light_tbl = light_tbl.append_column(
+            "payload_sha256", pa.array([k[0] for k in resp_row_key], type=pa.string()))
+    light_tbl = light_tbl.replace_schema_metadata({
+        **_source_meta("responses", size, n_rows, json_cols, gaps), **common,
+        "bistat.layout": "slim",
+        "bistat.columns": json.dumps(fields),
+        "bistat.outputs_file": OUTPUTS_FILE,
+    })
+
+    out_dst, resp_dst = run_dir / OUTPUTS_FILE, run_dir / "responses.parquet"
+    out_tmp, resp_tmp = run_dir / f".{OUTPUTS_FILE}.tmp", run_dir / ".responses.parquet.tmp"
+    _write_slim(outputs, out_tmp)
+    _write_slim(light_tbl, resp_tmp)
+    os.replace(out_tmp, out_dst)
+    os.replace(resp_tmp, resp_dst)
+    return [resp_dst, out_dst]
+
+
+def _write_slim(tbl: pa.Table, path: Path) -> None:
+    """zstd at a high level; dictionaries for strings only; byte-stream split for floats."""
+    strings, floats = [], []
+    for field in tbl.schema:
+        t, leaf = field.type, field.name
+        while pa.types.is_list(t):
+            t, leaf = t.value_type, leaf + ".list.element"
+        if pa.types.is_string(t):
+            strings.append(leaf)
+        elif pa.types.is_floating(t):
+            floats.append(leaf)
+    pq.write_table(tbl, path, compression="zstd", compression_level=_ZSTD_LEVEL,
+                   use_dictionary=strings, use_byte_stream_split=floats or False)
+
+
+def _flat_values(arr: pa.Array) -> np.ndarray:
+    while pa.types.is_list(arr.type):
+        arr = arr.flatten()
+    return arr.drop_null().to_numpy(zero_copy_only=False)
+
+
+def _fits_int32(arr: pa.Array) -> bool:
+    vals = _flat_values(arr)
+    return bool(vals.size == 0 or (vals.min() >= _INT32[0] and vals.max() <= _INT32[1]))
+
+
+def _float32_exact(arr: pa.Array) -> bool:
+    """Whether every value survives float64 -> float32 -> float64 bit for bit."""
+    vals = np.ascontiguousarray(_flat_values(arr), dtype=np.float64)
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        back = vals.astype(np.float32).astype(np.float64)
+    return bool(np.array_equal(back.view(np.uint64), vals.view(np.uint64)))
+
+
+def _narrow(arr: pa.Array, int_or_float: str) -> tuple[pa.Array, str]:
+    """``arr`` (list of int64 / float64 at any depth) in 32 bits where that keeps every bit."""
+    if int_or_float == "int":
+        ok, narrow, names = _fits_int32(arr), pa.int32(), ("int32", "int64")
+    else:
+        ok, narrow, names = _float32_exact(arr), pa.float32(), ("float32", "float64")
+    if not ok:
+        return arr, names[1]
+    return arr.cast(_with_leaf(arr.type, narrow), safe=False), names[0]
+
+
+def _with_leaf(type_: pa.DataType, leaf: pa.DataType) -> pa.DataType:
+    """``type_`` (a list type at any depth) with its innermost value type replaced by ``leaf``."""
+    if pa.types.is_list(type_):
+        return pa.list_(_with_leaf(type_.value_type, leaf))
+    return leaf
+
+
+def _typed(values: list, type_: pa.DataType, field: str, src: Path) -> pa.Array:
+    try:
+        return pa.array(values, type=type_)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise RecordsError(f"{src}: field {field!r} does not hold {type_} values ({exc}); fix "
+                           f"the writer of this table") from exc
+
+
+def _same_float(a: Any, b: Any) -> bool:
+    return (type(a) is float and type(b) is float
+            and struct.pack("<d", a) == struct.pack("<d", b))
+
+
+def _split_top(tops: list, tokens: list, lps: list) -> tuple[list, list, list] | None:
+    """``top_logprobs`` as parallel token-id / logprob lists, or None when not ``[int, float]`` pairs.
+
+    Where every position's first alternative is the chosen token with the chosen logprob
+    (bitwise), that first alternative is left out and the output's ``top_chosen_first`` is set.
+    """
+    ids_col, val_col, chosen_col = [], [], []
+    for top, toks, lp in zip(tops, tokens, lps):
+        if top is None:
+            ids_col.append(None)
+            val_col.append(None)
+            chosen_col.append(False)
+            continue
+        if not isinstance(top, list):
+            return None
+        for pos in top:
+            if pos is None:
+                continue
+            if not isinstance(pos, list):
+                return None
+            for alt in pos:
+                if not (isinstance(alt, list) and len(alt) == 2 and type(alt[0]) is int
+                        and type(alt[1]) is float):
+                    return None
+        chosen = (isinstance(toks, list) and isinstance(lp, list)
+                  and len(top) == len(toks) == len(lp) and len(top) > 0
+                  and all(pos and type(t) is int and pos[0][0] == t
+                          and type(v) in (int, float) and not isinstance(v, bool)
+                          and _same_float(pos[0][1], float(v))
+                          for pos, t, v in zip(top, toks, lp)))
+        skip = 1 if chosen else 0
+        ids_col.append([None if pos is None else [a[0] for a in pos[skip:]] for pos in top])
+        val_col.append([None if pos is None else [a[1] for a in pos[skip:]] for pos in top])
+        chosen_col.append(chosen)
+    return ids_col, val_col, chosen_col
+
+
+def _encode_outputs(payloads: list[tuple], heavy: list[str],
+                    src: Path) -> tuple[dict[str, pa.Array], dict[str, str]]:
+    """The outputs' columns (narrowed where exact) and how each heavy field was stored."""
+    columns: dict[str, pa.Array] = {}
+    encoding: dict[str, str] = {}
+    tokens = [p[0] for p in payloads]
+    lps = [p[2] for p in payloads]
+    if "token_ids" in heavy:
+        arr = _typed(tokens, pa.list_(pa.int64()), "token_ids", src)
+        columns["token_ids"], encoding["token_ids"] = _narrow(arr, "int")
+    if "text" in heavy:
+        columns["text"] = _typed([p[1] for p in payloads], pa.string(), "text", src)
+        encoding["text"] = "string"
+    if "logprobs" in heavy:
+        arr = _typed(lps, pa.list_(pa.float64()), "logprobs", src)
+        columns["logprobs"], encoding["logprobs"] = _narrow(arr, "float")
+    if "top_logprobs" in heavy:
+        tops = [p[3] for p in payloads]
+        split = _split_top(tops, tokens if "token_ids" in heavy else [None] * len(tops),
+                           lps if "logprobs" in heavy else [None] * len(tops))
+        if split is None:
+            # not all [token_id, logprob] pairs of an int and a float: JSON text, as today
+            columns["top_logprobs"] = pa.array(
+                [None if v is None else json.dumps(v, sort_keys=True, ensure_ascii=False)
+                 for v in tops], type=pa.string())
+            encoding["top_logprobs"] = "json"
+        else:
+            ids, vals, chosen = split
+            columns["top_token_ids"], id_type = _narrow(
+                _typed(ids, pa.list_(pa.list_(pa.int64())), "top_logprobs", src), "int")
+            columns["top_logprob_values"], val_type = _narrow(
+                _typed(vals, pa.list_(pa.list_(pa.float64())), "top_logprobs", src), "float")
+            columns["top_chosen_first"] = pa.array(chosen, type=pa.bool_())
+            encoding["top_logprobs"] = "parallel"
+            encoding["top_token_ids"] = id_type
+            encoding["top_logprob_values"] = val_type
+    return columns, encoding
+
+
+def _outputs_fix(run_dir: Path, out_path: Path) -> str:
+    if (run_dir / "responses.jsonl").exists():
+        return f"re-create it with `bistat compact --slim {run_dir}`"
+    return (f"restore it from where the run is kept (e.g. `git checkout -- {out_path}`); without "
+            f"responses.jsonl it cannot be rebuilt")
+
+
+def _slim_outputs(run_dir: Path, meta: Mapping[str, str]) -> tuple[Path, dict[str, str]]:
+    """The outputs file a slim ``responses.parquet`` names, its footer checked against ``meta``."""
+    out_path = run_dir / meta.get("outputs_file", OUTPUTS_FILE)
+    holds = ("responses.parquet was compacted with --slim and keeps token_ids, text, logprobs "
+             "and top_logprobs in it")
+    if not out_path.is_file():
+        raise RecordsError(f"{out_path}: not found; {holds}; {_outputs_fix(run_dir, out_path)}")
+    try:
+        out_meta = _parquet_meta(out_path)
+    except (pa.ArrowException, OSError) as exc:
+        raise RecordsError(f"{out_path}: not a readable Parquet file ({exc}); {holds}; "
+                           f"{_outputs_fix(run_dir, out_path)}") from exc
+    if out_meta.get("part") != "outputs" or out_meta.get("outputs_id") != meta.get("outputs_id"):
+        raise RecordsError(
+            f"{out_path}: does not belong to {run_dir / 'responses.parquet'} (its outputs_id "
+            f"{out_meta.get('outputs_id')!r} differs from {meta.get('outputs_id')!r}); "
+            f"{_outputs_fix(run_dir, out_path)}")
+    return out_path, out_meta
+
+
+def _join_outputs(run_dir: Path, out_path: Path, out_meta: Mapping[str, str], resp: pa.Table,
+                  fields: list[str]) -> dict[str, pd.Series]:
+    """The heavy ``fields`` of every row of ``resp`` (which holds ``output_index`` and the key)."""
+    encoding = json.loads(out_meta.get("encoding", "{}"))
+    key_cols = out_meta.get("outputs_key", "").split("+")
+    parallel = encoding.get("top_logprobs") == "parallel"
+    need = set(fields)
+    if "top_logprobs" in need and parallel:
+        need.discard("top_logprobs")
+        need |= {"top_token_ids", "top_logprob_values", "top_chosen_first"}
+        need |= {f for f in ("token_ids", "logprobs") if f in encoding}
+    read = key_cols + [c for c in ("token_ids", "text", "logprobs", "top_logprobs",
+                                   "top_token_ids", "top_logprob_values", "top_chosen_first")
+                       if c in need]
+    try:
+        out = pq.read_table(out_path, columns=read)
+    except (pa.ArrowException, OSError) as exc:
+        raise RecordsError(f"{out_path}: cannot be read ({exc}); "
+                           f"{_outputs_fix(run_dir, out_path)}") from exc
+    index = resp.column("output_index").combine_chunks()
+    n_out = out.num_rows
+    if index.null_count or (len(index) and not (0 <= pc.min(index).as_py()
+                                                and pc.max(index).as_py() < n_out)):
+        raise RecordsError(f"{run_dir / 'responses.parquet'}: output_index outside the "
+                           f"{n_out} rows of {out_path}; {_outputs_fix(run_dir, out_path)}")
+    taken = out.take(index)
+    for k in key_cols:
+        a, b = taken.column(k), resp.column(k)
+        same = pc.or_(pc.fill_null(pc.equal(a, b), False), pc.and_(pc.is_null(a), pc.is_null(b)))
+        if not pc.all(same).as_py():
+            raise RecordsError(f"{out_path}: its {k} column does not match "
+                               f"{run_dir / 'responses.parquet'}'s; "
+                               f"{_outputs_fix(run_dir, out_path)}")
+    result: dict[str, pd.Series] = {}
+    if "token_ids" in fields:
+        result["token_ids"] = _arrow_to_series(
+            taken.column("token_ids").cast(pa.list_(pa.int64())))
+    if "text" in fields:
+        result["text"] = _arrow_to_series(taken.column("text"))
+    if "logprobs" in fields:
+        result["logprobs"] = _arrow_to_series(
+            taken.column("logprobs").cast(pa.list_(pa.float64())))
+    if "top_logprobs" in fields:
+        if parallel:
+            result["top_logprobs"] = pd.Series(_rejoin_top(taken, encoding), dtype=object)
+        else:
+            result["top_logprobs"] = pd.Series(
+                [None if v is None else json.loads(v)
+                 for v in taken.column("top_logprobs").to_pylist()], dtype=object)
+    return result
+
+
+def _rejoin_top(taken: pa.Table, encoding: Mapping[str, str]) -> list:
+    """``top_logprobs`` as recorded: ``[[token_id, logprob], ...]`` per position."""
+    ids = taken.column("top_token_ids").to_pylist()
+    vals = taken.column("top_logprob_values").cast(pa.list_(pa.list_(pa.float64()))).to_pylist()
+    chosen = taken.column("top_chosen_first").to_pylist()
+    n = taken.num_rows
+    toks = (taken.column("token_ids").cast(pa.list_(pa.int64())).to_pylist()
+            if "token_ids" in encoding else [None] * n)
+    lps = (taken.column("logprobs").cast(pa.list_(pa.float64())).to_pylist()
+           if "logprobs" in encoding else [None] * n)
+    rows: list = []
+    for row_ids, row_vals, first, row_toks, row_lps in zip(ids, vals, chosen, toks, lps):
+        if row_ids is None:
+            rows.append(None)
+        elif first:
+            rows.append([[[t, v]] + [[a, b] for a, b in zip(pi, pv)]
+                         for t, v, pi, pv in zip(row_toks, row_lps, row_ids, row_vals)])
+        else:
+            rows.append([None if pi is None else [[a, b] for a, b in zip(pi, pv)]
+                         for pi, pv in zip(row_ids, row_vals)])
+    return rows
+
+
+def _load_slim_responses(path: Path, meta: Mapping[str, str], cols: list[str] | None,
+                         flt: Mapping[str, frozenset]) -> TableRead:
+    """Read a slim ``responses.parquet``, rejoining the heavy fields from its outputs file."""
+    run_dir = path.parent
+    out_path, out_meta = _slim_outputs(run_dir, meta)
+    logical = json.loads(meta["columns"])
+    json_cols = set(json.loads(meta.get("json_columns", "[]")))
+    gaps = tuple(json.loads(meta.get("gaps", "[]")))
+    key_cols = meta.get("outputs_key", "").split("+")
+    want = list(logical) if cols is None else [c for c in cols if c in logical]
+    heavy_flt = {k: v for k, v in flt.items() if k in OUTPUT_FIELDS}
+    light_flt = {k: v for k, v in flt.items() if k not in OUTPUT_FIELDS}
+    heavy = [f for f in OUTPUT_FIELDS if f in logical and (f in want or f in heavy_flt)]
+    light = [c for c in want if c not in OUTPUT_FIELDS]
+    read_cols = list(dict.fromkeys(light + (["output_index", *key_cols] if heavy else [])))
+    if any(k not in logical for k in flt):   # filter on an absent column: nothing matches
+        tbl = pq.read_table(path, columns=read_cols).slice(0, 0)
+    else:
+        pa_filters = [(k, "in", sorted(v, key=repr)) for k, v in light_flt.items()]
+        tbl = pq.read_table(path, columns=read_cols, filters=pa_filters or None)
+    frame = _to_pandas(tbl.select(light), json_cols)
+    if heavy:
+        for name, series in _join_outputs(run_dir, out_path, out_meta, tbl, heavy).items():
+            frame[name] = series
+        if heavy_flt:
+            keep = np.ones(len(frame), dtype=bool)
+            for k, allowed in heavy_flt.items():
+                keep &= np.array([_allowed(v, allowed) for v in frame[k]], dtype=bool)
+            frame = frame[keep].reset_index(drop=True)
+    frame = frame[want]
+    return TableRead(_finish_columns(frame, cols, "responses"), gaps, "parquet")
+
+
+def _allowed(value: Any, allowed: frozenset) -> bool:
+    try:
+        return value in allowed
+    except TypeError:   # an unhashable value (a list) is never among hashable allowed values
+        return False
 
 
 # --------------------------------------------------------------------------------------------

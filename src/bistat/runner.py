@@ -682,6 +682,7 @@ class _Session:
             status = "complete" if state.n_failed == 0 else "failed"
             samples = list(state.samples)
             n_failed, output_tokens, prompt_tokens = state.n_failed, state.output_tokens, state.prompt_tokens
+            self.writer.sync()   # the pass's responses reach the disk before its "end" record
             self.writer.append("schedule", _schedule_record(planned, "end", status=status, n_failed=n_failed))
         rate = output_tokens / wall_s if wall_s > 0 else None
         self.writer.append(

@@ -2,7 +2,8 @@
 
 Thin commands: ``analyze`` calls ``bistat.analysis.analyze_run`` then
 ``bistat.report.write_finding``, prints ``bistat.gating.ci_summary`` and exits with
-``bistat.gating.gate``'s code (``--fail-on``); ``compact`` calls ``bistat.records.compact``.
+``bistat.gating.gate``'s code (``--fail-on``); ``compact`` calls ``bistat.records.compact``
+(``--slim``/``--top-k``: its ``slim``/``top_k``).
 Library errors reach the user as ``Error: <message>`` with exit code 1.
 """
 
@@ -92,13 +93,23 @@ def register(group: click.Group) -> None:
 
     @group.command("compact")
     @click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
-    def compact_cmd(run_dir: Path) -> None:
+    @click.option("--slim", is_flag=True,
+                  help="Store each distinct output once: responses.parquet without token_ids, "
+                       "text, logprobs and top_logprobs, and outputs.parquet with each "
+                       "distinct output in the narrowest exact types. Readers rejoin them.")
+    @click.option("--top-k", "top_k", type=click.IntRange(min=1), default=None,
+                  show_default="all recorded",
+                  help="With --slim: keep only the first K top_logprobs alternatives per "
+                       "position (recorded in the Parquet footers as bistat.top_k).")
+    def compact_cmd(run_dir: Path, slim: bool, top_k: int | None) -> None:
         """Write RUN_DIR/<table>.parquet beside each JSONL table (the JSONL files are kept).
 
         Readers use a Parquet file while its JSONL has not grown since compaction.
         """
+        if top_k is not None and not slim:
+            raise click.UsageError("--top-k applies to a slim compaction only; add --slim")
         try:
-            written = compact(run_dir)
+            written = compact(run_dir, slim=slim, top_k=top_k)
         except RecordsError as exc:
             raise _fail(exc) from exc
         for path in written:
