@@ -154,3 +154,17 @@ def test_from_experiment_splits_adapter_keys_from_server_flags():
     assert str(exc.value) == ("arms[a].args / engine.args: unknown key(s) ['gemm'] for engine "
                               "'openai'; expected some of ['api_key_env', 'backoff_s', "
                               "'metrics_interval_s', 'request_timeout_s', 'retries', 'url']")
+
+
+def test_version_probe_reads_the_commit_of_vcs_versioning_builds(tmp_path):
+    """vLLM 0.25.0 keeps its commit in vllm/_version.py (__commit_id__ = 'gdd10e03f9'), not in
+    vllm.__commit__; the probe reads it there first."""
+    pkg = tmp_path / "site" / "vllm"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text('__version__ = "0.25.0"\n')
+    (pkg / "_version.py").write_text('__version__ = "0.25.0"\n__commit_id__ = "gdd10e03f9"\n')
+    eng = VLLMServerEngine("/m", python=sys.executable, env={"PYTHONPATH": str(tmp_path / "site")})
+    assert eng.probe_version() == ("0.25.0", "gdd10e03f9", None)
+    (pkg / "_version.py").unlink()
+    (pkg / "__init__.py").write_text('__version__ = "0.24.0"\n__commit__ = "abc123"\n')
+    assert eng.probe_version() == ("0.24.0", "abc123", None)

@@ -29,7 +29,7 @@ if ! alive; then
   if grep -q '"status": 0' "$STATUS" 2>/dev/null; then echo "[bg] $NAME already finished"; exit 0; fi
   rm -f "$STATUS"
   if [ -f "$RUN/run.json" ]; then what=(run --resume "$RUN" --no-progress); echo "[bg] resuming $RUN"
-  else what=(run "$REG" --run-dir "$RUN" --no-progress); echo "[bg] starting $RUN"; fi
+  else what=(run "preregistrations/$NAME.json" --run-dir "$RUN" --no-progress); echo "[bg] starting $RUN"; fi
   setsid nohup bash -c '. scripts/device/env.sh; bistat "$@"; rc=$?; gpu_clean
     echo "{\"status\": $rc}" > "'"$STATUS"'"' _ "${what[@]}" >> "$LOG" 2>&1 < /dev/null &
   echo $! > "$PIDF"

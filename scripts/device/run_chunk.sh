@@ -20,7 +20,7 @@ if [ -f "$RUN/run.json" ]; then
   timeout -s INT -k 60 "$BUDGET" bash -c '. scripts/device/env.sh; bistat run --resume "$1" --no-progress' _ "$RUN"
 else
   echo "[chunk] starting $RUN"
-  timeout -s INT -k 60 "$BUDGET" bash -c '. scripts/device/env.sh; bistat run "$1" --run-dir "$2" --no-progress' _ "$REG" "$RUN"
+  timeout -s INT -k 60 "$BUDGET" bash -c '. scripts/device/env.sh; bistat run "$1" --run-dir "$2" --no-progress' _ "preregistrations/$NAME.json" "$RUN"
 fi
 rc=$?
 gpu_clean

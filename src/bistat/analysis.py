@@ -966,7 +966,11 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
         name=exp.name, run_id=run_id,
         created_utc=header.get("created_utc"), engine_kind=header.get("engine_kind"),
         command=tuple(str(x) for x in header.get("command") or ()),
-        registration_path=(hdr_reg.get("path") if isinstance(hdr_reg, Mapping) else None),
+        # the registration analysed against: the run's own as run.json names it, or the sibling
+        # named on the command line (relative to the working directory when inside it; the
+        # run's own is then named in the deviations)
+        registration_path=(_display_path(reg.path) if sibling_of is not None else
+                           hdr_reg.get("path") if isinstance(hdr_reg, Mapping) else None),
         registration_sha256=reg.sha256, registered_utc=reg.registered_utc,
         sealed_utc=reg.sealed_utc, registration_bistat_version=reg.sealed.get("bistat_version"),
         hypothesis=exp.hypothesis,
@@ -982,6 +986,15 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
 
 #: The operator's notes file of a run directory (optional, free text, committed with the data).
 NOTES_FILE = "NOTES.md"
+
+
+def _display_path(path: str | Path) -> str:
+    """``path`` relative to the working directory when it lies inside it, else as given."""
+    p = Path(path)
+    try:
+        return str(p.resolve().relative_to(Path.cwd().resolve())) if p.is_absolute() else str(p)
+    except ValueError:
+        return str(p)
 
 
 def _operator_notes(run_dir: Path) -> str | None:

@@ -34,6 +34,16 @@ def _protocol_stream() -> TextIO:
     return os.fdopen(proto_fd, "w", buffering=1)
 
 
+def _vllm_commit(vllm_module) -> str | None:
+    """vLLM's git commit: ``vllm._version.__commit_id__`` (vcs-versioning builds, e.g.
+    'gdd10e03f9' for 0.25.0), else the older ``vllm.__commit__``."""
+    try:
+        from vllm._version import __commit_id__
+    except ImportError:
+        return getattr(vllm_module, "__commit__", None)
+    return __commit_id__
+
+
 def _send(out: TextIO, obj: dict[str, Any]) -> None:
     out.write(json.dumps(obj) + "\n")
     out.flush()
@@ -161,7 +171,7 @@ def main() -> int:
                             "refused": any(w.lower() in text.lower() for w in REFUSAL_WORDS)})
                 return 1
             _send(out, {"op": "ready", "version": str(vllm.__version__),
-                        "commit": getattr(vllm, "__commit__", None)})
+                        "commit": _vllm_commit(vllm)})
         elif op == "pass":
             run_pass(vllm, llm, msg, out)
         elif op == "exit":

@@ -65,8 +65,13 @@ REFUSAL_RE = re.compile(
     r"not supported|unsupported|unrecognized arguments|invalid choice|NotImplementedError|"
     r"is not compatible|requires .* (?:GPU|compute capability)", re.IGNORECASE)
 
-VERSION_PROBE = ("import json, vllm; print(json.dumps({'version': vllm.__version__, "
-                 "'commit': getattr(vllm, '__commit__', None)}))")
+#: vLLM's version and git commit, printed as JSON by the arm's Python. The commit lives in
+#: ``vllm._version.__commit_id__`` (vcs-versioning; 'gdd10e03f9' for 0.25.0), older builds had
+#: ``vllm.__commit__``.
+VERSION_PROBE = ("import json, vllm\n"
+                 "try:\n    from vllm._version import __commit_id__ as c\n"
+                 "except ImportError:\n    c = getattr(vllm, '__commit__', None)\n"
+                 "print(json.dumps({'version': vllm.__version__, 'commit': c}))")
 
 _LIVE: "weakref.WeakSet[VLLMServerEngine]" = weakref.WeakSet()
 
