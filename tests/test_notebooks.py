@@ -32,7 +32,7 @@ def python3_kernel(tmp_path, monkeypatch):
 
 
 def test_there_is_a_notebook():
-    assert [p.name for p in NOTEBOOKS] == ["synthetic-example.ipynb"]
+    assert [p.name for p in NOTEBOOKS] == ["h200-studies.ipynb", "synthetic-example.ipynb"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
