@@ -54,6 +54,7 @@ from bistat.engines.vllm_server import _free_port
 from bistat.records import RunWriter
 from bistat.runner import _response_record
 from bistat.schedule import PlannedPass
+from bench_http_runner import wait_up  # noqa: E402 (a sibling script in benchmarks/)
 
 #: requests/s of a counted pass of the H200 run h200-match-smollm2 (541 requests in ~18 s)
 GPU_RUN_REQUESTS_PER_S = 30.0
@@ -173,18 +174,6 @@ def bench_parse(n_tokens: int, top: int, reps: int, tmp: Path) -> tuple[float, f
     return 1000 * t_parse, 1000 * (t_parse + t_record), len(raw)
 
 
-def _wait_up(url: str) -> None:
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            httpx.get(url + "/v1/models", timeout=1)
-            return
-        except httpx.HTTPError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
-
-
 def bench_http(n_requests: int, concurrency: int, n_tokens: int, top: int,
                tmp: Path) -> list[tuple[str, float, float, int, int, float]]:
     """[(mode, wall s, client CPU s, requests, failed, median /metrics sample interval s)] for
@@ -196,7 +185,7 @@ def bench_http(n_requests: int, concurrency: int, n_tokens: int, top: int,
     out = []
     try:
         url = f"http://127.0.0.1:{port}"
-        _wait_up(url)
+        wait_up(url)
         eng = OpenAIHTTPEngine(url, model=MODEL, metrics_interval_s=0.25)
         eng.start()
         reqs = [GenerationRequest(prompt_id=f"chat-{i:04d}", prompt="Tell me about seismic events.",

@@ -23,6 +23,19 @@ from bistat.engines.base import GenerationRequest
 from bistat.engines.openai_http import OpenAIHTTPEngine
 from bistat.engines.vllm_server import _free_port
 
+
+def wait_up(url: str, timeout_s: float = 30.0) -> None:
+    """Wait until the server at ``url`` answers ``GET /v1/models`` (raise after ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            httpx.get(url + "/v1/models", timeout=1)
+            return
+        except httpx.HTTPError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
 ANSWER = {"choices": [{"index": 0, "text": "abcd", "finish_reason": "length",
                        "token_ids": [1, 2, 3, 4], "prompt_token_ids": [5, 6],
                        "logprobs": {"tokens": ["token_id:1", "token_id:2", "token_id:3", "token_id:4"],
@@ -68,15 +81,7 @@ def main() -> int:
     proc = subprocess.Popen([sys.executable, __file__, "--serve", str(port)])
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                httpx.get(url + "/v1/models", timeout=1)
-                break
-            except httpx.HTTPError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+        wait_up(url)
         eng = OpenAIHTTPEngine(url, metrics_interval_s=1.0)
         eng.start()
         reqs = [GenerationRequest(prompt_id=str(i), prompt=[5, 6], max_tokens=4)
