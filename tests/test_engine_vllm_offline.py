@@ -7,6 +7,7 @@ prints to stdout on import, to prove the protocol stream is kept clean.
 
 from __future__ import annotations
 
+import math
 import os
 import textwrap
 from pathlib import Path
@@ -17,38 +18,81 @@ from bistat.engines.base import EngineRefused, EngineStartError, GenerationReque
 from bistat.engines.vllm_offline import VLLMOfflineEngine
 
 FAKE_VLLM = textwrap.dedent('''
-    import os, types
+    # The slice of vLLM 0.25.0 the worker uses, with the real signatures and behaviour
+    # (paths are in the wheel vllm-0.25.0-cp38-abi3-manylinux_2_28_x86_64.whl).
+    import multiprocessing, os, time, types
     print("vLLM banner on stdout")
     __version__ = "0.25.0"
     __commit__ = "deadbeef"
 
+    # vllm/sampling_params.py:199-301: a msgspec Struct; an unknown keyword is a TypeError;
+    # output_kind defaults to CUMULATIVE; top_k -1 is accepted as "off" (:560-564); greedy
+    # sets top_k = 0 (:490-493).
+    _FIELDS = {"n": 1, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "seed": None,
+               "ignore_eos": False, "max_tokens": 16, "min_tokens": 0, "logprobs": None,
+               "detokenize": True, "output_kind": "CUMULATIVE"}
+
     class SamplingParams:
         def __init__(self, **kw):
+            for k in kw:
+                if k not in _FIELDS:
+                    raise TypeError(f"Unexpected keyword argument {k!r}")
+            self.__dict__.update(_FIELDS, **kw)
+            if self.top_k < -1:
+                raise ValueError(f"top_k must be 0 (disable), or at least 1, got {self.top_k}.")
+            if self.max_tokens is not None and self.max_tokens < 1:
+                raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}.")
+            if self.temperature < 1e-5:
+                self.top_p, self.top_k = 1.0, 0
+
+    class _Logprob:  # vllm/logprobs.py:13-24
+        def __init__(self, logprob):
+            self.logprob, self.rank, self.decoded_token = logprob, None, None
+
+    class _Metric:  # vllm/v1/metrics/reader.py:11-67 (counters are named without _total)
+        def __init__(self, name, **kw):
+            self.name, self.labels = name, {"model_name": "smol", "engine": "0"}
             self.__dict__.update(kw)
 
-    class _Logprob:
-        def __init__(self, logprob):
-            self.logprob = logprob
-
-    class _Engine:
-        def __init__(self, max_num_seqs):
+    class _Engine:  # vllm/v1/engine/llm_engine.py (V1 LLMEngine)
+        def __init__(self, max_num_seqs, log_stats):
             self.reqs, self.max_num_seqs, self.finished = {}, max_num_seqs, 0
-            self.max_running = 0
+            self.log_stats, self.steps = log_stats, 0
+            self.running = self.waiting = self.preemptions = self.gen = self.prompt = 0
 
-        def add_request(self, request_id, prompt, params):
+        def add_request(self, request_id, prompt, params, arrival_time=None, lora_request=None,
+                        tokenization_kwargs=None, trace_headers=None, priority=0, prompt_text=None):
+            if not isinstance(request_id, str):
+                raise TypeError(f"request_id must be a string, got {type(request_id)}")
+            if not isinstance(params, SamplingParams):
+                raise TypeError("params must be SamplingParams")
             ids = prompt.get("prompt_token_ids") or [ord(c) for c in prompt["prompt"]]
+            if max(ids) >= 1000:  # vllm/v1/engine/input_processor.py:483-484
+                raise ValueError(f"Token id {max(ids)} is out of vocabulary")
             self.reqs[request_id] = (ids, params, [])
+            return request_id
+
+        def has_unfinished_requests(self):
+            return bool(self.reqs)
 
         def step(self):
+            if not self.reqs:  # the real one waits on the engine core's output queue for ever
+                time.sleep(3600)
+            self.steps += 1
             running = list(self.reqs.items())[: self.max_num_seqs]
-            self.max_running = max(self.max_running, len(running))
             print(f"step batch={len(running)}")
+            if self.steps == int(os.environ.get("FAKE_PREEMPT_AT_STEP", "0")):
+                self.preemptions += 1
             outs = []
             for rid, (ids, params, out) in running:
+                if not out:
+                    self.prompt += len(ids)
                 out.append((sum(ids) + len(out)) % 50 + 10)
+                self.gen += 1
                 done = len(out) >= params.max_tokens
                 lps = [{t: _Logprob(-0.25 * (k + 1)), t + 1: _Logprob(-2.0 - k)} for k, t in enumerate(out)]
-                comp = types.SimpleNamespace(token_ids=list(out), text="x" * len(out), logprobs=lps,
+                comp = types.SimpleNamespace(index=0, token_ids=out, text="", logprobs=lps,
+                                             cumulative_logprob=None,
                                              finish_reason="length" if done else None)
                 outs.append(types.SimpleNamespace(request_id=rid, prompt_token_ids=ids, outputs=[comp],
                                                   finished=done))
@@ -57,17 +101,42 @@ FAKE_VLLM = textwrap.dedent('''
                     self.finished += 1
                     if self.finished == int(os.environ.get("FAKE_CRASH_AFTER", "0")):
                         os._exit(3)
+            self.running = min(len(self.reqs), self.max_num_seqs)
+            self.waiting = len(self.reqs) - self.running
             return outs
 
-    class LLM:
-        def __init__(self, model, **kw):
+        def get_metrics(self):  # llm_engine.py:378-380
+            assert self.log_stats, "Stat logging disabled"
+            return [_Metric("vllm:num_requests_running", value=float(self.running)),
+                    _Metric("vllm:num_requests_waiting", value=float(self.waiting)),
+                    _Metric("vllm:num_preemptions", value=self.preemptions),
+                    _Metric("vllm:generation_tokens", value=self.gen),
+                    _Metric("vllm:prompt_tokens", value=self.prompt),
+                    _Metric("vllm:request_prompt_tokens", count=1, sum=2.0, buckets={})]
+
+    class LLM:  # vllm/entrypoints/llm.py:176-330
+        def __init__(self, model, *, skip_tokenizer_init=False, seed=0, **kw):
             if kw.get("enable_prefix_caching") is not False:
                 raise AssertionError("prefix caching must be off by default")
+            kw.setdefault("disable_log_stats", True)  # llm.py:235-236
             if os.environ.get("FAKE_REFUSE"):
                 raise ValueError("VLLM_BATCH_INVARIANT is not supported on this GPU")
             if os.environ.get("FAKE_BROKEN"):
                 raise RuntimeError("CUDA out of memory")
-            self.llm_engine = _Engine(kw.get("max_num_seqs", 256))
+            # The engine core is a forked process (VLLM_WORKER_MULTIPROC_METHOD=fork).
+            self._core = multiprocessing.get_context("fork").Process(
+                target=time.sleep, args=(600,), daemon=True)
+            self._core.start()
+            self.skip_tokenizer_init = skip_tokenizer_init
+            self.llm_engine = _Engine(kw.get("max_num_seqs", 256), not kw["disable_log_stats"])
+
+        def get_metrics(self):
+            return self.llm_engine.get_metrics()
+
+        def get_tokenizer(self):  # vllm/renderers/base.py:159
+            if self.skip_tokenizer_init:
+                raise ValueError("Tokenizer not available when `skip_tokenizer_init=True`")
+            raise ValueError("the stand-in has no tokenizer")
 ''')
 
 
@@ -78,10 +147,21 @@ def fake_site(tmp_path: Path) -> str:
     return str(tmp_path / "site")
 
 
-def _engine(site, tmp_path, **env):
-    return VLLMOfflineEngine("smol", args={"max_num_seqs": 4}, log_path=tmp_path / "log",
-                             start_timeout_s=60, pass_idle_timeout_s=30,
+def _engine(site, tmp_path, args=None, **env):
+    return VLLMOfflineEngine("smol", args={"max_num_seqs": 4, **(args or {})},
+                             log_path=tmp_path / "log", start_timeout_s=60, pass_idle_timeout_s=30,
                              env={"PYTHONPATH": site, **env})
+
+
+def _run(eng, reqs, concurrency):
+    results, samples = [], []
+    try:
+        eng.start()
+        eng.run_pass(reqs, concurrency=concurrency, on_result=results.append,
+                     on_metrics=samples.append)
+    finally:
+        eng.stop()
+    return {r.prompt_id: r for r in results}, samples
 
 
 def test_pass_through_the_worker(fake_site, tmp_path):
@@ -103,8 +183,12 @@ def test_pass_through_the_worker(fake_site, tmp_path):
     assert r0.top_logprobs[0] == [(11, -0.25), (12, -2.0)]
     assert (r0.finish_reason, r0.n_prompt_tokens, r0.error) == ("length", 2, None)
     assert by_id["t"].token_ids == [(97 + 98) % 50 + 10, (97 + 98 + 1) % 50 + 10]
-    assert max(s.num_requests_running for s in samples) <= 3
+    assert {s.source for s in samples} == {"engine-stats"}  # disable_log_stats=False by default
+    assert max(s.num_requests_running for s in samples) == 3
+    assert (samples[-1].num_requests_running, samples[-1].num_requests_waiting) == (0.0, 0.0)
+    assert samples[-1].num_preemptions_total == 0.0
     assert samples[-1].generation_tokens_total == sum(3 + i for i in range(6)) + 2
+    assert samples[-1].prompt_tokens_total == 6 * 2 + 2
     log = (tmp_path / "log").read_text()
     assert "vLLM banner on stdout" in log and "step batch=3" in log
     assert "step batch=4" not in log  # concurrency 3 < max_num_seqs 4
@@ -137,3 +221,43 @@ def test_worker_dying_mid_pass_fails_the_rest(fake_site, tmp_path):
     assert all(r.error == f"the vLLM worker exited mid-pass (log: {tmp_path / 'log'})" for r in failed)
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_engine_stats_carry_preemptions_and_waiting(fake_site, tmp_path):
+    """vLLM's counters (named without _total by get_metrics) reach MetricsSample; the scheduler's
+    waiting queue shows when more requests are in flight than max_num_seqs."""
+    reqs = [GenerationRequest(prompt_id=f"r{i}", prompt=[i + 1], max_tokens=4) for i in range(6)]
+    by_id, samples = _run(_engine(fake_site, tmp_path, FAKE_PREEMPT_AT_STEP="2"), reqs, 6)
+    assert all(r.error is None and len(r.token_ids) == 4 for r in by_id.values())
+    assert samples[-1].num_preemptions_total == 1.0
+    assert max(s.num_requests_waiting for s in samples) == 2.0  # 6 in flight, max_num_seqs 4
+    assert max(s.num_requests_running for s in samples) == 4.0
+
+
+def test_without_engine_stats_preemptions_are_unknown_not_zero(fake_site, tmp_path):
+    reqs = [GenerationRequest(prompt_id=f"r{i}", prompt=[i + 1], max_tokens=2) for i in range(3)]
+    _, samples = _run(_engine(fake_site, tmp_path, args={"disable_log_stats": True}), reqs, 3)
+    assert {s.source for s in samples} == {"inflight"}
+    assert all(math.isnan(s.num_preemptions_total) and math.isnan(s.num_requests_waiting)
+               for s in samples)
+    assert samples[-1].generation_tokens_total == 6.0
+
+
+def test_rejected_requests_never_leave_the_worker_waiting_on_an_idle_engine(fake_site, tmp_path):
+    """LLMEngine.step() blocks when nothing is unfinished; a pass whose last requests vLLM
+    rejects must still end (the stand-in's step() sleeps for an hour then)."""
+    reqs = [GenerationRequest(prompt_id="ok", prompt=[1], max_tokens=2),
+            GenerationRequest(prompt_id="bad", prompt=[1000], max_tokens=2)]
+    by_id, _ = _run(_engine(fake_site, tmp_path), reqs, 1)
+    assert by_id["ok"].error is None and by_id["ok"].token_ids == [11, 12]
+    assert by_id["bad"].error == "ValueError: Token id 1000 is out of vocabulary"
+    assert by_id["bad"].token_ids == [] and by_id["bad"].finish_reason is None
+
+
+def test_greedy_top_k_minus_one_and_sampling_fields_match_vllm(fake_site, tmp_path):
+    """The worker's SamplingParams keywords all exist in 0.25.0 (an unknown one is a TypeError
+    there, so the request would fail) and top_k=-1 is accepted."""
+    reqs = [GenerationRequest(prompt_id="a", prompt=[5, 6], max_tokens=3, top_k=-1, seed=7,
+                              logprobs=2, ignore_eos=True)]
+    by_id, _ = _run(_engine(fake_site, tmp_path), reqs, 1)
+    assert by_id["a"].error is None and len(by_id["a"].token_ids) == 3

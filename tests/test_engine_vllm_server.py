@@ -142,8 +142,9 @@ def test_from_experiment_splits_adapter_keys_from_server_flags():
     assert eng.argv(9)[-4:] == ["--tensor-parallel-size", "2", "--max-num-seqs", "32"]
     assert eng.arm_env == {"VLLM_BATCH_INVARIANT": "1"}
     off = VLLMOfflineEngine.from_experiment(exp, arm)
-    assert off.engine_args == {"enable_prefix_caching": False, "max_num_seqs": 32, "retries": 5,
-                               "health_timeout_s": 30, "tensor_parallel_size": 2}
+    assert off.engine_args == {"enable_prefix_caching": False, "disable_log_stats": False,
+                               "max_num_seqs": 32, "retries": 5, "health_timeout_s": 30,
+                               "tensor_parallel_size": 2}
     http = OpenAIHTTPEngine.from_experiment(
         SimpleNamespace(engine=SimpleNamespace(model="m", args={"url": "http://h:1", "retries": 1})),
         SimpleNamespace(name="a", env={}, args={}))

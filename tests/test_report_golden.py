@@ -97,3 +97,26 @@ def test_operator_notes_are_quoted_in_the_finding(tmp_path):
     assert "> Stopped after 2 of 8 passes: device time ran out.\n>\n> Second line.\n" in section
     assert noted.index("## Not run") < noted.index("## Operator's notes") < noted.index("## Data gaps")
     assert noted.replace(noted[noted.index("## Operator's notes"):noted.index("## Data gaps")], "") == plain
+
+
+def test_client_in_flight_is_the_time_weighted_mean_of_submitted_requests():
+    import pandas as pd
+
+    from bistat.analysis import _client_in_flight
+
+    frame = pd.DataFrame({"arm": ["a", "a", "a", "b"], "pass_index": [0, 0, 0, 0],
+                          "t_submit": [0.0, 0.0, 1.0, 0.0], "t_done": [2.0, 1.0, 2.0, None]})
+    # a: 2 + 1 + 1 = 4 request-seconds over a span of 2 s; b has no complete times
+    assert _client_in_flight(frame) == {("a", 0): 2.0}
+    assert _client_in_flight(frame.drop(columns=["t_done"])) == {}
+
+
+def test_front_end_bound_runs_are_named_in_the_batching_section():
+    """The committed first H200 attempt: ~60 in flight, 20-30 running, none waiting."""
+    text = (ROOT / "findings" / "h200" / "h200-match-smollm2.md").read_text()
+    assert ("**The front end, not the engine, set the batch:** in counted passes the engine's "
+            "running batch was 34%–49% of the requests in flight (lowest: default pass 3 "
+            "(schedule position 9)), with none waiting in its scheduler") in text
+    quick = (ROOT / "findings" / "quickstart.md").read_text()
+    assert "In counted passes the engine's running batch was 93%–97% of the requests in flight" in quick
+    assert "front end, not the engine" not in quick

@@ -111,6 +111,9 @@ class PassSummary:
     mean_waiting: float | None
     preemptions: float | None
     n_metric_samples: int
+    #: requests bistat had in flight, time-weighted over the pass: sum of (t_done - t_submit)
+    #: over the pass's responses / (last t_done - first t_submit); None without the times
+    client_in_flight: float | None = None
 
 
 @dataclass(frozen=True)
@@ -748,7 +751,7 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
     gaps.extend(env_read.gaps)
     ev_read = records.load_table(run_dir, "events", ["arm", "event", "time_utc", "detail"])
     gaps.extend(ev_read.gaps)
-    resp_cols = ["arm", "kind", "pass_index", "prompt_id", "error"]
+    resp_cols = ["arm", "kind", "pass_index", "prompt_id", "error", "t_submit", "t_done"]
     resp_cols += {"token_ids": ["token_sha256"], "text": ["text"],
                   "token_ids+logprobs": ["token_sha256", "logprob_sha256"]}[unit]
     resp_read = records.load_table(run_dir, "responses", resp_cols)
@@ -764,6 +767,7 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
     # --- passes -----------------------------------------------------------------------------
     status = _pass_status(schedule)
     batching, series = _batching(met_read.frame)
+    in_flight = _client_in_flight(responses)
     counted_keys = responses.loc[responses["kind"] == "counted", ["arm", "pass_index"]]
     with_responses = {(str(a), int(p)) for a, p in counted_keys.drop_duplicates().itertuples(
         index=False)}
@@ -803,7 +807,7 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
             max_running=b.get("max_running", _opt_float(batch_rec.get("max_running"))),
             mean_waiting=b.get("mean_waiting", _opt_float(batch_rec.get("mean_waiting"))),
             preemptions=b.get("preemptions", _opt_float(batch_rec.get("preemptions"))),
-            n_metric_samples=int(b.get("n", 0))))
+            n_metric_samples=int(b.get("n", 0)), client_in_flight=in_flight.get((arm, pidx))))
         if kind == "counted" and not counted and arm in roles:
             deviations.append(f"{arm} counted pass {pidx} (schedule position {seq}) ended "
                               f"'{stat}'; not counted")
@@ -986,6 +990,29 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
 
 #: The operator's notes file of a run directory (optional, free text, committed with the data).
 NOTES_FILE = "NOTES.md"
+
+
+def _client_in_flight(responses: pd.DataFrame) -> dict[tuple[str, int], float]:
+    """(arm, pass_index) -> the time-weighted mean number of requests in flight client-side:
+    the requests' total time in flight divided by the pass's span (first submit to last answer).
+
+    Compared with the engine's mean running batch it shows where requests waited: far fewer
+    running than in flight means they sat outside the scheduler (the server's front end or the
+    client), as in the first H200 SmolLM2 attempt (docs/STUDIES.md).
+    """
+    if responses.empty or not {"t_submit", "t_done"} <= set(responses.columns):
+        return {}
+    frame = responses[["arm", "pass_index", "t_submit", "t_done"]].copy()
+    frame["t_submit"] = pd.to_numeric(frame["t_submit"], errors="coerce")
+    frame["t_done"] = pd.to_numeric(frame["t_done"], errors="coerce")
+    frame = frame.dropna()
+    frame = frame[frame["t_done"] >= frame["t_submit"]]
+    out: dict[tuple[str, int], float] = {}
+    for (arm, pidx), g in frame.groupby(["arm", "pass_index"], sort=True):
+        span = float(g["t_done"].max() - g["t_submit"].min())
+        if span > 0:
+            out[(str(arm), int(pidx))] = float((g["t_done"] - g["t_submit"]).sum()) / span
+    return out
 
 
 def _display_path(path: str | Path) -> str:

@@ -244,14 +244,39 @@ def _divergence(s: RunSummary, plot: str) -> list[str]:
     return out
 
 
+#: Below this share of the client's in-flight requests running in the engine, the finding says
+#: that the front end, not the engine, set the batch.
+FRONT_END_BOUND_SHARE = 0.75
+
+
 def _batching(s: RunSummary, plot: str) -> list[str]:
-    out = ["## Batching", "", "From the engine's metrics samples of each pass.", ""]
+    out = ["## Batching", "",
+           "From the engine's metrics samples of each pass; *in flight* is what bistat had "
+           "submitted and not yet received back (time-weighted, from the responses' times).", ""]
     rows = [(str(p.seq), p.arm, str(p.pass_index), p.kind, str(p.n_metric_samples),
-             _f(p.mean_running, 2), _f(p.max_running, 0), _f(p.mean_waiting, 2),
-             _f(p.preemptions, 0)) for p in s.passes]
-    out += [_table(("schedule position", "arm", "pass", "kind", "samples", "mean running",
-                    "max running", "mean waiting", "preemptions"), rows), "",
-            f"![Running requests over time]({plot})", ""]
+             _f(p.client_in_flight, 2), _f(p.mean_running, 2), _f(p.max_running, 0),
+             _f(p.mean_waiting, 2), _f(p.preemptions, 0)) for p in s.passes]
+    out += [_table(("schedule position", "arm", "pass", "kind", "samples", "mean in flight",
+                    "mean running", "max running", "mean waiting", "preemptions"), rows), ""]
+    shares = [(p.mean_running / p.client_in_flight, p) for p in s.passes
+              if p.counted and p.mean_running is not None and p.client_in_flight]
+    if shares:
+        low, at = min(shares, key=lambda x: (x[0], x[1].seq))
+        high = max(x[0] for x in shares)
+        where = f"{at.arm} pass {at.pass_index} (schedule position {at.seq})"
+        if low < FRONT_END_BOUND_SHARE:
+            waiting = max((p.mean_waiting or 0.0) for _, p in shares)
+            out += [f"**The front end, not the engine, set the batch:** in counted passes the "
+                    f"engine's running batch was {low:.0%}–{high:.0%} of the requests in flight "
+                    f"(lowest: {where})"
+                    + (", with none waiting in its scheduler, so the others sat in the server's "
+                       "front end (API server, tokenization, output processing) or the client."
+                       if waiting < 0.5 else "; the rest waited in its scheduler.")
+                    + " The throughput ratios then compare front ends as much as engines.", ""]
+        else:
+            out += [f"In counted passes the engine's running batch was {low:.0%}–{high:.0%} of "
+                    f"the requests in flight (lowest: {where}).", ""]
+    out += [f"![Running requests over time]({plot})", ""]
     return out
 
 

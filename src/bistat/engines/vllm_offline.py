@@ -31,7 +31,13 @@ from bistat.engines.base import (
     GenerationResult,
     MetricsSample,
 )
-from bistat.engines.vllm_server import DEFAULT_ENV, FORCED_ENV, LOG_FINDING_RE, _group_pids
+from bistat.engines.vllm_server import (
+    DEFAULT_ENV,
+    FORCED_ENV,
+    LOG_FINDING_RE,
+    _group_pids,
+    inherited_env,
+)
 
 WORKER_MODULE = "bistat.engines.vllm_offline_worker"
 
@@ -44,8 +50,12 @@ class VLLMOfflineEngine:
     model : str
         Model path or id for ``vllm.LLM``.
     args : mapping
-        ``vllm.LLM`` keyword arguments (``enable_prefix_caching`` defaults to False,
-        ``tensor_parallel_size`` is passed through).
+        ``vllm.LLM`` keyword arguments (``tensor_parallel_size`` is passed through).
+        ``enable_prefix_caching`` defaults to False and ``disable_log_stats`` to False:
+        ``vllm.LLM`` turns stat logging off by default (vllm/entrypoints/llm.py:235-236), and
+        without it ``LLM.get_metrics()`` has no running/waiting/preemption counts
+        (vllm/v1/engine/llm_engine.py:378-380), so the worker could report only its own
+        in-flight count.
     env : mapping
         The arm's environment variables.
     python : str
@@ -66,7 +76,8 @@ class VLLMOfflineEngine:
                  metrics_interval_s: float = 1.0, stop_grace_s: float = 30.0,
                  log_path: str | os.PathLike | None = None) -> None:
         self.model = model
-        self.engine_args = {"enable_prefix_caching": False, **dict(args or {})}
+        self.engine_args = {"enable_prefix_caching": False, "disable_log_stats": False,
+                            **dict(args or {})}
         self.arm_env = {str(k): str(v) for k, v in (env or {}).items()}
         self.python = python
         self.start_timeout_s = start_timeout_s
@@ -91,7 +102,7 @@ class VLLMOfflineEngine:
         return cls(experiment.engine.model, args=args, env=dict(arm.env), **own)
 
     def child_env(self) -> dict[str, str]:
-        return {**os.environ, **DEFAULT_ENV, **self.arm_env, **FORCED_ENV}
+        return {**inherited_env(), **DEFAULT_ENV, **self.arm_env, **FORCED_ENV}
 
     def log_findings(self) -> tuple[str, ...]:
         if self.log_path is None or not self.log_path.exists():

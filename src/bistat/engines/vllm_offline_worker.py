@@ -12,12 +12,22 @@ parent -> worker                                   worker -> parent
 ``{"op": "exit"}``                                 (the worker exits)
 
 The protocol owns the real stdout: before vLLM is imported, file descriptor 1 is pointed at
-stderr, so anything vLLM prints goes to the log, never into the protocol stream.
+stderr, so anything vLLM prints goes to the log, never into the protocol stream. vLLM 0.25.0 forks
+its engine-core process (``VLLM_ENABLE_V1_MULTIPROCESSING`` and ``VLLM_WORKER_MULTIPROC_METHOD=fork``
+are the defaults, vllm/envs.py:880-881, 1293-1294); a forked child would inherit the protocol pipe
+and hold it open after this worker dies, so the parent would see no end of stream until its idle
+timeout. Every forked child therefore points its copy of the protocol descriptor at /dev/null.
+
+Engine metrics come from ``LLM.get_metrics()`` (vllm/entrypoints/llm.py:847-857), which needs stat
+logging on: ``vllm.LLM`` turns it off unless ``disable_log_stats`` is given (llm.py:235-236) and
+``LLMEngine.get_metrics`` then fails an assertion (vllm/v1/engine/llm_engine.py:378-380).
+``VLLMOfflineEngine`` passes ``disable_log_stats=False`` unless the declaration says otherwise.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -28,10 +38,19 @@ REFUSAL_WORDS = ("not supported", "unsupported", "NotImplementedError", "not com
 
 
 def _protocol_stream() -> TextIO:
-    proto_fd = os.dup(1)
+    proto_fd = os.dup(1)  # not inheritable across exec (PEP 446); forks are handled below
     os.dup2(2, 1)  # fd 1 (print, C libraries) now goes to the log
     sys.stdout = os.fdopen(1, "w", buffering=1)
+    os.register_at_fork(after_in_child=lambda: _release_in_child(proto_fd))
     return os.fdopen(proto_fd, "w", buffering=1)
+
+
+def _release_in_child(fd: int) -> None:
+    """In a forked child (vLLM's engine core): drop this copy of the protocol pipe, so the parent
+    sees end of stream as soon as the worker itself exits; the descriptor number stays valid."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, fd)
+    os.close(null)
 
 
 def _vllm_commit(vllm_module) -> str | None:
@@ -83,9 +102,15 @@ def _result(out: Any, t0: float, t_submit: float, t_first: float | None) -> dict
 
 
 def _metrics(llm: Any, t: float, in_flight: int, counters: dict[str, float]) -> dict[str, Any]:
-    """The engine's own stats when ``LLM.get_metrics`` gives them, else the in-flight count."""
+    """The engine's own stats when ``LLM.get_metrics`` gives them, else the in-flight count.
+
+    ``get_metrics`` returns vLLM's Prometheus registry as ``Gauge``/``Counter`` objects named
+    without ``_total`` (vllm/v1/metrics/reader.py:86-115; names in vllm/v1/metrics/loggers.py:
+    457-470, 625-672). Without engine stats the waiting count and the preemptions are unknown,
+    so they are NaN (not 0: a preemption check must not pass for want of data).
+    """
     sample = {"op": "metrics", "t": t, "num_requests_running": float(in_flight),
-              "num_requests_waiting": 0.0, "num_preemptions_total": 0.0,
+              "num_requests_waiting": math.nan, "num_preemptions_total": math.nan,
               "generation_tokens_total": counters["generation"],
               "prompt_tokens_total": counters["prompt"], "source": "inflight"}
     get = getattr(llm, "get_metrics", None)
@@ -110,7 +135,24 @@ def _metrics(llm: Any, t: float, in_flight: int, counters: dict[str, float]) -> 
     return sample
 
 
+def _failed(prompt_id: str, t_submit: float, t0: float, error: str) -> dict[str, Any]:
+    return {"op": "result", "prompt_id": prompt_id, "token_ids": [], "text": "",
+            "logprobs": None, "top_logprobs": None, "finish_reason": None,
+            "n_prompt_tokens": None, "t_submit": t_submit, "t_first_token": None,
+            "t_done": time.monotonic() - t0, "error": error}
+
+
 def run_pass(vllm: Any, llm: Any, msg: dict[str, Any], out: TextIO) -> None:
+    """Keep at most ``concurrency`` requests in ``llm.llm_engine`` and step it until all finish.
+
+    ``LLMEngine.add_request(request_id, prompt, params)`` (vllm/v1/engine/llm_engine.py:218-294)
+    takes the token-id prompt as a ``{"prompt_token_ids": [...]}`` dict (a ``TokensPrompt``;
+    vllm/renderers/inputs/preprocess.py:145-156) and stamps the arrival time itself
+    (vllm/v1/engine/input_processor.py:288-289). ``step()`` blocks on the engine core's output
+    queue (vllm/v1/engine/core_client.py:849-853): with nothing unfinished it would wait for
+    ever, so it is called only while a request is in flight and the engine says it has
+    unfinished work (``has_unfinished_requests``, llm_engine.py:191-195).
+    """
     engine = llm.llm_engine
     pending = list(msg["requests"])[::-1]
     concurrency = int(msg["concurrency"])
@@ -126,17 +168,20 @@ def run_pass(vllm: Any, llm: Any, msg: dict[str, Any], out: TextIO) -> None:
             try:
                 engine.add_request(req["prompt_id"], _prompt(llm, req), _sampling_params(vllm, req))
             except (ValueError, TypeError) as exc:  # vLLM rejects this one request
-                _send(out, {"op": "result", "prompt_id": req["prompt_id"], "token_ids": [],
-                            "text": "", "logprobs": None, "top_logprobs": None,
-                            "finish_reason": None, "n_prompt_tokens": None,
-                            "t_submit": t_submit, "t_first_token": None,
-                            "t_done": time.monotonic() - t0, "error": f"{type(exc).__name__}: {exc}"})
+                _send(out, _failed(req["prompt_id"], t_submit, t0, f"{type(exc).__name__}: {exc}"))
                 continue
             in_flight[req["prompt_id"]] = {"t_submit": t_submit, "t_first": None}
-        now = time.monotonic() - t0
-        if now >= next_sample:
-            _send(out, _metrics(llm, now, len(in_flight), counters))
-            next_sample = now + interval
+        if not in_flight:
+            continue
+        if not engine.has_unfinished_requests():  # never answered: fail them, do not block
+            for prompt_id, state in in_flight.items():
+                _send(out, _failed(prompt_id, state["t_submit"], t0,
+                                   "vLLM dropped the request without a final output"))
+            in_flight.clear()
+            continue
+        # RequestOutputKind.CUMULATIVE is SamplingParams' default (vllm/sampling_params.py:301):
+        # every step returns each running request's whole output so far; only the finished one
+        # is read, so nothing is counted twice.
         for o in engine.step():
             state = in_flight.get(o.request_id)
             if state is None:
@@ -149,6 +194,10 @@ def run_pass(vllm: Any, llm: Any, msg: dict[str, Any], out: TextIO) -> None:
                 counters["generation"] += len(rec["token_ids"])
                 counters["prompt"] += rec["n_prompt_tokens"]
                 _send(out, rec)
+        now = time.monotonic() - t0
+        if now >= next_sample:  # after the step: the engine's gauges describe this step
+            _send(out, _metrics(llm, now, len(in_flight), counters))
+            next_sample = now + interval
     _send(out, _metrics(llm, time.monotonic() - t0, 0, counters))
     _send(out, {"op": "pass_done"})
 

@@ -52,6 +52,12 @@ FORCED_ENV = {
 }
 #: Defaults a declaration may override.
 DEFAULT_ENV = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+#: Variables of bistat's own environment that a child does not inherit (an arm may still set
+#: them). With ``api_server_count > 1`` vLLM 0.25.0 keeps Prometheus metrics in files under
+#: ``PROMETHEUS_MULTIPROC_DIR``: it makes a fresh temporary directory per server unless one is
+#: set, and reuses a set one as it is (vllm/v1/metrics/prometheus.py:17-36), so a directory
+#: inherited by every arm would carry one arm's counters and gauges into the next.
+NOT_INHERITED_ENV = ("PROMETHEUS_MULTIPROC_DIR",)
 #: /metrics sampling period (seconds) when the declaration does not set ``metrics_interval_s``
 DEFAULT_METRICS_INTERVAL_S = 0.25
 
@@ -102,6 +108,11 @@ def cli_args(args: Mapping[str, Any]) -> list[str]:
         else:
             out += [flag, str(value)]
     return out
+
+
+def inherited_env() -> dict[str, str]:
+    """This process's environment without ``NOT_INHERITED_ENV``: the base of a child's."""
+    return {k: v for k, v in os.environ.items() if k not in NOT_INHERITED_ENV}
 
 
 def _free_port(host: str) -> int:
@@ -209,8 +220,9 @@ class VLLMServerEngine:
 
     # -- pieces ------------------------------------------------------------------------------
     def child_env(self) -> dict[str, str]:
-        """The server's environment: ours, the defaults, the arm's, then the forced settings."""
-        return {**os.environ, **DEFAULT_ENV, **self.arm_env, **FORCED_ENV}
+        """The server's environment: ours (less ``NOT_INHERITED_ENV``), the defaults, the arm's,
+        then the forced settings."""
+        return {**inherited_env(), **DEFAULT_ENV, **self.arm_env, **FORCED_ENV}
 
     def argv(self, port: int) -> list[str]:
         """The full server command line."""
