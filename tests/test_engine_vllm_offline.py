@@ -30,7 +30,12 @@ FAKE_VLLM = textwrap.dedent('''
     # sets top_k = 0 (:490-493).
     _FIELDS = {"n": 1, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "seed": None,
                "ignore_eos": False, "max_tokens": 16, "min_tokens": 0, "logprobs": None,
-               "detokenize": True, "output_kind": "CUMULATIVE"}
+               "detokenize": True, "output_kind": 0}
+
+    class RequestOutputKind:  # vllm/sampling_params.py (an IntEnum)
+        CUMULATIVE, DELTA, FINAL_ONLY = 0, 1, 2
+
+    sampling_params = types.SimpleNamespace(RequestOutputKind=RequestOutputKind)
 
     class SamplingParams:
         def __init__(self, **kw):
@@ -94,8 +99,9 @@ FAKE_VLLM = textwrap.dedent('''
                 comp = types.SimpleNamespace(index=0, token_ids=out, text="", logprobs=lps,
                                              cumulative_logprob=None,
                                              finish_reason="length" if done else None)
-                outs.append(types.SimpleNamespace(request_id=rid, prompt_token_ids=ids, outputs=[comp],
-                                                  finished=done))
+                if done or params.output_kind != RequestOutputKind.FINAL_ONLY:
+                    outs.append(types.SimpleNamespace(request_id=rid, prompt_token_ids=ids,
+                                                      outputs=[comp], finished=done))
                 if done:
                     del self.reqs[rid]
                     self.finished += 1
@@ -244,11 +250,22 @@ def test_without_engine_stats_preemptions_are_unknown_not_zero(fake_site, tmp_pa
 
 
 def test_rejected_requests_never_leave_the_worker_waiting_on_an_idle_engine(fake_site, tmp_path):
-    """LLMEngine.step() blocks when nothing is unfinished; a pass whose last requests vLLM
-    rejects must still end (the stand-in's step() sleeps for an hour then)."""
+    """LLMEngine.step() blocks when nothing is unfinished (vllm/v1/engine/core_client.py:853); a
+    pass whose last request vLLM rejects after the others finished must end with pass_done,
+    not by the idle timeout (which kills the worker). The stand-in's step() then sleeps."""
     reqs = [GenerationRequest(prompt_id="ok", prompt=[1], max_tokens=2),
             GenerationRequest(prompt_id="bad", prompt=[1000], max_tokens=2)]
-    by_id, _ = _run(_engine(fake_site, tmp_path), reqs, 1)
+    eng = _engine(fake_site, tmp_path)
+    eng.pass_idle_timeout_s = eng.stop_grace_s = 5
+    results = []
+    try:
+        eng.start()
+        eng.run_pass(reqs, concurrency=1, on_result=results.append, on_metrics=lambda s: None)
+        alive = eng.proc is not None and eng.proc.poll() is None
+    finally:
+        eng.stop()
+    by_id = {r.prompt_id: r for r in results}
+    assert alive
     assert by_id["ok"].error is None and by_id["ok"].token_ids == [11, 12]
     assert by_id["bad"].error == "ValueError: Token id 1000 is out of vocabulary"
     assert by_id["bad"].token_ids == [] and by_id["bad"].finish_reason is None
@@ -261,3 +278,20 @@ def test_greedy_top_k_minus_one_and_sampling_fields_match_vllm(fake_site, tmp_pa
                               logprobs=2, ignore_eos=True)]
     by_id, _ = _run(_engine(fake_site, tmp_path), reqs, 1)
     assert by_id["a"].error is None and len(by_id["a"].token_ids) == 3
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_final_only_outputs_by_default_streaming_on_request(fake_site, tmp_path, stream):
+    """Default: FINAL_ONLY (as LLM.generate), the same tokens, no first-token time; with
+    stream_outputs: CUMULATIVE, and the first token's time is recorded."""
+    eng = VLLMOfflineEngine("smol", args={"max_num_seqs": 4}, log_path=tmp_path / "log",
+                            start_timeout_s=60, pass_idle_timeout_s=30, stream_outputs=stream,
+                            env={"PYTHONPATH": fake_site})
+    reqs = [GenerationRequest(prompt_id=f"r{i}", prompt=[i, 1], max_tokens=4) for i in range(3)]
+    by_id, _ = _run(eng, reqs, concurrency=3)
+    assert by_id["r0"].token_ids == [11, 12, 13, 14]
+    firsts = [by_id[f"r{i}"].t_first_token for i in range(3)]
+    if stream:
+        assert all(t is not None and 0 <= t <= by_id[f"r{i}"].t_done for i, t in enumerate(firsts))
+    else:
+        assert firsts == [None, None, None]

@@ -3,6 +3,7 @@ metric names): start, version probe, log findings, refusal, never-healthy, clean
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from pathlib import Path
@@ -10,7 +11,12 @@ from pathlib import Path
 import pytest
 
 from bistat.engines.base import EngineRefused, EngineStartError, GenerationRequest
-from bistat.engines.vllm_server import FORCED_ENV, VLLMServerEngine, _group_pids, cli_args
+from bistat.engines.vllm_server import (
+    FORCED_ENV,
+    VLLMServerEngine,
+    _group_pids,
+    cli_args,
+)
 
 HELPER = Path(__file__).with_name("helpers_serve.py")
 COMMAND = (sys.executable, str(HELPER), "serve")
@@ -113,8 +119,9 @@ def test_missing_command_is_a_start_failure_with_the_fix(tmp_path):
 
 
 def test_attach_to_url(tmp_path):
-    from bistat.server import BackgroundServer
     from helpers_serve import fake_app
+
+    from bistat.server import BackgroundServer
 
     app, _ = fake_app()
     with BackgroundServer(app) as srv:
@@ -169,3 +176,115 @@ def test_version_probe_reads_the_commit_of_vcs_versioning_builds(tmp_path):
     (pkg / "_version.py").unlink()
     (pkg / "__init__.py").write_text('__version__ = "0.24.0"\n__commit__ = "abc123"\n')
     assert eng.probe_version() == ("0.24.0", "abc123", None)
+
+
+# -- vllm serve --api-server-count 2 ------------------------------------------------------------
+# With more than one API server, vLLM 0.25.0 sets PROMETHEUS_MULTIPROC_DIR (vllm/entrypoints/cli/
+# serve.py:268-269, vllm/v1/metrics/prometheus.py:17-36) and every server's /metrics reads all
+# servers' files through prometheus_client's MultiProcessCollector (vllm/entrypoints/serve/
+# instrumentator/metrics.py:56-82). The gauges are "mostrecent" (vllm/v1/metrics/loggers.py:
+# 456-470): no pid label, the latest value wins; the counters are summed over the servers. A gauge
+# no server has set yet is left out (an idle engine before its first request).
+
+MP_LABELS = 'engine="0",model_name="/tmp/model/smollm2"'
+#: /metrics of `vllm serve --api-server-count 2` (vLLM's five metrics, verbatim shape).
+MP_BUSY = f"""# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.
+# TYPE vllm:num_preemptions_total counter
+vllm:num_preemptions_total{{{MP_LABELS}}} 3.0
+# HELP vllm:generation_tokens_total Number of generation tokens processed.
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{{{MP_LABELS}}} 1200.0
+# HELP vllm:prompt_tokens_total Number of prefill tokens processed.
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{{{MP_LABELS}}} 1000.0
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{{{MP_LABELS}}} 57.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{{{MP_LABELS}}} 0.0
+"""
+MP_IDLE = f"""# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.
+# TYPE vllm:num_preemptions_total counter
+vllm:num_preemptions_total{{{MP_LABELS}}} 0.0
+# HELP vllm:generation_tokens_total Number of generation tokens processed.
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{{{MP_LABELS}}} 0.0
+# HELP vllm:prompt_tokens_total Number of prefill tokens processed.
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{{{MP_LABELS}}} 0.0
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+"""
+
+API_SERVER = '''
+import sys
+from prometheus_client import Counter, Gauge
+L, V = ["model_name", "engine"], ("/tmp/model/smollm2", "0")
+g = {n: Gauge(n, "doc", multiprocess_mode="mostrecent", labelnames=L).labels(*V)
+     for n in ("vllm:num_requests_running", "vllm:num_requests_waiting")}
+c = {n: Counter(n, "doc", labelnames=L).labels(*V)
+     for n in ("vllm:num_preemptions", "vllm:generation_tokens", "vllm:prompt_tokens")}
+if len(sys.argv) > 1:
+    run, wait, pre, gen, prompt = map(float, sys.argv[1:])
+    g["vllm:num_requests_running"].set(run); g["vllm:num_requests_waiting"].set(wait)
+    c["vllm:num_preemptions"].inc(pre); c["vllm:generation_tokens"].inc(gen)
+    c["vllm:prompt_tokens"].inc(prompt)
+'''
+COLLECT = ("from prometheus_client import CollectorRegistry, generate_latest, multiprocess\n"
+           "r = CollectorRegistry(); multiprocess.MultiProcessCollector(r)\n"
+           "print(generate_latest(r).decode(), end='')")
+
+
+def test_metrics_of_two_api_servers_parse_as_one_engine():
+    from bistat.engines.metrics import parse_vllm_metrics
+
+    busy = parse_vllm_metrics(MP_BUSY, t=1.0, model_name="/tmp/model/smollm2")
+    assert (busy.num_requests_running, busy.num_requests_waiting, busy.num_preemptions_total,
+            busy.generation_tokens_total, busy.prompt_tokens_total) == (57.0, 0.0, 3.0, 1200.0, 1000.0)
+    idle = parse_vllm_metrics(MP_IDLE, t=0.0, model_name="/tmp/model/smollm2")
+    assert math.isnan(idle.num_requests_running) and math.isnan(idle.num_requests_waiting)
+    assert (idle.num_preemptions_total, idle.generation_tokens_total) == (0.0, 0.0)
+
+
+def test_multiprocess_exposition_is_what_prometheus_client_writes(tmp_path):
+    """Two stand-in API-server processes declare vLLM's metrics as 0.25.0 does and record one
+    step each; the collected /metrics text is MP_IDLE before and MP_BUSY after (the later
+    server's gauges win, the counters add up), up to line order and HELP texts."""
+    import subprocess
+
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+
+    def py(*argv):
+        return subprocess.run([sys.executable, "-c", *argv], env=env, check=True,
+                              capture_output=True, text=True).stdout
+
+    py(API_SERVER)
+    py(API_SERVER)
+    idle = py(COLLECT)
+    py(API_SERVER, "40", "3", "1", "700", "900")
+    py(API_SERVER, "57", "0", "2", "500", "100")
+    busy = py(COLLECT)
+    norm = lambda text: sorted(line for line in text.splitlines() if not line.startswith("# HELP"))
+    assert norm(idle) == norm(MP_IDLE) and norm(busy) == norm(MP_BUSY)
+
+
+def test_inherited_prometheus_multiproc_dir_is_not_passed_on(monkeypatch):
+    from bistat.engines.vllm_offline import VLLMOfflineEngine
+
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "/tmp/stale")
+    assert "PROMETHEUS_MULTIPROC_DIR" not in VLLMServerEngine("/m").child_env()
+    assert "PROMETHEUS_MULTIPROC_DIR" not in VLLMOfflineEngine("/m").child_env()
+    arm = {"PROMETHEUS_MULTIPROC_DIR": "/tmp/mine"}
+    assert VLLMServerEngine("/m", env=arm).child_env()["PROMETHEUS_MULTIPROC_DIR"] == "/tmp/mine"
+
+
+def test_api_server_count_flags():
+    """`api_server_count = 2` and `disable_uvicorn_access_log = true` become the 0.25.0 flags
+    --api-server-count (vllm/entrypoints/openai/cli_args.py:359-365) and
+    --disable-uvicorn-access-log (cli_args.py:248, a BooleanOptionalAction via
+    vllm/engine/arg_utils.py:345-347)."""
+    eng = VLLMServerEngine("/m", args={"api_server_count": 2, "disable_uvicorn_access_log": True})
+    assert eng.argv(9)[-3:] == ["--api-server-count", "2", "--disable-uvicorn-access-log"]

@@ -66,6 +66,11 @@ class VLLMOfflineEngine:
         Longest silence from the child during a pass before it is declared hung.
     log_path : path or None
         The child's stderr (a temporary file by default).
+    stream_outputs : bool
+        Ask vLLM for every request's output at every step (``RequestOutputKind.CUMULATIVE``), which
+        gives the time to the first token but makes the worker rebuild every running request's
+        output each step; by default only finished outputs (``FINAL_ONLY``, what ``LLM.generate``
+        uses: vllm/entrypoints/offline_utils.py:561), and ``t_first_token`` is not recorded.
     """
 
     kind = "vllm-offline"
@@ -74,8 +79,9 @@ class VLLMOfflineEngine:
                  env: Mapping[str, str] | None = None, python: str = sys.executable,
                  start_timeout_s: float = 900.0, pass_idle_timeout_s: float = 600.0,
                  metrics_interval_s: float = 1.0, stop_grace_s: float = 30.0,
-                 log_path: str | os.PathLike | None = None) -> None:
+                 log_path: str | os.PathLike | None = None, stream_outputs: bool = False) -> None:
         self.model = model
+        self.stream_outputs = bool(stream_outputs)
         self.engine_args = {"enable_prefix_caching": False, "disable_log_stats": False,
                             **dict(args or {})}
         self.arm_env = {str(k): str(v) for k, v in (env or {}).items()}
@@ -91,7 +97,7 @@ class VLLMOfflineEngine:
         self._log_fh = None
 
     ADAPTER_KEYS = ("python", "start_timeout_s", "pass_idle_timeout_s", "metrics_interval_s",
-                    "stop_grace_s", "log_path")
+                    "stop_grace_s", "log_path", "stream_outputs")
 
     @classmethod
     def from_experiment(cls, experiment: Any, arm: Any) -> "VLLMOfflineEngine":
@@ -179,7 +185,8 @@ class VLLMOfflineEngine:
         error = None
         try:
             self._send({"op": "pass", "requests": [asdict(r) for r in requests],
-                        "concurrency": concurrency, "metrics_interval_s": self.metrics_interval_s})
+                        "concurrency": concurrency, "metrics_interval_s": self.metrics_interval_s,
+                        "final_only": not self.stream_outputs})
         except (BrokenPipeError, OSError) as exc:
             error = f"the vLLM worker is gone: {exc}"
         while error is None:

@@ -68,11 +68,17 @@ def _send(out: TextIO, obj: dict[str, Any]) -> None:
     out.flush()
 
 
-def _sampling_params(vllm: Any, req: dict[str, Any]) -> Any:
+def _sampling_params(vllm: Any, req: dict[str, Any], final_only: bool = True) -> Any:
+    """``final_only``: ``RequestOutputKind.FINAL_ONLY`` (vllm/sampling_params.py; what
+    ``LLM.generate`` asks for), so ``step()`` returns only finished requests instead of every
+    running request's whole output so far (``CUMULATIVE``, the default)."""
+    kw: dict[str, Any] = {}
+    if final_only:
+        kw["output_kind"] = vllm.sampling_params.RequestOutputKind.FINAL_ONLY
     return vllm.SamplingParams(
         n=1, max_tokens=req["max_tokens"], temperature=req["temperature"], top_p=req["top_p"],
         top_k=req["top_k"], seed=req["seed"], logprobs=max(1, req["logprobs"]),
-        ignore_eos=req["ignore_eos"])
+        ignore_eos=req["ignore_eos"], **kw)
 
 
 def _prompt(llm: Any, req: dict[str, Any]) -> Any:
@@ -157,6 +163,7 @@ def run_pass(vllm: Any, llm: Any, msg: dict[str, Any], out: TextIO) -> None:
     pending = list(msg["requests"])[::-1]
     concurrency = int(msg["concurrency"])
     interval = float(msg.get("metrics_interval_s", 1.0))
+    final_only = bool(msg.get("final_only", True))
     t0 = time.monotonic()
     in_flight: dict[str, dict[str, Any]] = {}
     counters = {"generation": 0.0, "prompt": 0.0}
@@ -166,7 +173,8 @@ def run_pass(vllm: Any, llm: Any, msg: dict[str, Any], out: TextIO) -> None:
             req = pending.pop()
             t_submit = time.monotonic() - t0
             try:
-                engine.add_request(req["prompt_id"], _prompt(llm, req), _sampling_params(vllm, req))
+                engine.add_request(req["prompt_id"], _prompt(llm, req),
+                                   _sampling_params(vllm, req, final_only))
             except (ValueError, TypeError) as exc:  # vLLM rejects this one request
                 _send(out, _failed(req["prompt_id"], t_submit, t0, f"{type(exc).__name__}: {exc}"))
                 continue
@@ -179,14 +187,15 @@ def run_pass(vllm: Any, llm: Any, msg: dict[str, Any], out: TextIO) -> None:
                                    "vLLM dropped the request without a final output"))
             in_flight.clear()
             continue
-        # RequestOutputKind.CUMULATIVE is SamplingParams' default (vllm/sampling_params.py:301):
-        # every step returns each running request's whole output so far; only the finished one
-        # is read, so nothing is counted twice.
+        # FINAL_ONLY: a step returns the requests that finished in it. CUMULATIVE (streaming,
+        # SamplingParams' default, vllm/sampling_params.py:301): every running request's whole
+        # output so far, read for the first token's time; only finished outputs are recorded.
         for o in engine.step():
             state = in_flight.get(o.request_id)
             if state is None:
                 continue
-            if state["t_first"] is None and o.outputs and len(o.outputs[0].token_ids) > 0:
+            if (not final_only and state["t_first"] is None and o.outputs
+                    and len(o.outputs[0].token_ids) > 0):
                 state["t_first"] = time.monotonic() - t0
             if o.finished:
                 del in_flight[o.request_id]
