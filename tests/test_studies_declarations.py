@@ -241,3 +241,9 @@ def test_same_gpu_check_with_two_gpus_per_arm():
     assert not same_node([two, _fp("GPU-aaaa", "GPU-cccc")])   # one GPU swapped
     assert not same_node([two, _fp("GPU-aaaa")])               # a TP=1 arm is not the same set
     assert not same_node([two, _fp("GPU-aaaa", None)])         # an unreadable UUID fails
+
+
+@pytest.mark.parametrize("name", COST)
+def test_cost_studies_record_one_logprob_per_token(name):
+    """Amended before data: token ids are compared, so the lightest logprob setting."""
+    assert _validated(name).workload.top_logprobs == 1
