@@ -48,7 +48,9 @@ mean and max running requests, mean waiting requests, and preemptions (last minu
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from dataclasses import dataclass, is_dataclass
 from enum import Enum
 from pathlib import Path
@@ -57,6 +59,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from bistat import activation as act
 from bistat import anatomy as anat
 from bistat import records
 from bistat import stats
@@ -137,6 +140,9 @@ class ArmEnvironment:
     engine: str
     host: str | None
     n_starts: int
+    #: engine-log lines kept at its starts (``environment.jsonl`` ``log_findings``), in order,
+    #: without repeats; None when no start recorded any (engines without a log)
+    log_findings: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -226,6 +232,8 @@ class RunSummary:
     #: the run directory's ``NOTES.md`` (what the operator states: why something was not run,
     #: what happened on the machine), quoted in the finding as written, never interpreted
     operator_notes: str | None = None
+    #: per arm: what it requested and the evidence that it was on (bistat.activation)
+    activation: tuple[act.ArmActivation, ...] = ()
 
     def arm(self, name: str) -> ArmSummary:
         return next(a for a in self.arms if a.name == name)
@@ -544,12 +552,29 @@ def _environments(env: pd.DataFrame, arm_names: Sequence[str]) -> tuple[
         engine = engine if isinstance(engine, Mapping) else {}
         engine_text = " ".join(str(x) for x in (engine.get("kind"), engine.get("version"))
                                if x is not None) or "unknown"
+        logs: dict[str, None] | None = None
+        if "log_findings" in rows:
+            for found in rows["log_findings"]:
+                if isinstance(found, (list, tuple)):
+                    logs = logs if logs is not None else {}
+                    for line in found:
+                        logs.setdefault(_strip_pid(str(line)))
         envs[arm] = ArmEnvironment(
             gpus=tuple(gpus), gpu_uuids=tuple(uuids),
             versions=tuple((k, None if versions.get(k) is None else str(versions.get(k)))
                            for k in VERSION_KEYS),
-            engine=engine_text, host=last.get("host"), n_starts=len(prints))
+            engine=engine_text, host=last.get("host"), n_starts=len(prints),
+            log_findings=None if logs is None else tuple(logs))
     return envs, fps
+
+
+_LOG_PREFIX = re.compile(r"^\((?:EngineCore|APIServer|Worker)[^)]*pid=\d+\)\s*")
+_LOG_STAMP = re.compile(r"^(INFO|WARNING|ERROR|DEBUG) \d\d-\d\d \d\d:\d\d:\d\d ")
+
+
+def _strip_pid(line: str) -> str:
+    """A log line without vLLM's process prefix and time stamp (so starts compare equal)."""
+    return _LOG_STAMP.sub(r"\1 ", _LOG_PREFIX.sub("", line.strip()))
 
 
 def _validity(exp: Experiment, passes: Sequence[PassSummary],
@@ -747,7 +772,8 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
                                                         "num_requests_waiting",
                                                         "num_preemptions_total"])
     gaps.extend(met_read.gaps)
-    env_read = records.load_table(run_dir, "environment", ["arm", "block", "fingerprint", "engine"])
+    env_read = records.load_table(run_dir, "environment", ["arm", "block", "fingerprint", "engine",
+                                                           "log_findings"])
     gaps.extend(env_read.gaps)
     ev_read = records.load_table(run_dir, "events", ["arm", "event", "time_utc", "detail"])
     gaps.extend(ev_read.gaps)
@@ -985,7 +1011,11 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
         validity=tuple(validity), status=run_status, comparisons=tuple(comparisons),
         metrics=tuple(series), events=tuple(bad_events), deviations=tuple(deviations),
         not_run=tuple(not_run), gaps=tuple(gaps), n_response_records=n_response_records,
-        anatomy=anatomy, operator_notes=_operator_notes(run_dir))
+        anatomy=anatomy, operator_notes=_operator_notes(run_dir),
+        activation=act.arm_activation(
+            [a.model_dump(mode="json") for a in exp.arms],
+            {a: e.log_findings for a, e in envs.items() if e.log_findings is not None},
+            _probe_report(run_dir)))
 
 
 #: The operator's notes file of a run directory (optional, free text, committed with the data).
@@ -1013,6 +1043,22 @@ def _client_in_flight(responses: pd.DataFrame) -> dict[tuple[str, int], float]:
         if span > 0:
             out[(str(arm), int(pidx))] = float((g["t_done"] - g["t_submit"]).sum()) / span
     return out
+
+
+def _probe_report(run_dir: Path) -> Mapping[str, Any] | None:
+    """``run_dir/probe.json`` (``bistat probe --output``) when present."""
+    path = run_dir / act.PROBE_FILE
+    if not path.is_file():
+        return None
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise AnalysisError(f"{path}: not a probe report ({exc}); write it with "
+                            "`bistat probe REGISTRATION --output RUN_DIR/probe.json`") from None
+    if not isinstance(report, Mapping) or report.get("schema") != "bistat.probe/1":
+        raise AnalysisError(f"{path}: schema is not 'bistat.probe/1'; write it with "
+                            "`bistat probe REGISTRATION --output RUN_DIR/probe.json`")
+    return report
 
 
 def _display_path(path: str | Path) -> str:

@@ -158,6 +158,35 @@ def _environment(s: RunSummary) -> list[str]:
     return out + [_table(("", *names), rows), ""]
 
 
+def _activation(s: RunSummary) -> list[str]:
+    """What each arm asked for and the evidence that it was on (bistat.activation)."""
+    if not s.activation:
+        return []
+    probe_cmd = "`bistat probe REGISTRATION --output RUN_DIR/probe.json`"
+    if not (s.engine_kind or "").startswith("vllm"):
+        rows = [(a.arm, a.role, ", ".join(f"`{r}`" for r in a.requested) or "—",
+                 (a.probe or "not run").replace("_", " "), a.status) for a in s.activation]
+        return ["## Activation", "",
+                f"A setting is *requested* until a behavioural probe with a negative control "
+                f"confirms it ({probe_cmd}).", "",
+                _table(("arm", "role", "requested (vs control)", "probe", "status"), rows), ""]
+    flag = {True: "yes", False: "no", None: "—"}
+    rows = [(a.arm, a.role, ", ".join(f"`{r}`" for r in a.requested) or "—",
+             "**no**" if a.bi_requested and a.bi_kernels_logged is False
+             else flag[a.bi_kernels_logged],
+             flag[a.tuned_gemm_logged], ", ".join(a.attention) or "—",
+             (a.probe or "not run").replace("_", " "), a.status)
+            for a in s.activation]
+    return ["## Activation", "",
+            "vLLM prints no line saying that batch-invariant mode is on, so a setting is "
+            f"*requested* until a behavioural probe with a negative control confirms it "
+            f"({probe_cmd}). The engine's log, kept at every start, gives circumstantial "
+            "evidence: the batch-invariant kernels registering, bistat's tuned GEMM installing "
+            "itself, the attention backend chosen.", "",
+            _table(("arm", "role", "requested (vs control)", "batch-invariant kernels in log",
+                    "tuned GEMM in log", "attention backend (log)", "probe", "status"), rows), ""]
+
+
 def _match(s: RunSummary, plot: str) -> list[str]:
     out = ["## Match", ""]
     rows = []
@@ -354,7 +383,7 @@ def render_markdown(summary: RunSummary, plot_files: dict[str, str] | None = Non
     suffixes = [suffix for suffix, _, _ in PLOTS] + [ANATOMY_PLOT]
     plots = plot_files or {suffix: f"{summary.name}-{suffix}.png" for suffix in suffixes}
     parts = (_head(summary) + _verdict(summary) + _rule(summary) + _amendments(summary)
-             + _environment(summary) + _match(summary, plots["match"])
+             + _environment(summary) + _activation(summary) + _match(summary, plots["match"])
              + _throughput(summary, plots["throughput"]) + _latency(summary)
              + _divergence(summary, plots["divergence"])
              + _anatomy(summary, plots.get(ANATOMY_PLOT))

@@ -1,0 +1,92 @@
+"""bistat.activation: what an arm requested, what its engine log shows, what a probe confirmed."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bistat.activation import arm_activation, log_markers
+from bistat.analysis import AnalysisError, analyze_run
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOL = ROOT / "data" / "h200" / "h200-match-smollm2"
+
+ARMS = [{"name": "default", "role": "control", "env": {"VLLM_BATCH_INVARIANT": "0"}},
+        {"name": "bi", "role": "treatment", "env": {"VLLM_BATCH_INVARIANT": "1"}},
+        {"name": "bi-triton", "role": "treatment", "env": {"VLLM_BATCH_INVARIANT": "1"},
+         "args": {"attention_backend": "TRITON_ATTN"}}]
+BI_LINE = ("(EngineCore pid=1409)        new kernel: registered at "
+           "/tmp/site/vllm/model_executor/layers/batch_invariant.py:905 (Triggered internally")
+
+
+def test_markers_from_real_vllm_0_25_log_lines():
+    fa3 = ["INFO 11-29 12:29:52 [cuda.py:476] Using FLASH_ATTN attention backend out of potential "
+           "backends: ['FLASH_ATTN', 'TRITON_ATTN']",
+           "INFO 11-29 12:29:52 [flash_attn.py:718] Using FlashAttention version 3"]
+    assert log_markers(fa3) == {"bi_kernels": False, "tuned_gemm": False,
+                                "attention": ("FLASH_ATTN (FA3)",)}
+    assert log_markers([BI_LINE, "bistat_kernels: tuned GEMM installed as vllm.model_executor."
+                        "layers.batch_invariant.matmul_persistent (pid 1813)",
+                        "INFO [cuda.py:416] Using AttentionBackendEnum.TRITON_ATTN backend."]) == {
+        "bi_kernels": True, "tuned_gemm": True, "attention": ("TRITON_ATTN",)}
+
+
+def test_status_without_logs_with_logs_and_with_a_probe():
+    acts = {a.arm: a for a in arm_activation(ARMS, {"default": [], "bi": [], "bi-triton": [BI_LINE]})}
+    assert acts["default"].status == "control: nothing requested" and acts["default"].requested == ()
+    assert acts["bi"].status == "requested; NOT seen in the engine log"
+    assert acts["bi-triton"].requested == ("VLLM_BATCH_INVARIANT=1", "attention_backend=TRITON_ATTN")
+    assert acts["bi-triton"].status == ("requested; kernels registered in the engine log, not "
+                                        "confirmed by a probe")
+    no_logs = {a.arm: a for a in arm_activation(ARMS, {})}
+    assert no_logs["bi"].status == "requested; no engine log to check"
+    assert no_logs["bi"].bi_kernels_logged is None
+
+    def report(control_differs):
+        return {"schema": "bistat.probe/1", "outcome": "violated", "arms": [
+            {"arm": "bi", "role": "probed", "differs": True},
+            {"arm": "bi-triton", "role": "probed", "differs": False},
+            {"arm": "default", "role": "negative_control", "differs": control_differs}]}
+    probed = {a.arm: a for a in arm_activation(ARMS, {}, report(True))}
+    assert (probed["bi"].probe, probed["bi-triton"].probe, probed["default"].probe) == \
+        ("violated", "confirmed", None)
+    assert probed["bi"].status == "the probe found it NOT batch-invariant"
+    assert probed["bi-triton"].status.startswith("confirmed by the probe")
+    weak = {a.arm: a for a in arm_activation(ARMS, {}, report(False))}
+    assert weak["bi-triton"].probe == "no_power"
+    assert weak["bi-triton"].status == "requested; no engine log to check; probe: no power"
+
+
+def test_the_first_h200_attempt_shows_fa3_on_the_diverging_arms():
+    s = analyze_run(SMOL, ROOT / "preregistrations" / "h200-match-smollm2.json")
+    acts = {a.arm: a for a in s.activation}
+    assert {a: (x.bi_kernels_logged, x.tuned_gemm_logged, x.attention) for a, x in acts.items()} == {
+        "default": (False, False, ("FLASH_ATTN (FA3)",)),
+        "batch-invariant": (True, False, ("FLASH_ATTN (FA3)",)),
+        "bi-tuned-gemm": (True, True, ("FLASH_ATTN (FA3)",)),
+        "bi-triton-attn": (True, False, ("TRITON_ATTN",))}
+
+
+def test_a_probe_report_in_the_run_directory_is_read(tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(ROOT / "examples" / "synthetic" / "run", run)
+    reg = ROOT / "examples" / "synthetic" / "synthetic-example.json"
+    (run / "probe.json").write_text(json.dumps({
+        "schema": "bistat.probe/1", "outcome": "confirmed", "reason": "r", "settings": {},
+        "needle_prompt_id": "p", "arms": [{"arm": "batch-invariant", "role": "probed", "differs": False},
+                                          {"arm": "default", "role": "negative_control", "differs": True}]}))
+    acts = {a.arm: a for a in analyze_run(run, reg).activation}
+    assert acts["batch-invariant"].probe == "confirmed"
+    (run / "probe.json").write_text("{}")
+    with pytest.raises(AnalysisError, match=r"probe\.json: schema is not 'bistat\.probe/1'"):
+        analyze_run(run, reg)
+
+
+def test_handling_keys_are_not_requested_settings():
+    arms = [{"name": "c", "role": "control", "args": {"log_path": "/tmp/c.log"}},
+            {"name": "t", "role": "treatment", "args": {"log_path": "/tmp/t.log",
+                                                          "attention_backend": "TRITON_ATTN"}}]
+    assert arm_activation(arms, {})[1].requested == ("attention_backend=TRITON_ATTN",)
