@@ -6,6 +6,12 @@ per request — a decode row (one token) or a prefill chunk (several prompt toke
 segments go through each linear layer in ONE GEMM ([rows, K] @ [K, N]); attention runs per segment
 on that request's own KV cache. Shapes on every line, as in jaymody/picoGPT ``gpt2.py``.
 
+In the ``"invariant"`` GEMM mode a row's bits depend neither on the other requests of the step
+(row-invariant GEMM tiles) nor on whether its token arrived in a prefill chunk or a decode step
+(attention computed row by row over exactly the keys the row may see,
+:func:`bistat.embedded.ops.attention`): prefill and decode logprobs agree bitwise, which
+``bistat probe --mode prefill-decode`` confirms with ``"blas"`` as its negative control.
+
 Weights are prepared once (:func:`prepare_weights`): Q/K/V and gate/up fused by concatenation,
 every linear weight transposed to a contiguous ``[in, out]`` array, float32 throughout.
 """
@@ -132,7 +138,8 @@ def forward_step(wt: Weights, segments: Sequence[Segment], mode: str,
         for si, s in enumerate(segments):
             a, b = bounds[si], bounds[si + 1]
             kc, vc = s.cache.write(li, s.start, k[a:b], v[a:b])  # [KVH, T, d] each
-            attn[a:b] = ops.attention(q[a:b], kc, vc, s.start)  # [C, H*d]
+            attn[a:b] = ops.attention(q[a:b], kc, vc, s.start,  # [C, H*d]
+                                      row_by_row=mode == "invariant")
         x = x + ops.gemm(attn, lw.o, mode, tile)  # [N, H*d] @ [H*d, D] -> [N, D]
         hn = ops.rmsnorm(x, lw.post_norm, eps)  # [N, D]
         gu = ops.gemm(hn, lw.gate_up, mode, tile)  # [N, D] @ [D, 2I] -> [N, 2I]

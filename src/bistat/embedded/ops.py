@@ -121,7 +121,8 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
 
 
 def attention(
-    q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, start_pos: int
+    q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, start_pos: int,
+    row_by_row: bool = False,
 ) -> np.ndarray:
     """Causal grouped-query attention [3]_ of one request's query chunk over its own KV cache.
 
@@ -135,12 +136,23 @@ def attention(
     -------
     [C, H * d] float32
 
+    row_by_row : bool
+        Compute each query row as a one-token decode step at its position would: over exactly
+        the keys it may see, with the same array shapes. Then a prompt's prefill gives each
+        position the bits a decode step gives it (prefill-decode consistency); the invariant GEMM
+        mode uses it. Otherwise one vectorised pass over the chunk, whose masked columns and
+        row count change how BLAS and the sums group their terms.
+
     Notes
     -----
     All shapes depend on this request alone (its chunk and cache length), so the result does not
     depend on the other requests of the step in either GEMM mode.
     """
     c, h, d = q.shape
+    if row_by_row and c > 1:
+        return np.concatenate([  # [C, H*d]
+            attention(q[i:i + 1], k_cache[:, :start_pos + i + 1], v_cache[:, :start_pos + i + 1],
+                      start_pos + i) for i in range(c)])
     kvh, t, _ = k_cache.shape
     g = h // kvh
     qg = q.transpose(1, 0, 2).reshape(kvh, g * c, d)  # [C, H, d] -> [KVH, G*C, d]
