@@ -244,14 +244,7 @@ class RunSummary:
 # --------------------------------------------------------------------------------------------
 
 
-def _opt_float(x: Any) -> float | None:
-    if x is None:
-        return None
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(v) else v
+_opt_float = anat.optional_float
 
 
 def _opt_str(x: Any) -> str | None:

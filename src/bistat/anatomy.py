@@ -430,7 +430,7 @@ def load_pass_outputs(run_dir: str | Path, passes: Mapping[str, Sequence[int]] |
             top_logprobs=None if top is None else tuple(_top_sorted(pos) for pos in top),
             finish_reason=row.finish_reason if isinstance(row.finish_reason, str) else None,
             n_prompt_tokens=_opt_int(row.n_prompt_tokens),
-            t_submit=_opt_float(row.t_submit), t_done=_opt_float(row.t_done))
+            t_submit=optional_float(row.t_submit), t_done=optional_float(row.t_done))
     return out
 
 
@@ -447,9 +447,8 @@ def _opt_int(x: Any) -> int | None:
         return None
 
 
-def _opt_float(x: Any) -> float | None:
-    if x is None or (not isinstance(x, (list, tuple)) and pd.isna(x)):
-        return None
+def optional_float(x: Any) -> float | None:
+    """``float(x)``, or None for None, NaN, pandas' missing values and anything not a number."""
     try:
         v = float(x)
     except (TypeError, ValueError):
