@@ -469,18 +469,8 @@ def _anatomy(got: pd.DataFrame, run_id: str, unit: str, epsilon: float,
                 d = anat.anatomy_of_pair(arm, ref, other, unit, epsilon)
                 if d is not None:
                     arm_divs.append(d)
-        counts = {lab: sum(d.label == lab for d in arm_divs) for lab in anat.LABELS}
-        arms.append(anat.ArmAnatomy(
-            arm=arm, reference_pass=ref_pass, counted_passes=tuple(plist),
-            n_prompts=int(n_compared.get(arm, 0)),
-            n_diverging_prompts=len({d.prompt_id for d in arm_divs}),
-            n_divergences=len(arm_divs),
-            label_counts=tuple((lab, counts[lab]) for lab in anat.LABELS),
-            margins=tuple(sorted(d.margin for d in arm_divs
-                                 if d.margin is not None and math.isfinite(d.margin))),
-            positions=tuple(sorted(d.position for d in arm_divs)),
-            relative_positions=tuple(sorted(d.relative_position for d in arm_divs
-                                            if d.relative_position is not None))))
+        arms.append(anat.arm_anatomy(arm, ref_pass, plist, int(n_compared.get(arm, 0)),
+                                     arm_divs))
         divs.extend(arm_divs)
     return anat.Anatomy(run_id=run_id, unit=unit, epsilon=float(epsilon), top_k=top_k,
                         arms=tuple(arms), divergences=tuple(divs))

@@ -447,6 +447,22 @@ def _opt_int(x: Any) -> int | None:
         return None
 
 
+def arm_anatomy(arm: str, reference_pass: int | None, counted_passes: Sequence[int],
+                n_prompts: int, divergences: Sequence[DivergenceAnatomy]) -> ArmAnatomy:
+    """One arm's summary of its first divergences: label counts, sorted margins and positions."""
+    counts = {lab: sum(d.label == lab for d in divergences) for lab in LABELS}
+    return ArmAnatomy(
+        arm=arm, reference_pass=reference_pass, counted_passes=tuple(counted_passes),
+        n_prompts=n_prompts, n_diverging_prompts=len({d.prompt_id for d in divergences}),
+        n_divergences=len(divergences),
+        label_counts=tuple((lab, counts[lab]) for lab in LABELS),
+        margins=tuple(sorted(d.margin for d in divergences
+                             if d.margin is not None and math.isfinite(d.margin))),
+        positions=tuple(sorted(d.position for d in divergences)),
+        relative_positions=tuple(sorted(d.relative_position for d in divergences
+                                        if d.relative_position is not None)))
+
+
 def optional_float(x: Any) -> float | None:
     """``float(x)``, or None for None, NaN, pandas' missing values and anything not a number."""
     try:
@@ -585,17 +601,7 @@ def divergence_anatomy(run_dir: str | Path, *, epsilon: float | None = None,
                 d = anatomy_of_pair(arm, ref, o, unit, eps)
                 if d is not None:
                     arm_divs.append(d)
-        counts = {lab: sum(d.label == lab for d in arm_divs) for lab in LABELS}
-        arms.append(ArmAnatomy(
-            arm=arm, reference_pass=ref_pass, counted_passes=tuple(plist), n_prompts=n_prompts,
-            n_diverging_prompts=len({d.prompt_id for d in arm_divs}),
-            n_divergences=len(arm_divs),
-            label_counts=tuple((lab, counts[lab]) for lab in LABELS),
-            margins=tuple(sorted(d.margin for d in arm_divs
-                                 if d.margin is not None and math.isfinite(d.margin))),
-            positions=tuple(sorted(d.position for d in arm_divs)),
-            relative_positions=tuple(sorted(d.relative_position for d in arm_divs
-                                            if d.relative_position is not None))))
+        arms.append(arm_anatomy(arm, ref_pass, plist, n_prompts, arm_divs))
         divs.extend(arm_divs)
     header = records.read_header(run_dir)
     return Anatomy(run_id=str(header.get("run_id") or run_dir.name), unit=unit, epsilon=eps,
