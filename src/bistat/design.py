@@ -578,9 +578,25 @@ def min_passes_for_power(
     hi = min(hi, top)
     if power(hi) < tgt:
         return None
-    while hi - lo > 1:
+    return bisect_power(power, tgt, lo, hi)
+
+
+def bisect_power(power: Callable[[int], float], target: float, lo: int, hi: int,
+                 divisor: int | None = None) -> int:
+    """Narrow ``lo < n <= hi`` (``power(lo) < target <= power(hi)``) by bisection; return
+    ``hi``, the smallest ``n`` found that reaches ``target``.
+
+    Exact (down to ``hi - lo == 1``) by default; with ``divisor`` it stops once
+    ``hi - lo <= max(1, lo // divisor)``, a relative tolerance for searches over large ``n``.
+
+    >>> bisect_power(lambda n: n / 100, 0.37, 1, 64)
+    37
+    >>> bisect_power(lambda n: n / 10**6, 0.3712, 1024, 1 << 20, divisor=100)  # within 1 %
+    371350
+    """
+    while hi - lo > (1 if divisor is None else max(1, lo // divisor)):
         mid = (lo + hi) // 2
-        if power(mid) >= tgt:
+        if power(mid) >= target:
             hi = mid
         else:
             lo = mid

@@ -295,13 +295,7 @@ def _prompts_for_power(power: Callable[[int], float], start: int, target: float)
         lo, hi = hi, hi * 2
         if hi > MAX_PROMPTS_SEARCHED:
             return None
-    while hi - lo > max(1, lo // 100):
-        mid = (lo + hi) // 2
-        if power(mid) >= target:
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    return design.bisect_power(power, target, lo, hi, divisor=100)
 
 
 def _holds(crit: Any, r: float) -> bool:
