@@ -17,6 +17,7 @@ run() {  # name, command...
 run embedded python benchmarks/bench_embedded.py --repeats 3
 run serve-overhead python benchmarks/bench_serve_overhead.py --requests 64 --max-tokens 48 --repeats 3
 run http-runner python benchmarks/bench_http_runner.py
+run http-logprobs python benchmarks/bench_http_logprobs.py --requests 512
 run analyze python benchmarks/bench_analyze.py --dir "${BENCH_ANALYZE_DIR:-/tmp/bistat-bench}" --repeat 3
 {
   echo "# CPU benchmark results"
@@ -34,6 +35,6 @@ run analyze python benchmarks/bench_analyze.py --dir "${BENCH_ANALYZE_DIR:-/tmp/
   echo "| numpy / BLAS | $(python -c 'import numpy, threadpoolctl; i = [x for x in threadpoolctl.threadpool_info() if x["user_api"] == "blas"]; print(numpy.__version__, "/", ", ".join("%s %s (%s, %s threads)" % (x["internal_api"], x["version"], x.get("architecture"), x["num_threads"]) for x in i))') |"
   echo "| OPENBLAS_CORETYPE | ${OPENBLAS_CORETYPE:-unset} |"
   echo
-  cat "$tmp"/embedded.md "$tmp"/serve-overhead.md "$tmp"/http-runner.md "$tmp"/analyze.md
+  cat "$tmp"/embedded.md "$tmp"/serve-overhead.md "$tmp"/http-runner.md "$tmp"/http-logprobs.md "$tmp"/analyze.md
 } > "$out"
 echo "wrote $out" >&2
