@@ -28,7 +28,7 @@ run analyze python benchmarks/bench_analyze.py --dir "${BENCH_ANALYZE_DIR:-/tmp/
   echo
   echo "| | |"; echo "|---|---|"
   echo "| date (UTC) | $(date -u +%Y-%m-%dT%H:%M:%SZ) |"
-  echo "| commit | $(git rev-parse HEAD)$(git diff --quiet HEAD -- src kernels benchmarks || echo ' (dirty)') |"
+  echo "| commit | $(git rev-parse HEAD)$(git diff --quiet HEAD -- src kernels benchmarks ':!benchmarks/RESULTS.md' || echo ' (dirty)') |"
   echo "| CPU | $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores |"
   echo "| load average at start / end | $load_before / $(cut -d' ' -f1-3 /proc/loadavg) |"
   echo "| Python | $(python -c 'import sys; print(sys.version.split()[0])') |"
