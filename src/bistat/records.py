@@ -5,8 +5,7 @@ A run directory holds ``run.json`` (written once) and one append-only JSONL file
 is written with a single ``write`` and flushed to the operating system at once, so a crash of the
 process loses at most the line in flight; ``os.fsync`` follows at most :data:`FSYNC_INTERVAL_S`
 later (and at :meth:`RunWriter.sync` / close), so a crash of the machine loses at most that much.
-(An fsync per line cost ~2.5 ms per response on the runner's event loop:
-``benchmarks/bench_http_logprobs.py``.) Readers ignore an unreadable line (a truncated last line after a crash, or the partial
+(An fsync per line blocked the runner's event loop once per response.) Readers ignore an unreadable line (a truncated last line after a crash, or the partial
 line a resumed writer closed off) and report it as a *gap*. After a run, :func:`compact` writes
 ``<table>.parquet`` beside each JSONL file (the JSONL is kept); :func:`read_table` prefers the
 Parquet file when it is complete, that is when the JSONL has not grown since compaction.
