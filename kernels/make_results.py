@@ -1,4 +1,5 @@
-"""Regenerate ``kernels/RESULTS.md`` from the recorded JSON (tables, bench, probe, check, fused).
+"""Regenerate ``kernels/RESULTS.md`` from the recorded JSON (tables, bench, probe, check, fused,
+the decode profile and the plugin probe in compiled vLLM, the sweep timing check).
 
 Nothing here measures; every number comes from a file written on the GPU, and the page says which
 file and which command. Rendering is deterministic, so a deleted RESULTS.md regenerates to the
@@ -54,8 +55,12 @@ def _and_words(words: list[str]) -> str:
 
 def _status_section(bench: dict[str, Any] | None, probe: dict[str, Any] | None,
                     check: dict[str, Any] | None, table: dict[str, Any] | None,
-                    fused: dict[str, Any] | None, slug: str) -> list[str]:
-    """Goal status in one line, then which GPU and command each artefact came from."""
+                    fused: dict[str, Any] | None, slug: str,
+                    extra_rows: tuple[tuple[str, dict[str, Any]], ...] = ()) -> list[str]:
+    """Goal status in one line, then which GPU and command each artefact came from.
+
+    ``extra_rows`` are (what, provenance) pairs of further artefacts, listed after the check.
+    """
     lines = ["## Status and provenance", ""]
     if bench is not None:
         s = bench["summary"]
@@ -100,6 +105,8 @@ def _status_section(bench: dict[str, Any] | None, probe: dict[str, Any] | None,
         row(f"`kernels/results/bench_{slug}.json`", bench["provenance"])
     if check is not None:
         row("`kernels/results/check_gpu.json`", check["provenance"])
+    for what, prov in extra_rows:
+        row(what, prov)
     if bench is not None and table is not None:
         others = {e["provenance"].get("gpu_uuid", "?"): e["provenance"]
                   for e in table["entries"] if e["provenance"].get("gpu_uuid") != bench_uuid}
@@ -349,6 +356,289 @@ def _check_section(check: dict[str, Any], source: str) -> list[str]:
     return lines
 
 
+# vLLM 0.25.0's CompilationMode values (vllm/config/compilation.py), as the engine logs them.
+_VLLM_COMPILATION_MODES = {"0": "NONE", "1": "STOCK_TORCH_COMPILE", "2": "DYNAMO_TRACE_ONCE",
+                           "3": "VLLM_COMPILE"}
+_PROFILE_CATEGORIES = (("persistent_gemm", "persistent GEMM"), ("cublas_gemm", "cuBLAS GEMM"),
+                       ("attention", "attention"), ("other", "other"))
+
+
+def _layer_names() -> dict[tuple[int, int], str]:
+    """(N, K) -> 'model/layer' for every tuned shape (from ``shapes.py``, which is pure)."""
+    from bistat_kernels.shapes import MODEL_SHAPES
+    names: dict[tuple[int, int], list[str]] = {}
+    for model_shapes in MODEL_SHAPES.values():
+        for shape in model_shapes:
+            names.setdefault((shape.n, shape.k), []).append(f"{shape.model}/{shape.layer}")
+    return {key: ", ".join(value) for key, value in names.items()}
+
+
+def _kernel_label(name: str, width: int = 56) -> str:
+    """A kernel name cut at its argument list and to ``width`` characters, in backticks."""
+    short = name.split("(")[0]
+    return f"`{short[:width]}…`" if len(short) > width else f"`{short}`"
+
+
+def _vllm_suffix(prov: dict[str, Any]) -> str:
+    if "vllm" not in prov:
+        return ""
+    commit = f" (commit {prov['vllm_commit']})" if "vllm_commit" in prov else ""
+    return f"; vLLM {prov['vllm']}{commit}"
+
+
+def _model_words(model: str) -> str:
+    base = Path(model).name
+    known = [name for name in LAYERS if base.startswith(name)]
+    return f" ({max(known, key=len)} config, {LAYERS[max(known, key=len)]} layers)" if known else ""
+
+
+def _profile_section(doc: dict[str, Any], source: str, logs: str) -> list[str]:
+    """Per arm: call time, device time per decode step by category, CUDA graphs, the plugin."""
+    prov, st, arms = doc["provenance"], doc["settings"], doc["arms"]
+    lines = ["## Decode profile in compiled vLLM (before/after)", "",
+             f"Source: `{source}` (the engine log of each arm is in `{logs}`). Measured on "
+             f"{_prov_line(prov)}{_vllm_suffix(prov)}.", "",
+             f"Offline engine (`vllm.LLM` in the profiling process, compiled mode: `enforce_eager` "
+             f"not set) on `{st['model']}`{_model_words(st['model'])}, `load_format` "
+             f"{st['load_format']}; one batch of {st['batch']} requests, {st['prompt_tokens']} "
+             f"prompt + {st['max_tokens']} output tokens each; {st['warmups']} warm-up calls, "
+             f"{st['timed_calls']} timed calls (median), then one call under the torch profiler. "
+             f"Per step: device time of the profiled call / output tokens per request (the one "
+             f"prefill step included). GEMM share: GEMM kernels' share of device time.", "",
+             "| arm | VLLM_BATCH_INVARIANT | BISTAT_TUNED_GEMM | call s (median) | "
+             "device ms/step | "
+             + " | ".join(f"{label} ms/step" for _, label in _PROFILE_CATEGORIES)
+             + " | GEMM share |",
+             "|---|---|---|---|---|" + "---|" * len(_PROFILE_CATEGORIES) + "---|"]
+    for name, arm in arms.items():
+        prof = arm["profile"]
+        cats = " | ".join(f"{prof['categories'][key]['ms_per_step']:.2f}"
+                          for key, _ in _PROFILE_CATEGORIES)
+        lines.append(f"| {name} | {arm['env'].get('VLLM_BATCH_INVARIANT', '?')} | "
+                     f"{arm['env'].get('BISTAT_TUNED_GEMM', '?')} | {arm['median_call_s']:.3f} | "
+                     f"{prof['total_device_ms_per_step']:.2f} | {cats} | "
+                     f"{100 * prof['gemm_share']:.1f} % |")
+    default, bi, tuned = (arms.get(k) for k in ("default", "batch-invariant", "bi-tuned-gemm"))
+    if default is not None and bi is not None and tuned is not None:
+        def per_step(arm: dict[str, Any], key: str) -> float:
+            return float(arm["profile"]["categories"][key]["ms_per_step"])
+
+        def gemm(arm: dict[str, Any]) -> float:
+            return per_step(arm, "persistent_gemm") + per_step(arm, "cublas_gemm")
+
+        def dev(arm: dict[str, Any]) -> float:
+            return float(arm["profile"]["total_device_ms_per_step"])
+
+        bi_p, t_p = per_step(bi, "persistent_gemm"), per_step(tuned, "persistent_gemm")
+        d_c = per_step(default, "cublas_gemm")
+        d_s, b_s, t_s = (a["median_call_s"] for a in (default, bi, tuned))
+        extra_dev, extra_gemm = dev(bi) - dev(default), gemm(bi) - gemm(default)
+        lines += ["", f"- Persistent GEMM per decode step: vLLM's fixed configuration {bi_p:.2f} "
+                  f"ms, bistat's tuned kernel {t_p:.2f} ms ({bi_p / t_p:.1f}x less); cuBLAS in "
+                  f"the default arm {d_c:.2f} ms (tuned / cuBLAS {t_p / d_c:.2f}).",
+                  f"- Batch latency (median call): tuned / default {t_s / d_s:.3f}, "
+                  f"batch-invariant / default {b_s / d_s:.2f}. Device time per step: tuned / "
+                  f"default {dev(tuned) / dev(default):.3f}, batch-invariant / default "
+                  f"{dev(bi) / dev(default):.2f}.",
+                  f"- The batch-invariant arm spends {extra_dev:.2f} ms more device time per step "
+                  f"than default, and its GEMMs {extra_gemm:.2f} ms more than cuBLAS's "
+                  f"({100 * extra_gemm / extra_dev:.0f} % of the difference). The tuned GEMM "
+                  f"recovers {100 * (b_s - t_s) / (b_s - d_s):.0f} % of the batch-invariant "
+                  f"arm's extra batch time."]
+    lines += ["", "CUDA graphs and compilation, per arm (compilation mode and CUDA graph mode from "
+              "the engine's config; captured modes, compile time and JIT compiles after start-up "
+              "from its log; launches counted in the profiled call):", "",
+              "| arm | compilation mode | CUDA graph mode | capture sizes | captured (log) | "
+              "cudaGraphLaunch | cudaLaunchKernel | torch.compile s | JIT compiles during "
+              "inference |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, arm in arms.items():
+        g, log = arm["graphs"], arm.get("log", {})
+        mode = str(g.get("compilation_mode", "?"))
+        compile_s = log.get("compile_s")
+        lines.append(
+            f"| {name} | {mode} ({_VLLM_COMPILATION_MODES.get(mode, 'unknown')}) | "
+            f"{g.get('cudagraph_mode', '?')} | "
+            f"{', '.join(str(v) for v in g.get('cudagraph_capture_sizes', []))} | "
+            f"{', '.join(g.get('capture_modes_in_log', [])) or 'none'} | "
+            f"{g.get('cuda_graph_launches_in_profile', '?')} | "
+            f"{g.get('kernel_launch_calls_in_profile', '?')} | "
+            f"{'not logged' if compile_s is None else f'{compile_s:.2f}'} | "
+            f"{len(log.get('jit_during_inference', []))} |")
+    used = [name for name, arm in arms.items() if arm["graphs"].get("used")]
+    lines += ["", f"CUDA graphs replayed in the profiled call: {len(used)} of {len(arms)} arms"
+              + (f" ({', '.join(used)})" if 0 < len(used) < len(arms) else "") + ".", "",
+              "The plugin, per arm (`requested`: BISTAT_TUNED_GEMM=1; `ours`: vLLM's "
+              "`batch_invariant.matmul_persistent` is bistat's custom op in the engine process; "
+              "`log`: engine log lines announcing the tuned GEMM):", ""]
+    for name, arm in arms.items():
+        pl = arm["plugin"]
+        lines.append(f"- `{name}`: requested {pl['requested']}, registered by "
+                     f"{pl['registered_by'] or 'nothing'}, installed {pl['installed']}, ours "
+                     f"{pl['matmul_persistent_is_ours']}, log "
+                     f"{arm.get('log', {}).get('tuned_gemm_installed_lines', '?')}.")
+    names = _layer_names()
+    for name, arm in arms.items():
+        calls = arm["plugin"]["calls"]
+        if not calls:
+            continue
+        splits = sorted({(c["split_k"], names.get((c["n"], c["k"]), f"{c['n']}x{c['k']}"))
+                         for c in calls if c.get("split_k", 1) > 1})
+        shapes = len({(c["n"], c["k"]) for c in calls})
+        lines += ["", f"Launch configurations the tuned op chose in `{name}`: {len(calls)} over "
+                  f"{shapes} shapes"
+                  + (", including " + ", ".join(f"split-K {k} ({layer})" for k, layer in splits)
+                     if splits else "")
+                  + ". Op runs count executions of the op's Python body, i.e. eager calls and "
+                  "CUDA-graph captures (a graph replay runs no Python), not tokens:", "",
+                  "| N | K | layer | BLOCK_M | BLOCK_N | BLOCK_K | SPLIT_K | op runs |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for c in calls:
+            lines.append(f"| {c['n']} | {c['k']} | {names.get((c['n'], c['k']), '?')} | "
+                         f"{c['block_m']} | {c['block_n']} | {c['block_k']} | {c['split_k']} | "
+                         f"{c['calls']} |")
+    lines += ["", "Top three kernels per arm (share of device time, ms per step):", "",
+              "| arm | kernel | category | share | ms/step |", "|---|---|---|---|---|"]
+    for name, arm in arms.items():
+        for k in arm["profile"]["top_kernels"][:3]:
+            lines.append(f"| {name} | {_kernel_label(k['name'])} | {k['category']} | "
+                         f"{100 * k['share']:.1f} % | {k['ms_per_step']:.2f} |")
+    return lines
+
+
+def _gemm_words(env: dict[str, str]) -> str:
+    if env.get("VLLM_BATCH_INVARIANT") == "1":
+        return ("bistat's tuned GEMM (plugin)" if env.get("BISTAT_TUNED_GEMM") == "1"
+                else "vLLM's batch-invariant GEMM")
+    return "default (cuBLAS)"
+
+
+def _plugin_probe_section(probe: dict[str, Any], sidecar: dict[str, Any] | None,
+                          model: dict[str, Any] | None, source: str,
+                          sidecar_source: str) -> list[str]:
+    """The ``bistat probe`` of the plugin in compiled vLLM, with the sidecar's provenance."""
+    lines = ["## The plugin inside compiled vLLM keeps bitwise invariance (bistat probe)", ""]
+    if sidecar is not None:
+        prov = sidecar["provenance"]
+        lines += [f"Source: `{source}` (the probe's output; it records no GPU, so its provenance "
+                  f"is in `{sidecar_source}`). Measured on {_prov_line(prov)}{_vllm_suffix(prov)}.",
+                  f"Date: {sidecar['date_note']}", "",
+                  f"Declaration `{sidecar['declaration']}`, registered {sidecar['registered_utc']} "
+                  f"(`{sidecar['registration']}`, sha256 {sidecar['registration_sha256'][:12]}…) "
+                  f"before the probe ran. Engine {sidecar['engine']['kind']} on "
+                  f"`{sidecar['engine']['model']}`"
+                  + (f" ({model['layers']}-layer {model['arch']}-shaped model, {model['init']} "
+                     f"weights with std {model['std']} and seed {model['seed']}, "
+                     f"{model['n_parameters']:,} parameters, weights sha256 "
+                     f"{model['weights']['sha256'][:12]}…; `{sidecar['model']}`)"
+                     if model is not None else "")
+                  + ", compiled mode (torch.compile + CUDA graphs)."]
+    else:
+        lines += [f"Source: `{source}`. It records no GPU and no provenance file was found."]
+    st = probe["settings"]
+    lines += ["", f"Needle `{probe['needle_prompt_id']}` ({st['max_tokens']} greedy tokens) alone, "
+              f"then among {st['min_fillers']}–{st['max_fillers']} fillers submitted with it, "
+              f"{st['trials']} trials (mode {st['mode']}, seed {st['seed']}); equal means token "
+              f"ids and logprobs bitwise equal to the needle alone.", "",
+              f"Outcome: **{probe['outcome']}**: {probe['reason']}.", "",
+              "| arm | role | GEMM | attention | alone twice identical | trials equal | fillers | "
+              "first divergence | trials with shared-step evidence |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    declared = {a["name"]: a for a in (sidecar or {}).get("arms", [])}
+    for arm in probe["arms"]:
+        trials = arm["trials"]
+        equal = sum(t["tokens_equal"] and t["logprobs_equal"] for t in trials)
+        diverge = [t["first_divergence"] for t in trials if t["first_divergence"] is not None]
+        decl = declared.get(arm["arm"], {})
+        lines.append(
+            f"| {arm['arm']} | {arm['role']} | "
+            f"{_gemm_words(decl['env']) if decl else '?'} | "
+            f"{decl.get('args', {}).get('attention_backend', 'engine default') if decl else '?'} | "
+            f"{'yes' if arm['alone_repeat_identical'] else '**no**'} | {equal}/{len(trials)} | "
+            f"{', '.join(str(t['n_fillers']) for t in trials)} | "
+            + (f"token {', '.join(str(v) for v in sorted(set(diverge)))} in "
+               f"{len(diverge)}/{len(trials)}" if diverge else "none")
+            + f" | {sum(t['shared_step'] for t in trials)}/{len(trials)} |")
+    lines += ["", "Shared-step evidence per trial (the offline engine's metrics samples around "
+              "the needle):", ""]
+    for arm in probe["arms"]:
+        lines.append(f"- `{arm['arm']}`: " + "; ".join(
+            f"trial {t['trial']} ({t['n_fillers']} fillers): {t['evidence']}"
+            + ("" if t["shared_step"] else " (no evidence of sharing)") for t in arm["trials"])
+            + ".")
+    probed = [a for a in probe["arms"] if a["role"] == "probed"]
+    if probed:
+        shown = sorted({sum(t["shared_step"] for t in a["trials"]) for a in probed})
+        lines += ["", f"Caveat: in the arms probed, the samples show the needle sharing a step "
+                  f"with the fillers in {' to '.join(str(v) for v in shown)} of "
+                  f"{len(probed[0]['trials'])} trials per arm; the bitwise equality of the other "
+                  f"trials stands, but those trials alone do not show that the needle was batched."
+                  + (f" {sidecar['note']}" if sidecar is not None and "note" in sidecar else "")]
+    return lines
+
+
+def _sweep_timing_section(raw: dict[str, Any], table: dict[str, Any] | None,
+                          committed: dict[str, Any] | None, before: dict[str, Any] | None,
+                          device_output: dict[str, Any] | None, source: str,
+                          before_source: str) -> list[str]:
+    """A full re-tune after ``sweep.pin_triton_toolchain``: time per shape, first launches."""
+    shapes = raw["shapes"]
+    lines = ["## Sweep timing after pinning the Triton toolchain", "",
+             f"Source: `{source}` (raw candidate timings; the table it chose is beside it). "
+             f"Measured on {_prov_line(raw['provenance'])}.", ""]
+    if device_output is not None and device_output.get("adopted") is False:
+        lines += [f"Not adopted: {device_output['why_not_adopted']}", ""]
+    elapsed = [s["elapsed_s"] for s in shapes]
+    records = sum(len(s["records"]) for s in shapes)
+    first = [r["first_launch_s"] for s in shapes for r in s["records"] if "first_launch_s" in r]
+    slow = sum(s.get("slow_first_launches", 0) for s in shapes)
+    text = (f"{len(shapes)} shapes, {records:,} candidate measurements in {sum(elapsed):.1f} s of "
+            f"per-shape sweep ({min(elapsed):.1f}–{max(elapsed):.1f} s per shape)")
+    if device_output is not None:
+        text += (f"; precompilation {device_output['precompile_s']} s and "
+                 f"{device_output['sweep_total_s']} s for the whole sweep, from the device "
+                 f"command's printed output (`device_output.json` beside the source: the raw file "
+                 f"times each shape, not the precompilation)")
+    lines.append(text + ".")
+    if first:
+        lines.append(f"Slowest first launch of any candidate in the timed process: "
+                     f"{max(first):.3f} s; first launches counted as compiles in the timed loop "
+                     f"(`slow_first_launches`): {slow}.")
+    if before is not None:
+        by_name = {(s["model"], s["layer"]): s for s in shapes}
+        for old in before["shapes"]:
+            new = by_name.get((old["model"], old["layer"]))
+            if new is None:
+                continue
+            old_ms = 1000 * old["elapsed_s"] / len(old["records"])
+            new_ms = 1000 * new["elapsed_s"] / len(new["records"])
+            lines.append(
+                f"Before the fix (`{before_source}`, {before['provenance'].get('date_utc', '?')}) "
+                f"{old['model']}/{old['layer']} took {old['elapsed_s']:.1f} s for "
+                f"{len(old['records'])} measurements ({old_ms:.0f} ms each); here "
+                f"{new['elapsed_s']:.1f} s for {len(new['records'])} ({new_ms:.1f} ms each).")
+    chosen = {(e["n"], e["k"]): e for e in (table or {}).get("entries", [])}
+    kept = {(e["n"], e["k"]): e for e in (committed or {}).get("entries", [])}
+    lines += ["", "| model | layer | N | K | measurements | sweep s | slowest first launch s | "
+              "compiles in timed loop | BLOCK_K / SPLIT_K chosen | committed table |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    changed = []
+    for s in shapes:
+        key = (s["n"], s["k"])
+        mine = [r["first_launch_s"] for r in s["records"] if "first_launch_s" in r]
+        new, old = chosen.get(key), kept.get(key)
+        new_txt = f"{new['block_k']} / {new['split_k']}" if new else "?"
+        old_txt = f"{old['block_k']} / {old['split_k']}" if old else "?"
+        if new and old and (new["block_k"], new["split_k"]) != (old["block_k"], old["split_k"]):
+            changed.append(f"{s['model']}/{s['layer']} BLOCK_K / SPLIT_K {old_txt} -> {new_txt}")
+        lines.append(f"| {s['model']} | {s['layer']} | {s['n']} | {s['k']} | {len(s['records'])} | "
+                     f"{s['elapsed_s']:.1f} | {f'{max(mine):.3f}' if mine else '?'} | "
+                     f"{s.get('slow_first_launches', '?')} | {new_txt} | {old_txt} |")
+    if changed:
+        lines += ["", "Layouts this sweep chose differently from the committed table, reported as "
+                  "observed (the committed table is unchanged): " + "; ".join(changed) + "."]
+    return lines
+
+
 def _history_section(results_dir: Path) -> list[str]:
     lines = ["## Earlier runs (kept for the record)", ""]
     found = False
@@ -387,8 +677,25 @@ def render_results(results_dir: Path = RESULTS_DIR, tables_dir: Path = TABLES_DI
     probe = _load(results_dir / f"probe_{device_slug}.json")
     check = _load(results_dir / "check_gpu.json")
     fused = _load(results_dir / f"fused_compare_{device_slug}.json")
+    profile = _load(results_dir / f"profile_decode_{device_slug}.json")
+    plugin_probe = _load(results_dir / f"plugin_probe_{device_slug}.json")
+    sidecar = _load(results_dir / f"plugin_probe_{device_slug}.provenance.json")
+    check_dir = results_dir / "sweep_timing_check"
+    sweep_raw = _load(check_dir / f"sweep_raw_{device_slug}.json")
+    extra: list[tuple[str, dict[str, Any]]] = []
+    if profile is not None:
+        extra.append((f"`kernels/results/profile_decode_{device_slug}.json`: decode profile in "
+                      "compiled vLLM", profile["provenance"]))
+    if plugin_probe is not None and sidecar is not None:
+        extra.append((f"`kernels/results/plugin_probe_{device_slug}.json`: bistat probe of the "
+                      "plugin in compiled vLLM (provenance from its sidecar)",
+                      sidecar["provenance"]))
+    if sweep_raw is not None:
+        extra.append(("`kernels/results/sweep_timing_check/`: sweep timing check (not adopted)",
+                      sweep_raw["provenance"]))
     if bench is not None or table is not None:
-        lines += _status_section(bench, probe, check, table, fused, device_slug) + [""]
+        lines += _status_section(bench, probe, check, table, fused, device_slug,
+                                 tuple(extra)) + [""]
     if bench is not None:
         lines += _bench_section(bench, f"kernels/results/bench_{device_slug}.json") + [""]
     if probe is not None:
@@ -399,6 +706,22 @@ def render_results(results_dir: Path = RESULTS_DIR, tables_dir: Path = TABLES_DI
         lines += _table_section(table, f"kernels/tables/{device_slug}.json") + [""]
     if fused is not None:
         lines += _fused_section(fused, f"kernels/results/fused_compare_{device_slug}.json") + [""]
+    if profile is not None:
+        lines += _profile_section(profile, f"kernels/results/profile_decode_{device_slug}.json",
+                                  "kernels/results/profile_decode_logs/") + [""]
+    if plugin_probe is not None:
+        model = (_load(results_dir / Path(sidecar["model"]).name)
+                 if sidecar is not None and "model" in sidecar else None)
+        lines += _plugin_probe_section(
+            plugin_probe, sidecar, model, f"kernels/results/plugin_probe_{device_slug}.json",
+            f"kernels/results/plugin_probe_{device_slug}.provenance.json") + [""]
+    if sweep_raw is not None:
+        lines += _sweep_timing_section(
+            sweep_raw, _load(check_dir / f"{device_slug}.json"), table,
+            _load(results_dir / "call4_retune_partial" / f"sweep_raw_{device_slug}.json"),
+            _load(check_dir / "device_output.json"),
+            f"kernels/results/sweep_timing_check/sweep_raw_{device_slug}.json",
+            f"results/call4_retune_partial/sweep_raw_{device_slug}.json") + [""]
     history = _history_section(results_dir)
     if history:
         lines += history + [""]

@@ -1,4 +1,5 @@
-"""kernels/make_results.py: the status/provenance section and the fused split-K comparison."""
+"""kernels/make_results.py: status/provenance, fused split-K, decode profile, plugin probe, sweep
+timing check, and the committed RESULTS.md regenerating byte for byte."""
 
 from __future__ import annotations
 
@@ -115,3 +116,235 @@ def test_fused_compare_variants_keep_the_reduction_layout():
     assert out["fused_128x128w8s3"] == tables.GemmConfig(128, 128, 128, 8, 8, 3, 2, 1, True)
     assert {c.reduction_key() for c in out.values()} == {(128, 2)}
     assert fc.parse_shapes("4096x12288, 2048x6144") == ((4096, 12288), (2048, 6144))
+
+
+# --- decode profile, plugin probe and sweep timing check (issue 5, device calls 9, 10, 14) ---
+
+def _profile_arm(bi: str, tuned: str, median: float, total: float, cats: dict, share: float,
+                 **extra) -> dict:
+    arm = {"env": {"VLLM_BATCH_INVARIANT": bi, "BISTAT_TUNED_GEMM": tuned},
+           "median_call_s": median,
+           "profile": {"total_device_ms_per_step": total, "gemm_share": share,
+                       "categories": {k: {"ms_per_step": v} for k, v in cats.items()},
+                       "top_kernels": [{"name": "matmul_kernel_persistent", "category": "c",
+                                        "share": 0.5, "ms_per_step": 2.0}]},
+           "graphs": {"compilation_mode": "3", "cudagraph_mode": "FULL_AND_PIECEWISE",
+                      "cudagraph_capture_sizes": [1, 2], "capture_modes_in_log": ["PIECEWISE"],
+                      "cuda_graph_launches_in_profile": 10, "kernel_launch_calls_in_profile": 100,
+                      "used": True},
+           "log": {"compile_s": 12.5, "jit_during_inference": [], "tuned_gemm_installed_lines": 0},
+           "plugin": {"requested": False, "registered_by": None, "installed": False,
+                      "matmul_persistent_is_ours": False, "calls": []}}
+    arm.update(extra)
+    return arm
+
+
+def _profile_doc() -> dict:
+    cats = ("persistent_gemm", "cublas_gemm", "attention", "other")
+    default = _profile_arm("0", "0", 1.0, 5.0, dict(zip(cats, (0.0, 4.0, 0.5, 0.5))), 0.8)
+    default["log"] = {"compile_s": None, "jit_during_inference": ["k"],
+                      "tuned_gemm_installed_lines": 0}
+    default["profile"]["top_kernels"] = [{"name": "void flash::kernel<" + "x" * 60 + ">(int)",
+                                          "category": "attention", "share": 0.1,
+                                          "ms_per_step": 0.5}]
+    bi = _profile_arm("1", "0", 3.0, 17.0, dict(zip(cats, (16.0, 0.0, 0.5, 0.5))), 16 / 17)
+    tuned = _profile_arm("1", "1", 0.9, 4.6, dict(zip(cats, (3.6, 0.0, 0.5, 0.5))), 3.6 / 4.6)
+    tuned["plugin"] = {"requested": True, "registered_by": "entry point", "installed": True,
+                       "matmul_persistent_is_ours": True,
+                       "calls": [{"n": 4096, "k": 12288, "block_m": 16, "block_n": 32,
+                                  "block_k": 128, "split_k": 2, "calls": 36},
+                                 {"n": 151936, "k": 4096, "block_m": 16, "block_n": 64,
+                                  "block_k": 64, "split_k": 1, "calls": 2}]}
+    tuned["log"]["tuned_gemm_installed_lines"] = 1
+    return {"provenance": _prov("GPU-c", "d9", "profile_decode.py", vllm="0.25.0",
+                                vllm_commit="gabc"),
+            "settings": {"model": "/tmp/model/qwen3-8b-config", "load_format": "dummy",
+                         "batch": 8, "prompt_tokens": 128, "max_tokens": 128, "warmups": 2,
+                         "timed_calls": 3},
+            "arms": {"default": default, "batch-invariant": bi, "bi-tuned-gemm": tuned}}
+
+
+def test_profile_section_renders_arms_ratios_graphs_and_plugin_from_the_json():
+    lines = make_results._profile_section(_profile_doc(), "p.json", "logs/")
+    assert lines[0] == "## Decode profile in compiled vLLM (before/after)"
+    assert lines[2] == ("Source: `p.json` (the engine log of each arm is in `logs/`). Measured on "
+                        "NVIDIA H200 (UUID GPU-c), driver 580, torch 2.11, triton 3.6, d9; "
+                        "command `profile_decode.py`; vLLM 0.25.0 (commit gabc).")
+    assert "(qwen3-8b config, 36 layers), `load_format` dummy; one batch of 8 requests" in lines[4]
+    assert "| default | 0 | 0 | 1.000 | 5.00 | 0.00 | 4.00 | 0.50 | 0.50 | 80.0 % |" in lines
+    assert ("| batch-invariant | 1 | 0 | 3.000 | 17.00 | 16.00 | 0.00 | 0.50 | 0.50 | 94.1 % |"
+            in lines)
+    assert "| bi-tuned-gemm | 1 | 1 | 0.900 | 4.60 | 3.60 | 0.00 | 0.50 | 0.50 | 78.3 % |" in lines
+    assert ("- Persistent GEMM per decode step: vLLM's fixed configuration 16.00 ms, bistat's "
+            "tuned kernel 3.60 ms (4.4x less); cuBLAS in the default arm 4.00 ms (tuned / cuBLAS "
+            "0.90).") in lines
+    assert ("- Batch latency (median call): tuned / default 0.900, batch-invariant / default "
+            "3.00. Device time per step: tuned / default 0.920, batch-invariant / default "
+            "3.40.") in lines
+    assert ("- The batch-invariant arm spends 12.00 ms more device time per step than default, "
+            "and its GEMMs 12.00 ms more than cuBLAS's (100 % of the difference). The tuned GEMM "
+            "recovers 105 % of the batch-invariant arm's extra batch time.") in lines
+    assert ("| default | 3 (VLLM_COMPILE) | FULL_AND_PIECEWISE | 1, 2 | PIECEWISE | 10 | 100 | "
+            "not logged | 1 |") in lines
+    assert ("| bi-tuned-gemm | 3 (VLLM_COMPILE) | FULL_AND_PIECEWISE | 1, 2 | PIECEWISE | 10 | "
+            "100 | 12.50 | 0 |") in lines
+    assert "CUDA graphs replayed in the profiled call: 3 of 3 arms." in lines
+    assert ("- `bi-tuned-gemm`: requested True, registered by entry point, installed True, ours "
+            "True, log 1.") in lines
+    assert ("- `batch-invariant`: requested False, registered by nothing, installed False, ours "
+            "False, log 0.") in lines
+    assert any(line.startswith("Launch configurations the tuned op chose in `bi-tuned-gemm`: 2 "
+                               "over 2 shapes, including split-K 2 (qwen3-8b/down). Op runs")
+               for line in lines)
+    assert "| 4096 | 12288 | qwen3-8b/down | 16 | 32 | 128 | 2 | 36 |" in lines
+    assert "| 151936 | 4096 | qwen3-8b/lm_head | 16 | 64 | 64 | 1 | 2 |" in lines
+    assert ("| default | `void flash::kernel<" + "x" * 37 + "…` | attention | 10.0 % | 0.50 |"
+            in lines)
+
+
+def test_profile_section_without_all_three_arms_has_no_ratio_lines():
+    doc = _profile_doc()
+    del doc["arms"]["default"]
+    doc["arms"]["batch-invariant"]["graphs"]["used"] = False
+    lines = make_results._profile_section(doc, "p.json", "logs/")
+    assert not any(line.startswith("- Persistent GEMM") for line in lines)
+    assert "CUDA graphs replayed in the profiled call: 1 of 2 arms (bi-tuned-gemm)." in lines
+
+
+def _trial(i: int, fillers: int, equal: bool, shared: bool, running: int,
+           diverge: int | None = None) -> dict:
+    return {"trial": i, "n_fillers": fillers, "tokens_equal": equal, "logprobs_equal": equal,
+            "first_divergence": diverge, "shared_step": shared,
+            "evidence": f"samples: max {running}"}
+
+
+def _plugin_probe() -> tuple[dict, dict, dict]:
+    probe = {"needle_prompt_id": "ids-0", "outcome": "confirmed", "reason": "all equal",
+             "settings": {"max_tokens": 16, "min_fillers": 32, "max_fillers": 128, "trials": 2,
+                          "mode": "batch", "seed": 0},
+             "arms": [{"arm": "bi-tuned", "role": "probed", "alone_repeat_identical": True,
+                       "trials": [_trial(0, 40, True, True, 41), _trial(1, 90, True, False, 0)]},
+                      {"arm": "default", "role": "negative_control",
+                       "alone_repeat_identical": True,
+                       "trials": [_trial(0, 40, False, True, 41, 0),
+                                  _trial(1, 90, False, True, 91, 3)]}]}
+    sidecar = {"provenance": _prov("GPU-c", "d10", "bistat probe p.json", vllm="0.25.0"),
+               "date_note": "No time recorded.", "declaration": "e.toml",
+               "registration": "r.json", "registration_sha256": "0123456789abcdef",
+               "registered_utc": "t0", "engine": {"kind": "vllm-offline", "model": "/m"},
+               "model": "kernels/results/m.json", "note": "Sampling is being fixed.",
+               "arms": [{"name": "bi-tuned", "env": {"VLLM_BATCH_INVARIANT": "1",
+                                                     "BISTAT_TUNED_GEMM": "1"},
+                         "args": {"attention_backend": "TRITON_ATTN"}},
+                        {"name": "default", "env": {"VLLM_BATCH_INVARIANT": "0"}, "args": {}}]}
+    model = {"layers": 8, "arch": "qwen3-8b", "init": "normal", "std": 0.02, "seed": 0,
+             "n_parameters": 1234567, "weights": {"sha256": "fedcba9876543210"}}
+    return probe, sidecar, model
+
+
+def test_plugin_probe_section_counts_trials_and_states_the_shared_step_caveat():
+    probe, sidecar, model = _plugin_probe()
+    lines = make_results._plugin_probe_section(probe, sidecar, model, "p.json", "p.prov.json")
+    assert lines[0] == ("## The plugin inside compiled vLLM keeps bitwise invariance "
+                        "(bistat probe)")
+    assert lines[2] == ("Source: `p.json` (the probe's output; it records no GPU, so its "
+                        "provenance is in `p.prov.json`). Measured on NVIDIA H200 (UUID GPU-c), "
+                        "driver 580, torch 2.11, triton 3.6, d10; command `bistat probe p.json`; "
+                        "vLLM 0.25.0.")
+    assert lines[3] == "Date: No time recorded."
+    assert lines[5] == ("Declaration `e.toml`, registered t0 (`r.json`, sha256 0123456789ab…) "
+                        "before the probe ran. Engine vllm-offline on `/m` (8-layer qwen3-8b-"
+                        "shaped model, normal weights with std 0.02 and seed 0, 1,234,567 "
+                        "parameters, weights sha256 fedcba987654…; `kernels/results/m.json`), "
+                        "compiled mode (torch.compile + CUDA graphs).")
+    assert "Outcome: **confirmed**: all equal." in lines
+    assert ("| bi-tuned | probed | bistat's tuned GEMM (plugin) | TRITON_ATTN | yes | 2/2 | "
+            "40, 90 | none | 1/2 |") in lines
+    assert ("| default | negative_control | default (cuBLAS) | engine default | yes | 0/2 | "
+            "40, 90 | token 0, 3 in 2/2 | 2/2 |") in lines
+    assert ("- `bi-tuned`: trial 0 (40 fillers): samples: max 41; trial 1 (90 fillers): samples: "
+            "max 0 (no evidence of sharing).") in lines
+    assert lines[-1] == ("Caveat: in the arms probed, the samples show the needle sharing a step "
+                         "with the fillers in 1 of 2 trials per arm; the bitwise equality of the "
+                         "other trials stands, but those trials alone do not show that the "
+                         "needle was batched. Sampling is being fixed.")
+
+
+def test_plugin_probe_section_without_sidecar_says_it_has_no_provenance():
+    probe, _, _ = _plugin_probe()
+    lines = make_results._plugin_probe_section(probe, None, None, "p.json", "p.prov.json")
+    assert lines[2] == "Source: `p.json`. It records no GPU and no provenance file was found."
+    assert ("| bi-tuned | probed | ? | ? | yes | 2/2 | 40, 90 | none | 1/2 |") in lines
+
+
+def _raw_shape(model: str, layer: str, n: int, k: int, elapsed: float, firsts: list) -> dict:
+    return {"model": model, "layer": layer, "n": n, "k": k, "elapsed_s": elapsed,
+            "slow_first_launches": sum(f > 0.25 for f in firsts),
+            "records": [{"first_launch_s": f} for f in firsts]}
+
+
+def test_sweep_timing_section_times_shapes_and_reports_changed_layouts():
+    raw = {"provenance": _prov("GPU-c", "d14", "gpu_call.py sweep --retune"),
+           "shapes": [_raw_shape("qwen3-8b", "o", 4096, 4096, 2.0, [0.01, 0.002, 0.003, 0.004]),
+                      _raw_shape("qwen3-8b", "down", 4096, 12288, 6.0, [0.5, 0.02])]}
+    table = {"entries": [{"n": 4096, "k": 4096, "block_k": 128, "split_k": 2},
+                         {"n": 4096, "k": 12288, "block_k": 128, "split_k": 2}]}
+    committed = {"entries": [{"n": 4096, "k": 4096, "block_k": 128, "split_k": 1},
+                             {"n": 4096, "k": 12288, "block_k": 128, "split_k": 2}]}
+    before = {"provenance": {"date_utc": "d10"},
+              "shapes": [{"model": "qwen3-8b", "layer": "o", "elapsed_s": 100.0,
+                          "records": [{}] * 400}]}
+    device = {"adopted": False, "why_not_adopted": "the bench used the other table.",
+              "precompile_s": 20.5, "sweep_total_s": 30}
+    lines = make_results._sweep_timing_section(raw, table, committed, before, device, "s.json",
+                                               "old.json")
+    assert lines[0] == "## Sweep timing after pinning the Triton toolchain"
+    assert lines[2] == ("Source: `s.json` (raw candidate timings; the table it chose is beside "
+                        "it). Measured on NVIDIA H200 (UUID GPU-c), driver 580, torch 2.11, "
+                        "triton 3.6, d14; command `gpu_call.py sweep --retune`.")
+    assert lines[4] == "Not adopted: the bench used the other table."
+    assert lines[6] == ("2 shapes, 6 candidate measurements in 8.0 s of per-shape sweep "
+                        "(2.0–6.0 s per shape); precompilation 20.5 s and 30 s for the whole "
+                        "sweep, from the device command's printed output (`device_output.json` "
+                        "beside the source: the raw file times each shape, not the "
+                        "precompilation).")
+    assert lines[7] == ("Slowest first launch of any candidate in the timed process: 0.500 s; "
+                        "first launches counted as compiles in the timed loop "
+                        "(`slow_first_launches`): 1.")
+    assert lines[8] == ("Before the fix (`old.json`, d10) qwen3-8b/o took 100.0 s for 400 "
+                        "measurements (250 ms each); here 2.0 s for 4 (500.0 ms each).")
+    assert "| qwen3-8b | o | 4096 | 4096 | 4 | 2.0 | 0.010 | 0 | 128 / 2 | 128 / 1 |" in lines
+    assert "| qwen3-8b | down | 4096 | 12288 | 2 | 6.0 | 0.500 | 1 | 128 / 2 | 128 / 2 |" in lines
+    assert lines[-1] == ("Layouts this sweep chose differently from the committed table, "
+                         "reported as observed (the committed table is unchanged): qwen3-8b/o "
+                         "BLOCK_K / SPLIT_K 128 / 1 -> 128 / 2.")
+
+
+def test_status_lists_the_extra_artefacts_after_the_check():
+    lines = make_results._status_section(
+        _bench(1.1, 1.0), {"passed": True, "provenance": _prov("GPU-b", "d2", "x")},
+        {"provenance": _prov("GPU-b", "d3", "check")}, None, None, "h",
+        (("`p.json`: profile", _prov("GPU-c", "d9", "profile_decode.py")),))
+    check = lines.index("| `kernels/results/check_gpu.json` | NVIDIA H200 (GPU-b) | d3 | "
+                        "`check` |")
+    assert lines[check + 1] == ("| `p.json`: profile | NVIDIA H200 (GPU-c) | d9 | "
+                                "`profile_decode.py` |")
+
+
+def test_committed_results_page_regenerates_byte_for_byte():
+    assert make_results.render_results() == (KERNELS / "RESULTS.md").read_text(encoding="utf-8")
+
+
+def test_committed_issue5_device_files_carry_their_provenance():
+    results = KERNELS / "results"
+    profile = json.loads((results / "profile_decode_nvidia_h200.json").read_text())
+    sidecar = json.loads((results / "plugin_probe_nvidia_h200.provenance.json").read_text())
+    raw = json.loads((results / "sweep_timing_check" / "sweep_raw_nvidia_h200.json").read_text())
+    uuid = "GPU-d4ccd9f3-810c-7c9f-47fb-e15eccb8428a"
+    for prov in (profile["provenance"], sidecar["provenance"], raw["provenance"]):
+        assert prov["gpu_uuid"] == uuid and prov["driver"] and prov["triton"] and prov["command"]
+    assert sidecar["provenance"]["command"].startswith("bistat probe preregistrations/")
+    assert "provenance" not in json.loads((results / "plugin_probe_nvidia_h200.json").read_text())
+    for arm in profile["arms"].values():
+        log = results / "profile_decode_logs" / arm["log_file"]
+        assert log.is_file(), f"{log}: engine log of arm {arm['arm']} missing"
