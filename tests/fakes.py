@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
+import textwrap
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
@@ -262,3 +263,175 @@ class FakeEngine:
             t_first_token=t - 0.0005,
             attempts=attempts_needed,
         )
+
+
+# --------------------------------------------------------------------------------------------
+# a stand-in ``vllm`` package for the vllm-offline adapter's worker (no GPU here)
+# --------------------------------------------------------------------------------------------
+
+#: Source of a stand-in ``vllm/__init__.py``: the slice of vLLM 0.25.0 that
+#: ``bistat.engines.vllm_offline_worker`` uses, with its real signatures and behaviour. Knobs
+#: (environment of the worker): ``FAKE_REFUSE``, ``FAKE_BROKEN`` (start-up failures),
+#: ``FAKE_PREEMPT_AT_STEP=N``, ``FAKE_HANG_AT_STEP=N`` (step N never returns),
+#: ``FAKE_CRASH_AFTER=N`` (the process dies, logging vLLM's
+#: ``torch.OutOfMemoryError`` and ``EngineDeadError`` lines, when its N-th request finishes;
+#: with ``FAKE_CRASH_FLAG=PATH`` only while PATH exists, which the crash deletes: a crash once).
+FAKE_VLLM = textwrap.dedent('''
+    # The slice of vLLM 0.25.0 the worker uses, with the real signatures and behaviour
+    # (paths are in the wheel vllm-0.25.0-cp38-abi3-manylinux_2_28_x86_64.whl).
+    import multiprocessing, os, time, types
+    print("vLLM banner on stdout")
+    __version__ = "0.25.0"
+    __commit__ = "deadbeef"
+
+    # vllm/sampling_params.py:199-301: a msgspec Struct; an unknown keyword is a TypeError;
+    # output_kind defaults to CUMULATIVE; top_k -1 is accepted as "off" (:560-564); greedy
+    # sets top_k = 0 (:490-493).
+    _FIELDS = {"n": 1, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "seed": None,
+               "ignore_eos": False, "max_tokens": 16, "min_tokens": 0, "logprobs": None,
+               "detokenize": True, "output_kind": 0}
+
+    class RequestOutputKind:  # vllm/sampling_params.py (an IntEnum)
+        CUMULATIVE, DELTA, FINAL_ONLY = 0, 1, 2
+
+    sampling_params = types.SimpleNamespace(RequestOutputKind=RequestOutputKind)
+
+    class SamplingParams:
+        def __init__(self, **kw):
+            for k in kw:
+                if k not in _FIELDS:
+                    raise TypeError(f"Unexpected keyword argument {k!r}")
+            self.__dict__.update(_FIELDS, **kw)
+            if self.top_k < -1:
+                raise ValueError(f"top_k must be 0 (disable), or at least 1, got {self.top_k}.")
+            if self.max_tokens is not None and self.max_tokens < 1:
+                raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}.")
+            if self.temperature < 1e-5:
+                self.top_p, self.top_k = 1.0, 0
+
+    class _Logprob:  # vllm/logprobs.py:13-24
+        def __init__(self, logprob):
+            self.logprob, self.rank, self.decoded_token = logprob, None, None
+
+    class _Metric:  # vllm/v1/metrics/reader.py:11-67 (counters are named without _total)
+        def __init__(self, name, **kw):
+            self.name, self.labels = name, {"model_name": "smol", "engine": "0"}
+            self.__dict__.update(kw)
+
+    class _Engine:  # vllm/v1/engine/llm_engine.py (V1 LLMEngine)
+        def __init__(self, max_num_seqs, log_stats):
+            self.reqs, self.max_num_seqs, self.finished = {}, max_num_seqs, 0
+            self.log_stats, self.steps, self.stale = log_stats, 0, False
+            self.running = self.waiting = self.preemptions = self.gen = self.prompt = 0
+
+        def add_request(self, request_id, prompt, params, arrival_time=None, lora_request=None,
+                        tokenization_kwargs=None, trace_headers=None, priority=0, prompt_text=None):
+            if not isinstance(request_id, str):
+                raise TypeError(f"request_id must be a string, got {type(request_id)}")
+            if not isinstance(params, SamplingParams):
+                raise TypeError("params must be SamplingParams")
+            ids = prompt.get("prompt_token_ids") or [ord(c) for c in prompt["prompt"]]
+            if max(ids) >= 1000:  # vllm/v1/engine/input_processor.py:483-484
+                raise ValueError(f"Token id {max(ids)} is out of vocabulary")
+            self.reqs[request_id] = (ids, params, [])
+            return request_id
+
+        def has_unfinished_requests(self):
+            return bool(self.reqs)
+
+        def step(self):
+            if not self.reqs:  # the real one waits on the engine core's output queue for ever
+                time.sleep(3600)
+            if self.stale:
+                # The engine core's stats-only output of the step after a pass's last request
+                # finished (vllm/v1/core/sched/scheduler.py:1839-1849): read by the next pass's
+                # first step(); no request outputs, so the gauges are not recorded
+                # (vllm/v1/engine/llm_engine.py:320-332).
+                self.stale = False
+                return []
+            self.steps += 1
+            if self.steps == int(os.environ.get("FAKE_HANG_AT_STEP", "0")):
+                time.sleep(3600)  # a hung engine: the worker falls silent
+            running = list(self.reqs.items())[: self.max_num_seqs]
+            print(f"step batch={len(running)}")
+            if self.steps == int(os.environ.get("FAKE_PREEMPT_AT_STEP", "0")):
+                self.preemptions += 1
+            outs = []
+            for rid, (ids, params, out) in running:
+                if not out:
+                    self.prompt += len(ids)
+                out.append((sum(ids) + len(out)) % 50 + 10)
+                self.gen += 1
+                done = len(out) >= params.max_tokens
+                lps = [{t: _Logprob(-0.25 * (k + 1)), t + 1: _Logprob(-2.0 - k)} for k, t in enumerate(out)]
+                comp = types.SimpleNamespace(index=0, token_ids=out, text="", logprobs=lps,
+                                             cumulative_logprob=None,
+                                             finish_reason="length" if done else None)
+                if done or params.output_kind != RequestOutputKind.FINAL_ONLY:
+                    outs.append(types.SimpleNamespace(request_id=rid, prompt_token_ids=ids,
+                                                      outputs=[comp], finished=done))
+                if done:
+                    del self.reqs[rid]
+                    self.finished += 1
+                    if self.finished == int(os.environ.get("FAKE_CRASH_AFTER", "0")):
+                        flag = os.environ.get("FAKE_CRASH_FLAG")  # crash once: while it exists
+                        if flag is None or os.path.exists(flag):
+                            if flag is not None:
+                                os.unlink(flag)
+                            import sys
+                            print("(EngineCore_DP0 pid=1) ERROR torch.OutOfMemoryError: CUDA out of "
+                                  "memory. Tried to allocate 544.00 MiB. 231.94 MiB is free.",
+                                  file=sys.stderr)
+                            print("vllm.v1.engine.exceptions.EngineDeadError: EngineCore "
+                                  "encountered an issue. See stack trace (above) for the root "
+                                  "cause.", file=sys.stderr, flush=True)
+                            os._exit(3)
+            self.running = min(len(self.reqs), self.max_num_seqs)
+            self.waiting = len(self.reqs) - self.running
+            self.stale = not self.reqs
+            return outs
+
+        def get_metrics(self):  # llm_engine.py:378-380
+            assert self.log_stats, "Stat logging disabled"
+            return [_Metric("vllm:num_requests_running", value=float(self.running)),
+                    _Metric("vllm:num_requests_waiting", value=float(self.waiting)),
+                    _Metric("vllm:num_preemptions", value=self.preemptions),
+                    _Metric("vllm:generation_tokens", value=self.gen),
+                    _Metric("vllm:prompt_tokens", value=self.prompt),
+                    _Metric("vllm:request_prompt_tokens", count=1, sum=2.0, buckets={})]
+
+    class LLM:  # vllm/entrypoints/llm.py:176-330
+        def __init__(self, model, *, skip_tokenizer_init=False, seed=0, **kw):
+            if kw.get("enable_prefix_caching") is not False:
+                raise AssertionError("prefix caching must be off by default")
+            kw.setdefault("disable_log_stats", True)  # llm.py:235-236
+            if os.environ.get("FAKE_REFUSE"):
+                raise ValueError("VLLM_BATCH_INVARIANT is not supported on this GPU")
+            if os.environ.get("FAKE_BROKEN"):
+                raise RuntimeError("CUDA out of memory")
+            # The engine core is a forked process (VLLM_WORKER_MULTIPROC_METHOD=fork).
+            self._core = multiprocessing.get_context("fork").Process(
+                target=time.sleep, args=(600,), daemon=True)
+            self._core.start()
+            self.skip_tokenizer_init = skip_tokenizer_init
+            self.llm_engine = _Engine(kw.get("max_num_seqs", 256), not kw["disable_log_stats"])
+
+        def get_metrics(self):
+            return self.llm_engine.get_metrics()
+
+        def get_tokenizer(self):  # vllm/renderers/base.py:159
+            if self.skip_tokenizer_init:
+                raise ValueError("Tokenizer not available when `skip_tokenizer_init=True`")
+            raise ValueError("the stand-in has no tokenizer")
+''')
+
+
+def fake_vllm_site(root: os.PathLike[str] | str) -> str:
+    """Write the stand-in ``vllm`` package under ``root/site`` and return that directory (for
+    the arm's ``PYTHONPATH``)."""
+    from pathlib import Path
+
+    pkg = Path(root) / "site" / "vllm"
+    pkg.mkdir(parents=True, exist_ok=True)
+    (pkg / "__init__.py").write_text(FAKE_VLLM)
+    return str(Path(root) / "site")

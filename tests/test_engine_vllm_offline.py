@@ -1,156 +1,36 @@
 """VLLMOfflineEngine and its worker against a stand-in ``vllm`` package (no GPU here).
 
-The stand-in implements the slice of vLLM the worker uses (``LLM``, ``SamplingParams``,
-``llm_engine.add_request/step``, ``RequestOutput``-shaped results with ``Logprob`` objects) and
-prints to stdout on import, to prove the protocol stream is kept clean.
+The stand-in (``fakes.FAKE_VLLM``) implements the slice of vLLM the worker uses (``LLM``,
+``SamplingParams``, ``llm_engine.add_request/step``, ``RequestOutput``-shaped results with
+``Logprob`` objects, the stale stats-only output a pass leaves behind) and prints to stdout on
+import, to prove the protocol stream is kept clean.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import textwrap
 from pathlib import Path
 
 import pytest
+from fakes import fake_vllm_site
 
-from bistat.engines.base import EngineRefused, EngineStartError, GenerationRequest
+from bistat.engines.base import (
+    EngineError,
+    EngineRefused,
+    EngineStartError,
+    GenerationRequest,
+)
 from bistat.engines.vllm_offline import VLLMOfflineEngine
+from bistat.probe import shared_step_evidence
 
-FAKE_VLLM = textwrap.dedent('''
-    # The slice of vLLM 0.25.0 the worker uses, with the real signatures and behaviour
-    # (paths are in the wheel vllm-0.25.0-cp38-abi3-manylinux_2_28_x86_64.whl).
-    import multiprocessing, os, time, types
-    print("vLLM banner on stdout")
-    __version__ = "0.25.0"
-    __commit__ = "deadbeef"
-
-    # vllm/sampling_params.py:199-301: a msgspec Struct; an unknown keyword is a TypeError;
-    # output_kind defaults to CUMULATIVE; top_k -1 is accepted as "off" (:560-564); greedy
-    # sets top_k = 0 (:490-493).
-    _FIELDS = {"n": 1, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "seed": None,
-               "ignore_eos": False, "max_tokens": 16, "min_tokens": 0, "logprobs": None,
-               "detokenize": True, "output_kind": 0}
-
-    class RequestOutputKind:  # vllm/sampling_params.py (an IntEnum)
-        CUMULATIVE, DELTA, FINAL_ONLY = 0, 1, 2
-
-    sampling_params = types.SimpleNamespace(RequestOutputKind=RequestOutputKind)
-
-    class SamplingParams:
-        def __init__(self, **kw):
-            for k in kw:
-                if k not in _FIELDS:
-                    raise TypeError(f"Unexpected keyword argument {k!r}")
-            self.__dict__.update(_FIELDS, **kw)
-            if self.top_k < -1:
-                raise ValueError(f"top_k must be 0 (disable), or at least 1, got {self.top_k}.")
-            if self.max_tokens is not None and self.max_tokens < 1:
-                raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}.")
-            if self.temperature < 1e-5:
-                self.top_p, self.top_k = 1.0, 0
-
-    class _Logprob:  # vllm/logprobs.py:13-24
-        def __init__(self, logprob):
-            self.logprob, self.rank, self.decoded_token = logprob, None, None
-
-    class _Metric:  # vllm/v1/metrics/reader.py:11-67 (counters are named without _total)
-        def __init__(self, name, **kw):
-            self.name, self.labels = name, {"model_name": "smol", "engine": "0"}
-            self.__dict__.update(kw)
-
-    class _Engine:  # vllm/v1/engine/llm_engine.py (V1 LLMEngine)
-        def __init__(self, max_num_seqs, log_stats):
-            self.reqs, self.max_num_seqs, self.finished = {}, max_num_seqs, 0
-            self.log_stats, self.steps = log_stats, 0
-            self.running = self.waiting = self.preemptions = self.gen = self.prompt = 0
-
-        def add_request(self, request_id, prompt, params, arrival_time=None, lora_request=None,
-                        tokenization_kwargs=None, trace_headers=None, priority=0, prompt_text=None):
-            if not isinstance(request_id, str):
-                raise TypeError(f"request_id must be a string, got {type(request_id)}")
-            if not isinstance(params, SamplingParams):
-                raise TypeError("params must be SamplingParams")
-            ids = prompt.get("prompt_token_ids") or [ord(c) for c in prompt["prompt"]]
-            if max(ids) >= 1000:  # vllm/v1/engine/input_processor.py:483-484
-                raise ValueError(f"Token id {max(ids)} is out of vocabulary")
-            self.reqs[request_id] = (ids, params, [])
-            return request_id
-
-        def has_unfinished_requests(self):
-            return bool(self.reqs)
-
-        def step(self):
-            if not self.reqs:  # the real one waits on the engine core's output queue for ever
-                time.sleep(3600)
-            self.steps += 1
-            running = list(self.reqs.items())[: self.max_num_seqs]
-            print(f"step batch={len(running)}")
-            if self.steps == int(os.environ.get("FAKE_PREEMPT_AT_STEP", "0")):
-                self.preemptions += 1
-            outs = []
-            for rid, (ids, params, out) in running:
-                if not out:
-                    self.prompt += len(ids)
-                out.append((sum(ids) + len(out)) % 50 + 10)
-                self.gen += 1
-                done = len(out) >= params.max_tokens
-                lps = [{t: _Logprob(-0.25 * (k + 1)), t + 1: _Logprob(-2.0 - k)} for k, t in enumerate(out)]
-                comp = types.SimpleNamespace(index=0, token_ids=out, text="", logprobs=lps,
-                                             cumulative_logprob=None,
-                                             finish_reason="length" if done else None)
-                if done or params.output_kind != RequestOutputKind.FINAL_ONLY:
-                    outs.append(types.SimpleNamespace(request_id=rid, prompt_token_ids=ids,
-                                                      outputs=[comp], finished=done))
-                if done:
-                    del self.reqs[rid]
-                    self.finished += 1
-                    if self.finished == int(os.environ.get("FAKE_CRASH_AFTER", "0")):
-                        os._exit(3)
-            self.running = min(len(self.reqs), self.max_num_seqs)
-            self.waiting = len(self.reqs) - self.running
-            return outs
-
-        def get_metrics(self):  # llm_engine.py:378-380
-            assert self.log_stats, "Stat logging disabled"
-            return [_Metric("vllm:num_requests_running", value=float(self.running)),
-                    _Metric("vllm:num_requests_waiting", value=float(self.waiting)),
-                    _Metric("vllm:num_preemptions", value=self.preemptions),
-                    _Metric("vllm:generation_tokens", value=self.gen),
-                    _Metric("vllm:prompt_tokens", value=self.prompt),
-                    _Metric("vllm:request_prompt_tokens", count=1, sum=2.0, buckets={})]
-
-    class LLM:  # vllm/entrypoints/llm.py:176-330
-        def __init__(self, model, *, skip_tokenizer_init=False, seed=0, **kw):
-            if kw.get("enable_prefix_caching") is not False:
-                raise AssertionError("prefix caching must be off by default")
-            kw.setdefault("disable_log_stats", True)  # llm.py:235-236
-            if os.environ.get("FAKE_REFUSE"):
-                raise ValueError("VLLM_BATCH_INVARIANT is not supported on this GPU")
-            if os.environ.get("FAKE_BROKEN"):
-                raise RuntimeError("CUDA out of memory")
-            # The engine core is a forked process (VLLM_WORKER_MULTIPROC_METHOD=fork).
-            self._core = multiprocessing.get_context("fork").Process(
-                target=time.sleep, args=(600,), daemon=True)
-            self._core.start()
-            self.skip_tokenizer_init = skip_tokenizer_init
-            self.llm_engine = _Engine(kw.get("max_num_seqs", 256), not kw["disable_log_stats"])
-
-        def get_metrics(self):
-            return self.llm_engine.get_metrics()
-
-        def get_tokenizer(self):  # vllm/renderers/base.py:159
-            if self.skip_tokenizer_init:
-                raise ValueError("Tokenizer not available when `skip_tokenizer_init=True`")
-            raise ValueError("the stand-in has no tokenizer")
-''')
+OOM = ("(EngineCore_DP0 pid=1) ERROR torch.OutOfMemoryError: CUDA out of memory. Tried to "
+       "allocate 544.00 MiB. 231.94 MiB is free.")
 
 
 @pytest.fixture
 def fake_site(tmp_path: Path) -> str:
-    (tmp_path / "site" / "vllm").mkdir(parents=True)
-    (tmp_path / "site" / "vllm" / "__init__.py").write_text(FAKE_VLLM)
-    return str(tmp_path / "site")
+    return fake_vllm_site(tmp_path)
 
 
 def _engine(site, tmp_path, args=None, **env):
@@ -211,20 +91,58 @@ def test_refusal_and_start_failure_are_classified(fake_site, tmp_path):
                               f"(log: {tmp_path / 'log'})")
 
 
-def test_worker_dying_mid_pass_fails_the_rest(fake_site, tmp_path):
+def test_worker_dying_mid_pass_is_an_engine_error_after_the_results_received(fake_site, tmp_path):
+    """The H200 lesson: an engine core killed by torch.OutOfMemoryError is not 'every request
+    failed' (pass after pass); the results received are delivered, then EngineError names the
+    exit code, the root-cause line of the log (not vLLM's EngineDeadError wrapper) and the log."""
     eng = _engine(fake_site, tmp_path, FAKE_CRASH_AFTER="2")
     results = []
     try:
         eng.start()
         pid = eng.proc.pid
         reqs = [GenerationRequest(prompt_id=f"r{i}", prompt=[i], max_tokens=2 + i) for i in range(5)]
-        eng.run_pass(reqs, concurrency=2, on_result=results.append, on_metrics=lambda s: None)
+        with pytest.raises(EngineError) as exc:
+            eng.run_pass(reqs, concurrency=2, on_result=results.append, on_metrics=lambda s: None)
     finally:
         eng.stop()
-    ok = [r.prompt_id for r in results if r.error is None]
-    failed = [r for r in results if r.error is not None]
-    assert len(results) == 5 and len(ok) == 1  # the second finisher died before it was sent
-    assert all(r.error == f"the vLLM worker exited mid-pass (log: {tmp_path / 'log'})" for r in failed)
+    assert str(exc.value) == (f"the vLLM worker exited mid-pass with code 3: {OOM} "
+                              f"(log: {tmp_path / 'log'})")
+    assert [(r.prompt_id, r.error) for r in results] == [("r0", None)]  # the 2nd died unsent
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_a_pass_on_a_dead_worker_raises_at_once_instead_of_failing_every_request(fake_site, tmp_path):
+    eng = _engine(fake_site, tmp_path, FAKE_CRASH_AFTER="1")
+    reqs = [GenerationRequest(prompt_id=f"r{i}", prompt=[i + 1], max_tokens=2) for i in range(3)]
+    results = []
+    try:
+        eng.start()
+        with pytest.raises(EngineError):
+            eng.run_pass(reqs, concurrency=3, on_result=results.append, on_metrics=lambda s: None)
+        with pytest.raises(EngineError) as exc:
+            eng.run_pass(reqs, concurrency=3, on_result=results.append, on_metrics=lambda s: None)
+    finally:
+        eng.stop()
+    assert str(exc.value) == (f"the vLLM worker had exited before the pass with code 3: {OOM} "
+                              f"(log: {tmp_path / 'log'})")
+    assert results == []
+
+
+def test_a_silent_worker_is_stopped_and_is_an_engine_error(fake_site, tmp_path):
+    eng = _engine(fake_site, tmp_path, FAKE_HANG_AT_STEP="2")
+    eng.pass_idle_timeout_s, eng.stop_grace_s = 1, 2
+    reqs = [GenerationRequest(prompt_id="a", prompt=[1], max_tokens=4)]
+    try:
+        eng.start()
+        pid = eng.proc.pid
+        with pytest.raises(EngineError) as exc:
+            eng.run_pass(reqs, concurrency=1, on_result=lambda r: None, on_metrics=lambda s: None)
+        assert eng.proc is None  # stopped
+    finally:
+        eng.stop()
+    assert str(exc.value) == ("the vLLM worker was silent for 1 s during a pass and was stopped "
+                              f"(log: {tmp_path / 'log'})")
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
 
@@ -295,3 +213,51 @@ def test_final_only_outputs_by_default_streaming_on_request(fake_site, tmp_path,
         assert all(t is not None and 0 <= t <= by_id[f"r{i}"].t_done for i, t in enumerate(firsts))
     else:
         assert firsts == [None, None, None]
+
+
+def _two_passes(eng, every_step=False):
+    """The needle alone, then the needle among 5 fillers (the probe's shape); the second pass's
+    results and samples."""
+    needle = GenerationRequest(prompt_id="needle", prompt=[7, 1], max_tokens=6)
+    fillers = [GenerationRequest(prompt_id=f"f{i}", prompt=[i + 1], max_tokens=6) for i in range(5)]
+    results, samples = [], []
+    try:
+        eng.start()
+        eng.run_pass([needle], concurrency=1, on_result=lambda r: None, on_metrics=lambda s: None)
+        if every_step:
+            with eng.every_step_metrics():
+                assert eng.metrics_interval_s == 0.0
+                eng.run_pass([needle, *fillers], concurrency=6, on_result=results.append,
+                             on_metrics=samples.append)
+        else:
+            eng.run_pass([needle, *fillers], concurrency=6, on_result=results.append,
+                         on_metrics=samples.append)
+    finally:
+        eng.stop()
+    return {r.prompt_id: r for r in results}, samples
+
+
+def test_stale_gauges_at_the_start_of_a_pass_are_not_reported(fake_site, tmp_path):
+    """The probe's 'max 0': the second pass's first step() reads the stats-only output the first
+    pass left (gauges: 0 running, 0 waiting, while 6 requests are in flight). That sample is
+    dropped and the next step's is sent, so even one sample per second shows the batch."""
+    by_id, samples = _two_passes(_engine(fake_site, tmp_path))
+    assert samples[0].num_requests_running == 4.0  # max_num_seqs 4 of the 6 in flight
+    assert samples[0].num_requests_waiting == 2.0
+    assert len(samples) == 2  # the pass is shorter than the 1 s interval: that one, and the last
+    shared, evidence = shared_step_evidence(samples, by_id["needle"])
+    assert (shared, evidence) == (True, ("running requests from 1 metrics sample(s) around the "
+                                         "needle: max 4"))
+
+
+def test_every_step_metrics_samples_after_every_step(fake_site, tmp_path):
+    eng = _engine(fake_site, tmp_path)
+    by_id, samples = _two_passes(eng, every_step=True)
+    assert eng.metrics_interval_s == 1.0  # restored
+    # 6 requests of 6 tokens at 4 a step: 6 + 6 steps (after the stale read), one sample each,
+    # plus the pass's last sample
+    assert [s.num_requests_running for s in samples] == [4.0] * 5 + [2.0] * 6 + [0.0, 0.0]
+    needle = by_id["needle"]
+    window = [s for s in samples if needle.t_submit < s.t <= needle.t_done]
+    assert len(window) >= 5 and all(s.source == "engine-stats" for s in samples)
+    assert shared_step_evidence(samples, needle)[0] is True

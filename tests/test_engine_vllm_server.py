@@ -10,12 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from bistat.engines.base import EngineRefused, EngineStartError, GenerationRequest
+from bistat.engines.base import (
+    EngineError,
+    EngineRefused,
+    EngineStartError,
+    GenerationRequest,
+)
 from bistat.engines.vllm_server import (
     FORCED_ENV,
     VLLMServerEngine,
     _group_pids,
     cli_args,
+    last_error_line,
 )
 
 HELPER = Path(__file__).with_name("helpers_serve.py")
@@ -288,3 +294,118 @@ def test_api_server_count_flags():
     vllm/engine/arg_utils.py:345-347)."""
     eng = VLLMServerEngine("/m", args={"api_server_count": 2, "disable_uvicorn_access_log": True})
     assert eng.argv(9)[-3:] == ["--api-server-count", "2", "--disable-uvicorn-access-log"]
+
+
+# -- a server that dies mid-pass ---------------------------------------------------------------
+
+#: ``vllm serve`` stand-in whose engine dies like vLLM 0.25.0's on the H200: after DIE_AFTER
+#: finished requests it logs the engine core's torch.OutOfMemoryError, then the API server's
+#: EngineDeadError, and the process exits 1.
+DYING_SERVER = """
+import os, sys
+from helpers_serve import ByteTokenizer, FakeEngine, VOCAB
+from bistat.server import create_app, serve
+
+class Dying(FakeEngine):
+    def submit(self, req):
+        fut = super().submit(req)
+        def done(_):
+            self.n = getattr(self, "n", 0) + 1
+            if self.n == int(os.environ["DIE_AFTER"]):
+                print("(EngineCore_DP0 pid=9) ERROR torch.OutOfMemoryError: CUDA out of memory. "
+                      "Tried to allocate 544.00 MiB", flush=True)
+                print("vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an "
+                      "issue. See stack trace (above) for the root cause.", flush=True)
+                os._exit(1)
+        fut.add_done_callback(done)
+        return fut
+
+tok = ByteTokenizer()
+port = int(sys.argv[sys.argv.index("--port") + 1])
+serve(create_app(Dying(tok, max_batch_size=2, step_s=0.01), tok, model_name="smol",
+                 max_model_len=512, vocab_size=VOCAB), port=port)
+"""
+
+OOM_LINE = ("(EngineCore_DP0 pid=9) ERROR torch.OutOfMemoryError: CUDA out of memory. Tried to "
+            "allocate 544.00 MiB")
+
+
+def test_server_dying_mid_pass_is_an_engine_error_not_failed_requests(tmp_path):
+    script = tmp_path / "dying.py"
+    script.write_text(DYING_SERVER)
+    eng = VLLMServerEngine("smol", command=(sys.executable, str(script)), health_timeout_s=60,
+                           log_path=tmp_path / "log", stop_grace_s=5,
+                           env={"DIE_AFTER": "3", "PYTHONPATH": str(HELPER.parent)},
+                           http={"retries": 1, "backoff_s": 0.05, "metrics_interval_s": 0.05})
+    results = []
+    reqs = [GenerationRequest(prompt_id=str(i), prompt=[50, i], max_tokens=8) for i in range(8)]
+    try:
+        eng.start()
+        with pytest.raises(EngineError) as exc:
+            eng.run_pass(reqs, concurrency=2, on_result=results.append, on_metrics=lambda s: None)
+        with pytest.raises(EngineError) as again:
+            eng.run_pass(reqs, concurrency=2, on_result=results.append, on_metrics=lambda s: None)
+    finally:
+        eng.stop()
+    assert str(exc.value) == (f"the vLLM server exited during the pass with code 1: {OOM_LINE} "
+                              f"(log: {tmp_path / 'log'})")
+    assert str(again.value).startswith("the vLLM server had exited before the pass with code 1: ")
+    assert 1 <= len(results) <= 2 and all(r.error is None for r in results)  # never a failure
+
+
+def test_a_per_request_500_on_a_live_server_is_a_failed_result(tmp_path):
+    from helpers_serve import fake_app
+
+    from bistat.server import BackgroundServer
+
+    app, _ = fake_app(fail_prompt="boom")
+    results = []
+    with BackgroundServer(app) as srv:
+        eng = VLLMServerEngine("ignored", url=srv.url, http={"retries": 1, "backoff_s": 0.01})
+        eng.start()
+        eng.run_pass([GenerationRequest(prompt_id="bad", prompt="boom", max_tokens=3),
+                      GenerationRequest(prompt_id="ok", prompt=[1, 2], max_tokens=3)],
+                     concurrency=2, on_result=results.append, on_metrics=lambda s: None)
+        eng.stop()
+    by_id = {r.prompt_id: r for r in results}
+    assert by_id["ok"].error is None and len(by_id["ok"].token_ids) == 3
+    assert by_id["bad"].error.startswith("after 2 attempt(s): HTTP 500: ")
+    assert "injected engine failure" in by_id["bad"].error
+
+
+def test_failed_requests_and_a_server_that_stops_answering_health_are_an_engine_error(tmp_path):
+    """An attached server whose engine died but whose process lives (vLLM with
+    VLLM_KEEP_ALIVE_ON_ENGINE_DEATH) answers 500 everywhere, /health too."""
+    from starlette.applications import Starlette
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    from bistat.engines.openai_http import OpenAIHTTPEngine
+    from bistat.server import BackgroundServer
+
+    dead = Starlette(routes=[Route(path, lambda request: Response(status_code=500),
+                                   methods=["GET", "POST"])
+                             for path in ("/health", "/v1/completions", "/metrics")])
+    with BackgroundServer(dead) as srv:
+        eng = VLLMServerEngine("m", url=srv.url)
+        # attached as start() would, which itself needs a working /v1/models
+        eng.client = OpenAIHTTPEngine(srv.url, model="m", retries=0, metrics_interval_s=0)
+        with pytest.raises(EngineError) as exc:
+            eng.run_pass([GenerationRequest(prompt_id="a", prompt=[1], max_tokens=2)],
+                         concurrency=1, on_result=lambda r: None, on_metrics=lambda s: None)
+    assert str(exc.value) == (f"1 request(s) failed and the server at {srv.url} answers /health "
+                              "with HTTP 500 (log: None)")
+
+
+def test_last_error_line_prefers_the_root_cause():
+    log = "\n".join(["INFO Using FLASH_ATTN attention backend.",
+                     "Traceback (most recent call last):",
+                     '  File "core.py", line 9, in step',
+                     "    raise RuntimeError(msg)",
+                     OOM_LINE,
+                     "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue."])
+    assert last_error_line(log) == OOM_LINE
+    assert last_error_line("x\nvllm.v1.engine.exceptions.EngineDeadError: gone") == (
+        "vllm.v1.engine.exceptions.EngineDeadError: gone")
+    assert last_error_line("INFO ok\nWARNING KV cache 90% full") is None
+    assert last_error_line("KeyError: " + "k" * 500).endswith("k...")

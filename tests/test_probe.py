@@ -307,3 +307,33 @@ def test_prefill_decode_on_the_embedded_engine(tmp_path):
         assert trial.tokens_equal is True and trial.logprobs_equal is not None
     # blas GEMMs over 1 row (decode) and over the whole prefix (prefill) round differently
     assert report.arms[1].arm == "blas" and report.arms[1].differs
+
+
+def test_probe_on_vllm_offline_samples_every_step_so_the_needle_is_seen_sharing_steps(tmp_path):
+    """The H200 probe said "1 metrics sample(s) around the needle: max 0" in 2 of 3 trials: a
+    pass shorter than the worker's 1 s interval got one sample, a stale one. The probe asks the
+    offline adapter for a sample after every step during its passes (and only then)."""
+    from bistat.engines.vllm_offline import VLLMOfflineEngine
+
+    site = fakes.fake_vllm_site(tmp_path)
+    exp = h.experiment(
+        engine={"kind": "vllm-offline", "model": "smol",
+                "args": {"max_num_seqs": 4, "start_timeout_s": 60, "pass_idle_timeout_s": 30}},
+        arms=[{"name": "default", "role": "control", "env": {"PYTHONPATH": site}},
+              {"name": "batch-invariant", "role": "treatment", "env": {"PYTHONPATH": site}}],
+        workload={"source": "builtin:token-ids?length=3&vocab=900"})
+    engines = []
+
+    def factory(experiment, arm):
+        engines.append(VLLMOfflineEngine.from_experiment(experiment, arm))
+        return engines[-1]
+
+    settings = ProbeSettings(trials=2, min_fillers=8, max_fillers=12, max_tokens=6, seed=1)
+    report = run_probe(exp, control="", settings=settings, engine_factory=factory)
+    (arm,) = report.arms
+    assert arm.error is None and arm.alone_repeat_identical is True
+    assert [t.shared_step for t in arm.trials] == [True, True]
+    for t in arm.trials:  # 6 tokens: a sample after each of the needle's first 5 steps at least
+        n = int(t.evidence.split(" from ")[1].split(" ")[0])
+        assert n >= 5 and t.evidence.endswith("around the needle: max 4"), t.evidence
+    assert engines[0].metrics_interval_s == 1.0  # throughput passes keep their interval

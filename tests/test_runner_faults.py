@@ -6,6 +6,7 @@ from collections import Counter
 
 import fakes
 import helpers_runner as h
+
 from bistat.records import read_jsonl
 from bistat.runner import start_run
 
@@ -109,3 +110,76 @@ def test_ctrl_c_stops_engines_and_keeps_the_data(tmp_path):
     assert [(r["event"], r.get("status")) for r in t["schedule"] if r["seq"] == 2] == [("start", None),
                                                                                         ("end", "interrupted")]
     assert script.running == set() and sorted(script.stops) == ["blas", "invariant"]
+
+
+def test_a_vllm_offline_worker_dying_mid_pass_interrupts_the_run_and_resume_finishes_it(tmp_path):
+    """The H200 lesson, end to end with the real adapter and worker on the stand-in vLLM: the
+    batch-invariant arm's worker dies (torch.OutOfMemoryError) in its second counted pass. The
+    pass ends interrupted with the results received kept, the engines are stopped, the run is
+    incomplete (not 8 more passes of '12 failed'), and a resume completes the schedule."""
+    from bistat.engines.vllm_offline import VLLMOfflineEngine
+    from bistat.runner import resume_run
+
+    site = fakes.fake_vllm_site(tmp_path)
+    flag = tmp_path / "crash-once"
+    flag.write_text("")
+    env = {"PYTHONPATH": site}
+    exp = h.experiment(
+        engine={"kind": "vllm-offline", "model": "smol",
+                "args": {"max_num_seqs": 4, "start_timeout_s": 60, "pass_idle_timeout_s": 30}},
+        arms=[{"name": "default", "role": "control", "env": env},
+              {"name": "batch-invariant", "role": "treatment",
+               # warm-up (12) + first counted pass (12) + 7: dies in the second, while its
+               # second batch of 4 finishes (the first batch's 4 results were sent)
+               "env": {**env, "FAKE_CRASH_AFTER": "31", "FAKE_CRASH_FLAG": str(flag)}}],
+        workload={"source": "builtin:token-ids?length=3&vocab=900", "passes": 2,
+                  "warmup_passes": 1, "order": "abba"})
+    factory = VLLMOfflineEngine.from_experiment
+    outcome = start_run(exp, REG, tmp_path / "run", engine_factory=factory)
+    schedule = read_jsonl(tmp_path / "run" / "schedule.jsonl")[0]
+    responses = read_jsonl(tmp_path / "run" / "responses.jsonl")[0]
+    events = read_jsonl(tmp_path / "run" / "events.jsonl")[0]
+    assert outcome.status == "incomplete" and not flag.exists()
+    crashed = [r for r in schedule if r["event"] == "end" and r["status"] == "interrupted"]
+    assert [(r["arm"], r["kind"], r["pass_index"], r["n_failed"]) for r in crashed] == [
+        ("batch-invariant", "counted", 2, 0)]
+    seq = crashed[0]["seq"]
+    kept = [r for r in responses if r["seq"] == seq]
+    assert len(kept) == 4 and all(r["error"] is None for r in kept)
+    assert outcome.detail.startswith(f"engine for arm 'batch-invariant' failed during pass seq {seq}: "
+                                     "the vLLM worker exited mid-pass with code 3: ")
+    assert "torch.OutOfMemoryError: CUDA out of memory." in outcome.detail
+    assert [e["event"] for e in events if e["arm"] == "batch-invariant"][-1] == "exited"
+    assert not any(r["error"] for r in responses)  # no pass of "failed" requests
+    assert max(r["seq"] for r in schedule) == seq  # nothing ran after the crash
+
+    resumed = resume_run(exp, tmp_path / "run", engine_factory=factory)
+    assert resumed.status == "complete" and resumed.failed_requests == 0
+    schedule = read_jsonl(tmp_path / "run" / "schedule.jsonl")[0]
+    done = Counter((r["arm"], r["status"]) for r in schedule
+                   if r["event"] == "end" and r["kind"] == "counted")
+    assert done == {("default", "complete"): 2, ("batch-invariant", "complete"): 2,
+                    ("batch-invariant", "interrupted"): 1}
+
+
+def test_auto_concurrency_leaves_headroom_per_gpu_engine():
+    """h200-cost-qwen3-8b-throughput: three vLLM engines at 0.32 (0.96 <= 1) were kept up
+    together and one ran out of GPU memory; each held 1.0-3.0 GiB over its fraction."""
+    from bistat.runner import ENGINE_HEADROOM_FRACTION, resolve_engines_concurrent
+
+    def exp(kind, fraction, n=3):
+        return h.experiment(engine={"kind": kind, "model": "m",
+                                    "args": {"gpu_memory_utilization": fraction}},
+                            arms=[{"name": f"a{i}", "role": "control" if i == 0 else "treatment"}
+                                  for i in range(n)])
+
+    assert ENGINE_HEADROOM_FRACTION == 0.03
+    assert resolve_engines_concurrent(exp("vllm-offline", 0.32)) == (
+        False, ("auto: arms' GPU memory fractions sum to 0.96, + 3 × 0.03 headroom = 1.05 > 1; "
+                "one engine at a time"))
+    assert resolve_engines_concurrent(exp("vllm-offline", 0.30)) == (
+        True, "auto: arms' GPU memory fractions sum to 0.9, + 3 × 0.03 headroom = 0.99 <= 1")
+    assert resolve_engines_concurrent(exp("vllm-server", 0.22, n=4)) == (  # 1.0000000000000002
+        True, "auto: arms' GPU memory fractions sum to 0.88, + 4 × 0.03 headroom = 1 <= 1")
+    assert resolve_engines_concurrent(h.experiment()) == (  # engines holding no GPU memory
+        True, "auto: arms' GPU memory fractions sum to 0 <= 1")

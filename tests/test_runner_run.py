@@ -102,9 +102,11 @@ def test_engines_stay_up_together_or_restart_per_block(tmp_path):
 
 def test_restart_mode_when_memory_does_not_allow(tmp_path, monkeypatch):
     exp = h.experiment(engine={"kind": "vllm-server", "model": "m"})
-    assert resolve_engines_concurrent(exp) == (False, "auto: arms' GPU memory fractions sum to 1.8 > 1; one engine at a time")
+    assert resolve_engines_concurrent(exp) == (
+        False, "auto: arms' GPU memory fractions sum to 1.8, + 2 × 0.03 headroom = 1.86 > 1; one engine at a time")
     exp = h.experiment(engine={"kind": "vllm-server", "model": "m", "args": {"gpu_memory_utilization": 0.4}})
-    assert resolve_engines_concurrent(exp) == (True, "auto: arms' GPU memory fractions sum to 0.8 <= 1")
+    assert resolve_engines_concurrent(exp) == (
+        True, "auto: arms' GPU memory fractions sum to 0.8, + 2 × 0.03 headroom = 0.86 <= 1")
     assert resolve_engines_concurrent(h.experiment())[0] is True
 
     script = fakes.FakeScript()

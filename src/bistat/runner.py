@@ -9,7 +9,9 @@ engine is special-cased) and writes the run directory of ``docs/CONTRACTS.md`` t
   interleaved in the declared order; ``schedule.jsonl`` gets a ``start`` and an ``end`` line per
   pass, so the schedule actually executed is on disk;
 * engines: every arm's engine is started once and all stay up together when
-  ``engines_concurrent`` allows it (:func:`resolve_engines_concurrent`); otherwise one engine is
+  ``engines_concurrent`` allows it (:func:`resolve_engines_concurrent`: with ``"auto"``, when the
+  arms' GPU memory fractions plus a headroom per engine, :data:`ENGINE_HEADROOM_FRACTION`, fit
+  on one GPU); otherwise one engine is
   up at a time and it is restarted per block of passes. ``run.json`` records which, and
   ``block`` on every schedule line says which engine start a pass ran on;
 * each pass: the workload's requests in a per-pass shuffled order
@@ -76,6 +78,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "DEFAULT_GPU_MEMORY_UTILIZATION",
+    "ENGINE_HEADROOM_FRACTION",
     "EngineFactory",
     "NullReporter",
     "PassReport",
@@ -100,6 +103,16 @@ RunStatus = Literal["complete", "untested", "incomplete", "interrupted"]
 #: GPU memory fraction an arm's engine takes when it does not declare ``gpu_memory_utilization``
 #: (vLLM's default is 0.9); kinds not listed hold no GPU memory (embedded, openai: attached).
 DEFAULT_GPU_MEMORY_UTILIZATION = {"vllm-server": 0.9, "vllm-offline": 0.9}
+
+#: GPU memory fraction each engine holding GPU memory is assumed to take beyond its declared
+#: ``gpu_memory_utilization`` when :func:`resolve_engines_concurrent` decides ``"auto"``: CUDA
+#: context, CUDA graphs and the compile workspace are not inside vLLM's budget. Measured on the
+#: H200 (139.8 GiB) with vLLM 0.25.0, study ``h200-cost-qwen3-8b-throughput`` (three
+#: vllm-offline engines at 0.32 = 44.74 GiB each): the processes held 45.75, 46.06 and
+#: 47.74 GiB, 1.0-3.0 GiB over, and the third engine hit ``torch.OutOfMemoryError`` ("Tried to
+#: allocate 544.00 MiB ... 231.94 MiB is free") in its first pass, although 3 x 0.32 = 0.96
+#: <= 1. 0.03 of a 140 GiB GPU is 4.2 GiB, above the 3.0 GiB measured.
+ENGINE_HEADROOM_FRACTION = 0.03
 
 
 def utc_now() -> str:
@@ -271,8 +284,17 @@ def resolve_engines_concurrent(experiment: "Experiment") -> tuple[bool, str]:
     ``"auto"``) decides. ``"auto"`` keeps them together when the arms' declared GPU memory
     fractions (``gpu_memory_utilization`` in each arm's engine arguments, default
     :data:`DEFAULT_GPU_MEMORY_UTILIZATION` for the kind, 0 for engines holding no GPU memory)
-    add up to at most 1.0: two vLLM servers at 0.45 each fit on one GPU, two at vLLM's default
-    0.9 do not. The embedded engine holds no GPU memory: its arms always run together.
+    plus :data:`ENGINE_HEADROOM_FRACTION` per engine that holds GPU memory add up to at most
+    1.0: a vLLM engine holds more than its fraction (see the constant). Three vLLM engines at
+    0.30 fit on one GPU (0.90 + 3 x 0.03 = 0.99), three at 0.32 do not (1.05); two at vLLM's
+    default 0.9 never do. The embedded engine holds no GPU memory: its arms always run together.
+
+    Returns
+    -------
+    (bool, str)
+        Together or not, and the reason in words (recorded as ``run.json``'s
+        ``engines_concurrent_reason``), e.g. ``"auto: arms' GPU memory fractions sum to 0.96,
+        + 3 x 0.03 headroom = 1.05 > 1; one engine at a time"``.
     """
     declared = getattr(experiment.engine, "engines_concurrent", "auto")
     if isinstance(declared, bool):
@@ -284,9 +306,16 @@ def resolve_engines_concurrent(experiment: "Experiment") -> tuple[bool, str]:
         value = experiment.arm_args(arm).get("gpu_memory_utilization", default)
         fractions.append(float(value))
     total = sum(fractions)
-    if total <= 1.0:
+    holders = sum(1 for f in fractions if f > 0.0)
+    if holders == 0:
         return True, f"auto: arms' GPU memory fractions sum to {total:g} <= 1"
-    return False, f"auto: arms' GPU memory fractions sum to {total:g} > 1; one engine at a time"
+    need = total + holders * ENGINE_HEADROOM_FRACTION
+    # rounded: 4 x 0.22 + 4 x 0.03 is 1.0000000000000002 in binary floating point
+    what = (f"auto: arms' GPU memory fractions sum to {total:g}, + {holders} × "
+            f"{ENGINE_HEADROOM_FRACTION:g} headroom = {round(need, 6):g}")
+    if round(need, 9) <= 1.0:
+        return True, f"{what} <= 1"
+    return False, f"{what} > 1; one engine at a time"
 
 
 # --------------------------------------------------------------------------------------------

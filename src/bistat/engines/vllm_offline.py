@@ -6,10 +6,19 @@ next arm starts. Requests and results travel as JSON lines over the child's stdi
 child's stderr (vLLM's log) goes to a file that is scanned like the server's. The child keeps at
 most ``concurrency`` requests in vLLM's engine and adds new ones as others finish, so the batch
 composition is continuous-batching like the server's.
+
+A worker that dies (vLLM's engine core hit ``torch.OutOfMemoryError``, say) is an engine failure,
+not a run of failed requests: ``run_pass`` delivers the results it received, then raises
+:class:`~bistat.engines.base.EngineError` naming the exit code, the root-cause error line of the
+worker's log (:func:`bistat.engines.vllm_server.last_error_line`) and the log's path, so the
+runner ends the pass *interrupted* and the run stays resumable. A worker silent for
+``pass_idle_timeout_s`` is stopped and reported the same way. Requests vLLM itself rejects stay
+per-request failures.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -21,9 +30,10 @@ import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from bistat.engines.base import (
+    EngineError,
     EngineInfo,
     EngineRefused,
     EngineStartError,
@@ -37,6 +47,7 @@ from bistat.engines.vllm_server import (
     LOG_FINDING_RE,
     _group_pids,
     inherited_env,
+    last_error_line,
 )
 
 WORKER_MODULE = "bistat.engines.vllm_offline_worker"
@@ -64,6 +75,10 @@ class VLLMOfflineEngine:
         Longest wait for the engine to load and compile.
     pass_idle_timeout_s : float
         Longest silence from the child during a pass before it is declared hung.
+    metrics_interval_s : float
+        Seconds between the worker's metrics samples (``LLM.get_metrics()``); 0 samples after
+        every engine step (what the probe asks for its short passes, :meth:`every_step_metrics`;
+        too costly for throughput passes).
     log_path : path or None
         The child's stderr (a temporary file by default).
     stream_outputs : bool
@@ -173,32 +188,67 @@ class VLLMOfflineEngine:
                                log_findings=self.log_findings())
         return self.info
 
+    @contextlib.contextmanager
+    def every_step_metrics(self) -> Iterator[None]:
+        """Within the block, the worker samples metrics after every engine step
+        (``metrics_interval_s = 0``), so a pass shorter than the interval still has samples
+        while each request runs (the probe's batching evidence); restored afterwards."""
+        saved, self.metrics_interval_s = self.metrics_interval_s, 0.0
+        try:
+            yield
+        finally:
+            self.metrics_interval_s = saved
+
+    def _died(self, what: str) -> EngineError:
+        """The error for a worker that is gone: exit code, the log's root-cause line, the log."""
+        code = None
+        if self.proc is not None:
+            try:
+                code = self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                code = None
+        text = (self.log_path.read_text(errors="replace")
+                if self.log_path is not None and self.log_path.exists() else "")
+        line = last_error_line(text)
+        how = f" with code {code}" if code is not None else ""
+        cause = f": {line}" if line else ""
+        return EngineError(f"the vLLM worker {what}{how}{cause} (log: {self.log_path})")
+
     def run_pass(self, requests: Sequence[GenerationRequest], *, concurrency: int,
                  on_result: Callable[[GenerationResult], None],
                  on_metrics: Callable[[MetricsSample], None]) -> None:
+        """Run one pass in the worker; results and metrics reach the callbacks as they arrive.
+
+        Raises
+        ------
+        EngineError
+            The worker exited (before or during the pass) or was silent for
+            ``pass_idle_timeout_s`` (then it is stopped); the results received before are
+            delivered first, the unanswered requests are not reported.
+        """
         if self.proc is None:
             raise EngineStartError("call start() before run_pass()")
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+        if self.proc.poll() is not None:
+            raise self._died("had exited before the pass")
         t0 = time.monotonic()
         outstanding = {r.prompt_id for r in requests}
-        error = None
         try:
             self._send({"op": "pass", "requests": [asdict(r) for r in requests],
                         "concurrency": concurrency, "metrics_interval_s": self.metrics_interval_s,
                         "final_only": not self.stream_outputs})
-        except (BrokenPipeError, OSError) as exc:
-            error = f"the vLLM worker is gone: {exc}"
-        while error is None:
+        except (BrokenPipeError, OSError):
+            raise self._died("is gone (its input pipe is closed)") from None
+        while True:
             try:
                 msg = self._next(self.pass_idle_timeout_s)
             except TimeoutError:
-                error = f"the vLLM worker was silent for {self.pass_idle_timeout_s:g} s"
                 self.stop()
-                break
+                raise EngineError(f"the vLLM worker was silent for {self.pass_idle_timeout_s:g} s "
+                                  f"during a pass and was stopped (log: {self.log_path})") from None
             if msg is None:
-                error = f"the vLLM worker exited mid-pass (log: {self.log_path})"
-                break
+                raise self._died("exited mid-pass")
             op = msg.pop("op")
             if op == "pass_done":
                 break
@@ -210,13 +260,13 @@ class VLLMOfflineEngine:
                                        [[(int(t), float(lp)) for t, lp in pos]
                                         for pos in msg["top_logprobs"]])
                 on_result(GenerationResult(**msg))
-        for r in requests:  # what the worker never answered fails, with the reason
+        for r in requests:  # the worker ended the pass without answering these: a protocol fault
             if r.prompt_id in outstanding:
                 now = time.monotonic() - t0
                 on_result(GenerationResult(
                     prompt_id=r.prompt_id, token_ids=[], text="", logprobs=None,
                     top_logprobs=None, finish_reason=None, n_prompt_tokens=None, t_submit=now,
-                    t_first_token=None, t_done=now, error=error or "no answer from the worker"))
+                    t_first_token=None, t_done=now, error="no answer from the worker"))
 
     def fingerprint(self) -> dict[str, Any]:
         return {"kind": self.kind, "model": self.model,

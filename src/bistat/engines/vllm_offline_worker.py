@@ -7,8 +7,9 @@ parent -> worker                                   worker -> parent
 ``{"op": "init", "model", "engine_args"}``         ``{"op": "ready", "version", "commit"}`` or
                                                    ``{"op": "error", "refused", "message"}``
 ``{"op": "pass", "requests", "concurrency",        ``{"op": "result", ...}`` per request,
-"metrics_interval_s"}``                            ``{"op": "metrics", ...}`` about once per
-                                                   interval, then ``{"op": "pass_done"}``
+"metrics_interval_s", "final_only"}``              ``{"op": "metrics", ...}`` about once per
+                                                   interval (after every engine step when the
+                                                   interval is 0), then ``{"op": "pass_done"}``
 ``{"op": "exit"}``                                 (the worker exits)
 
 The protocol owns the real stdout: before vLLM is imported, file descriptor 1 is pointed at
@@ -22,6 +23,20 @@ Engine metrics come from ``LLM.get_metrics()`` (vllm/entrypoints/llm.py:847-857)
 logging on: ``vllm.LLM`` turns it off unless ``disable_log_stats`` is given (llm.py:235-236) and
 ``LLMEngine.get_metrics`` then fails an assertion (vllm/v1/engine/llm_engine.py:378-380).
 ``VLLMOfflineEngine`` passes ``disable_log_stats=False`` unless the declaration says otherwise.
+
+The gauges lag at the start of a pass. ``LLMEngine.step()`` records them only for an engine-core
+output that carries request outputs (vllm/v1/engine/llm_engine.py:320-332), and after the last
+request of a pass finishes the engine core sends one more output that carries only scheduler stats
+(the step that clears the finished requests: vllm/v1/core/sched/scheduler.py:1839-1849,
+vllm/v1/engine/core.py:479-490), which nobody reads until the next pass. The next pass's first
+``step()`` returns that stale output, so the gauges still say 0 running and 0 waiting while every
+request of the pass is in flight. A pass shorter than the sampling interval then had one sample, a
+stale 0 (``bistat probe``: "running requests from 1 metrics sample(s) around the needle: max 0",
+seen on the H200). The worker therefore drops an engine-stats sample that reports nothing running
+or waiting while its own in-flight count is positive (the engine has not reported on this pass
+yet) and samples again after the next step; and with ``metrics_interval_s = 0`` it samples after
+every step (the probe's short passes; ``get_metrics`` every step is too costly for throughput
+passes).
 """
 
 from __future__ import annotations
@@ -141,6 +156,14 @@ def _metrics(llm: Any, t: float, in_flight: int, counters: dict[str, float]) -> 
     return sample
 
 
+def _stale(sample: dict[str, Any], in_flight: int) -> bool:
+    """An engine-stats sample from before the engine reported on this pass: nothing running or
+    waiting by vLLM's gauges while the worker has requests in flight (see the module docstring)."""
+    return (sample["source"] == "engine-stats" and in_flight > 0
+            and sample["num_requests_running"] == 0.0
+            and not sample["num_requests_waiting"] > 0.0)
+
+
 def _failed(prompt_id: str, t_submit: float, t0: float, error: str) -> dict[str, Any]:
     return {"op": "result", "prompt_id": prompt_id, "token_ids": [], "text": "",
             "logprobs": None, "top_logprobs": None, "finish_reason": None,
@@ -162,7 +185,7 @@ def run_pass(vllm: Any, llm: Any, msg: dict[str, Any], out: TextIO) -> None:
     engine = llm.llm_engine
     pending = list(msg["requests"])[::-1]
     concurrency = int(msg["concurrency"])
-    interval = float(msg.get("metrics_interval_s", 1.0))
+    interval = max(0.0, float(msg.get("metrics_interval_s", 1.0)))  # 0: after every step
     final_only = bool(msg.get("final_only", True))
     t0 = time.monotonic()
     in_flight: dict[str, dict[str, Any]] = {}
@@ -205,8 +228,10 @@ def run_pass(vllm: Any, llm: Any, msg: dict[str, Any], out: TextIO) -> None:
                 _send(out, rec)
         now = time.monotonic() - t0
         if now >= next_sample:  # after the step: the engine's gauges describe this step
-            _send(out, _metrics(llm, now, len(in_flight), counters))
-            next_sample = now + interval
+            sample = _metrics(llm, now, len(in_flight), counters)
+            if not _stale(sample, len(in_flight)):  # a stale one: sample after the next step
+                _send(out, sample)
+                next_sample = now + interval
     _send(out, _metrics(llm, time.monotonic() - t0, 0, counters))
     _send(out, {"op": "pass_done"})
 

@@ -8,6 +8,14 @@ log in a file and scans it for batch-invariance and attention-backend lines. A s
 before it is healthy is *refused* (``EngineRefused``) when its log says the setting is not
 supported, otherwise a start failure (``EngineStartError``); both make the arm *untested*.
 
+A server that dies during a pass (its process exits: vLLM's API server shuts down when its
+engine core dies, e.g. of ``torch.OutOfMemoryError``) or no longer answers ``/health`` after a pass
+with failed requests is an engine failure: ``run_pass`` raises
+:class:`~bistat.engines.base.EngineError` naming the exit code, the root-cause error line of the
+log (:func:`last_error_line`) and the log's path, so the runner ends the pass *interrupted*. The
+failed requests of a live, healthy server (an HTTP 4xx, or a 500 for one request) stay per-request
+failures.
+
 Shutdown: SIGINT to the whole process group, then SIGKILL after a grace period, then wait until
 no process of the group is left (so GPU memory is released) — also on errors, on Ctrl-C and at
 interpreter exit.
@@ -35,6 +43,7 @@ from typing import Any, Callable, Mapping, Sequence
 import httpx
 
 from bistat.engines.base import (
+    EngineError,
     EngineInfo,
     EngineRefused,
     EngineStartError,
@@ -70,6 +79,45 @@ LOG_FINDING_RE = re.compile(
 REFUSAL_RE = re.compile(
     r"not supported|unsupported|unrecognized arguments|invalid choice|NotImplementedError|"
     r"is not compatible|requires .* (?:GPU|compute capability)", re.IGNORECASE)
+
+#: A log line naming a Python exception, e.g. vLLM's engine core's
+#: "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 544.00 MiB ...".
+ERROR_LINE_RE = re.compile(r"(?<![\w.])(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception)(?::\s|:?$)")
+#: Exceptions that only report that another process failed; the root cause is logged above them
+#: (vLLM 0.25.0's EngineDeadError says "See stack trace (above) for the root cause",
+#: vllm/v1/engine/exceptions.py).
+WRAPPER_ERROR_RE = re.compile(r"EngineDeadError|EngineGenerateError|BrokenPipeError|"
+                              r"Engine core initialization failed|KeyboardInterrupt")
+#: Longest error line quoted in an error message.
+ERROR_LINE_MAX = 400
+
+
+def last_error_line(log_text: str, tail: int = 400) -> str | None:
+    """The root-cause error line among the last ``tail`` lines of an engine's log.
+
+    The last line naming an exception that is not merely a report of another process's failure
+    (``WRAPPER_ERROR_RE``); failing that, the last exception line; None when there is none.
+
+    Examples
+    --------
+    >>> last_error_line("INFO ok\\n(EngineCore pid=7) ERROR torch.OutOfMemoryError: CUDA out of "
+    ...                 "memory.\\nvllm.v1.engine.exceptions.EngineDeadError: EngineCore "
+    ...                 "encountered an issue.")
+    '(EngineCore pid=7) ERROR torch.OutOfMemoryError: CUDA out of memory.'
+    >>> last_error_line("INFO all well") is None
+    True
+    """
+    errors = [line.strip() for line in log_text.splitlines()[-tail:] if ERROR_LINE_RE.search(line)]
+    if not errors:
+        return None
+    causes = [line for line in errors if not WRAPPER_ERROR_RE.search(line)]
+    line = (causes or errors)[-1]
+    return line if len(line) <= ERROR_LINE_MAX else line[:ERROR_LINE_MAX] + "..."
+
+
+class _ServerDied(Exception):
+    """Raised from the result callback to end a pass whose server process exited."""
+
 
 #: vLLM's version and git commit, printed as JSON by the arm's Python. The commit lives in
 #: ``vllm._version.__commit_id__`` (vcs-versioning; 'gdd10e03f9' for 0.25.0), older builds had
@@ -349,10 +397,61 @@ class VLLMServerEngine:
     def run_pass(self, requests: Sequence[GenerationRequest], *, concurrency: int,
                  on_result: Callable[[GenerationResult], None],
                  on_metrics: Callable[[MetricsSample], None]) -> None:
+        """Run one pass over HTTP; a request that fails while the server lives is a failed result.
+
+        Raises
+        ------
+        EngineError
+            The server process had exited before the pass, exited during it (the pass ends at
+            the first failed request seen after the exit; the results received before are
+            delivered, the rest are not reported), or no longer answers ``GET /health`` after a
+            pass in which requests failed.
+        """
         if self.client is None:
             raise EngineStartError("call start() before run_pass()")
-        self.client.run_pass(requests, concurrency=concurrency, on_result=on_result,
-                             on_metrics=on_metrics)
+        if not self.alive():
+            raise self._died("had exited before the pass")
+        failed = 0
+
+        def checked(result: GenerationResult) -> None:
+            nonlocal failed
+            if result.error is not None:
+                if not self.alive():  # not this request's failure: the server is gone
+                    raise _ServerDied
+                failed += 1
+            on_result(result)
+
+        try:
+            self.client.run_pass(requests, concurrency=concurrency, on_result=checked,
+                                 on_metrics=on_metrics)
+        except _ServerDied:
+            raise self._died("exited during the pass") from None
+        if not self.alive():
+            raise self._died("exited during the pass")
+        if failed:
+            problem = self._health_problem()
+            if problem is not None:
+                raise EngineError(f"{failed} request(s) failed and the server at "
+                                  f"{self.client.base_url} {problem} (log: {self.log_path})")
+
+    def _health_problem(self) -> str | None:
+        """None when ``GET /health`` answers 200, else what went wrong, in words."""
+        assert self.client is not None
+        try:
+            resp = httpx.get(self.client.base_url.rstrip("/") + "/health", timeout=10.0)
+        except httpx.HTTPError as exc:
+            return f"does not answer /health ({type(exc).__name__}: {exc})"
+        if resp.status_code != 200:
+            return f"answers /health with HTTP {resp.status_code}"
+        return None
+
+    def _died(self, what: str) -> EngineError:
+        """The error for a server process that is gone: exit code, log's root cause, log path."""
+        code = self.proc.poll() if self.proc is not None else None
+        line = last_error_line(self.log_text())
+        how = f" with code {code}" if code is not None else ""
+        cause = f": {line}" if line else ""
+        return EngineError(f"the vLLM server {what}{how}{cause} (log: {self.log_path})")
 
     def fingerprint(self) -> dict[str, Any]:
         info = self.info
