@@ -17,6 +17,8 @@ then the code of the first named verdict met is returned (see ``verdict_exit_cod
 
 from __future__ import annotations
 
+__all__ = ["ERROR", "OK", "USAGE", "VERDICT_CODES"]
+
 OK = 0
 ERROR = 1
 USAGE = 2

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from bistat.cli.exitcodes import OK, VERDICT_CODES
+from bistat.exitcodes import OK, VERDICT_CODES
 
 if TYPE_CHECKING:  # pragma: no cover
     from bistat.analysis import RunSummary
