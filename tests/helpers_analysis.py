@@ -30,13 +30,15 @@ def fingerprint(gpu: dict = GPU_A, vllm: str = "0.25.0") -> dict[str, Any]:
 def declaration(name: str = "tiny", *, n_prompts: int = 10, passes: int = 2, warmup: int = 0,
                 unit: str = "token_ids", multi_pass: str = "all",
                 min_mean_running: float = 1.0, max_preemptions: int | None = None,
-                same_gpu: bool = True, same_versions: bool = True) -> str:
+                same_gpu: bool = True, same_versions: bool = True,
+                extra_treatments: tuple[str, ...] = ()) -> str:
     lines = [
         f'name = "{name}"',
         'hypothesis = "The treatment matches; the control does not."',
         "[engine]", 'kind = "embedded"', 'model = "m"',
         "[[arms]]", 'name = "ctl"', 'role = "control"',
         "[[arms]]", 'name = "trt"', 'role = "treatment"',
+        *[x for t in extra_treatments for x in ("[[arms]]", f'name = "{t}"', 'role = "treatment"')],
         "[workload]", 'source = "builtin:token-ids"', f"n_prompts = {n_prompts}",
         "max_tokens = 4", "concurrency = 4", f"passes = {passes}", f"warmup_passes = {warmup}",
         "[match]", f'unit = "{unit}"', f'multi_pass = "{multi_pass}"',
@@ -70,6 +72,7 @@ def make_run(tmp: Path, reg: Registration, outputs: Callable[[str, int, int], Ou
              preemptions: Callable[[str, int], float] = lambda arm, p: 0.0,
              env_fp: Callable[[str], dict] = lambda arm: fingerprint(),
              status: Callable[[str, int], str] = lambda arm, p: "complete",
+             arms: tuple[str, ...] = ("ctl", "trt"),
              events: list[dict] | None = None, run_name: str = "run",
              created_utc: str = "2026-02-01T13:00:00Z") -> Path:
     """Record a run; ``outputs(arm, pass_index, prompt_index)`` gives each response."""
@@ -80,10 +83,10 @@ def make_run(tmp: Path, reg: Registration, outputs: Callable[[str, int, int], Ou
     plan = []
     for p in range(warmup + passes):
         kind = "warmup" if p < warmup else "counted"
-        order = ("ctl", "trt") if p % 2 == 0 else ("trt", "ctl")
+        order = arms if p % 2 == 0 else arms[::-1]
         plan += [(arm, p, kind) for arm in order]
     with RunWriter.create(run_dir, header) as w:
-        for arm in ("ctl", "trt"):
+        for arm in arms:
             w.append("environment", {"arm": arm, "block": 0, "fingerprint": env_fp(arm),
                                      "engine": {"kind": "embedded", "version": "0.1.0"},
                                      "log_findings": []})

@@ -102,6 +102,22 @@ def test_every_request_failed_is_untested(tiny):
     assert s.comparisons[0].verdict.label.value == "untested"
 
 
+def test_an_arm_whose_requests_all_failed_leaves_the_other_comparisons_testable(tmp_path):
+    # h200-cost-qwen3-8b-throughput: one treatment's engine died (out of memory) and every one
+    # of its requests failed; the other treatment's comparison with the control stays testable.
+    reg = register_tiny(tmp_path, declaration(extra_treatments=("trt2",)))
+    s = analyze_run(make_run(tmp_path, reg, lambda arm, p, i: {"error": "worker exited"}
+                             if arm == "trt2" else BASE[i], arms=("ctl", "trt", "trt2"),
+                             throughput=lambda arm, p: 80.0 if arm == "trt" else 100.0))
+    assert (s.status.testable, s.status.reason) == (
+        False, "arm trt2: every prompt had a failed request")
+    verdicts = {c.treatment: c.verdict for c in s.comparisons}
+    assert verdicts["trt2"].label.value == "untested"
+    assert verdicts["trt"].label.value == "working"
+    assert s.not_run == ("arm trt2: its 2 counted pass(es) ran, but the engine answered none of "
+                         "their requests (every request failed)",)
+
+
 def test_logprob_unit_compares_bits_and_text_unit_compares_text(tmp_path):
     reg = register_tiny(tmp_path, declaration(unit="token_ids+logprobs"))
 

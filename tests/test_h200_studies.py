@@ -54,3 +54,64 @@ def test_committed_findings_regenerate_byte_for_byte(name, tmp_path, monkeypatch
     row = ("/work/main/preregistrations/h200-match-smollm2.json" if name == "h200-match-smollm2"
            else "preregistrations/h200-match-smollm2-improved.json")
     assert f"| Registration | `{row}` |" in committed
+
+
+# --- Study 2 (cost), third device session: GPU-d4ccd9f3 ------------------------------------------
+COST_GPU = "GPU-d4ccd9f3-810c-7c9f-47fb-e15eccb8428a"
+B8 = ROOT / "data" / "h200" / "h200-cost-qwen3-8b-latency-b8"
+THR = ROOT / "data" / "h200" / "h200-cost-qwen3-8b-throughput"
+#: finding name -> (run directory, registration analysed against)
+COST_FINDINGS = {
+    "h200-cost-qwen3-8b-latency-b8": (B8, "h200-cost-qwen3-8b-latency-b8"),
+    "h200-cost-qwen3-8b-throughput": (THR, "h200-cost-qwen3-8b-throughput"),
+    "h200-cost-qwen3-8b-throughput-goal": (THR, "h200-cost-qwen3-8b-throughput-goal"),
+}
+
+
+@pytest.mark.parametrize("name", ["h200-cost-qwen3-8b-latency-b8", "h200-cost-qwen3-8b-throughput"])
+def test_cost_registrations_precede_their_data(name):
+    """Each run against the registration it was recorded under (the -goal sibling shares the
+    throughput run: its finding's validity table checks its sealing time)."""
+    run, reg = COST_FINDINGS[name]
+    report = verify(REG / f"{reg}.json", [run])
+    assert report.ok, report.problems
+
+
+def test_latency_b8_the_tuned_gemm_removes_the_small_batch_tax():
+    s = analyze_run(B8, REG / "h200-cost-qwen3-8b-latency-b8.json")
+    assert {u for _, env in s.environments for u in env.gpu_uuids} == {COST_GPU}
+    assert all(v.passed for v in s.validity)
+    ratios = {c.treatment: c.ratio for c in s.comparisons}
+    assert [round(x, 4) for x in (ratios["batch-invariant"].ratio, ratios["batch-invariant"].interval.low,
+                                  ratios["batch-invariant"].interval.high)] == [0.3009, 0.2953, 0.3067]
+    assert [round(x, 4) for x in (ratios["bi-tuned-gemm"].ratio, ratios["bi-tuned-gemm"].interval.low,
+                                  ratios["bi-tuned-gemm"].interval.high)] == [1.0151, 1.0064, 1.0238]
+    assert [str(c.verdict.label.value) for c in s.comparisons] == ["reported as observed", "working"]
+    assert {a.name: len(a.counted_passes) for a in s.arms} == {
+        "default": 20, "batch-invariant": 20, "bi-tuned-gemm": 20}
+
+
+def test_throughput_first_attempt_lost_one_arm_and_kept_the_other_comparison():
+    s = analyze_run(THR, REG / "h200-cost-qwen3-8b-throughput.json")
+    verdicts = {c.treatment: str(c.verdict.label.value) for c in s.comparisons}
+    assert verdicts == {"batch-invariant": "untested", "bi-tuned-gemm": "working"}
+    assert s.status.reason == "arm batch-invariant: every prompt had a failed request"
+    tuned = next(c for c in s.comparisons if c.treatment == "bi-tuned-gemm")
+    assert [round(x, 4) for x in (tuned.ratio_point, tuned.ratio.interval.low,
+                                  tuned.ratio.interval.high)] == [0.8814, 0.8097, 0.9594]
+    assert s.not_run == ("arm batch-invariant: its 8 counted pass(es) ran, but the engine answered "
+                         "none of their requests (every request failed)",)
+    goal = analyze_run(THR, REG / "h200-cost-qwen3-8b-throughput-goal.json")
+    assert {c.treatment: str(c.verdict.label.value) for c in goal.comparisons} == {
+        "batch-invariant": "untested", "bi-tuned-gemm": "reported as observed"}
+
+
+@pytest.mark.parametrize("name", sorted(COST_FINDINGS))
+def test_cost_findings_regenerate_byte_for_byte(name, tmp_path, monkeypatch):
+    """As generated: bistat analyze data/h200/RUN --registration preregistrations/NAME.json
+    --out findings/h200 (from the repository root)."""
+    run, reg = COST_FINDINGS[name]
+    monkeypatch.chdir(ROOT)
+    files = write_finding(analyze_run(run.relative_to(ROOT), Path("preregistrations") / f"{reg}.json"),
+                          tmp_path)
+    assert files.markdown.read_text() == (ROOT / "findings" / "h200" / f"{name}.md").read_text()

@@ -120,3 +120,30 @@ def test_front_end_bound_runs_are_named_in_the_batching_section():
     quick = (ROOT / "findings" / "quickstart.md").read_text()
     assert "In counted passes the engine's running batch was 93%–97% of the requests in flight" in quick
     assert "front end, not the engine" not in quick
+
+
+def test_offline_engine_runs_get_no_front_end_diagnosis():
+    """vllm-offline has no API server: the latency study's 8-request passes must not be called
+    front-end bound (its gauges read 0 before and after a short pass)."""
+    text = (ROOT / "findings" / "h200" / "h200-cost-qwen3-8b-latency-b8.md").read_text()
+    assert "front end, not the engine" not in text
+    assert ("Engine kind vllm-offline: bistat hands requests straight to the engine (no API server)"
+            in text)
+
+
+def test_too_few_metric_samples_are_not_compared_with_requests_in_flight():
+    import dataclasses
+
+    from bistat.analysis import analyze_run
+    from bistat.report import MIN_SAMPLES_FOR_SHARE, _batching
+
+    s = analyze_run(ROOT / "examples" / "synthetic" / "run",
+                    ROOT / "examples" / "synthetic" / "synthetic-example.json")
+    assert any("running batch was" in line for line in _batching(s, "p.png"))
+    few = dataclasses.replace(s, passes=tuple(dataclasses.replace(p, n_metric_samples=2)
+                                              for p in s.passes))
+    text = "\n".join(_batching(few, "p.png"))
+    assert MIN_SAMPLES_FOR_SHARE == 4
+    assert ("Too few engine metric samples to tell how the engine batched: every counted pass "
+            "has at most 2 (at least 4 are needed;") in text
+    assert "running batch was" not in text

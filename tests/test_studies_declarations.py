@@ -34,6 +34,7 @@ FRONT_END_FIXED = ["h200-match-smollm2-r2", "h200-match-smollm2-r2-improved",
                    "h200-match-qwen3-8b-synth", "h200-match-qwen3-8b-synth-improved",
                    "tp1-match", "tp2-match"]
 COST = ["h200-cost-qwen3-8b-throughput", "h200-cost-qwen3-8b-throughput-goal",
+        "h200-cost-qwen3-8b-throughput-r2", "h200-cost-qwen3-8b-throughput-r2-goal",
         "h200-cost-qwen3-8b-latency-b8", "h200-cost-qwen3-8b-latency-b32"]
 TP = ["tp2-match", "tp1-match"]
 ALL = MATCH + COST + TP
@@ -58,11 +59,40 @@ def test_declaration_loads_as_written(name):
 
 #: Small runs recorded as test fixtures (tests/data/vllm-h200/), not studies.
 FIXTURES = ["h200-fixture-smollm2", "h200-fixture-triton-attn"]
+#: Declarations for ``bistat probe`` only (registered, never ``bistat run``).
+PROBES = ["h200-plugin-probe-qwen3-8b-synth"]
 
 
 def test_the_declarations_are_the_whole_set():
     names = {p.stem for p in EXP.glob("h200-*.toml")} | {p.stem for p in EXP.glob("tp*-match.toml")}
-    assert names == set(ALL) | set(FIXTURES)
+    assert names == set(ALL) | set(FIXTURES) | set(PROBES)
+
+
+def test_plugin_probe_holds_attention_fixed_and_swaps_only_the_gemm():
+    exp = _validated("h200-plugin-probe-qwen3-8b-synth")
+    assert exp.engine.kind == "vllm-offline" and "enforce_eager" not in exp.engine.args
+    assert [(a.name, a.role) for a in exp.arms] == [
+        ("default", "control"), ("bi-triton-attn", "treatment"), ("bi-tuned-triton-attn", "treatment")]
+    assert [exp.arm_args(a.name).get("attention_backend") for a in exp.arms] == [
+        None, "TRITON_ATTN", "TRITON_ATTN"]
+    assert [(a.env["VLLM_BATCH_INVARIANT"], a.env["BISTAT_TUNED_GEMM"]) for a in exp.arms] == [
+        ("0", "0"), ("1", "0"), ("1", "1")]
+    assert all({k: a.env[k] for k in NO_MULTICAST} == NO_MULTICAST for a in exp.arms)
+
+
+@pytest.mark.parametrize("base", ["h200-cost-qwen3-8b-throughput", "h200-cost-qwen3-8b-throughput-goal"])
+def test_throughput_second_attempt_differs_only_as_stated(base):
+    """r2 = the first attempt but for name, hypothesis (the first attempt's result added), the
+    memory fraction (0.32 -> 0.29: the first ran out of memory) and the design CV (observed)."""
+    first, second = _validated(base).resolved(), _validated(base.replace("throughput", "throughput-r2")).resolved()
+    assert second["hypothesis"].startswith(first["hypothesis"].removesuffix("(Study 1 is)."))
+    assert "0.881 (95 % interval 0.810-0.959)" in second["hypothesis"]
+    for data in (first, second):
+        del data["name"], data["hypothesis"]
+    assert (first["engine"]["args"].pop("gpu_memory_utilization"),
+            second["engine"]["args"].pop("gpu_memory_utilization")) == (0.32, 0.29)
+    assert (first["design"].pop("expected_cv"), second["design"].pop("expected_cv")) == (0.04, 0.08)
+    assert first == second
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -134,7 +164,7 @@ def test_second_attempt_differs_from_the_first_only_as_stated():
 
 
 @pytest.mark.parametrize("base", ["h200-match-smollm2", "h200-match-smollm2-r2", "h200-match-qwen3-8b-synth",
-                                  "h200-cost-qwen3-8b-throughput"])
+                                  "h200-cost-qwen3-8b-throughput", "h200-cost-qwen3-8b-throughput-r2"])
 def test_rule_pairs_differ_only_in_name_and_rule(base):
     sibling = base + ("-goal" if "cost" in base else "-improved")
     a, b = _validated(base).resolved(), _validated(sibling).resolved()
@@ -187,12 +217,17 @@ def test_cost_workloads():
         assert [a.name for a in exp.arms] == ["default", "batch-invariant", "bi-tuned-gemm"]
 
 
+#: Ran with its engines together and ran out of GPU memory (data/h200/h200-cost-qwen3-8b-throughput/
+#: NOTES.md); the concurrency rule now keeps room per engine and would run it one engine at a time.
+OUT_OF_MEMORY = ["h200-cost-qwen3-8b-throughput", "h200-cost-qwen3-8b-throughput-goal"]
+
+
 def test_engines_of_every_study_fit_one_gpu_together():
     from bistat.runner import resolve_engines_concurrent
 
     for name in ALL:
         together, why = resolve_engines_concurrent(_validated(name))
-        assert together, f"{name}: {why}"
+        assert together is (name not in OUT_OF_MEMORY), f"{name}: {why}"
 
 
 def test_tp_declarations():

@@ -680,11 +680,19 @@ def _sibling_registration(hdr_reg: Mapping[str, Any], reg: Registration) -> Regi
     path = hdr_reg.get("path")
     if not isinstance(path, str):
         return None
-    try:
-        recorded = load_registration(path)
-    except (OSError, ValueError):
-        return None
-    if recorded.sha256 != hdr_reg.get("sha256"):
+    # As run.json names it (relative to where `bistat run` ran, or absolute on the machine that
+    # ran it), else beside the sibling: registrations are sealed together in one folder, and a
+    # clone elsewhere (CI, a notebook's folder) still finds it. The seal is checked either way.
+    recorded = None
+    for candidate in dict.fromkeys((Path(path), Path(reg.path).parent / Path(path).name)):
+        try:
+            found = load_registration(candidate)
+        except (OSError, ValueError):
+            continue
+        if found.sha256 == hdr_reg.get("sha256"):
+            recorded = found
+            break
+    if recorded is None:
         return None
     # Compare as the current schema resolves them: a registration sealed before a field was
     # added lacks it, with its default meant.
@@ -891,6 +899,10 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
         elif n_counted < wl.passes:
             not_run.append(f"arm {a.name}: {wl.passes - n_counted} of {wl.passes} declared "
                            "counted passes not recorded")
+        mine = [p for p in passes if p.arm == a.name and p.counted]
+        if mine and all(p.n_requests and p.n_failed == p.n_requests for p in mine):
+            not_run.append(f"arm {a.name}: its {len(mine)} counted pass(es) ran, but the engine "
+                           "answered none of their requests (every request failed)")
         elif n_counted > wl.passes:
             deviations.append(f"arm {a.name}: {n_counted} counted passes recorded, "
                               f"{wl.passes} declared")
@@ -926,21 +938,22 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
         deviations.append(f"{len(gaps)} unreadable record line(s) ignored (see Data gaps)")
 
     # --- status -------------------------------------------------------------------------------
-    run_status = RunStatus(True)
-    reasons: list[str] = []
+    # Each reason names its arm: a comparison is untested only for reasons of its own two arms
+    # (an arm whose engine died does not make the other arms' comparisons untestable).
+    arm_reasons: list[tuple[str, str]] = []
     for arm, event, detail in bad_events:
-        reasons.append(f"arm {arm}: engine {event.replace('_', ' ')}"
-                       + (f": {detail}" if detail else ""))
+        arm_reasons.append((arm, f"arm {arm}: engine {event.replace('_', ' ')}"
+                            + (f": {detail}" if detail else "")))
     for a in arm_summaries:
         if not a.counted_passes:
-            reasons.append(f"arm {a.name}: no counted pass recorded")
+            arm_reasons.append((a.name, f"arm {a.name}: no counted pass recorded"))
         elif a.n_prompts_recorded and a.n_prompts == 0 and a.n_excluded_failed == \
                 a.n_prompts_recorded:
-            reasons.append(f"arm {a.name}: every prompt had a failed request")
+            arm_reasons.append((a.name, f"arm {a.name}: every prompt had a failed request"))
         elif a.n_units == 0:
-            reasons.append(f"arm {a.name}: no prompt could be compared")
-    if reasons:
-        run_status = RunStatus(False, "; ".join(reasons))
+            arm_reasons.append((a.name, f"arm {a.name}: no prompt could be compared"))
+    run_status = (RunStatus(False, "; ".join(r for _, r in arm_reasons)) if arm_reasons
+                  else RunStatus(True))
 
     # --- comparisons ----------------------------------------------------------------------------
     control = next(a for a in arm_summaries if a.role == "control")
@@ -971,7 +984,7 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
                      large_drifts=large_drifts.get(control.name)),
             ArmStats(treat.name, "treatment", treat.n_units, treat.n_matched, tt,
                      large_drifts=large_drifts.get(treat.name)),
-            validity=tuple(validity), status=run_status)
+            validity=tuple(validity), status=_pair_status(arm_reasons, control.name, treat.name))
         comparisons.append(Comparison(control.name, treat.name, n_paired, mcn, diff, ratio,
                                       point, verdict))
 
@@ -999,6 +1012,13 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
             [a.model_dump(mode="json") for a in exp.arms],
             {a: e.log_findings for a, e in envs.items() if e.log_findings is not None},
             _probe_report(run_dir)))
+
+
+def _pair_status(arm_reasons: Sequence[tuple[str, str]], control: str, treatment: str) -> RunStatus:
+    """The run status one comparison is classified under: untestable only for the reasons that
+    concern its own control or treatment arm."""
+    mine = [r for arm, r in arm_reasons if arm in (control, treatment)]
+    return RunStatus(False, "; ".join(mine)) if mine else RunStatus(True)
 
 
 #: The operator's notes file of a run directory (optional, free text, committed with the data).

@@ -277,6 +277,17 @@ def _divergence(s: RunSummary, plot: str) -> list[str]:
 #: that the front end, not the engine, set the batch.
 FRONT_END_BOUND_SHARE = 0.75
 
+#: Fewest engine metric samples a counted pass needs before its mean running batch is compared
+#: with the requests in flight. vLLM's gauges lag: the offline engine's first sample of a pass,
+#: read after its first step, says 0 running, and so does the last, read after the pass; a pass
+#: shorter than two sampling periods (h200-cost-qwen3-8b-latency-b8: 0.75 s passes, 1 s
+#: sampling) has only those two, and its "mean running" of 0 says nothing about the batch.
+MIN_SAMPLES_FOR_SHARE = 4
+
+#: Engine kinds whose requests go straight into the engine, with no server front end between
+#: bistat and the scheduler: the front-end diagnosis does not apply to them.
+ENGINES_WITHOUT_FRONT_END = frozenset({"vllm-offline"})
+
 
 def _batching(s: RunSummary, plot: str) -> list[str]:
     out = ["## Batching", "",
@@ -287,9 +298,22 @@ def _batching(s: RunSummary, plot: str) -> list[str]:
              _f(p.mean_waiting, 2), _f(p.preemptions, 0)) for p in s.passes]
     out += [_table(("schedule position", "arm", "pass", "kind", "samples", "mean in flight",
                     "mean running", "max running", "mean waiting", "preemptions"), rows), ""]
-    shares = [(p.mean_running / p.client_in_flight, p) for p in s.passes
-              if p.counted and p.mean_running is not None and p.client_in_flight]
-    if shares:
+    counted = [p for p in s.passes if p.counted and p.mean_running is not None
+               and p.client_in_flight]
+    shares = [(p.mean_running / p.client_in_flight, p) for p in counted
+              if p.n_metric_samples >= MIN_SAMPLES_FOR_SHARE]
+    if counted and not shares:
+        most = max(p.n_metric_samples for p in counted)
+        out += [f"Too few engine metric samples to tell how the engine batched: every counted "
+                f"pass has at most {most} (at least {MIN_SAMPLES_FOR_SHARE} are needed; the "
+                "first and last samples of a pass read the engine's gauges before and after "
+                "its work), so the running batch is not compared with the requests in flight.",
+                ""]
+    if shares and s.engine_kind in ENGINES_WITHOUT_FRONT_END:
+        out += [f"Engine kind {s.engine_kind}: bistat hands requests straight to the engine "
+                "(no API server), so no front end stands between the requests in flight and "
+                "the running batch; the gauges are read between engine steps and lag them.", ""]
+    elif shares:
         low, at = min(shares, key=lambda x: (x[0], x[1].seq))
         high = max(x[0] for x in shares)
         where = f"{at.arm} pass {at.pass_index} (schedule position {at.seq})"
@@ -356,10 +380,13 @@ def _latency(s: RunSummary) -> list[str]:
         return []
     rows = []
     for arm in dict.fromkeys(p.arm for p in s.passes):
-        walls = [p.wall_s for p in s.passes if p.arm == arm and p.counted and p.wall_s]
-        per_token = [p.wall_s / (p.output_tokens / p.n_requests) for p in s.passes
-                     if p.arm == arm and p.counted and p.wall_s and p.output_tokens and p.n_requests]
+        # a pass is a batch latency only when every request of the batch was answered
+        whole = [p for p in s.passes if p.arm == arm and p.counted and p.wall_s and not p.n_failed]
+        walls = [p.wall_s for p in whole]
+        per_token = [p.wall_s / (p.output_tokens / p.n_requests) for p in whole
+                     if p.output_tokens and p.n_requests]
         if not walls:
+            rows.append((arm, "0", "—", "—", "—"))
             continue
         rows.append((arm, str(len(walls)), _f(float(np.median(walls)), 4),
                      _f(float(np.percentile(walls, 90)), 4),
@@ -371,7 +398,8 @@ def _latency(s: RunSummary) -> list[str]:
     return ["## Batch latency", "",
             f"One batch of {wl.get('n_prompts')} requests per pass: a pass's wall time is the "
             "batch latency; time per output token is that latency divided by the tokens each "
-            "request generated.", "",
+            "request generated. Counted passes with a failed request are left out (their wall "
+            "time is not a batch's latency).", "",
             _table(("arm", "counted passes", "median latency s", "p90 latency s",
                     "median ms per output token"), rows), "",
             "Latency ratio (the inverse of the throughput ratio and of its interval):", "",
