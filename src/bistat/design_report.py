@@ -237,6 +237,7 @@ def analyse_design(exp: Experiment, *, base_dir: str | Path | None = None) -> De
         labels.extend(_label_probabilities(spec.label, label_match, label_through, ratios,
                                            independent))
 
+    warnings.extend(_concurrency_warnings(exp))
     return DesignReport(
         name=exp.name, n_prompts=n, passes_per_arm=passes, cv=cv, cv_source=cv_source,
         confidence_level=cl, alternative=rule.alternative,
@@ -244,6 +245,24 @@ def analyse_design(exp: Experiment, *, base_dir: str | Path | None = None) -> De
         match=tuple(match), throughput=tuple(through), labels=tuple(labels),
         other=tuple(other), warnings=tuple(warnings),
     )
+
+
+def _concurrency_warnings(exp: Experiment) -> list[str]:
+    """A warning when ``engines_concurrent = "auto"`` resolves to one engine at a time: engines
+    then restart for every block of passes and the warm-ups repeat after each start, which costs
+    device time and spreads an arm's passes over several engine starts."""
+    from bistat.runner import ENGINE_HEADROOM_FRACTION, resolve_engines_concurrent
+
+    if getattr(exp.engine, "engines_concurrent", "auto") != "auto":
+        return []
+    together, why = resolve_engines_concurrent(exp)
+    if together:
+        return []
+    return [f"engine.engines_concurrent ({why}): every block of passes restarts its engine and "
+            "repeats the warm-ups; to keep the arms' engines up together, lower "
+            "gpu_memory_utilization (engine.args or each arm's args) until the fractions plus "
+            f"{ENGINE_HEADROOM_FRACTION:g} per engine add up to at most 1, or declare "
+            "engines_concurrent = false to accept the restarts"]
 
 
 def _no_design_reason(crit: Any) -> str:
