@@ -2,7 +2,7 @@
 
 Every verdict-producing command (``analyze``, ``run``, ``probe``) exits 0 whatever the verdict
 unless ``--fail-on`` names labels; then the first verdict (in comparison order) whose label is
-named sets the exit code from :data:`bistat.cli.exitcodes.VERDICT_CODES` (10 *doubtful*, 11
+named sets the exit code from :data:`bistat.exitcodes.VERDICT_CODES` (10 *doubtful*, 11
 *reported as observed*, 12 *untested*). *working* has code 0, so it cannot fail a command and
 is refused in ``--fail-on``. A probe's outcome maps onto the same codes
 (:data:`PROBE_OUTCOME_LABELS`: ``violated`` -> 11, ``no_power`` and ``untested`` -> 12, the
@@ -63,7 +63,7 @@ def parse_fail_on(values: str | Iterable[str] | None) -> frozenset[str]:
     Returns
     -------
     frozenset of str
-        The labels, spelled as in :data:`bistat.cli.exitcodes.VERDICT_CODES`.
+        The labels, spelled as in :data:`bistat.exitcodes.VERDICT_CODES`.
 
     Raises
     ------
