@@ -118,6 +118,30 @@ def test_an_arm_whose_requests_all_failed_leaves_the_other_comparisons_testable(
                          "their requests (every request failed)",)
 
 
+def test_sibling_registrations_classify_the_same_comparisons_by_their_rules(tmp_path):
+    """Two rules registered together for one run (the published rule and a stricter one): the
+    summary carries the sibling's verdicts; a registration differing in more than name and rule
+    is no sibling, and a non-registration JSON in the folder is skipped."""
+    from bistat.analysis import sibling_registrations
+
+    text = declaration()
+    reg = register_tiny(tmp_path, text)
+    strict = text.replace('name = "tiny"', 'name = "tiny-strict"').replace("at_least = 0.5", "at_least = 0.99")
+    register_tiny(tmp_path, strict, name="tiny-strict")
+    register_tiny(tmp_path, declaration(n_prompts=12).replace('name = "tiny"', 'name = "other"'),
+                  name="other")
+    (tmp_path / "preregistrations" / "notes.json").write_text('{"not": "a registration"}')
+    assert [r.name for r in sibling_registrations(reg)] == ["tiny-strict"]
+
+    s = analyze_run(make_run(tmp_path, reg, lambda arm, p, i: BASE[i],
+                             throughput=lambda arm, p: 80.0 if arm == "trt" else 100.0))
+    assert s.comparisons[0].verdict.label.value == "working"       # Wilson lower end 0.72 >= 0.5
+    (sib,) = s.siblings
+    assert (sib.name, sib.treatment, sib.control, sib.verdict.label.value) == (
+        "tiny-strict", "trt", "ctl", "reported as observed")         # 0.72 < 0.99
+    assert sib.registration.endswith("preregistrations/tiny-strict.json")
+
+
 def test_logprob_unit_compares_bits_and_text_unit_compares_text(tmp_path):
     reg = register_tiny(tmp_path, declaration(unit="token_ids+logprobs"))
 

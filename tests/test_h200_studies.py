@@ -115,3 +115,13 @@ def test_cost_findings_regenerate_byte_for_byte(name, tmp_path, monkeypatch):
     files = write_finding(analyze_run(run.relative_to(ROOT), Path("preregistrations") / f"{reg}.json"),
                           tmp_path)
     assert files.markdown.read_text() == (ROOT / "findings" / "h200" / f"{name}.md").read_text()
+
+
+def test_each_cost_finding_shows_what_the_other_rule_concludes():
+    """Issue 6: at workload (i) the findings must show what each rule concludes and why."""
+    published = (ROOT / "findings" / "h200" / "h200-cost-qwen3-8b-throughput.md").read_text()
+    goal = (ROOT / "findings" / "h200" / "h200-cost-qwen3-8b-throughput-goal.md").read_text()
+    assert ("| `h200-cost-qwen3-8b-throughput-goal` | bi-tuned-gemm vs default | **reported as observed** "
+            "| no declared label had all its criteria met; the rule's 'otherwise' label applies |") in published
+    assert ("| `h200-cost-qwen3-8b-throughput` | bi-tuned-gemm vs default | **working** "
+            "| every criterion declared for 'working' was met |") in goal

@@ -64,7 +64,7 @@ from bistat import anatomy as anat
 from bistat import records
 from bistat import stats
 from bistat.classify import ArmStats, RunStatus, ValidityCheck, classify
-from bistat.experiment import Experiment
+from bistat.experiment import DeclarationError, Experiment
 from bistat.fingerprint import same_node, same_versions
 from bistat.prereg import Registration, load_registration, parse_time
 
@@ -197,6 +197,20 @@ class MetricsSeries:
 
 
 @dataclass(frozen=True)
+class SiblingVerdict:
+    """One comparison classified under a sibling registration's rule: a registration sealed with
+    the same declaration but for its name and decision rule (e.g. the published rule and its
+    improved form, registered together for one run), so the finding can show what each rule
+    concludes from the same data."""
+
+    registration: str                     # its path, as displayed
+    name: str
+    treatment: str
+    control: str
+    verdict: Any                          # bistat.classify.Verdict
+
+
+@dataclass(frozen=True)
 class RunSummary:
     """Everything a finding states, computed from the records and the registration."""
 
@@ -234,6 +248,8 @@ class RunSummary:
     operator_notes: str | None = None
     #: per arm: what it requested and the evidence that it was on (bistat.activation)
     activation: tuple[act.ArmActivation, ...] = ()
+    #: the same comparisons under each sibling registration's rule (:class:`SiblingVerdict`)
+    siblings: tuple[SiblingVerdict, ...] = ()
 
     def arm(self, name: str) -> ArmSummary:
         return next(a for a in self.arms if a.name == name)
@@ -696,9 +712,34 @@ def _sibling_registration(hdr_reg: Mapping[str, Any], reg: Registration) -> Regi
         return None
     # Compare as the current schema resolves them: a registration sealed before a field was
     # added lacks it, with its default meant.
-    strip = lambda r: {k: v for k, v in r.experiment().resolved().items()  # noqa: E731
-                       if k not in ("name", "rule")}
-    return recorded if strip(recorded) == strip(reg) else None
+    return recorded if _strip_name_and_rule(recorded) == _strip_name_and_rule(reg) else None
+
+
+def _strip_name_and_rule(reg: Registration) -> dict[str, Any]:
+    """The declaration as the current schema resolves it, without ``name`` and ``rule``."""
+    return {k: v for k, v in reg.experiment().resolved().items() if k not in ("name", "rule")}
+
+
+def sibling_registrations(reg: Registration) -> list[Registration]:
+    """The other registrations in ``reg``'s folder sealed with the same declaration but for
+    ``name`` and ``rule`` (several decision rules registered together for one run), by path.
+    Files that are not readable registrations are skipped."""
+    here = Path(reg.path)
+    try:
+        mine = _strip_name_and_rule(reg)
+    except (ValueError, DeclarationError):
+        return []
+    found = []
+    for path in sorted(here.parent.glob("*.json")):
+        if path.name == here.name:
+            continue
+        try:
+            other = load_registration(path)
+            if other.sha256 != reg.sha256 and _strip_name_and_rule(other) == mine:
+                found.append(other)
+        except (OSError, ValueError, DeclarationError):
+            continue
+    return found
 
 
 def analyze_run(run_dir: str | Path, registration: str | Path | Registration | None = None
@@ -958,6 +999,7 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
     # --- comparisons ----------------------------------------------------------------------------
     control = next(a for a in arm_summaries if a.role == "control")
     comparisons: list[Comparison] = []
+    pairs: list[tuple[ArmStats, ArmStats, RunStatus]] = []
     for treat in (a for a in arm_summaries if a.role == "treatment"):
         mc, mt = matches[control.name], matches[treat.name]
         paired = mc.ok & mt.ok
@@ -978,15 +1020,27 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
             point = float(np.exp(np.mean(np.log(tt)) - np.mean(np.log(ct))))
             if len(tt) >= 2 and len(ct) >= 2:
                 ratio = stats.throughput_ratio(tt, ct, cl)
-        verdict = classify(
-            rule,
-            ArmStats(control.name, "control", control.n_units, control.n_matched, ct,
-                     large_drifts=large_drifts.get(control.name)),
-            ArmStats(treat.name, "treatment", treat.n_units, treat.n_matched, tt,
-                     large_drifts=large_drifts.get(treat.name)),
-            validity=tuple(validity), status=_pair_status(arm_reasons, control.name, treat.name))
+        pair = (ArmStats(control.name, "control", control.n_units, control.n_matched, ct,
+                         large_drifts=large_drifts.get(control.name)),
+                ArmStats(treat.name, "treatment", treat.n_units, treat.n_matched, tt,
+                         large_drifts=large_drifts.get(treat.name)),
+                _pair_status(arm_reasons, control.name, treat.name))
+        pairs.append(pair)
+        verdict = classify(rule, pair[0], pair[1], validity=tuple(validity), status=pair[2])
         comparisons.append(Comparison(control.name, treat.name, n_paired, mcn, diff, ratio,
                                       point, verdict))
+
+    # --- the same comparisons under the sibling registrations' rules ----------------------------
+    siblings: list[SiblingVerdict] = []
+    for sib in sibling_registrations(reg):
+        sib_exp = sib.experiment()
+        sib_validity = tuple(_validity(sib_exp, passes, fps, envs, sib.sealed_utc,
+                                       header.get("created_utc")))
+        for ctl_stats, trt_stats, pair_status in pairs:
+            siblings.append(SiblingVerdict(
+                _display_path(sib.path), sib_exp.name, trt_stats.name, ctl_stats.name,
+                classify(sib_exp.rule, ctl_stats, trt_stats, validity=sib_validity,
+                         status=pair_status)))
 
     return RunSummary(
         name=exp.name, run_id=run_id,
@@ -1011,7 +1065,8 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
         activation=act.arm_activation(
             [a.model_dump(mode="json") for a in exp.arms],
             {a: e.log_findings for a, e in envs.items() if e.log_findings is not None},
-            _probe_report(run_dir)))
+            _probe_report(run_dir)),
+        siblings=tuple(siblings))
 
 
 def _pair_status(arm_reasons: Sequence[tuple[str, str]], control: str, treatment: str) -> RunStatus:

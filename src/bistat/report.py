@@ -117,6 +117,23 @@ def _verdict(s: RunSummary) -> list[str]:
     return out
 
 
+def _siblings(s: RunSummary) -> list[str]:
+    """What the other rules registered for the same declaration conclude from the same data."""
+    if not s.siblings:
+        return []
+    names = list(dict.fromkeys((v.registration, v.name) for v in s.siblings))
+    regs = ", ".join(f"`{path}`" for path, _ in names)
+    rows = [(f"`{v.name}`", f"{v.treatment} vs {v.control}", f"**{v.verdict.label.value}**",
+             v.verdict.basis) for v in s.siblings]
+    return ["## The same data under the other registered rule" + ("s" if len(names) > 1 else ""),
+            "",
+            f"{regs} {'was' if len(names) == 1 else 'were'} sealed with this declaration but for "
+            "the name and the decision rule, so the same comparisons are classified by "
+            f"{'its rule' if len(names) == 1 else 'each rule'} too (each criterion is in "
+            f"{'its' if len(names) == 1 else 'their'} own finding):", "",
+            _table(("registration", "comparison", "verdict", "basis"), rows), ""]
+
+
 def _rule(s: RunSummary) -> list[str]:
     rule = s.declaration.get("rule", {})
     return ["## Decision rule (as registered)", "",
@@ -410,7 +427,8 @@ def render_markdown(summary: RunSummary, plot_files: dict[str, str] | None = Non
     """The finding as markdown. ``plot_files`` maps plot suffix -> file name beside it."""
     suffixes = [suffix for suffix, _, _ in PLOTS] + [ANATOMY_PLOT]
     plots = plot_files or {suffix: f"{summary.name}-{suffix}.png" for suffix in suffixes}
-    parts = (_head(summary) + _verdict(summary) + _rule(summary) + _amendments(summary)
+    parts = (_head(summary) + _verdict(summary) + _siblings(summary) + _rule(summary)
+             + _amendments(summary)
              + _environment(summary) + _activation(summary) + _match(summary, plots["match"])
              + _throughput(summary, plots["throughput"]) + _latency(summary)
              + _divergence(summary, plots["divergence"])
