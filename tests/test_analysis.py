@@ -142,6 +142,16 @@ def test_sibling_registrations_classify_the_same_comparisons_by_their_rules(tmp_
     assert sib.registration.endswith("preregistrations/tiny-strict.json")
 
 
+def test_an_arm_with_extra_passes_that_all_failed_gets_both_the_deviation_and_not_run(tmp_path):
+    reg = register_tiny(tmp_path, declaration(passes=2))
+    s = analyze_run(make_run(tmp_path, reg, lambda arm, p, i: {"error": "worker exited"}
+                             if arm == "trt" else BASE[i], passes=3))
+    assert "arm trt: 3 counted passes recorded, 2 declared" in s.deviations
+    assert "arm ctl: 3 counted passes recorded, 2 declared" in s.deviations
+    assert s.not_run == ("arm trt: its 3 counted pass(es) ran, but the engine answered none of "
+                         "their requests (every request failed)",)
+
+
 def test_logprob_unit_compares_bits_and_text_unit_compares_text(tmp_path):
     reg = register_tiny(tmp_path, declaration(unit="token_ids+logprobs"))
 

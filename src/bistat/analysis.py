@@ -940,13 +940,13 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
         elif n_counted < wl.passes:
             not_run.append(f"arm {a.name}: {wl.passes - n_counted} of {wl.passes} declared "
                            "counted passes not recorded")
+        elif n_counted > wl.passes:
+            deviations.append(f"arm {a.name}: {n_counted} counted passes recorded, "
+                              f"{wl.passes} declared")
         mine = [p for p in passes if p.arm == a.name and p.counted]
         if mine and all(p.n_requests and p.n_failed == p.n_requests for p in mine):
             not_run.append(f"arm {a.name}: its {len(mine)} counted pass(es) ran, but the engine "
                            "answered none of their requests (every request failed)")
-        elif n_counted > wl.passes:
-            deviations.append(f"arm {a.name}: {n_counted} counted passes recorded, "
-                              f"{wl.passes} declared")
         # Warm-ups run after every engine start (restarts per block, resumes), so the declared
         # count applies per start of the arm's engine.
         n_warm = len({p.pass_index for p in passes if p.arm == a.name and p.kind == "warmup"
