@@ -23,9 +23,6 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-#: The probe report a run directory may hold (``bistat probe ... --output RUN_DIR/probe.json``).
-PROBE_FILE = "probe.json"
-
 _BI_REGISTERED = re.compile(r"batch_invariant\.py|batch[ _-]invariant (mode|kernels?) (is )?"
                             r"(on|enabled|active)", re.I)
 _TUNED = re.compile(r"bistat_kernels: tuned GEMM installed")

@@ -1076,10 +1076,6 @@ def _pair_status(arm_reasons: Sequence[tuple[str, str]], control: str, treatment
     return RunStatus(False, "; ".join(mine)) if mine else RunStatus(True)
 
 
-#: The operator's notes file of a run directory (optional, free text, committed with the data).
-NOTES_FILE = "NOTES.md"
-
-
 def _client_in_flight(responses: pd.DataFrame) -> dict[tuple[str, int], float]:
     """(arm, pass_index) -> the time-weighted mean number of requests in flight client-side:
     the requests' total time in flight divided by the pass's span (first submit to last answer).
@@ -1105,7 +1101,7 @@ def _client_in_flight(responses: pd.DataFrame) -> dict[tuple[str, int], float]:
 
 def _probe_report(run_dir: Path) -> Mapping[str, Any] | None:
     """``run_dir/probe.json`` (``bistat probe --output``) when present."""
-    path = run_dir / act.PROBE_FILE
+    path = run_dir / records.PROBE_FILE
     if not path.is_file():
         return None
     try:
@@ -1130,7 +1126,7 @@ def _display_path(path: str | Path) -> str:
 
 def _operator_notes(run_dir: Path) -> str | None:
     """The text of ``run_dir/NOTES.md``, stripped; None when absent or empty."""
-    path = run_dir / NOTES_FILE
+    path = run_dir / records.NOTES_FILE
     if not path.is_file():
         return None
     try:

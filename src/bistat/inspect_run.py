@@ -168,7 +168,8 @@ def inspect_run(run_dir: str | Path) -> RunInspection:
     events = tuple(f"arm {a}: {e} ({d})" for a, e, d in
                    zip(ev.get("arm", []), ev.get("event", []), ev.get("detail", []))
                    if e in ("refused", "start_failed", "exited")) if len(ev) else ()
-    known = ({"run.json", records.OUTPUTS_FILE, "engine-logs", "NOTES.md", "probe.json"}
+    known = ({records.HEADER_FILE, records.OUTPUTS_FILE, records.ENGINE_LOGS_DIR,
+              records.NOTES_FILE, records.PROBE_FILE}
              | {f"{t}.{x}" for t in records.TABLES for x in ("jsonl", "parquet")})
     extra = tuple(sorted(p.name for p in run_dir.iterdir() if p.name not in known))
     reg = header.get("registration") if isinstance(header.get("registration"), Mapping) else {}

@@ -58,6 +58,9 @@ __all__ = [
     "compact",
     "OUTPUTS_FILE",
     "OUTPUT_FIELDS",
+    "ENGINE_LOGS_DIR",
+    "NOTES_FILE",
+    "PROBE_FILE",
     "token_sha256",
     "logprob_sha256",
     "table_schema",
@@ -67,6 +70,11 @@ SCHEMA_VERSION = 1
 RUN_SCHEMA = f"bistat.run/{SCHEMA_VERSION}"
 TABLES = ("schedule", "responses", "passes", "metrics", "environment", "events")
 HEADER_FILE = "run.json"
+#: Beside the tables: the engines' logs the runner keeps (``ARM-N.log.gz``), the operator's notes
+#: (free text, quoted by findings) and a ``bistat probe --output`` report.
+ENGINE_LOGS_DIR = "engine-logs"
+NOTES_FILE = "NOTES.md"
+PROBE_FILE = "probe.json"
 
 # Typed Parquet columns per table. Fields not listed here (nested dicts such as ``batching`` or
 # ``fingerprint``, lists of lists such as ``top_logprobs``, and any field a later writer adds) are

@@ -69,7 +69,15 @@ from bistat.engines.base import (
     MetricsSample,
 )
 from bistat.fingerprint import collect_fingerprint
-from bistat.records import RunWriter, compact, logprob_sha256, read_header, read_jsonl, token_sha256
+from bistat.records import (
+    ENGINE_LOGS_DIR,
+    RunWriter,
+    compact,
+    logprob_sha256,
+    read_header,
+    read_jsonl,
+    token_sha256,
+)
 from bistat.schedule import Block, PlannedPass, plan_schedule
 from bistat.workload import Prompt, load_prompts, requests_for_pass
 
@@ -609,7 +617,7 @@ class _Session:
         src = getattr(engine, "log_path", None)
         if src is None or not Path(src).is_file():
             return
-        dest_dir = self.writer.run_dir / "engine-logs"
+        dest_dir = self.writer.run_dir / ENGINE_LOGS_DIR
         dest_dir.mkdir(exist_ok=True)
         n = 1 + sum(1 for _ in dest_dir.glob(f"{arm}-*.log.gz"))
         try:
