@@ -46,8 +46,9 @@ from bistat.engines.vllm_server import (
     FORCED_ENV,
     LOG_FINDING_RE,
     _group_pids,
+    gone_error,
     inherited_env,
-    last_error_line,
+    read_log,
 )
 
 WORKER_MODULE = "bistat.engines.vllm_offline_worker"
@@ -126,9 +127,7 @@ class VLLMOfflineEngine:
         return {**inherited_env(), **DEFAULT_ENV, **self.arm_env, **FORCED_ENV}
 
     def log_findings(self) -> tuple[str, ...]:
-        if self.log_path is None or not self.log_path.exists():
-            return ()
-        return tuple(line.strip() for line in self.log_path.read_text(errors="replace").splitlines()
+        return tuple(line.strip() for line in read_log(self.log_path).splitlines()
                      if LOG_FINDING_RE.search(line))
 
     def _send(self, obj: dict[str, Any]) -> None:
@@ -207,12 +206,7 @@ class VLLMOfflineEngine:
                 code = self.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 code = None
-        text = (self.log_path.read_text(errors="replace")
-                if self.log_path is not None and self.log_path.exists() else "")
-        line = last_error_line(text)
-        how = f" with code {code}" if code is not None else ""
-        cause = f": {line}" if line else ""
-        return EngineError(f"the vLLM worker {what}{how}{cause} (log: {self.log_path})")
+        return gone_error("worker", what, code, self.log_path)
 
     def run_pass(self, requests: Sequence[GenerationRequest], *, concurrency: int,
                  on_result: Callable[[GenerationResult], None],

@@ -115,6 +115,22 @@ def last_error_line(log_text: str, tail: int = 400) -> str | None:
     return line if len(line) <= ERROR_LINE_MAX else line[:ERROR_LINE_MAX] + "..."
 
 
+def read_log(log_path: Path | None) -> str:
+    """An engine's log file as text ("" when there is none yet)."""
+    if log_path is None or not log_path.exists():
+        return ""
+    return log_path.read_text(errors="replace")
+
+
+def gone_error(who: str, what: str, code: int | None, log_path: Path | None) -> EngineError:
+    """The error for an engine process that is gone: who, what happened, the exit code, the
+    root-cause line of its log (:func:`last_error_line`) and the log's path."""
+    line = last_error_line(read_log(log_path))
+    how = f" with code {code}" if code is not None else ""
+    cause = f": {line}" if line else ""
+    return EngineError(f"the vLLM {who} {what}{how}{cause} (log: {log_path})")
+
+
 class _ServerDied(Exception):
     """Raised from the result callback to end a pass whose server process exited."""
 
@@ -282,9 +298,7 @@ class VLLMServerEngine:
         return self.command + [self.model] + flags + cli_args(self.args)
 
     def log_text(self) -> str:
-        if self.log_path is None or not self.log_path.exists():
-            return ""
-        return self.log_path.read_text(errors="replace")
+        return read_log(self.log_path)
 
     def log_findings(self) -> tuple[str, ...]:
         """Server-log lines about batch invariance, the attention backend and JIT compiles."""
@@ -447,11 +461,8 @@ class VLLMServerEngine:
 
     def _died(self, what: str) -> EngineError:
         """The error for a server process that is gone: exit code, log's root cause, log path."""
-        code = self.proc.poll() if self.proc is not None else None
-        line = last_error_line(self.log_text())
-        how = f" with code {code}" if code is not None else ""
-        cause = f": {line}" if line else ""
-        return EngineError(f"the vLLM server {what}{how}{cause} (log: {self.log_path})")
+        return gone_error("server", what, self.proc.poll() if self.proc is not None else None,
+                          self.log_path)
 
     def fingerprint(self) -> dict[str, Any]:
         info = self.info
