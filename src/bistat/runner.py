@@ -626,23 +626,21 @@ class _Session:
         except OSError as exc:  # a lost log must not lose the run
             self._event(arm, "exited", f"server log {src} not kept: {exc}")
 
-    def _stop_quietly(self, arm: str, engine: Engine) -> None:
-        try:
-            engine.stop()
-        except EngineError as exc:
-            self._event(arm, "exited", f"stop failed: {exc}")
-        self._keep_log(arm, engine)
-
-    def stop_engine(self, arm: str) -> None:
-        engine = self.engines.pop(arm)
+    def _stop_quietly(self, arm: str, engine: Engine) -> bool:
+        """Stop ``engine`` and keep its log; a failed stop is an ``exited`` event. True if it
+        stopped cleanly."""
         try:
             engine.stop()
         except EngineError as exc:
             self._event(arm, "exited", f"stop failed: {exc}")
             self._keep_log(arm, engine)
-            return
+            return False
         self._keep_log(arm, engine)
-        self._event(arm, "stopped")
+        return True
+
+    def stop_engine(self, arm: str) -> None:
+        if self._stop_quietly(arm, self.engines.pop(arm)):
+            self._event(arm, "stopped")
 
     def stop_all(self) -> None:
         for arm in list(self.engines):
