@@ -435,3 +435,27 @@ def fake_vllm_site(root: os.PathLike[str] | str) -> str:
     pkg.mkdir(parents=True, exist_ok=True)
     (pkg / "__init__.py").write_text(FAKE_VLLM)
     return str(Path(root) / "site")
+
+
+def failing_passes(engine: Any, requests: Sequence[GenerationRequest], *, concurrency: int,
+                   times: int = 1) -> tuple[list[Exception], list[GenerationResult], int | None]:
+    """Start ``engine``, run ``times`` passes of ``requests`` that must each raise
+    ``EngineError`` (an engine that dies), stop it. Returns the errors, the results delivered and
+    the engine process's pid (None without one)."""
+    import pytest
+
+    from bistat.engines.base import EngineError
+
+    errors: list[Exception] = []
+    results: list[GenerationResult] = []
+    try:
+        engine.start()
+        pid = engine.proc.pid if getattr(engine, "proc", None) is not None else None
+        for _ in range(times):
+            with pytest.raises(EngineError) as exc:
+                engine.run_pass(requests, concurrency=concurrency, on_result=results.append,
+                                on_metrics=lambda s: None)
+            errors.append(exc.value)
+    finally:
+        engine.stop()
+    return errors, results, pid

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 import pytest
-from fakes import fake_vllm_site
+from fakes import failing_passes, fake_vllm_site
 
 from bistat.engines.base import (
     EngineError,
@@ -95,37 +95,22 @@ def test_worker_dying_mid_pass_is_an_engine_error_after_the_results_received(fak
     """The H200 lesson: an engine core killed by torch.OutOfMemoryError is not 'every request
     failed' (pass after pass); the results received are delivered, then EngineError names the
     exit code, the root-cause line of the log (not vLLM's EngineDeadError wrapper) and the log."""
-    eng = _engine(fake_site, tmp_path, FAKE_CRASH_AFTER="2")
-    results = []
-    try:
-        eng.start()
-        pid = eng.proc.pid
-        reqs = [GenerationRequest(prompt_id=f"r{i}", prompt=[i], max_tokens=2 + i) for i in range(5)]
-        with pytest.raises(EngineError) as exc:
-            eng.run_pass(reqs, concurrency=2, on_result=results.append, on_metrics=lambda s: None)
-    finally:
-        eng.stop()
-    assert str(exc.value) == (f"the vLLM worker exited mid-pass with code 3: {OOM} "
-                              f"(log: {tmp_path / 'log'})")
+    reqs = [GenerationRequest(prompt_id=f"r{i}", prompt=[i], max_tokens=2 + i) for i in range(5)]
+    (exc,), results, pid = failing_passes(_engine(fake_site, tmp_path, FAKE_CRASH_AFTER="2"), reqs,
+                                          concurrency=2)
+    assert str(exc) == (f"the vLLM worker exited mid-pass with code 3: {OOM} "
+                        f"(log: {tmp_path / 'log'})")
     assert [(r.prompt_id, r.error) for r in results] == [("r0", None)]  # the 2nd died unsent
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
 
 
 def test_a_pass_on_a_dead_worker_raises_at_once_instead_of_failing_every_request(fake_site, tmp_path):
-    eng = _engine(fake_site, tmp_path, FAKE_CRASH_AFTER="1")
     reqs = [GenerationRequest(prompt_id=f"r{i}", prompt=[i + 1], max_tokens=2) for i in range(3)]
-    results = []
-    try:
-        eng.start()
-        with pytest.raises(EngineError):
-            eng.run_pass(reqs, concurrency=3, on_result=results.append, on_metrics=lambda s: None)
-        with pytest.raises(EngineError) as exc:
-            eng.run_pass(reqs, concurrency=3, on_result=results.append, on_metrics=lambda s: None)
-    finally:
-        eng.stop()
-    assert str(exc.value) == (f"the vLLM worker had exited before the pass with code 3: {OOM} "
-                              f"(log: {tmp_path / 'log'})")
+    (_, exc), results, _ = failing_passes(_engine(fake_site, tmp_path, FAKE_CRASH_AFTER="1"), reqs,
+                                          concurrency=3, times=2)
+    assert str(exc) == (f"the vLLM worker had exited before the pass with code 3: {OOM} "
+                        f"(log: {tmp_path / 'log'})")
     assert results == []
 
 

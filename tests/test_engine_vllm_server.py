@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from fakes import failing_passes
 
 from bistat.engines.base import (
     EngineError,
@@ -337,19 +338,11 @@ def test_server_dying_mid_pass_is_an_engine_error_not_failed_requests(tmp_path):
                            log_path=tmp_path / "log", stop_grace_s=5,
                            env={"DIE_AFTER": "3", "PYTHONPATH": str(HELPER.parent)},
                            http={"retries": 1, "backoff_s": 0.05, "metrics_interval_s": 0.05})
-    results = []
     reqs = [GenerationRequest(prompt_id=str(i), prompt=[50, i], max_tokens=8) for i in range(8)]
-    try:
-        eng.start()
-        with pytest.raises(EngineError) as exc:
-            eng.run_pass(reqs, concurrency=2, on_result=results.append, on_metrics=lambda s: None)
-        with pytest.raises(EngineError) as again:
-            eng.run_pass(reqs, concurrency=2, on_result=results.append, on_metrics=lambda s: None)
-    finally:
-        eng.stop()
-    assert str(exc.value) == (f"the vLLM server exited during the pass with code 1: {OOM_LINE} "
-                              f"(log: {tmp_path / 'log'})")
-    assert str(again.value).startswith("the vLLM server had exited before the pass with code 1: ")
+    (exc, again), results, _ = failing_passes(eng, reqs, concurrency=2, times=2)
+    assert str(exc) == (f"the vLLM server exited during the pass with code 1: {OOM_LINE} "
+                        f"(log: {tmp_path / 'log'})")
+    assert str(again).startswith("the vLLM server had exited before the pass with code 1: ")
     assert 1 <= len(results) <= 2 and all(r.error is None for r in results)  # never a failure
 
 
