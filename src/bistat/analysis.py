@@ -61,8 +61,7 @@ import pandas as pd
 
 from bistat import activation as act
 from bistat import anatomy as anat
-from bistat import records
-from bistat import stats
+from bistat import records, stats
 from bistat.classify import ArmStats, RunStatus, ValidityCheck, classify
 from bistat.experiment import DeclarationError, Experiment
 from bistat.fingerprint import same_node, same_versions

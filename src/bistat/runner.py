@@ -42,21 +42,30 @@ nothing was interrupted.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import datetime as _dt
-import hashlib
 import gzip
+import hashlib
 import json
 import math
 import shutil
 import sys
 import threading
-import concurrent.futures
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Mapping, Protocol, Sequence
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Iterable,
+    Literal,
+    Mapping,
+    Protocol,
+    Sequence,
+)
 
 from bistat import __version__
 from bistat.engines.base import (
@@ -239,7 +248,13 @@ class RichReporter:
         self._total = 0
 
     def pass_started(self, planned: PlannedPass, n_requests: int, position: int, total: int) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
 
         self._position, self._total = position, total
         self._tokens, self._failed, self._t0 = 0, 0, time.perf_counter()
