@@ -70,18 +70,45 @@ def test_the_first_h200_attempt_shows_fa3_on_the_diverging_arms():
         "bi-triton-attn": (True, False, ("TRITON_ATTN",))}
 
 
+def _probe_json(*arms, seed=0):
+    """A bistat.probe/1 report over ``arms`` ((name, role, differs), ...), as `bistat probe
+    --output` writes it."""
+    from bistat.probe import ArmProbe, ProbeSettings, ProbeTrial, decide_report
+
+    trial = {False: ProbeTrial(0, 40, 3, True, True, None, shared_step=True),
+             True: ProbeTrial(0, 40, 3, False, False, 0, shared_step=True)}
+    return decide_report([ArmProbe(name, role, True, (trial[differs],), 6) for name, role, differs in arms],
+                   ProbeSettings(seed=seed), "p").to_json()
+
+
 def test_a_probe_report_in_the_run_directory_is_read(tmp_path):
     run = tmp_path / "run"
     shutil.copytree(ROOT / "examples" / "synthetic" / "run", run)
     reg = ROOT / "examples" / "synthetic" / "synthetic-example.json"
-    (run / "probe.json").write_text(json.dumps({
-        "schema": "bistat.probe/1", "outcome": "confirmed", "reason": "r", "settings": {},
-        "needle_prompt_id": "p", "arms": [{"arm": "batch-invariant", "role": "probed", "differs": False},
-                                          {"arm": "default", "role": "negative_control", "differs": True}]}))
+    (run / "probe.json").write_text(json.dumps(_probe_json(("batch-invariant", "probed", False),
+                                                           ("default", "negative_control", True))))
     acts = {a.arm: a for a in analyze_run(run, reg).activation}
     assert acts["batch-invariant"].probe == "confirmed"
     (run / "probe.json").write_text("{}")
-    with pytest.raises(AnalysisError, match=r"probe\.json: schema is not 'bistat\.probe/1'"):
+    with pytest.raises(AnalysisError, match=r"probe\.json: field 'schema' is None, expected "
+                                            r"'bistat\.probe/1'"):
+        analyze_run(run, reg)
+
+
+def test_probe_reports_of_one_probe_on_different_arms_are_merged(tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(ROOT / "examples" / "synthetic" / "run", run)
+    reg = ROOT / "examples" / "synthetic" / "synthetic-example.json"
+    # the treatment probed in a later call without a control: alone, no power ...
+    (run / "probe-bi.json").write_text(json.dumps(_probe_json(("batch-invariant", "probed", False))))
+    assert {a.arm: a.probe for a in analyze_run(run, reg).activation}["batch-invariant"] == "no_power"
+    # ... beside the report whose negative control differed, confirmed
+    (run / "probe.json").write_text(json.dumps(_probe_json(("default", "negative_control", True))))
+    acts = {a.arm: a for a in analyze_run(run, reg).activation}
+    assert acts["batch-invariant"].probe == "confirmed"
+    (run / "probe.json").write_text(json.dumps(_probe_json(("default", "negative_control", True),
+                                                           seed=7)))
+    with pytest.raises(AnalysisError, match=r"probe-bi\.json: a different probe from probe\.json"):
         analyze_run(run, reg)
 
 

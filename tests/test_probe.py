@@ -6,10 +6,12 @@ import pytest
 
 import fakes
 import helpers_runner as h
+import json
 import math
 
 from bistat.engines.base import GenerationResult, MetricsSample
-from bistat.probe import ProbeSettings, compare_bitwise, run_probe, shared_step_evidence
+from bistat.probe import (ProbeSettings, compare_bitwise, merge_reports, report_from_json, run_probe,
+                          shared_step_evidence)
 
 SMALL = ProbeSettings(trials=3, min_fillers=32, max_fillers=40, max_tokens=6, seed=1)
 
@@ -337,3 +339,76 @@ def test_probe_on_vllm_offline_samples_every_step_so_the_needle_is_seen_sharing_
         n = int(t.evidence.split(" from ")[1].split(" ")[0])
         assert n >= 5 and t.evidence.endswith("around the needle: max 4"), t.evidence
     assert engines[0].metrics_interval_s == 1.0  # throughput passes keep their interval
+
+
+# --- partial reports and merging (a probe spread over device calls) ----------------------------
+
+
+def _three_arms():
+    return h.experiment(arms=[{"name": "blas", "role": "control", "args": {"fake": {"divergence": 0.9}}},
+                              {"name": "inv-a", "role": "treatment"},
+                              {"name": "inv-b", "role": "treatment"}])
+
+
+def test_a_partial_report_follows_every_arm_but_the_last():
+    seen = []
+    report = run_probe(_three_arms(), settings=SMALL, engine_factory=fakes.FakeScript().factory,
+                       on_report=seen.append)
+    assert [(r.pending, r.outcome) for r in seen] == [
+        (("inv-b", "blas"), "no_power"), (("blas",), "no_power"), ((), "confirmed")]
+    assert seen[0].reason == ("partial: inv-b, blas not probed yet; no negative control was run, "
+                              "so the probe's power is unknown")
+    assert [a.arm for a in seen[1].arms] == ["inv-a", "inv-b"]
+    assert seen[-1] is report and "pending" not in report.to_json()
+    assert report_from_json(seen[0].to_json()).pending == ("inv-b", "blas")
+
+
+def test_report_json_round_trips_and_bad_reports_name_the_file():
+    report = run_probe(_exp(control={"divergence": 0.9}), settings=SMALL,
+                       engine_factory=fakes.FakeScript().factory)
+    assert report_from_json(json.loads(json.dumps(report.to_json()))) == report
+    with pytest.raises(ValueError, match=r"^run/probe\.json: field 'schema' is None, expected "
+                                         r"'bistat\.probe/1'"):
+        report_from_json({}, "run/probe.json")
+    broken = {**report.to_json(), "settings": {"trials": 0}}
+    with pytest.raises(ValueError, match=r"^p\.json: not a complete bistat\.probe/1 report "
+                                         r"\(ValueError\('trials must be at least 1, got 0'\)\)"):
+        report_from_json(broken, "p.json")
+
+
+def test_merging_gives_a_control_less_probe_the_other_reports_power():
+    exp = _three_arms()
+    # session 1 probed inv-a with the control and was stopped before inv-b; session 2 probed
+    # inv-b alone (no control): alone it has no power, merged it is confirmed
+    first = run_probe(exp, arms=["inv-a"], settings=SMALL, engine_factory=fakes.FakeScript().factory)
+    second = run_probe(exp, arms=["inv-b"], control="", settings=SMALL,
+                       engine_factory=fakes.FakeScript().factory)
+    assert (first.outcome, second.outcome) == ("confirmed", "no_power")
+    merged = merge_reports([("probe.json", first), ("probe-inv-b.json", second)])
+    assert merged.outcome == "confirmed" and merged.merged_from == ("probe.json", "probe-inv-b.json")
+    assert [(a.arm, a.role) for a in merged.arms] == [
+        ("inv-a", "probed"), ("blas", "negative_control"), ("inv-b", "probed")]
+    # a violation in the second report is the merged report's violation
+    bad = run_probe(h.experiment(arms=[{"name": "blas", "role": "control"},
+                                       {"name": "inv-b", "role": "treatment",
+                                        "args": {"fake": {"logprob_jitter": True}}}]),
+                    control="", settings=ProbeSettings(trials=4, min_fillers=32, max_fillers=40,
+                                                        max_tokens=6, seed=1),
+                    engine_factory=fakes.FakeScript().factory)
+    with pytest.raises(ValueError, match=r"^probe-b\.json: a different probe from probe\.json"):
+        merge_reports([("probe.json", first), ("probe-b.json", bad)])
+    bad = run_probe(h.experiment(arms=[{"name": "blas", "role": "control"},
+                                       {"name": "inv-b", "role": "treatment",
+                                        "args": {"fake": {"logprob_jitter": True}}}]),
+                    control="", settings=SMALL, engine_factory=fakes.FakeScript().factory)
+    merged = merge_reports([("probe.json", first), ("probe-b.json", bad)])
+    assert (merged.outcome, merged.reason) == (
+        "violated", "bitwise differences on inv-b: not batch invariant")
+    with pytest.raises(ValueError, match=r"^probe-again\.json: arm 'inv-a' was probed in "
+                                         r"probe\.json too; keep one"):
+        merge_reports([("probe.json", first), ("probe-again.json", first)])
+    # a pending arm probed by another report is no longer pending
+    partial = []
+    run_probe(exp, settings=SMALL, engine_factory=fakes.FakeScript().factory, on_report=partial.append)
+    merged = merge_reports([("probe.json", partial[0]), ("probe-b.json", second)])
+    assert merged.pending == ("blas",) and merged.outcome == "no_power"

@@ -81,8 +81,10 @@ def test_published_reported_as_observed():
     v = classify(PUBLISHED, arm("off", "control", 78, 541, [100.0]),
                  arm("on", "treatment", 541, 541, [97.0]))
     assert v.label is Label.REPORTED_AS_OBSERVED
-    assert v.basis == ("no declared label had all its criteria met; the rule's 'otherwise' "
-                       "label applies")
+    assert v.basis == ("no declared label had all its criteria met ('working': throughput ratio "
+                       "(treatment ÷ control), point estimate 0.97 (needs < 0.9); 'doubtful': "
+                       "treatment's and control's 95 % Wilson match intervals overlap: no (needs "
+                       "yes)); the rule's 'otherwise' label applies")
     assert v.sentence == SENTENCES[Label.REPORTED_AS_OBSERVED]
     # a slowdown between 0.90 and 0.95 with overlapping intervals: neither label either
     v = classify(PUBLISHED, arm("off", "control", 80, 541, [100.0]),

@@ -192,6 +192,40 @@ def test_probe_cli_confirmed_json_and_exit_codes(workdir):
     assert (bad.exit_code, bad.output) == (1, "Error: arm 'nope' is not in the declaration; arms: blas, invariant\n")
 
 
+def test_an_interrupted_probe_keeps_its_finished_arms(workdir, monkeypatch):
+    import bistat.probe
+
+    data = h.declaration(arms=[{"name": "blas", "role": "control", "args": {"fake": {"divergence": 0.9}}},
+                               {"name": "inv-a", "role": "treatment"}, {"name": "inv-b", "role": "treatment"}])
+    (workdir / "experiments").mkdir()
+    decl = h.write_toml(workdir / "experiments" / "p.toml", data)
+    real = bistat.probe.probe_arm
+
+    def stopped_at_the_control(engine, name, role, *args):
+        if role == "negative_control":   # what `timeout -s INT` does to a probe past its budget
+            raise KeyboardInterrupt
+        return real(engine, name, role, *args)
+
+    monkeypatch.setattr(bistat.probe, "probe_arm", stopped_at_the_control)
+    result = _invoke("probe", str(decl), "--max-fillers", "40", "--max-tokens", "5", "--output",
+                     "run/probe.json")
+    assert result.exit_code == 130
+    assert result.stderr.splitlines()[-1] == ("interrupted: the report of the 2 finished arm(s) is "
+                                              "in run/probe.json")
+    kept = json.loads((workdir / "run" / "probe.json").read_text())
+    assert [a["arm"] for a in kept["arms"]] == ["inv-a", "inv-b"] and kept["pending"] == ["blas"]
+    assert kept["outcome"] == "no_power" and kept["reason"].startswith("partial: blas not probed yet")
+    assert not list((workdir / "run").glob(".*.tmp"))
+    one = _invoke("probe", str(decl), "--arm", "inv-a", "--max-fillers", "40", "--output",
+                  "run/probe-2.json")
+    assert one.exit_code == 130
+    assert json.loads((workdir / "run" / "probe-2.json").read_text())["pending"] == ["blas"]
+    monkeypatch.setattr(bistat.probe, "probe_arm", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
+    none = _invoke("probe", str(decl), "--max-fillers", "40", "--output", "run/probe-3.json")
+    assert none.exit_code == 130 and not (workdir / "run" / "probe-3.json").exists()
+    assert none.stderr.splitlines()[-1] == "interrupted: no arm had finished, nothing was written"
+
+
 def test_probe_cli_vacuous_and_mode(workdir):
     data = h.declaration(arms=[{"name": "blas", "role": "control", "args": {"fake": {"divergence": 0.9}}},
                                {"name": "invariant", "role": "treatment"}])

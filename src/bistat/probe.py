@@ -64,7 +64,7 @@ import contextlib
 import math
 import struct
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence
 
 import numpy as np
 
@@ -92,6 +92,9 @@ __all__ = [
     "shared_step_evidence",
     "probe_arm",
     "run_probe",
+    "report_from_json",
+    "merge_reports",
+    "decide_report",
 ]
 
 ProbeOutcome = Literal["confirmed", "violated", "no_power", "untested", "vacuous"]
@@ -228,12 +231,19 @@ class ProbeReport:
     settings: ProbeSettings
     needle_prompt_id: str
     arms: tuple[ArmProbe, ...]
+    pending: tuple[str, ...] = ()       # arms planned but not (yet) probed: a partial report
+    merged_from: tuple[str, ...] = ()   # the reports this one merges (merge_reports)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["schema"] = PROBE_SCHEMA
         for arm, probe in zip(data["arms"], self.arms):
             arm["differs"] = probe.differs
+        for key in ("pending", "merged_from"):
+            if not data[key]:
+                del data[key]
+            else:
+                data[key] = list(data[key])
         return data
 
     def summary_lines(self) -> list[str]:
@@ -273,6 +283,8 @@ class ProbeReport:
                 what = f"warm identical to cold in {same}/{len(a.trials)} trial(s)"
                 shared = ""
             lines.append(f"  {a.arm} ({label}): alone twice {repeat}; {what}{where}{err}{shared}")
+        if self.pending:
+            lines.append(f"  not probed: {', '.join(self.pending)}")
         lines.append(f"outcome: {self.outcome} — {self.reason}")
         return lines
 
@@ -539,6 +551,7 @@ def run_probe(
     settings: ProbeSettings = ProbeSettings(),
     engine_factory: Callable[["Experiment", "Arm"], Engine] | None = None,
     on_arm: Callable[[str], None] | None = None,
+    on_report: Callable[[ProbeReport], None] | None = None,
 ) -> ProbeReport:
     """Probe ``arms`` (default: every treatment arm) with ``control`` as the negative control
     (default: the declaration's control arm; ``""`` for none), one engine at a time.
@@ -546,6 +559,10 @@ def run_probe(
     The prompts come from the declaration's prompt source (``max_fillers + 1`` of them, or the
     needle index + 1 when larger) with the declaration's sampling settings, its
     ``workload.top_logprobs`` and ``settings.max_tokens``.
+
+    ``on_report`` receives the report so far after every arm (its ``pending`` names the arms
+    still to run), so that a caller can keep it on disk: an interrupted probe loses only the arm
+    it was on.
     """
     by_name = {a.name: a for a in experiment.arms}
     probed = list(arms) if arms else [a.name for a in experiment.treatments]
@@ -570,9 +587,9 @@ def run_probe(
         from bistat.engines.registry import create_engine
 
         engine_factory = create_engine
-    results = []
+    results: list[ArmProbe] = []
     plan = [(name, "probed") for name in probed] + ([(control_name, "negative_control")] if control_name else [])
-    for name, role in plan:
+    for i, (name, role) in enumerate(plan):
         if on_arm is not None:
             on_arm(name)
         try:
@@ -580,11 +597,84 @@ def run_probe(
             engine.start()
         except EngineError as exc:
             results.append(ArmProbe(name, role, None, (), None, error=f"{type(exc).__name__}: {exc}"))
-            continue
-        try:
-            results.append(probe_arm(engine, name, role, needle, fillers, settings, make_request))
-        finally:
-            engine.stop()
-    outcome, reason = _decide(results, settings.mode)
-    return ProbeReport(outcome=outcome, reason=reason, settings=settings, needle_prompt_id=needle.prompt_id,
-                       arms=tuple(results))
+        else:
+            try:
+                results.append(probe_arm(engine, name, role, needle, fillers, settings, make_request))
+            finally:
+                engine.stop()
+        if on_report is not None and i + 1 < len(plan):
+            on_report(decide_report(results, settings, needle.prompt_id,
+                              pending=tuple(n for n, _ in plan[i + 1:])))
+    report = decide_report(results, settings, needle.prompt_id)
+    if on_report is not None:
+        on_report(report)
+    return report
+
+
+def decide_report(arms: Sequence[ArmProbe], settings: ProbeSettings, needle_prompt_id: str, *,
+                  pending: tuple[str, ...] = (), merged_from: tuple[str, ...] = ()) -> ProbeReport:
+    """The report over ``arms``; with ``pending`` arms it is partial, and says so in its reason."""
+    outcome, reason = _decide(arms, settings.mode)
+    if pending:
+        reason = f"partial: {', '.join(pending)} not probed yet; {reason}"
+    return ProbeReport(outcome=outcome, reason=reason, settings=settings,
+                       needle_prompt_id=needle_prompt_id, arms=tuple(arms), pending=pending,
+                       merged_from=merged_from)
+
+
+def report_from_json(data: Mapping[str, Any], source: str = "probe report") -> ProbeReport:
+    """A :class:`ProbeReport` from its JSON (``bistat probe --output``); ``source`` names it in
+    errors."""
+    if not isinstance(data, Mapping) or data.get("schema") != PROBE_SCHEMA:
+        got = data.get("schema") if isinstance(data, Mapping) else type(data).__name__
+        raise ValueError(f"{source}: field 'schema' is {got!r}, expected {PROBE_SCHEMA!r}; write "
+                         "it with `bistat probe REGISTRATION --output FILE`")
+    try:
+        settings = ProbeSettings(**data["settings"])
+        arms = tuple(
+            ArmProbe(arm=str(a["arm"]), role=str(a["role"]),
+                     alone_repeat_identical=a.get("alone_repeat_identical"),
+                     trials=tuple(ProbeTrial(**t) for t in a.get("trials") or ()),
+                     n_needle_tokens=a.get("n_needle_tokens"), error=a.get("error"))
+            for a in data["arms"])
+        return ProbeReport(outcome=data["outcome"], reason=str(data["reason"]), settings=settings,
+                           needle_prompt_id=str(data["needle_prompt_id"]), arms=arms,
+                           pending=tuple(data.get("pending") or ()),
+                           merged_from=tuple(data.get("merged_from") or ()))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{source}: not a complete {PROBE_SCHEMA} report ({exc!r}); write it "
+                         "with `bistat probe REGISTRATION --output FILE`") from None
+
+
+def merge_reports(reports: Sequence[tuple[str, ProbeReport]]) -> ProbeReport:
+    """One report from several runs of the same probe (same needle and settings) on different
+    arms, e.g. a treatment arm probed after the session that ran the negative control: the
+    outcome is decided again over every arm, so one report's control gives the others power.
+
+    ``reports`` pairs each report with the name it is known by (its file). An arm probed in two
+    reports, or reports with different needles or settings, are refused: they are not the same
+    probe.
+    """
+    if not reports:
+        raise ValueError("no probe reports to merge")
+    if len(reports) == 1:
+        return reports[0][1]
+    (first_src, first), *rest = reports
+    seen = {a.arm: first_src for a in first.arms}
+    arms = list(first.arms)
+    for src, rep in rest:
+        if rep.settings != first.settings or rep.needle_prompt_id != first.needle_prompt_id:
+            raise ValueError(
+                f"{src}: a different probe from {first_src} (needle {rep.needle_prompt_id!r}, "
+                f"{rep.settings} vs needle {first.needle_prompt_id!r}, {first.settings}); only "
+                "runs of the same probe (same needle and settings) merge -- move the other "
+                "report out of the run directory")
+        for a in rep.arms:
+            if a.arm in seen:
+                raise ValueError(f"{src}: arm {a.arm!r} was probed in {seen[a.arm]} too; keep one "
+                                 "of the two reports in the run directory")
+            seen[a.arm] = src
+            arms.append(a)
+    pending = tuple(dict.fromkeys(p for _, r in reports for p in r.pending if p not in seen))
+    return decide_report(arms, first.settings, first.needle_prompt_id, pending=pending,
+                   merged_from=tuple(src for src, _ in reports))

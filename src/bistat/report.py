@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -180,13 +180,20 @@ def _activation(s: RunSummary) -> list[str]:
     if not s.activation:
         return []
     probe_cmd = "`bistat probe REGISTRATION --output RUN_DIR/probe.json`"
+    parts = []
+    if len(s.probe_files) > 1:
+        parts = [f"The probe ran in {len(s.probe_files)} parts ("
+                 + ", ".join(f"`{f}`" for f in s.probe_files)
+                 + "): the same needle and settings on different arms, judged together, so "
+                 "one part's negative control gives the others their power.", ""]
     if not (s.engine_kind or "").startswith("vllm"):
         rows = [(a.arm, a.role, ", ".join(f"`{r}`" for r in a.requested) or "—",
                  (a.probe or "not run").replace("_", " "), a.status) for a in s.activation]
         return ["## Activation", "",
                 f"A setting is *requested* until a behavioural probe with a negative control "
-                f"confirms it ({probe_cmd}).", "",
-                _table(("arm", "role", "requested (vs control)", "probe", "status"), rows), ""]
+                f"confirms it ({probe_cmd}).", "", *parts,
+                _table(("arm", "role", "requested (vs control)", "probe", "status"), rows), "",
+                *_probe_detail(s.probe)]
     flag = {True: "yes", False: "no", None: "—"}
     rows = [(a.arm, a.role, ", ".join(f"`{r}`" for r in a.requested) or "—",
              "**no**" if a.bi_requested and a.bi_kernels_logged is False
@@ -199,9 +206,44 @@ def _activation(s: RunSummary) -> list[str]:
             f"*requested* until a behavioural probe with a negative control confirms it "
             f"({probe_cmd}). The engine's log, kept at every start, gives circumstantial "
             "evidence: the batch-invariant kernels registering, bistat's tuned GEMM installing "
-            "itself, the attention backend chosen.", "",
+            "itself, the attention backend chosen.", "", *parts,
             _table(("arm", "role", "requested (vs control)", "batch-invariant kernels in log",
-                    "tuned GEMM in log", "attention backend (log)", "probe", "status"), rows), ""]
+                    "tuned GEMM in log", "attention backend (log)", "probe", "status"), rows), "",
+            *_probe_detail(s.probe)]
+
+
+def _probe_detail(probe: Mapping[str, Any] | None) -> list[str]:
+    """The probe's trials per arm (batch mode: the needle alone twice, then among fillers)."""
+    if not probe or (probe.get("settings") or {}).get("mode", "batch") != "batch":
+        return []
+    st = probe["settings"]
+    rows = []
+    for a in probe.get("arms") or ():
+        trials = a.get("trials") or ()
+        if a.get("error"):
+            rows.append((a["arm"], a["role"].replace("_", " "), "—", "—", "—", "—",
+                         f"could not run: {a['error']}"))
+            continue
+        same = sum(bool(t.get("tokens_equal")) and t.get("logprobs_equal") is not False
+                   and not t.get("error") for t in trials)
+        firsts = sorted({t["first_divergence"] for t in trials
+                         if t.get("first_divergence") is not None})
+        rows.append((a["arm"], a["role"].replace("_", " "),
+                     {True: "identical", False: "**different**", None: "—"}[
+                         a.get("alone_repeat_identical")],
+                     f"{same} / {len(trials)}", ", ".join(str(t.get("n_fillers")) for t in trials),
+                     f"{sum(t.get('shared_step') is True for t in trials)} / {len(trials)}",
+                     ", ".join(map(str, firsts)) or "—"))
+    pending = probe.get("pending") or ()
+    out = [f"Probe (needle `{probe.get('needle_prompt_id')}`, {st.get('trials')} trial(s) among "
+           f"{st.get('min_fillers')}-{st.get('max_fillers')} fillers, {st.get('max_tokens')} "
+           f"tokens, bitwise token ids and logprobs): **{probe.get('outcome', '').replace('_', ' ')}**"
+           f" — {probe.get('reason')}."
+           + (f" Not probed: {', '.join(pending)}." if pending else ""), "",
+           _table(("arm", "role", "needle alone, twice", "identical among fillers",
+                   "fillers per trial", "needle shared an engine step", "first divergence (token)"),
+                  rows), ""]
+    return out
 
 
 def _match(s: RunSummary, plot: str) -> list[str]:

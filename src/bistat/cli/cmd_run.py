@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -214,7 +215,7 @@ def probe_command(declaration: Path, arms: tuple[str, ...], control: str | None,
     probe is reported as lacking power.
     """
     from bistat.experiment import DeclarationError, load_experiment
-    from bistat.probe import ProbeSettings, run_probe
+    from bistat.probe import ProbeReport, ProbeSettings, run_probe
     from bistat.workload import WorkloadError
 
     if no_control and control is not None:
@@ -239,21 +240,34 @@ def probe_command(declaration: Path, arms: tuple[str, ...], control: str | None,
             seed=experiment.workload.seed if seed is None else seed,
             mode=mode,
         )
-        report = run_probe(
-            experiment,
-            arms=list(arms) or None,
-            control="" if no_control else control,
-            settings=settings,
-            on_arm=None if as_json else (lambda name: click.echo(f"probing arm {name} ...", err=True)),
-        )
+        saved: list[int] = []
+
+        def keep(partial: ProbeReport) -> None:
+            # every finished arm goes to disk at once: an interrupted probe loses only its
+            # current arm
+            if output is not None:
+                _write_json_atomic(output, partial.to_json())
+                saved.append(len(partial.arms))
+
+        try:
+            report = run_probe(
+                experiment,
+                arms=list(arms) or None,
+                control="" if no_control else control,
+                settings=settings,
+                on_arm=None if as_json else (lambda name: click.echo(f"probing arm {name} ...", err=True)),
+                on_report=keep,
+            )
+        except KeyboardInterrupt:
+            kept = (f"the report of the {saved[-1]} finished arm(s) is in {output}" if saved
+                    else "no arm had finished, nothing was written")
+            click.echo(f"interrupted: {kept}", err=True)
+            sys.exit(130)
     except DeclarationError as exc:
         raise click.ClickException(str(exc)) from exc
     except (ValueError, WorkloadError) as exc:
         raise click.ClickException(str(exc)) from exc
     data = report.to_json()
-    if output is not None:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     if as_json:
         click.echo(json.dumps(data, indent=2, sort_keys=True))
     else:
@@ -264,6 +278,13 @@ def probe_command(declaration: Path, arms: tuple[str, ...], control: str | None,
     result = gate([PROBE_LABELS[report.outcome]], fail_labels)
     click.echo(f"exit {result.exit_code}: {result.reason}", err=as_json)
     sys.exit(result.exit_code)
+
+
+def _write_json_atomic(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def register(group: click.Group) -> None:
