@@ -1,3 +1,4 @@
+import os
 from pathlib import Path
 
 import pytest
@@ -35,3 +36,88 @@ def test_a_file_without_verdicts_is_refused(tmp_path):
     assert result.exit_code == 1
     assert result.output == (f"Error: {tmp_path / 'notes.md'}: no verdict heading found; is it a "
                              "finding written by `bistat analyze`?\n")
+
+
+@pytest.fixture(scope="module")
+def regs(tmp_path_factory):
+    """Sealed registrations of the quickstart declaration named done, later and silent."""
+    import tomllib
+
+    from bistat.prereg import register
+
+    tmp = tmp_path_factory.mktemp("regs")
+    regs = tmp / "preregistrations"
+    regs.mkdir()
+    text = (ROOT / "experiments" / "quickstart.toml").read_text()
+    for name in ["done", "later", "silent"]:
+        decl = tmp / f"{name}.toml"
+        decl.write_text(text.replace('name = "quickstart"', f'name = "{name}"'))
+        assert tomllib.loads(decl.read_text())["name"] == name
+        register(decl, registrations_dir=regs)
+    return regs
+
+
+def _findings(tmp_path, regs):
+    """A findings folder holding a finding named done, beside a copy of ``regs``."""
+    import shutil
+
+    findings = tmp_path / "findings"
+    findings.mkdir()
+    (findings / "a.md").write_text(
+        "# Finding: done\n\n## Verdict\n\n### x (treatment) vs c (control): **working**\n")
+    shutil.copytree(regs, tmp_path / "preregistrations")
+    return findings, tmp_path / "preregistrations"
+
+
+def test_registrations_without_a_finding_are_listed_with_their_reasons(tmp_path, regs):
+    findings, regs = _findings(tmp_path, regs)
+    reasons = tmp_path / "not-run.toml"
+    reasons.write_text('[not_run]\nlater = "device time"\n')
+    result = CliRunner().invoke(cli, ["index", str(findings), "--registrations", str(regs),
+                                      "--reasons", str(reasons)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    lines = (findings / "README.md").read_text().splitlines()
+    tail = lines[lines.index("## Registered, no finding yet"):]
+    assert tail[2] == ("Sealed before any data and not run (or not analysed) so far; the reason as "
+                       f"stated by the people running the studies (`{reasons.as_posix()}`).")
+    assert [row.split(" | ")[0::2] for row in tail[6:]] == [
+        ["| [later](../preregistrations/later.json)", "device time |"],
+        ["| [silent](../preregistrations/silent.json)", "*no reason stated* |"]]
+    # without --registrations the index is as before
+    CliRunner().invoke(cli, ["index", str(findings)], catch_exceptions=False)
+    assert "## Registered, no finding yet" not in (findings / "README.md").read_text()
+
+
+@pytest.mark.parametrize("toml, message", [
+    ('[not_run]\ndone = "x"\n', "not_run.done is stated, but done has a finding; remove the line"),
+    ('[not_run]\nnope = "x"\n', "not_run.nope names no registration in {regs}; fix the name or "
+                                "remove the line"),
+    ('[not_run]\nlater = ""\n', "field not_run.later must be a non-empty string"),
+    ('later = "x"\n', "expected one table [not_run] of NAME = \"reason\" lines, got later"),
+    ("[not_run\n", "not a readable TOML file"),
+])
+def test_bad_reasons_name_the_file_and_the_field(tmp_path, regs, toml, message):
+    findings, regs = _findings(tmp_path, regs)
+    reasons = tmp_path / "not-run.toml"
+    reasons.write_text(toml)
+    result = CliRunner().invoke(cli, ["index", str(findings), "--registrations", str(regs),
+                                      "--reasons", str(reasons)])
+    assert result.exit_code == 1
+    assert result.output.startswith(f"Error: {reasons.as_posix()}: ")
+    assert message.format(regs=regs) in result.output
+
+
+def test_the_committed_index_is_current(tmp_path, monkeypatch):
+    """findings/README.md as `bistat index findings --registrations preregistrations --reasons
+    findings/not-run.toml` writes it (from the repository root)."""
+    import shutil
+
+    from bistat.findings_index import write_index
+
+    monkeypatch.chdir(ROOT)
+    copy = tmp_path / "findings"
+    shutil.copytree(ROOT / "findings", copy, ignore=shutil.ignore_patterns("*.png", "local"))
+    out = write_index(copy, "preregistrations", "findings/not-run.toml")
+    fresh = out.read_text().replace(Path(os.path.relpath(ROOT / "preregistrations", copy)).as_posix(),
+                                    "../preregistrations")
+    assert fresh == (ROOT / "findings" / "README.md").read_text()
