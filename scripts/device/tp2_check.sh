@@ -1,7 +1,8 @@
 #!/bin/bash
 # First command on an nvidia-h200-x2 machine (issue 7): two GPUs visible, NCCL all-reduce works with
 # multicast off, before anything long runs. Then: stage/install as usual, prepare.sh, and
-# run_chunk.sh tp2-match.
+# run_bg.sh tp1-match, then run_bg.sh tp2-match, on the same host (≈ 6 min each: two engines, 10
+# passes; scripts/device/README.md).
 set -uo pipefail
 . "$(dirname "$0")/env.sh"
 nvidia-smi --query-gpu=index,name,uuid,driver_version --format=csv
