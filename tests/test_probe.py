@@ -412,3 +412,22 @@ def test_merging_gives_a_control_less_probe_the_other_reports_power():
     run_probe(exp, settings=SMALL, engine_factory=fakes.FakeScript().factory, on_report=partial.append)
     merged = merge_reports([("probe.json", partial[0]), ("probe-b.json", second)])
     assert merged.pending == ("blas",) and merged.outcome == "no_power"
+
+
+def test_an_interrupt_while_an_engine_starts_stops_that_engine():
+    stopped = []
+
+    class Starting:
+        kind = "fake"
+
+        def start(self):
+            raise KeyboardInterrupt
+
+        def stop(self):
+            stopped.append(True)
+
+    seen = []
+    with pytest.raises(KeyboardInterrupt):
+        run_probe(_exp(), settings=SMALL, engine_factory=lambda exp, arm: Starting(),
+                  on_report=seen.append)
+    assert stopped == [True] and seen == []

@@ -592,11 +592,17 @@ def run_probe(
     for i, (name, role) in enumerate(plan):
         if on_arm is not None:
             on_arm(name)
+        engine = None
         try:
             engine = engine_factory(experiment, by_name[name])
             engine.start()
         except EngineError as exc:
             results.append(ArmProbe(name, role, None, (), None, error=f"{type(exc).__name__}: {exc}"))
+        except BaseException:   # interrupted while starting: leave no engine behind
+            if engine is not None:
+                with contextlib.suppress(Exception):
+                    engine.stop()
+            raise
         else:
             try:
                 results.append(probe_arm(engine, name, role, needle, fillers, settings, make_request))
@@ -604,7 +610,7 @@ def run_probe(
                 engine.stop()
         if on_report is not None and i + 1 < len(plan):
             on_report(decide_report(results, settings, needle.prompt_id,
-                              pending=tuple(n for n, _ in plan[i + 1:])))
+                                    pending=tuple(n for n, _ in plan[i + 1:])))
     report = decide_report(results, settings, needle.prompt_id)
     if on_report is not None:
         on_report(report)
