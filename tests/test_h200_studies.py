@@ -41,6 +41,16 @@ def test_first_attempt_match_counts_and_verdicts(smol):
     assert smol.operator_notes.startswith("First attempt of Study 1(a), stopped early")
 
 
+def test_first_attempt_diverges_only_past_one_128_key_attention_tile(smol):
+    """Exploratory (not registered): with FlashAttention 3 every first divergence, in default mode
+    too, reads 129 or more keys; TRITON_ATTN never diverges (docs/STUDIES.md)."""
+    kv = {a.name: sorted(d.kv_length for d in a.divergences) for a in smol.arms}
+    assert {a: (len(k), k[0] if k else None) for a, k in kv.items()} == {
+        "default": (434, 129), "batch-invariant": (373, 129), "bi-tuned-gemm": (365, 129),
+        "bi-triton-attn": (0, None)}
+    assert min(d.n_prompt_tokens for a in smol.arms for d in a.divergences) == 36
+
+
 @pytest.mark.parametrize("name", ["h200-match-smollm2", "h200-match-smollm2-improved"])
 def test_committed_findings_regenerate_byte_for_byte(name, tmp_path, monkeypatch):
     """As generated: bistat analyze data/h200/h200-match-smollm2 --registration

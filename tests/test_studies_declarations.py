@@ -63,9 +63,34 @@ FIXTURES = ["h200-fixture-smollm2", "h200-fixture-triton-attn"]
 PROBES = ["h200-plugin-probe-qwen3-8b-synth"]
 
 
+#: Registered tests of a mechanism (docs/STUDIES.md), beside the studies the issue asks for.
+MECHANISM = ["h200-fa3-kv128-smollm2"]
+
+
 def test_the_declarations_are_the_whole_set():
     names = {p.stem for p in EXP.glob("h200-*.toml")} | {p.stem for p in EXP.glob("tp*-match.toml")}
-    assert names == set(ALL) | set(FIXTURES) | set(PROBES)
+    assert names == set(ALL) | set(FIXTURES) | set(PROBES) | set(MECHANISM)
+
+
+def test_the_kv128_test_keeps_every_token_within_one_128_key_tile():
+    """The longest chat prompt SmolLM2's template made in the pilot (52 tokens) plus the last of
+    max_tokens outputs reads at most 128 keys; the arms are the pilot's FlashAttention-3 pair
+    against the TRITON_ATTN reference, on the r2 study's engine settings."""
+    from bistat.records import read_table
+
+    exp = _validated("h200-fa3-kv128-smollm2")
+    pilot = read_table(ROOT / "data" / "h200" / "h200-match-smollm2", "responses", ["n_prompt_tokens"])
+    longest = int(pilot["n_prompt_tokens"].max())
+    assert longest == 52 and longest + exp.workload.max_tokens - 1 <= 128
+    assert [(a.name, a.role) for a in exp.arms] == [
+        ("bi-triton-attn", "control"), ("default", "treatment"), ("batch-invariant", "treatment")]
+    assert exp.arm_args("bi-triton-attn")["attention_backend"] == "TRITON_ATTN"
+    assert [a.env["VLLM_BATCH_INVARIANT"] for a in exp.arms] == ["1", "0", "1"]
+    assert all({k: a.env[k] for k in NO_MULTICAST} == NO_MULTICAST for a in exp.arms)
+    r2 = _validated("h200-match-smollm2-r2")
+    assert exp.engine.args == r2.engine.args and exp.workload.source == r2.workload.source
+    assert exp.workload.n_prompts == 541 and exp.workload.passes >= 4
+    assert "129 or more" in r2.hypothesis   # the contrast states the same mechanism's prediction
 
 
 def test_plugin_probe_holds_attention_fixed_and_swaps_only_the_gemm():

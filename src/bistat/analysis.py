@@ -127,6 +127,13 @@ class Divergence:
     pass_index: int
     reference_pass: int
     position: int
+    #: the prompt's length in tokens (the reference response's); None when not recorded
+    n_prompt_tokens: int | None = None
+
+    @property
+    def kv_length(self) -> int | None:
+        """Keys the first differing token's attention read: prompt tokens + its index."""
+        return None if self.n_prompt_tokens is None else self.n_prompt_tokens + self.position
 
 
 @dataclass(frozen=True)
@@ -396,14 +403,17 @@ def _divergences(got: pd.DataFrame, arm: str, mismatched: Sequence[str], passes:
         return []
     got = got[got["arm"] == arm]
     counted = set(passes)
-    outputs: dict[tuple[str, int], tuple[list, list | None]] = {}
+    outputs: dict[tuple[str, int], tuple[list, list | None, int | None]] = {}
     lps = (got["logprobs"].tolist() if unit == "token_ids+logprobs" and "logprobs" in got
            else [None] * len(got))
+    n_prompt = (got["n_prompt_tokens"].tolist() if "n_prompt_tokens" in got
+                else [None] * len(got))
     # the last response recorded per (prompt, pass) counts, as in the match count
-    for kind, p, pid, ids, lp in zip(got["kind"].tolist(), got["pass_index"].tolist(),
-                                     got["prompt_id"].tolist(), got["token_ids"].tolist(), lps):
+    for kind, p, pid, ids, lp, npt in zip(got["kind"].tolist(), got["pass_index"].tolist(),
+                                          got["prompt_id"].tolist(), got["token_ids"].tolist(),
+                                          lps, n_prompt):
         if kind == "counted" and int(p) in counted:
-            outputs[(pid, int(p))] = (ids or [], lp)
+            outputs[(pid, int(p))] = (ids or [], lp, _opt_int(npt))
     ref_pass = min(passes)
     others = sorted(counted - {ref_pass})
     out: list[Divergence] = []
@@ -424,7 +434,8 @@ def _divergences(got: pd.DataFrame, arm: str, mismatched: Sequence[str], passes:
                     pos = lp_pos
             if pos is not None:
                 out.append(Divergence(arm=arm, prompt_id=str(pid), pass_index=p,
-                                      reference_pass=ref_pass, position=pos))
+                                      reference_pass=ref_pass, position=pos,
+                                      n_prompt_tokens=ref[2]))
     return out
 
 

@@ -311,14 +311,23 @@ def _divergence(s: RunSummary, plot: str) -> list[str]:
            "For each compared prompt that did not match, every counted pass whose output differs "
            "from the arm's first counted pass gives the token index where they first differ.", ""]
     rows = []
+    with_kv = any(d.kv_length is not None for a in s.arms for d in a.divergences)
     for a in s.arms:
         pos = sorted(d.position for d in a.divergences)
         n = len(pos)
-        rows.append((a.name, str(len({d.prompt_id for d in a.divergences})), str(n),
-                     str(pos[0]) if n else "—", str(pos[(n - 1) // 2]) if n else "—",
-                     str(pos[-1]) if n else "—"))
-    out += [_table(("arm", "prompts", "diverging passes", "earliest", "median (lower)",
-                    "latest"), rows), ""]
+        row = [a.name, str(len({d.prompt_id for d in a.divergences})), str(n),
+               str(pos[0]) if n else "—", str(pos[(n - 1) // 2]) if n else "—",
+               str(pos[-1]) if n else "—"]
+        if with_kv:
+            kv = sorted(d.kv_length for d in a.divergences if d.kv_length is not None)
+            row += [str(kv[0]) if kv else "—", str(kv[(len(kv) - 1) // 2]) if kv else "—"]
+        rows.append(tuple(row))
+    head = ("arm", "prompts", "diverging passes", "earliest", "median (lower)", "latest")
+    if with_kv:
+        head += ("KV length at first divergence: earliest", "median (lower)")
+        out += ["The KV length is the prompt's tokens plus the index: the keys the first "
+                "differing token's attention read.", ""]
+    out += [_table(head, rows), "", *_kv_tile_boundary(s)]
     detail = [(d.arm, d.prompt_id, str(d.reference_pass), str(d.pass_index), str(d.position))
               for a in s.arms for d in a.divergences]
     if detail and len(detail) <= 200:
@@ -329,6 +338,42 @@ def _divergence(s: RunSummary, plot: str) -> list[str]:
         out += [f"{len(detail)} divergences: too many to list here; "
                 "`bistat analyze --json` prints them.", ""]
     out += [f"![First-divergence positions]({plot})", ""]
+    return out
+
+
+#: Fewest first divergences of an arm before the finding remarks that none lies below a KV tile
+#: boundary (a power of two).
+MIN_DIVERGENCES_FOR_KV_BOUNDARY = 20
+
+
+def _kv_tile_boundary(s: RunSummary) -> list[str]:
+    """Arms whose every first divergence lies just past a power-of-two KV length: below one KV
+    tile of the attention kernel, any tile width reduces a row the same way, so divergences that
+    start exactly at tile + 1 point at the attention kernel's KV tile changing with the batch
+    (FlashAttention 3 on Hopper picks its tile from the batch's longest query)."""
+    by_tile: dict[int, list[tuple[str, int, int, int, int]]] = {}
+    for a in s.arms:
+        kv = [d.kv_length for d in a.divergences if d.kv_length is not None]
+        if len(kv) < MIN_DIVERGENCES_FOR_KV_BOUNDARY:
+            continue
+        tile = min(kv) - 1
+        if tile < 16 or tile & (tile - 1):
+            continue
+        prompts = [d.n_prompt_tokens for d in a.divergences if d.n_prompt_tokens is not None]
+        by_tile.setdefault(tile, []).append(
+            (a.name, len(kv), sum(k == tile + 1 for k in kv), min(prompts), max(prompts)))
+    out = []
+    for tile, arms in sorted(by_tile.items()):
+        which = "; ".join(f"{name} (all {n}, {at} exactly at {tile + 1})"
+                          for name, n, at, _, _ in arms)
+        lo, hi = min(a[3] for a in arms), max(a[4] for a in arms)
+        out += [f"Every first divergence lies at a KV length of {tile + 1} or more in arm(s) "
+                f"{which}, although every output began at {lo}-{hi} keys. {tile} keys is one "
+                f"attention tile of {tile}: up to it, any tile width reduces a row in the same "
+                f"order; past it, a kernel whose KV tile width changes with the batch does not "
+                f"(FlashAttention 3 on Hopper picks 128 or 192 keys per tile at head size 64 "
+                f"from the batch's longest query). An attention backend with a fixed tile "
+                f"(TRITON_ATTN in batch-invariant mode) is the test.", ""]
     return out
 
 
