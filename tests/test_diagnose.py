@@ -98,6 +98,7 @@ FP = {"gpus": [], "cpu": {"model": "x"}, "versions": {"numpy": "2.0"}, "git": {"
 
 def _write_run(root, *, env=None, events=None, responses, metrics=(), arms=("ctl", "trt"),
                engine_kind="fake", engine_args=None):
+    root.mkdir(parents=True, exist_ok=True)
     reg = root / "reg.json"
     reg.write_text(json.dumps({"sealed": {"declaration": {
         "arms": [{"name": arms[0], "role": "control"}, {"name": arms[1], "role": "treatment"}],
@@ -151,6 +152,54 @@ def test_environment_change_within_an_arm_ranks_first(tmp_path):
     assert top.evidence == ("arm ctl: engine start (block 1) differs from block 0: "
                             "versions.numpy: 2.0 / 2.1",)
     validate(d.to_dict(), "diagnosis.schema.json")
+
+
+def test_engine_restarts_differ_only_in_pids_times_and_ports_are_no_environment_change(tmp_path):
+    line = ("(EngineCore pid={pid}) INFO 11-29 12:{m}:22 [core.py:114] Initializing a V1 LLM engine "
+            "(v0.25.0) with config: model='/tmp/model/smollm2', log at /tmp/bistat-vllm-{tmp}.log")
+    api = "(APIServer pid={pid}) INFO 11-29 12:{m}:41 [api_utils.py:273] non-default args: {{'port': {port}}}"
+
+    def env(block, pid, m, tmp, port, extra=()):
+        return {"arm": "ctl", "block": block, "fingerprint": FP, "engine": {"kind": "fake"},
+                "log_findings": [line.format(pid=pid, m=m, tmp=tmp),
+                                 api.format(pid=pid + 1, m=m, port=port), *extra]}
+
+    restart = [env(0, 1409, 31, "rnk4t695", 41155), env(1, 2910, 39, "416dy3gm", 37621),
+               {"arm": "trt", "block": 0, "fingerprint": FP, "engine": {"kind": "fake"}}]
+    d = diagnose_run(_write_run(tmp_path / "a", env=restart, responses=_diverging()))
+    assert {c.key: c.strength for c in d.causes}["environment"] == "none"
+    # a line that really changed is named, shortened, not every line of both starts
+    changed = [restart[0], env(1, 2910, 39, "416dy3gm", 37621,
+                               ["(EngineCore pid=2911) INFO 11-29 12:39:58 [flash_attn.py:718] "
+                                "Using FlashAttention version 2"]), restart[2]]
+    d = diagnose_run(_write_run(tmp_path / "b", env=changed, responses=_diverging()))
+    env_cause = next(c for c in d.causes if c.key == "environment")
+    assert env_cause.strength == "strong"
+    assert env_cause.evidence == (
+        "arm ctl: engine start (block 1) differs from block 0: log_findings: 1 line(s) differ "
+        "(only in one: (EngineCore) INFO [flash_attn.py:718] Using FlashAttention version 2)",)
+
+
+def test_divergences_past_one_kv_tile_point_at_the_attention_kernel(tmp_path):
+    # 20 prompts of 100 tokens, each diverging at output index 29..48: KV lengths 129..148
+    responses = []
+    for i in range(20):
+        ids = list(range(60))
+        other = ids[:29 + i] + [999] + ids[30 + i:]
+        responses += [_r("ctl", 0, f"p{i}", ids, n_prompt=100), _r("ctl", 1, f"p{i}", other, n_prompt=100)]
+    d = diagnose_run(_write_run(tmp_path / "a", responses=responses))
+    tile = next(c for c in d.causes if c.key == "attention_kv_tile")
+    assert (tile.strength, tile.summary) == (
+        "strong", "20 of 20 first divergence(s) start one key past a power-of-two KV length, "
+                  "never before it")
+    assert tile.evidence[0] == ("arm ctl: 20 first divergence(s) at KV lengths (prompt tokens + "
+                                "index) 129-148, median 138; outputs began at 100-100 keys; none "
+                                "at 128 or fewer, 1 exactly at 129")
+    validate(d.to_dict(), "diagnosis.schema.json")
+    # one key later everywhere: no tile boundary
+    shifted = [{**r, "n_prompt_tokens": 101} for r in responses]
+    d = diagnose_run(_write_run(tmp_path / "b", responses=shifted))
+    assert next(c for c in d.causes if c.key == "attention_kv_tile").strength == "none"
 
 
 def test_a_refused_setting_is_diagnosed_even_without_divergences(tmp_path):

@@ -75,6 +75,7 @@ __all__ = [
     "counted_passes",
     "divergence_anatomy",
     "first_divergence",
+    "kv_tile_boundary",
     "label_divergence",
     "load_pass_outputs",
     "pair_margin",
@@ -106,6 +107,33 @@ def _lp(x: Any) -> float:
 
 def _bits(x: Any) -> int | None:
     return None if x is None else int(np.asarray([float(x)], dtype="<f8").view("<i8")[0])
+
+
+#: Fewest first divergences of an arm before a KV tile boundary is named (see kv_tile_boundary).
+MIN_DIVERGENCES_FOR_KV_BOUNDARY = 20
+
+
+def kv_tile_boundary(kv_lengths: Sequence[int],
+                     min_divergences: int = MIN_DIVERGENCES_FOR_KV_BOUNDARY) -> int | None:
+    """The attention tile ``T`` (a power of two >= 16) when every first divergence read more than
+    ``T`` keys and the earliest read exactly ``T + 1``; None otherwise or with fewer than
+    ``min_divergences``.
+
+    ``kv_lengths`` are the keys each first differing token's attention read (prompt tokens +
+    output index). Up to one KV tile any tile width reduces a row in the same order, so
+    divergences that all start one key past a tile point at an attention kernel whose KV tile
+    changes with the batch (FlashAttention 3 on Hopper: 128 or 192 keys at head size 64, chosen
+    from the batch's longest query).
+
+    >>> kv_tile_boundary([129, 130, 200] * 7)
+    128
+    >>> kv_tile_boundary([130, 200] * 10) is None, kv_tile_boundary([129] * 5) is None
+    (True, True)
+    """
+    if len(kv_lengths) < min_divergences:
+        return None
+    tile = min(kv_lengths) - 1
+    return tile if tile >= 16 and not tile & (tile - 1) else None
 
 
 def first_divergence(ref_ids: Sequence[int], other_ids: Sequence[int],

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -70,6 +71,7 @@ from bistat.anatomy import (
     counted_passes,
     divergence_anatomy,
     first_divergence,
+    kv_tile_boundary,
     load_pass_outputs,
     read_unit_and_epsilon,
     run_declaration,
@@ -88,6 +90,7 @@ CAUSES: tuple[tuple[str, str], ...] = (
     ("near_tie", "near-tie instability"),
     ("prefix_cache", "prefix-cache state"),
     ("tokenization", "tokenization (text / token-id round trip)"),
+    ("attention_kv_tile", "the attention kernel's KV tile changing with the batch"),
 )
 _TITLES = dict(CAUSES)
 _ORDER = [k for k, _ in CAUSES]
@@ -157,13 +160,44 @@ def _env_key(row: Mapping[str, Any]) -> dict[str, str]:
     out["engine.version"] = str(engine.get("version"))
     out["engine.commit"] = str(engine.get("commit"))
     findings = row.get("log_findings") or []
-    out["log_findings"] = " | ".join(str(x) for x in findings)
+    out["log_findings"] = "\n".join(_stable_log_line(str(x)) for x in findings)
     return out
 
 
+#: What changes in an engine-log line from one start of the same engine to the next: process ids,
+#: log timestamps, ports, temporary paths. Left in, every restart would look like an environment
+#: change.
+_VOLATILE_LOG = (
+    (re.compile(r"\((\w+) pid=\d+\)"), r"(\1)"),
+    (re.compile(r"\b(DEBUG|INFO|WARNING|ERROR)\s+\d\d-\d\d \d\d:\d\d:\d\d(\.\d+)?"), r"\1"),
+    (re.compile(r"\bpid[= ]\d+"), "pid=N"),
+    (re.compile(r"('port': |'--port', '|--port[= ]|port=)\d+"), r"\1N"),
+    (re.compile(r"/tmp/[\w.+-]+"), "/tmp/*"),
+)
+
+
+def _stable_log_line(line: str) -> str:
+    for pattern, repl in _VOLATILE_LOG:
+        line = pattern.sub(repl, line)
+    return line
+
+
 def _diff(a: Mapping[str, str], b: Mapping[str, str]) -> list[str]:
-    return [f"{k}: {a.get(k)!s} / {b.get(k)!s}" for k in sorted(set(a) | set(b))
-            if a.get(k) != b.get(k)]
+    out = []
+    for k in sorted(set(a) | set(b)):
+        if a.get(k) == b.get(k):
+            continue
+        if k == "log_findings":   # the lines only one side logged, shortened
+            la, lb = (set((x.get(k) or "").splitlines()) for x in (a, b))
+            only = [f"only in one: {_short(x)}" for x in sorted(la ^ lb)[:2]]
+            out.append(f"{k}: {len(la ^ lb)} line(s) differ ({'; '.join(only)})")
+        else:
+            out.append(f"{k}: {a.get(k)!s} / {b.get(k)!s}")
+    return out
+
+
+def _short(text: str, width: int = 160) -> str:
+    return text if len(text) <= width else text[:width - 1] + "…"
 
 
 def _environment(env_rows: list[dict[str, Any]], div_blocks: Mapping[str, set[int]]) -> Cause:
@@ -290,6 +324,14 @@ def _pairs(outputs: Mapping[tuple[str, int, str], PassOutput],
     return pairs
 
 
+def _settings(args: Mapping[str, Any]) -> dict[str, str]:
+    """An engine's arguments that configure the engine: not the command line it was started with
+    (ports, paths: it repeats the arguments) nor bistat's handling of it (where its log goes)."""
+    from bistat.activation import HANDLING_KEYS
+
+    return {k: str(v) for k, v in args.items() if k != "argv" and k not in HANDLING_KEYS}
+
+
 def _batch_shape(pairs: Sequence[_Pair], arm_args: Mapping[str, Mapping[str, Any]],
                  per_step: bool) -> Cause:
     div = [p for p in pairs if p.diverged]
@@ -336,8 +378,7 @@ def _batch_shape(pairs: Sequence[_Pair], arm_args: Mapping[str, Mapping[str, Any
                       f"{len(changed)} saw different batch sizes")
     for arm in div_arms:
         for other in contrast:
-            d = _diff({k: str(v) for k, v in arm_args.get(arm, {}).items()},
-                      {k: str(v) for k, v in arm_args.get(other, {}).items()})
+            d = _diff(_settings(arm_args.get(arm, {})), _settings(arm_args.get(other, {})))
             if d:
                 ev.append(f"engine arguments of {arm} vs {other}: " + "; ".join(d))
     share = len(differing_div) / len(div_m) if div_m else 0.0
@@ -467,6 +508,43 @@ def _prefix_cache(engine_kind: str | None, arm_args: Mapping[str, Mapping[str, A
     return _cause("prefix_cache", "not assessable",
                   "the recorded engine arguments do not say whether prefix caching was on",
                   [f"engine kind {engine_kind!r}; no enable_prefix_caching argument recorded"])
+
+
+def _attention_kv_tile(outputs: Mapping[tuple[str, int, str], PassOutput],
+                       anatomy: Anatomy) -> Cause:
+    """Do an arm's first divergences all start one key past a power-of-two KV length?"""
+    kv: dict[str, list[int]] = defaultdict(list)
+    starts: dict[str, list[int]] = defaultdict(list)
+    for d in anatomy.divergences:
+        o = outputs.get((d.arm, d.reference.pass_index, d.prompt_id))
+        if o is not None and o.n_prompt_tokens is not None:
+            kv[d.arm].append(o.n_prompt_tokens + d.position)
+            starts[d.arm].append(o.n_prompt_tokens)
+    if not kv:
+        return _cause("attention_kv_tile", "not assessable",
+                      "no prompt token counts were recorded for the diverging responses", [])
+    ev, covered = [], 0
+    for arm in sorted(kv):
+        lengths, tile = sorted(kv[arm]), kv_tile_boundary(kv[arm])
+        ev.append(f"arm {arm}: {len(lengths)} first divergence(s) at KV lengths (prompt tokens + "
+                  f"index) {lengths[0]}-{lengths[-1]}, median {lengths[(len(lengths) - 1) // 2]}; "
+                  f"outputs began at {min(starts[arm])}-{max(starts[arm])} keys"
+                  + (f"; none at {tile} or fewer, {lengths.count(tile + 1)} exactly at {tile + 1}"
+                     if tile is not None else ""))
+        covered += len(lengths) if tile is not None else 0
+    total = sum(len(v) for v in kv.values())
+    if not covered:
+        return _cause("attention_kv_tile", "none",
+                      "no arm's divergences start just past a power-of-two KV length", ev)
+    ev.append("up to one KV tile any tile width reduces a row in the same order; FlashAttention 3 "
+              "on Hopper picks 128 or 192 keys per tile at head size 64 from the batch's longest "
+              "query, and batch-invariant mode does not pin it: run an arm with "
+              "attention_backend = TRITON_ATTN (a fixed tile), or keep prompt + output within "
+              "one tile, to test it")
+    strength = "strong" if covered == total else "moderate" if covered >= total / 2 else "weak"
+    return _cause("attention_kv_tile", strength,
+                  f"{covered} of {total} first divergence(s) start one key past a power-of-two KV "
+                  "length, never before it", ev)
 
 
 def _tokenization(outputs: Mapping[tuple[str, int, str], PassOutput], anatomy: Anatomy) -> Cause:
@@ -604,6 +682,7 @@ def diagnose_run(run_dir: str | Path, *, probe_reports: Sequence[str | Path] = (
         _near_tie(anatomy),
         _prefix_cache(header.get("engine_kind"), arm_args),
         _tokenization(outputs, anatomy),
+        _attention_kv_tile(outputs, anatomy),
     ]
     ranked = tuple(sorted(causes, key=lambda c: (-c.score, _ORDER.index(c.key))))
     top = ranked[0]

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from bistat.analysis import RunSummary
-from bistat.anatomy import plot_anatomy, render_anatomy_section
+from bistat.anatomy import kv_tile_boundary, plot_anatomy, render_anatomy_section
 from bistat.plots import PLOTS, save_plots
 
 #: Suffix of the divergence-anatomy plot (``NAME-anatomy.png``), drawn by ``bistat.anatomy``.
@@ -341,11 +341,6 @@ def _divergence(s: RunSummary, plot: str) -> list[str]:
     return out
 
 
-#: Fewest first divergences of an arm before the finding remarks that none lies below a KV tile
-#: boundary (a power of two).
-MIN_DIVERGENCES_FOR_KV_BOUNDARY = 20
-
-
 def _kv_tile_boundary(s: RunSummary) -> list[str]:
     """Arms whose every first divergence lies just past a power-of-two KV length: below one KV
     tile of the attention kernel, any tile width reduces a row the same way, so divergences that
@@ -354,10 +349,8 @@ def _kv_tile_boundary(s: RunSummary) -> list[str]:
     by_tile: dict[int, list[tuple[str, int, int, int, int]]] = {}
     for a in s.arms:
         kv = [d.kv_length for d in a.divergences if d.kv_length is not None]
-        if len(kv) < MIN_DIVERGENCES_FOR_KV_BOUNDARY:
-            continue
-        tile = min(kv) - 1
-        if tile < 16 or tile & (tile - 1):
+        tile = kv_tile_boundary(kv)
+        if tile is None:
             continue
         prompts = [d.n_prompt_tokens for d in a.divergences if d.n_prompt_tokens is not None]
         by_tile.setdefault(tile, []).append(

@@ -36,8 +36,9 @@ def register(group: click.Group) -> None:
 
         Causes weighed: the engine refusing the setting, environment or version differences,
         batch-shape dependence, the setting not taking effect, near-tie instability,
-        prefix-cache state, tokenization. A run in which nothing diverged has nothing to
-        diagnose, and the command says so.
+        prefix-cache state, tokenization, the attention kernel's KV tile changing with the
+        batch (first divergences all one key past a power-of-two KV length). A run in which
+        nothing diverged has nothing to diagnose, and the command says so.
         """
         from bistat.diagnose import diagnose_run, render_diagnosis
 
