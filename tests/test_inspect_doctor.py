@@ -43,6 +43,17 @@ def test_inspect_a_complete_run(tmp_path_factory, cli):
     validate(data, "inspect.schema.json")
 
 
+def test_probe_parts_are_run_files_and_anything_else_is_named(tmp_path):
+    import shutil
+    from pathlib import Path
+
+    run = tmp_path / "run"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "examples" / "synthetic" / "run", run)
+    for name in ("probe.json", "probe-bi-tuned-gemm.json", "scratch.txt"):
+        (run / name).write_text("{}")
+    assert inspect_run(run).extra_files == ("scratch.txt",)
+
+
 def _resp(p, pid, error=None):
     return {"arm": "a", "seq": p, "pass_index": p, "kind": "counted", "prompt_id": pid,
             "prompt_index": 0, "token_ids": [] if error else [1], "text": "", "logprobs": None,

@@ -1121,7 +1121,7 @@ def _probe_report(run_dir: Path) -> tuple[Mapping[str, Any] | None, tuple[str, .
     e.g. ``probe-ARM.json``) merged into one report, decided again over all their arms."""
     from bistat.probe import merge_reports, report_from_json
 
-    paths = sorted(run_dir.glob("probe*.json"),
+    paths = sorted(run_dir.glob(records.PROBE_GLOB),
                    key=lambda p: (p.name != records.PROBE_FILE, p.name))
     if not paths:
         return None, ()

@@ -595,7 +595,7 @@ def _refused(events: list[dict[str, Any]]) -> Cause:
 
 def _probe_reports(run_dir: Path, extra: Sequence[Path]) -> list[tuple[str, dict]]:
     out = []
-    for p in sorted(run_dir.glob("probe*.json")) + list(extra):
+    for p in sorted(run_dir.glob(records.PROBE_GLOB)) + list(extra):
         try:
             data = json.loads(Path(p).read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:

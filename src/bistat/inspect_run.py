@@ -171,7 +171,8 @@ def inspect_run(run_dir: str | Path) -> RunInspection:
     known = ({records.HEADER_FILE, records.OUTPUTS_FILE, records.ENGINE_LOGS_DIR,
               records.NOTES_FILE, records.PROBE_FILE}
              | {f"{t}.{x}" for t in records.TABLES for x in ("jsonl", "parquet")})
-    extra = tuple(sorted(p.name for p in run_dir.iterdir() if p.name not in known))
+    extra = tuple(sorted(p.name for p in run_dir.iterdir()
+                         if p.name not in known and not p.match(records.PROBE_GLOB)))
     reg = header.get("registration") if isinstance(header.get("registration"), Mapping) else {}
     return RunInspection(
         run_dir=str(run_dir), schema=str(header.get("schema")), run_id=header.get("run_id"),

@@ -61,6 +61,7 @@ __all__ = [
     "ENGINE_LOGS_DIR",
     "NOTES_FILE",
     "PROBE_FILE",
+    "PROBE_GLOB",
     "token_sha256",
     "logprob_sha256",
     "table_schema",
@@ -75,6 +76,9 @@ HEADER_FILE = "run.json"
 ENGINE_LOGS_DIR = "engine-logs"
 NOTES_FILE = "NOTES.md"
 PROBE_FILE = "probe.json"
+#: Parts of one probe beside it (``probe-ARM.json``: the same needle and settings, other arms),
+#: merged by ``bistat analyze``.
+PROBE_GLOB = "probe*.json"
 
 # Typed Parquet columns per table. Fields not listed here (nested dicts such as ``batching`` or
 # ``fingerprint``, lists of lists such as ``top_logprobs``, and any field a later writer adds) are
