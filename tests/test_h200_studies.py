@@ -182,14 +182,14 @@ def test_synth_default_diverges_everywhere_and_every_invariant_arm_matches(synth
 
 def test_synth_probe_in_two_parts_confirms_every_invariant_arm(synth):
     assert synth.probe_files == ("probe.json", "probe-bi-tuned-gemm.json")
-    assert synth.probe["outcome"] == "confirmed"
+    assert synth.probe.outcome == "confirmed"
     assert {a.arm: (a.probe, a.attention, a.tuned_gemm_logged) for a in synth.activation} == {
         "default": (None, ("FLASH_ATTN (FA3)",), False),
         "batch-invariant": ("confirmed", ("FLASH_ATTN (FA3)",), False),
         "bi-tuned-gemm": ("confirmed", ("FLASH_ATTN (FA3)",), True),
         "bi-triton-attn": ("confirmed", ("TRITON_ATTN",), False)}
-    control = next(a for a in synth.probe["arms"] if a["role"] == "negative_control")
-    assert control["arm"] == "default" and [t["first_divergence"] for t in control["trials"]] == [0, 0, 0]
+    control = next(a for a in synth.probe.arms if a.role == "negative_control")
+    assert control.arm == "default" and [t.first_divergence for t in control.trials] == [0, 0, 0]
 
 
 @pytest.mark.parametrize("name", SYNTH_FINDINGS)

@@ -66,6 +66,7 @@ from bistat.classify import ArmStats, RunStatus, ValidityCheck, classify
 from bistat.experiment import DeclarationError, Experiment
 from bistat.fingerprint import same_node, same_versions
 from bistat.prereg import Registration, load_registration, parse_time
+from bistat.probe import ProbeReport, merge_reports, report_from_json
 
 __all__ = [
     "AnalysisError",
@@ -256,8 +257,8 @@ class RunSummary:
     activation: tuple[act.ArmActivation, ...] = ()
     #: the probe report files the activation read (several: runs of one probe, merged)
     probe_files: tuple[str, ...] = ()
-    #: that (merged) bistat.probe/1 report
-    probe: Mapping[str, Any] | None = None
+    #: that (merged) probe report
+    probe: ProbeReport | None = None
     #: the same comparisons under each sibling registration's rule (:class:`SiblingVerdict`)
     siblings: tuple[SiblingVerdict, ...] = ()
 
@@ -1080,7 +1081,7 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
         activation=act.arm_activation(
             [a.model_dump(mode="json") for a in exp.arms],
             {a: e.log_findings for a, e in envs.items() if e.log_findings is not None},
-            probe),
+            None if probe is None else probe.to_json()),
         probe_files=probe_files, probe=probe,
         siblings=tuple(siblings))
 
@@ -1115,12 +1116,10 @@ def _client_in_flight(responses: pd.DataFrame) -> dict[tuple[str, int], float]:
     return out
 
 
-def _probe_report(run_dir: Path) -> tuple[Mapping[str, Any] | None, tuple[str, ...]]:
+def _probe_report(run_dir: Path) -> tuple[ProbeReport | None, tuple[str, ...]]:
     """``run_dir/probe*.json`` (``bistat probe --output``) when present, and the files' names:
     ``probe.json``, or several runs of the same probe on different arms (``probe.json`` beside
     e.g. ``probe-ARM.json``) merged into one report, decided again over all their arms."""
-    from bistat.probe import merge_reports, report_from_json
-
     paths = sorted(run_dir.glob(records.PROBE_GLOB),
                    key=lambda p: (p.name != records.PROBE_FILE, p.name))
     if not paths:
@@ -1136,7 +1135,7 @@ def _probe_report(run_dir: Path) -> tuple[Mapping[str, Any] | None, tuple[str, .
         except ValueError as exc:
             raise AnalysisError(str(exc)) from None
     try:
-        return merge_reports(reports).to_json(), tuple(name for name, _ in reports)
+        return merge_reports(reports), tuple(name for name, _ in reports)
     except ValueError as exc:
         raise AnalysisError(f"{run_dir}: {exc}") from None
 

@@ -246,6 +246,10 @@ class ProbeReport:
                 data[key] = list(data[key])
         return data
 
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (``to_json``), for readers that serialise any object by ``to_dict``."""
+        return self.to_json()
+
     def summary_lines(self) -> list[str]:
         """The human summary: one line per arm, then the outcome and its reason."""
         st = self.settings

@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
 from bistat.analysis import RunSummary
 from bistat.anatomy import kv_tile_boundary, plot_anatomy, render_anatomy_section
 from bistat.plots import PLOTS, save_plots
+from bistat.probe import ProbeReport
 
 #: Suffix of the divergence-anatomy plot (``NAME-anatomy.png``), drawn by ``bistat.anatomy``.
 ANATOMY_PLOT = "anatomy"
@@ -212,38 +213,31 @@ def _activation(s: RunSummary) -> list[str]:
             *_probe_detail(s.probe)]
 
 
-def _probe_detail(probe: Mapping[str, Any] | None) -> list[str]:
+def _probe_detail(probe: ProbeReport | None) -> list[str]:
     """The probe's trials per arm (batch mode: the needle alone twice, then among fillers)."""
-    if not probe or (probe.get("settings") or {}).get("mode", "batch") != "batch":
+    if probe is None or probe.settings.mode != "batch":
         return []
-    st = probe["settings"]
+    st = probe.settings
     rows = []
-    for a in probe.get("arms") or ():
-        trials = a.get("trials") or ()
-        if a.get("error"):
-            rows.append((a["arm"], a["role"].replace("_", " "), "—", "—", "—", "—",
-                         f"could not run: {a['error']}"))
+    for a in probe.arms:
+        role = a.role.replace("_", " ")
+        if a.error:
+            rows.append((a.arm, role, "—", "—", "—", "—", f"could not run: {a.error}"))
             continue
-        same = sum(bool(t.get("tokens_equal")) and t.get("logprobs_equal") is not False
-                   and not t.get("error") for t in trials)
-        firsts = sorted({t["first_divergence"] for t in trials
-                         if t.get("first_divergence") is not None})
-        rows.append((a["arm"], a["role"].replace("_", " "),
-                     {True: "identical", False: "**different**", None: "—"}[
-                         a.get("alone_repeat_identical")],
-                     f"{same} / {len(trials)}", ", ".join(str(t.get("n_fillers")) for t in trials),
-                     f"{sum(t.get('shared_step') is True for t in trials)} / {len(trials)}",
+        n = len(a.trials)
+        firsts = sorted({t.first_divergence for t in a.trials if t.first_divergence is not None})
+        rows.append((a.arm, role,
+                     {True: "identical", False: "**different**", None: "—"}[a.alone_repeat_identical],
+                     f"{sum(t.identical for t in a.trials)} / {n}",
+                     ", ".join(str(t.n_fillers) for t in a.trials), f"{a.n_shared} / {n}",
                      ", ".join(map(str, firsts)) or "—"))
-    pending = probe.get("pending") or ()
-    out = [f"Probe (needle `{probe.get('needle_prompt_id')}`, {st.get('trials')} trial(s) among "
-           f"{st.get('min_fillers')}-{st.get('max_fillers')} fillers, {st.get('max_tokens')} "
-           f"tokens, bitwise token ids and logprobs): **{probe.get('outcome', '').replace('_', ' ')}**"
-           f" — {probe.get('reason')}."
-           + (f" Not probed: {', '.join(pending)}." if pending else ""), "",
-           _table(("arm", "role", "needle alone, twice", "identical among fillers",
-                   "fillers per trial", "needle shared an engine step", "first divergence (token)"),
-                  rows), ""]
-    return out
+    pending = (f" Not probed: {', '.join(probe.pending)}." if probe.pending else "")
+    return [f"Probe (needle `{probe.needle_prompt_id}`, {st.trials} trial(s) among "
+            f"{st.min_fillers}-{st.max_fillers} fillers, {st.max_tokens} tokens, bitwise token ids "
+            f"and logprobs): **{probe.outcome.replace('_', ' ')}** — {probe.reason}.{pending}", "",
+            _table(("arm", "role", "needle alone, twice", "identical among fillers",
+                    "fillers per trial", "needle shared an engine step", "first divergence (token)"),
+                   rows), ""]
 
 
 def _match(s: RunSummary, plot: str) -> list[str]:
