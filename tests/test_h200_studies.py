@@ -12,19 +12,48 @@ from bistat.prereg import verify
 from bistat.report import write_finding
 
 ROOT = Path(__file__).resolve().parents[1]
-SMOL = ROOT / "data" / "h200" / "h200-match-smollm2"
+DATA = ROOT / "data" / "h200"
 REG = ROOT / "preregistrations"
+SMOL = DATA / "h200-match-smollm2"
+B8 = DATA / "h200-cost-qwen3-8b-latency-b8"
+THR = DATA / "h200-cost-qwen3-8b-throughput"
+SYNTH = DATA / "h200-match-qwen3-8b-synth"
+#: every committed finding of findings/h200 -> (its run directory, the registration analysed
+#: against); the first registration of each run is the one it was recorded under
+FINDINGS = {
+    "h200-match-smollm2": (SMOL, "h200-match-smollm2"),
+    "h200-match-smollm2-improved": (SMOL, "h200-match-smollm2-improved"),
+    "h200-cost-qwen3-8b-latency-b8": (B8, "h200-cost-qwen3-8b-latency-b8"),
+    "h200-cost-qwen3-8b-throughput": (THR, "h200-cost-qwen3-8b-throughput"),
+    "h200-cost-qwen3-8b-throughput-goal": (THR, "h200-cost-qwen3-8b-throughput-goal"),
+    "h200-match-qwen3-8b-synth": (SYNTH, "h200-match-qwen3-8b-synth"),
+    "h200-match-qwen3-8b-synth-improved": (SYNTH, "h200-match-qwen3-8b-synth-improved"),
+}
 GPU = "GPU-5a063f7e-dba3-0564-e90e-802315aa3708"
+
+
+@pytest.mark.parametrize("run", [SMOL, B8, THR, SYNTH], ids=lambda p: p.name)
+def test_each_run_postdates_the_registration_it_was_recorded_under(run):
+    """Each run against its own registration (a sibling sharing the run, -improved or -goal,
+    is checked by its finding's validity table against its own sealing time)."""
+    report = verify(REG / f"{run.name}.json", [run])
+    assert report.ok, report.problems
+
+
+@pytest.mark.parametrize("name", sorted(FINDINGS))
+def test_committed_findings_regenerate_byte_for_byte(name, tmp_path, monkeypatch):
+    """As generated: bistat analyze data/h200/RUN --registration preregistrations/NAME.json
+    --out findings/h200 (from the repository root)."""
+    run, reg = FINDINGS[name]
+    monkeypatch.chdir(ROOT)
+    files = write_finding(analyze_run(run.relative_to(ROOT), Path("preregistrations") / f"{reg}.json"),
+                          tmp_path)
+    assert files.markdown.read_text() == (ROOT / "findings" / "h200" / f"{name}.md").read_text()
 
 
 @pytest.fixture(scope="module")
 def smol():
     return analyze_run(SMOL, REG / "h200-match-smollm2.json")
-
-
-def test_registration_precedes_the_data():
-    report = verify(REG / "h200-match-smollm2.json", [SMOL])
-    assert report.ok, report.problems
 
 
 def test_first_attempt_match_counts_and_verdicts(smol):
@@ -52,15 +81,9 @@ def test_first_attempt_diverges_only_past_one_128_key_attention_tile(smol):
 
 
 @pytest.mark.parametrize("name", ["h200-match-smollm2", "h200-match-smollm2-improved"])
-def test_committed_findings_regenerate_byte_for_byte(name, tmp_path, monkeypatch):
-    """As generated: bistat analyze data/h200/h200-match-smollm2 --registration
-    preregistrations/NAME.json --out findings/h200 (from the repository root)."""
-    monkeypatch.chdir(ROOT)
-    files = write_finding(analyze_run(SMOL.relative_to(ROOT), Path("preregistrations") / f"{name}.json"),
-                          tmp_path)
+def test_a_finding_names_the_registration_it_was_analysed_against(name):
+    """run.json's for the run's own registration, the named sibling's else."""
     committed = (ROOT / "findings" / "h200" / f"{name}.md").read_text()
-    assert files.markdown.read_text() == committed
-    # the registration analysed against: run.json's for the run's own, the named sibling's else
     row = ("/work/main/preregistrations/h200-match-smollm2.json" if name == "h200-match-smollm2"
            else "preregistrations/h200-match-smollm2-improved.json")
     assert f"| Registration | `{row}` |" in committed
@@ -68,23 +91,6 @@ def test_committed_findings_regenerate_byte_for_byte(name, tmp_path, monkeypatch
 
 # --- Study 2 (cost), third device session: GPU-d4ccd9f3 ------------------------------------------
 COST_GPU = "GPU-d4ccd9f3-810c-7c9f-47fb-e15eccb8428a"
-B8 = ROOT / "data" / "h200" / "h200-cost-qwen3-8b-latency-b8"
-THR = ROOT / "data" / "h200" / "h200-cost-qwen3-8b-throughput"
-#: finding name -> (run directory, registration analysed against)
-COST_FINDINGS = {
-    "h200-cost-qwen3-8b-latency-b8": (B8, "h200-cost-qwen3-8b-latency-b8"),
-    "h200-cost-qwen3-8b-throughput": (THR, "h200-cost-qwen3-8b-throughput"),
-    "h200-cost-qwen3-8b-throughput-goal": (THR, "h200-cost-qwen3-8b-throughput-goal"),
-}
-
-
-@pytest.mark.parametrize("name", ["h200-cost-qwen3-8b-latency-b8", "h200-cost-qwen3-8b-throughput"])
-def test_cost_registrations_precede_their_data(name):
-    """Each run against the registration it was recorded under (the -goal sibling shares the
-    throughput run: its finding's validity table checks its sealing time)."""
-    run, reg = COST_FINDINGS[name]
-    report = verify(REG / f"{reg}.json", [run])
-    assert report.ok, report.problems
 
 
 def test_latency_b8_the_tuned_gemm_removes_the_small_batch_tax():
@@ -116,17 +122,6 @@ def test_throughput_first_attempt_lost_one_arm_and_kept_the_other_comparison():
         "batch-invariant": "untested", "bi-tuned-gemm": "reported as observed"}
 
 
-@pytest.mark.parametrize("name", sorted(COST_FINDINGS))
-def test_cost_findings_regenerate_byte_for_byte(name, tmp_path, monkeypatch):
-    """As generated: bistat analyze data/h200/RUN --registration preregistrations/NAME.json
-    --out findings/h200 (from the repository root)."""
-    run, reg = COST_FINDINGS[name]
-    monkeypatch.chdir(ROOT)
-    files = write_finding(analyze_run(run.relative_to(ROOT), Path("preregistrations") / f"{reg}.json"),
-                          tmp_path)
-    assert files.markdown.read_text() == (ROOT / "findings" / "h200" / f"{name}.md").read_text()
-
-
 def test_each_cost_finding_shows_what_the_other_rule_concludes():
     """Issue 6: at workload (i) the findings must show what each rule concludes and why."""
     published = (ROOT / "findings" / "h200" / "h200-cost-qwen3-8b-throughput.md").read_text()
@@ -141,18 +136,12 @@ def test_each_cost_finding_shows_what_the_other_rule_concludes():
 
 # --- Study 1(b) (matching, Qwen3-8B-shaped synthetic model), fourth device session: GPU-ca869b72 ---
 SYNTH_GPU = "GPU-ca869b72-44fd-690e-5942-956eb5812ade"
-SYNTH = ROOT / "data" / "h200" / "h200-match-qwen3-8b-synth"
 SYNTH_FINDINGS = ["h200-match-qwen3-8b-synth", "h200-match-qwen3-8b-synth-improved"]
 
 
 @pytest.fixture(scope="module")
 def synth():
     return analyze_run(SYNTH, REG / "h200-match-qwen3-8b-synth.json")
-
-
-def test_synth_registration_precedes_its_data():
-    report = verify(REG / "h200-match-qwen3-8b-synth.json", [SYNTH])
-    assert report.ok, report.problems
 
 
 def test_synth_default_diverges_everywhere_and_every_invariant_arm_matches(synth):
@@ -190,13 +179,3 @@ def test_synth_probe_in_two_parts_confirms_every_invariant_arm(synth):
         "bi-triton-attn": ("confirmed", ("TRITON_ATTN",), False)}
     control = next(a for a in synth.probe.arms if a.role == "negative_control")
     assert control.arm == "default" and [t.first_divergence for t in control.trials] == [0, 0, 0]
-
-
-@pytest.mark.parametrize("name", SYNTH_FINDINGS)
-def test_synth_findings_regenerate_byte_for_byte(name, tmp_path, monkeypatch):
-    """As generated: bistat analyze data/h200/h200-match-qwen3-8b-synth --registration
-    preregistrations/NAME.json --out findings/h200 (from the repository root)."""
-    monkeypatch.chdir(ROOT)
-    files = write_finding(analyze_run(SYNTH.relative_to(ROOT), Path("preregistrations") / f"{name}.json"),
-                          tmp_path)
-    assert files.markdown.read_text() == (ROOT / "findings" / "h200" / f"{name}.md").read_text()
