@@ -7,10 +7,13 @@
 #   .dev/p/SHA256      the payload's sha256, checked by install.sh on the device
 # .dev/ is ignored (.git/info/exclude). Usage: bash scripts/device/build_payload.sh [--resplit]
 #   --resplit  re-split the parts already in .dev/p for the tree's current size (no download)
+#   PART_MIB=62 bash scripts/device/build_payload.sh --resplit
+#              parts of 62 MiB, for calls whose tree is cut down by scripts/device/travel.sh
+#              (stage: 29 kB; run: 1.6 MB): 6 parts, the last of 61 MiB beside the run tree
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd); cd "$REPO"
 tree_bytes=$( { git ls-files -z; git ls-files -z --others --exclude-standard; } | xargs -0 -r stat -c %s | awk '{s+=$1} END {print s+0}')
-PART_MIB=$(( (62 * 1048576 - tree_bytes) / 1048576 ))
+PART_MIB=${PART_MIB:-$(( (62 * 1048576 - tree_bytes) / 1048576 ))}
 [ "$PART_MIB" -ge 8 ] || { echo "the working tree ($tree_bytes bytes) leaves no room for a payload part in a 64 MiB call; shrink it"; exit 1; }
 if [ "${1:-}" = --resplit ]; then
   ls .dev/p/part[0-9][0-9] > /dev/null || { echo "no parts in .dev/p: run without --resplit"; exit 1; }
