@@ -48,12 +48,12 @@ keep_only() {   # the paths (root-relative, folders with a trailing /) that stay
 }
 
 case "${1:-}" in
-  stage) keep_only stage scripts/ && {
+  stage) keep_only stage .gitignore scripts/ && {
            # within scripts/, only device/
            printf '%s\n' "/scripts/*" "!/scripts/device/" >> "$EXCLUDE"
            git rm -r -q --cached -- scripts > /dev/null; git add -- scripts/device
            echo "travel: stage narrowed to scripts/device; $(tree_bytes) bytes travel"; } ;;
-  run)   keep_only run src/ scripts/ experiments/ preregistrations/ README.md pyproject.toml kernels/ && {
+  run)   keep_only run .gitignore src/ scripts/ experiments/ preregistrations/ README.md pyproject.toml kernels/ && {
            printf '%s\n' "/kernels/results/" >> "$EXCLUDE"
            git rm -r -q --cached -- kernels/results > /dev/null
            echo "travel: run without kernels/results; $(tree_bytes) bytes travel"; } ;;
