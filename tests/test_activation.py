@@ -60,6 +60,25 @@ def test_status_without_logs_with_logs_and_with_a_probe():
     assert weak["bi-triton"].status == "requested; no engine log to check; probe: no power"
 
 
+def test_what_the_control_sets_and_a_treatment_leaves_unset_is_a_difference():
+    """h200-fa3-kv128-smollm2's design: the control pins TRITON_ATTN and the batch-invariant mode;
+    a treatment that leaves the backend to vLLM differs from it by what it does not set."""
+    arms = [{"name": "triton", "role": "control",
+             "env": {"VLLM_BATCH_INVARIANT": "1", "BISTAT_TUNED_GEMM": "0"},
+             "args": {"attention_backend": "TRITON_ATTN", "log_path": "/tmp/x.log"}},
+            {"name": "bi", "role": "treatment", "env": {"VLLM_BATCH_INVARIANT": "1"}},
+            {"name": "twin", "role": "treatment",
+             "env": {"VLLM_BATCH_INVARIANT": "1", "BISTAT_TUNED_GEMM": "0"},
+             "args": {"attention_backend": "TRITON_ATTN"}}]
+    acts = {a.arm: a for a in arm_activation(arms, {"bi": [BI_LINE]})}
+    assert acts["bi"].requested == ("BISTAT_TUNED_GEMM unset (control: 0)",
+                                    "attention_backend unset (control: TRITON_ATTN)")
+    assert acts["bi"].status == ("requested; kernels registered in the engine log, not confirmed "
+                                 "by a probe")
+    assert acts["twin"].requested == () and acts["twin"].status == "same settings as the control"
+    assert acts["triton"].status == "control: nothing requested"
+
+
 def test_the_first_h200_attempt_shows_fa3_on_the_diverging_arms():
     s = analyze_run(SMOL, ROOT / "preregistrations" / "h200-match-smollm2.json")
     acts = {a.arm: a for a in s.activation}

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from bistat import records
 from bistat.analysis import analyze_run
 from bistat.prereg import verify
 from bistat.report import write_finding
@@ -18,6 +19,7 @@ SMOL = DATA / "h200-match-smollm2"
 B8 = DATA / "h200-cost-qwen3-8b-latency-b8"
 THR = DATA / "h200-cost-qwen3-8b-throughput"
 SYNTH = DATA / "h200-match-qwen3-8b-synth"
+KV128 = DATA / "h200-fa3-kv128-smollm2"
 #: every committed finding of findings/h200 -> (its run directory, the registration analysed
 #: against); the first registration of each run is the one it was recorded under
 FINDINGS = {
@@ -28,11 +30,12 @@ FINDINGS = {
     "h200-cost-qwen3-8b-throughput-goal": (THR, "h200-cost-qwen3-8b-throughput-goal"),
     "h200-match-qwen3-8b-synth": (SYNTH, "h200-match-qwen3-8b-synth"),
     "h200-match-qwen3-8b-synth-improved": (SYNTH, "h200-match-qwen3-8b-synth-improved"),
+    "h200-fa3-kv128-smollm2": (KV128, "h200-fa3-kv128-smollm2"),
 }
 GPU = "GPU-5a063f7e-dba3-0564-e90e-802315aa3708"
 
 
-@pytest.mark.parametrize("run", [SMOL, B8, THR, SYNTH], ids=lambda p: p.name)
+@pytest.mark.parametrize("run", [SMOL, B8, THR, SYNTH, KV128], ids=lambda p: p.name)
 def test_each_run_postdates_the_registration_it_was_recorded_under(run):
     """Each run against its own registration (a sibling sharing the run, -improved or -goal,
     is checked by its finding's validity table against its own sealing time)."""
@@ -179,3 +182,34 @@ def test_synth_probe_in_two_parts_confirms_every_invariant_arm(synth):
         "bi-triton-attn": ("confirmed", ("TRITON_ATTN",), False)}
     control = next(a for a in synth.probe.arms if a.role == "negative_control")
     assert control.arm == "default" and [t.first_divergence for t in control.trials] == [0, 0, 0]
+
+
+# --- The FlashAttention-3 KV-tile test (SmolLM2 within 128 keys), fifth device session -----------
+KV128_GPU = "GPU-2118561a-f2eb-496b-e3c2-589114747d6c"
+
+
+def test_within_one_kv_tile_flashattention3_is_invariant_in_default_mode_too():
+    """The registered prediction (docs/STUDIES.md): with every sequence within 128 keys, both
+    FlashAttention-3 arms match like the TRITON_ATTN control; SmolLM2's pilot, with the same
+    prompts run to 256 tokens, kept 107/541 in default mode."""
+    s = analyze_run(KV128, REG / "h200-fa3-kv128-smollm2.json")
+    assert {u for _, env in s.environments for u in env.gpu_uuids} == {KV128_GPU}
+    assert all(v.passed for v in s.validity) and s.status.testable
+    assert {a.name: (a.role, a.n_prompts, a.n_matched, len(a.counted_passes), len(a.divergences))
+            for a in s.arms} == {"bi-triton-attn": ("control", 541, 541, 4, 0),
+                                 "default": ("treatment", 541, 541, 4, 0),
+                                 "batch-invariant": ("treatment", 541, 541, 4, 0)}
+    assert [(c.treatment, str(c.verdict.label.value)) for c in s.comparisons] == [
+        ("default", "working"), ("batch-invariant", "working")]
+    assert {a.arm: a.attention for a in s.activation} == {
+        "bi-triton-attn": ("TRITON_ATTN",), "default": ("FLASH_ATTN (FA3)",),
+        "batch-invariant": ("FLASH_ATTN (FA3)",)}
+    # the longest attention read: prompt tokens + output index of the last token, at most 123
+    resp = records.read_table(KV128, "responses", ["kind", "n_prompt_tokens", "token_ids"])
+    resp = resp[resp["kind"] == "counted"]
+    keys = resp["n_prompt_tokens"] + resp["token_ids"].map(len) - 1
+    assert (int(resp["n_prompt_tokens"].min()), int(resp["n_prompt_tokens"].max()),
+            int(keys.max())) == (36, 52, 123)
+    # the probe stays within the tile too: nothing differs, so it reports no power
+    assert s.probe.outcome == "no_power"
+    assert all(t.identical for a in s.probe.arms for t in a.trials)

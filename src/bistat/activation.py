@@ -121,6 +121,11 @@ def _requested(arm: Mapping[str, Any], control: Mapping[str, Any]) -> tuple[str,
     out = [f"{k}={env[k]}" for k in sorted(env) if cenv.get(k) != env[k]]
     out += [f"{k}={args[k]}" for k in sorted(args)
             if k not in HANDLING_KEYS and cargs.get(k) != args[k]]
+    # what the control sets and this arm leaves to the engine's default is a difference too
+    # (a control on TRITON_ATTN, a treatment on the engine's own attention backend)
+    out += [f"{k} unset (control: {cenv[k]})" for k in sorted(cenv) if k not in env]
+    out += [f"{k} unset (control: {cargs[k]})" for k in sorted(cargs)
+            if k not in HANDLING_KEYS and k not in args]
     return tuple(out)
 
 
@@ -130,8 +135,10 @@ def _status(role: str, bi: bool, requested: Sequence[str], logged: bool | None,
         return "confirmed by the probe (invariant, with a negative control that shows power)"
     if probe == "violated":
         return "the probe found it NOT batch-invariant"
-    if role == "control" or not requested:
+    if role == "control":
         return "control: nothing requested"
+    if not requested:
+        return "same settings as the control"
     suffix = "" if probe is None else f"; probe: {probe.replace('_', ' ')}"
     if not bi:
         return ("requested; not confirmed by a probe" if probe is None else "requested" + suffix)
