@@ -153,3 +153,44 @@ def test_seeded_sampling_follows_the_distribution_and_top_k_top_p():
     assert nucleus == {0, 1}  # 0.5 < 0.7 <= 0.8
     a = [select_token(logits, SamplingParams(0.8), np.random.default_rng(11)) for _ in range(5)]
     assert len(set(a)) == 1  # same seed, same first draw
+
+
+def _position_dependent(broken: set[str]):
+    """A ``_tile_product`` whose rows 6.. come out with other bits in the ``broken`` layouts, as
+    OpenBLAS 0.3.31's AVX2 SGEMM kernel gives them in a 16-row call; in the other layouts every
+    row is computed alone (float64 without BLAS, rounded), so nothing depends on this machine's BLAS."""
+
+    def product(xt, w, layout, out):
+        out[:] = np.einsum("ik,kj->ij", xt.astype(np.float64), w.astype(np.float64),
+                           optimize=False).astype(np.float32)  # no BLAS: row by row
+        if layout in broken:
+            out[6:] = np.nextafter(out[6:], np.float32(np.inf))
+
+    return product
+
+
+@pytest.mark.parametrize("broken, chosen", [(set(), "rows"), ({"rows"}, "columns"),
+                                            ({"rows", "columns"}, "row-by-row")])
+def test_the_tile_layout_is_the_first_whose_rows_do_not_depend_on_their_position(
+        monkeypatch, broken, chosen):
+    monkeypatch.setattr(ops, "_LAYOUT", {})
+    monkeypatch.setattr(ops, "_tile_product", _position_dependent(broken))
+    assert ops.tile_layout(24, 20, 16) == chosen
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((40, 24), dtype=np.float32)
+    w = rng.standard_normal((24, 20), dtype=np.float32)
+    alone = np.stack([ops.gemm_invariant(x[i:i + 1], w)[0] for i in range(len(x))])
+    # under the broken layouts a row's bits would follow its position; the chosen one keeps them
+    assert np.array_equal(ops.gemm_invariant(x, w), alone)
+    assert np.array_equal(ops.gemm_invariant(x[::-1].copy(), w), alone[::-1])
+
+
+def test_every_layout_computes_the_same_product_to_float32_rounding():
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((16, 72), dtype=np.float32)
+    w = rng.standard_normal((72, 40), dtype=np.float32)
+    exact = x.astype(np.float64) @ w.astype(np.float64)
+    for layout in ops.TILE_LAYOUTS:
+        out = np.empty((16, 40), dtype=np.float32)
+        ops._tile_product(x, w, layout, out)
+        np.testing.assert_allclose(out, exact, rtol=1e-5, atol=1e-4)

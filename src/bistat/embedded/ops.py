@@ -17,9 +17,15 @@ Two GEMM modes (:func:`gemm`):
     :func:`gemm_invariant`: the rows are cut into tiles of a fixed number of rows (the last one
     padded with zeros) and BLAS is called once per tile with the *identical* shape
     ``[tile, K] @ [K, N]``. BLAS therefore always takes the same kernel, blocking and thread
-    partition, and a GEMM never mixes rows, so each output row is the same function of its input
-    row whatever the other rows are and wherever the row sits in its tile (checked bitwise by
-    ``tests/test_embedded_invariance.py``). The other reductions are per row or per request already:
+    partition, and a GEMM never mixes rows. That makes a row independent of the *other* rows, not
+    of *where it sits in its tile*: OpenBLAS 0.3.31's AVX2 (Haswell) SGEMM kernel gives rows 6-15 of
+    a 16-row call other bits than rows 0-5 (measured on a 2-core AMD EPYC; its AVX-512 SkylakeX
+    kernel does not). So the tile's layout is chosen per ``(K, N, tile)`` by a bitwise self-check
+    on this machine's BLAS (:func:`tile_layout`): the rows as BLAS rows, or as BLAS columns
+    (``w.T @ tile.T``), or, if neither is position-independent, one BLAS call per row.
+    Each output row is then the same function of its input row whatever the other rows are and
+    wherever the row sits (checked bitwise by ``tests/test_embedded_invariance.py``). The other
+    reductions are per row or per request already:
     RMSNorm and the log-softmax reduce one row at a time (numpy's pairwise sum along the
     contiguous last axis, whose order depends only on the row length), and attention runs per request
     on that request's own KV cache, with shapes that depend on the request alone.
@@ -56,8 +62,70 @@ def gemm_blas(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     return x @ w  # [M, K] @ [K, N] -> [M, N]
 
 
+#: How :func:`gemm_invariant` hands a row tile to BLAS, in the order :func:`tile_layout` tries them.
+TILE_LAYOUTS = ("rows", "columns", "row-by-row")
+_LAYOUT: dict[tuple[int, int, int], str] = {}      # (K, N, tile) -> the layout chosen here
+_TRANSPOSED: dict[int, tuple[np.ndarray, np.ndarray]] = {}   # id(w) -> (w, w.T contiguous)
+
+
+def _transposed(w: np.ndarray) -> np.ndarray:
+    """``w.T`` as a C-contiguous [N, K] copy, made once per weight (kept beside ``w`` itself so
+    the id cannot be reused while the entry lives)."""
+    hit = _TRANSPOSED.get(id(w))
+    if hit is None or hit[0] is not w:
+        hit = _TRANSPOSED[id(w)] = (w, np.ascontiguousarray(w.T))  # [N, K]
+    return hit[1]
+
+
+def _tile_product(xt: np.ndarray, w: np.ndarray, layout: str, out: np.ndarray) -> None:
+    """``out[:] = xt @ w`` for one [tile, K] tile, laid out for BLAS as ``layout`` says."""
+    if layout == "rows":
+        np.matmul(xt, w, out=out)  # [tile, K] @ [K, N] -> [tile, N]
+    elif layout == "columns":
+        out[:] = (_transposed(w) @ np.ascontiguousarray(xt.T)).T  # ([N, K] @ [K, tile]).T
+    else:
+        for r in range(len(xt)):
+            np.matmul(xt[r : r + 1], w, out=out[r : r + 1])  # [1, K] @ [K, N] -> [1, N]
+
+
+def tile_layout(k: int, n: int, tile: int) -> str:
+    """The first of :data:`TILE_LAYOUTS` whose rows are bitwise position-independent here.
+
+    A bitwise self-check on this process's BLAS, once per ``(k, n, tile)``: random rows, each
+    computed in every position of a tile (the tile rotated ``tile`` times) and alone in a
+    zero tile, must give identical bits. ``"row-by-row"`` (one ``[1, K]`` call per row, the
+    same call for every row) is the fallback and is not checked.
+    """
+    key = (k, n, tile)
+    if key not in _LAYOUT:
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((tile, k), dtype=np.float32)  # [tile, K]
+        w = rng.standard_normal((k, n), dtype=np.float32)     # [K, N]
+        chosen = TILE_LAYOUTS[-1]
+        for layout in TILE_LAYOUTS[:-1]:
+            ref = np.empty((tile, n), dtype=np.float32)
+            _tile_product(x, w, layout, ref)
+            ok = True
+            out = np.empty_like(ref)
+            for shift in range(1, tile):  # row i at position (i - shift) mod tile
+                _tile_product(np.roll(x, -shift, axis=0), w, layout, out)
+                if not np.array_equal(out, np.roll(ref, -shift, axis=0)):
+                    ok = False
+                    break
+            if ok:
+                alone = np.zeros_like(x)
+                alone[0] = x[tile - 1]
+                _tile_product(alone, w, layout, out)
+                ok = np.array_equal(out[0], ref[tile - 1])
+            if ok:
+                chosen = layout
+                break
+        _LAYOUT[key] = chosen
+    return _LAYOUT[key]
+
+
 def gemm_invariant(x: np.ndarray, w: np.ndarray, tile: int = DEFAULT_TILE) -> np.ndarray:
-    """Batch-invariant ``x @ w``: one BLAS call of shape ``[tile, K] @ [K, N]`` per row tile.
+    """Batch-invariant ``x @ w``: one BLAS call of one fixed shape per row tile.
 
     Parameters
     ----------
@@ -65,7 +133,9 @@ def gemm_invariant(x: np.ndarray, w: np.ndarray, tile: int = DEFAULT_TILE) -> np
     w : ndarray, float32, shape [K, N], C-contiguous
     tile : int
         Rows per BLAS call. Every call has exactly this many rows (the last tile is zero-padded),
-        so BLAS takes the same kernel, blocking and threading for every call and every ``M``.
+        so BLAS takes the same kernel, blocking and threading for every call and every ``M``; the
+        tile goes to BLAS as rows or as columns, whichever this machine's BLAS computes the same
+        in every position (:func:`tile_layout`).
 
     Returns
     -------
@@ -74,6 +144,7 @@ def gemm_invariant(x: np.ndarray, w: np.ndarray, tile: int = DEFAULT_TILE) -> np
     """
     m, k = x.shape  # [M, K]
     n = w.shape[1]
+    layout = tile_layout(k, n, tile)
     m_pad = -(-m // tile) * tile
     if m_pad != m or not x.flags.c_contiguous:
         xp = np.zeros((m_pad, k), dtype=np.float32)  # [M_pad, K]
@@ -82,7 +153,7 @@ def gemm_invariant(x: np.ndarray, w: np.ndarray, tile: int = DEFAULT_TILE) -> np
         xp = x
     out = np.empty((m_pad, n), dtype=np.float32)  # [M_pad, N]
     for i in range(0, m_pad, tile):
-        np.matmul(xp[i : i + tile], w, out=out[i : i + tile])  # [tile, K] @ [K, N] -> [tile, N]
+        _tile_product(xp[i : i + tile], w, layout, out[i : i + tile])  # [tile, K] -> [tile, N]
     return out[:m]  # [M, N]
 
 
