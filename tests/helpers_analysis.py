@@ -110,7 +110,8 @@ def make_run(tmp: Path, reg: Registration, outputs: Callable[[str, int, int], Ou
                     "arm": arm, "seq": seq, "pass_index": p, "kind": kind,
                     "prompt_id": f"q{i:02d}", "prompt_index": i, "token_ids": ids,
                     "text": out.get("text", " ".join(map(str, ids))), "logprobs": lps,
-                    "top_logprobs": None, "finish_reason": "length", "n_prompt_tokens": 3,
+                    "top_logprobs": out.get("top_logprobs"), "finish_reason": "length",
+                    "n_prompt_tokens": 3,
                     "t_submit": 0.0, "t_first_token": 0.1, "t_done": 0.2, "error": err,
                     "attempts": 1, "token_sha256": None if err else token_sha256(ids),
                     "logprob_sha256": None if err else logprob_sha256(lps)})

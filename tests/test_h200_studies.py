@@ -3,6 +3,7 @@ the slim-compacted records, and the committed findings regenerate byte for byte.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,21 @@ def test_each_run_postdates_the_registration_it_was_recorded_under(run):
     is checked by its finding's validity table against its own sealing time)."""
     report = verify(REG / f"{run.name}.json", [run])
     assert report.ok, report.problems
+
+
+def test_the_committed_data_stays_within_its_budget_and_every_run_is_trimmed():
+    """Issue 6: the recorded data, compacted, under 20 MB in all. Each run is slim-compacted and
+    trimmed (`bistat compact --trim`: every output only as far as the analysis reads it; the
+    untrimmed files are in git history), for the unit of the registration it was recorded under."""
+    total = sum(p.stat().st_size for p in (ROOT / "data").rglob("*") if p.is_file())
+    assert total < 20_000_000, f"data/ holds {total:,} bytes"
+    runs = sorted(p for p in DATA.iterdir() if p.is_dir())
+    assert runs == sorted({run for run, _ in FINDINGS.values()})
+    for run in runs:
+        info = records.trim_info(run)
+        assert info is not None and info["rule"] == records.TRIM_RULE, run.name
+        registered = json.loads((REG / f"{run.name}.json").read_text())["sealed"]["declaration"]
+        assert info["unit"] == registered.get("match", {}).get("unit", "token_ids"), run.name
 
 
 @pytest.mark.parametrize("name", sorted(FINDINGS))
@@ -205,9 +221,11 @@ def test_within_one_kv_tile_flashattention3_is_invariant_in_default_mode_too():
         "bi-triton-attn": ("TRITON_ATTN",), "default": ("FLASH_ATTN (FA3)",),
         "batch-invariant": ("FLASH_ATTN (FA3)",)}
     # the longest attention read: prompt tokens + output index of the last token, at most 123
-    resp = records.read_table(KV128, "responses", ["kind", "n_prompt_tokens", "token_ids"])
+    resp = records.read_table(KV128, "responses", ["kind", "n_prompt_tokens", "token_ids",
+                                                   records.OUTPUT_LENGTH])
     resp = resp[resp["kind"] == "counted"]
-    keys = resp["n_prompt_tokens"] + resp["token_ids"].map(len) - 1
+    assert resp[records.OUTPUT_LENGTH].tolist() == resp["token_ids"].map(len).tolist()  # none cut
+    keys = resp["n_prompt_tokens"] + resp[records.OUTPUT_LENGTH] - 1
     assert (int(resp["n_prompt_tokens"].min()), int(resp["n_prompt_tokens"].max()),
             int(keys.max())) == (36, 52, 123)
     # the probe stays within the tile too: nothing differs, so it reports no power

@@ -32,7 +32,10 @@ uses the prompt-level ``all`` outcome.
 differs from the arm's reference pass (its first counted pass) gives one position: the first
 token index where the token ids differ (for ``token_ids+logprobs``, where the token id or the
 logprob's bits differ); when one output is a prefix of the other, the shorter length.
-Token ids are loaded only for the mismatching prompts.
+Token ids are loaded only for the mismatching prompts. A trimmed run (``bistat compact --trim``)
+keeps the other passes' outputs only up to that position, against the reference pass and by
+the unit recorded in its ``bistat.trim`` footer; ``records.check_trim`` stops the analysis when
+its reference pass or unit is another.
 
 *Divergence anatomy* (``bistat.anatomy``): each first divergence labelled a near-tie flip or a
 large drift by the top-1/top-2 margin there against the declared ``match.near_tie_epsilon``.
@@ -382,7 +385,7 @@ def _first_difference(a: Sequence[Any], b: Sequence[Any]) -> int | None:
 #: Columns read for the mismatching prompts: first divergences and their anatomy.
 _OUTPUT_COLUMNS = ["arm", "seq", "kind", "pass_index", "prompt_id", "token_ids", "text",
                    "logprobs", "top_logprobs", "finish_reason", "n_prompt_tokens", "t_submit",
-                   "t_done", "error"]
+                   "t_done", "error", records.OUTPUT_LENGTH]
 
 
 def _load_outputs(run_dir: Path, mismatched: Mapping[str, Sequence[str]], unit: str
@@ -466,7 +469,8 @@ def _pass_outputs(got: pd.DataFrame, arm: str, passes: Sequence[int]
                              key=lambda e: (math.inf if e[1] is None else -e[1], e[0])))
                 for pos in top),
             finish_reason=_opt_str(row.finish_reason), n_prompt_tokens=_opt_int(row.n_prompt_tokens),
-            t_submit=_opt_float(row.t_submit), t_done=_opt_float(row.t_done))
+            t_submit=_opt_float(row.t_submit), t_done=_opt_float(row.t_done),
+            n_output_tokens=_opt_int(getattr(row, records.OUTPUT_LENGTH)))
     return out
 
 
@@ -910,6 +914,10 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
         matches[arm] = _match_arm(prompt_codes[sel], key_codes[sel], failed_rows[sel],
                                   prompt_ids, len(cpasses), multi)
         arm_passes[arm] = cpasses
+    # a trimmed run keeps other passes' outputs only to their first divergence from the
+    # reference pass it assumed: refuse another reference or a unit that needs more
+    records.check_trim(run_dir, {a: ps[0] if ps else None for a, ps in arm_passes.items()},
+                       unit)
     outputs = _load_outputs(run_dir, {a: m.mismatched for a, m in matches.items()}, unit)
     run_id = str(header.get("run_id") or run_dir.name)
     anatomy = _anatomy(outputs, run_id, unit, exp.match.near_tie_epsilon, arm_passes,

@@ -397,6 +397,21 @@ class PassOutput:
     n_prompt_tokens: int | None
     t_submit: float | None
     t_done: float | None
+    #: the output's full length in tokens where the records keep only a prefix of it (a trimmed
+    #: run: ``records.OUTPUT_LENGTH``); None: ``token_ids`` is the whole output
+    n_output_tokens: int | None = None
+    #: the recorded ``token_sha256`` (of the full output, also where a trimmed run keeps a prefix)
+    token_sha256: str | None = None
+
+    @property
+    def n_tokens(self) -> int:
+        """The output's length in tokens (recorded in full or not)."""
+        return len(self.token_ids) if self.n_output_tokens is None else self.n_output_tokens
+
+    @property
+    def trimmed(self) -> bool:
+        """Whether the records keep only a prefix of this output (``bistat compact --trim``)."""
+        return self.n_output_tokens is not None and self.n_output_tokens != len(self.token_ids)
 
 
 def counted_passes(run_dir: str | Path) -> dict[str, list[int]]:
@@ -431,11 +446,16 @@ def load_pass_outputs(run_dir: str | Path, passes: Mapping[str, Sequence[int]] |
                       ) -> dict[tuple[str, int, str], PassOutput]:
     """Successful responses of counted passes keyed by (arm, pass_index, prompt_id).
 
-    The last response recorded for a (arm, pass, prompt) counts, as in the match count.
+    The last response recorded for a (arm, pass, prompt) counts, as in the match count. In a
+    trimmed run (``bistat compact --trim``) the outputs of passes other than each arm's reference
+    pass hold a prefix only (``PassOutput.trimmed``; ``n_tokens`` is still the full length):
+    enough for their first divergence from the reference pass, which
+    :func:`divergence_anatomy` checks (``records.check_trim``).
     """
     passes = counted_passes(run_dir) if passes is None else passes
     cols = ["arm", "seq", "pass_index", "kind", "prompt_id", "token_ids", "text", "logprobs",
-            "top_logprobs", "finish_reason", "n_prompt_tokens", "t_submit", "t_done", "error"]
+            "top_logprobs", "finish_reason", "n_prompt_tokens", "t_submit", "t_done", "error",
+            records.OUTPUT_LENGTH, "token_sha256"]
     frame = records.read_table(run_dir, "responses", cols,
                                filters={"arm": list(passes), "kind": ["counted"]})
     out: dict[tuple[str, int, str], PassOutput] = {}
@@ -458,7 +478,9 @@ def load_pass_outputs(run_dir: str | Path, passes: Mapping[str, Sequence[int]] |
             top_logprobs=None if top is None else tuple(_top_sorted(pos) for pos in top),
             finish_reason=row.finish_reason if isinstance(row.finish_reason, str) else None,
             n_prompt_tokens=_opt_int(row.n_prompt_tokens),
-            t_submit=optional_float(row.t_submit), t_done=optional_float(row.t_done))
+            t_submit=optional_float(row.t_submit), t_done=optional_float(row.t_done),
+            n_output_tokens=_opt_int(getattr(row, records.OUTPUT_LENGTH)),
+            token_sha256=row.token_sha256 if isinstance(row.token_sha256, str) else None)
     return out
 
 
@@ -548,7 +570,7 @@ def _side(out: PassOutput, i: int) -> SideAtDivergence:
         m12 = _lp(top[0][1]) - _lp(top[1][1])
         m12 = m12 if math.isfinite(m12) else None
     return SideAtDivergence(pass_index=out.pass_index, seq=out.seq, token_id=tok, logprob=lp,
-                            top=tuple(top), top1_top2_margin=m12, n_tokens=len(out.token_ids),
+                            top=tuple(top), top1_top2_margin=m12, n_tokens=out.n_tokens,
                             finish_reason=out.finish_reason)
 
 
@@ -572,7 +594,7 @@ def anatomy_of_pair(arm: str, ref: PassOutput, other: PassOutput, unit: str, eps
         margin, bound = pair_margin(rs.top, rs.token_id, os_.top, os_.token_id)
     elif kind == "logprob" and rs.logprob is not None and os_.logprob is not None:
         margin = abs(rs.logprob - os_.logprob)
-    shorter = min(len(ref.token_ids), len(other.token_ids))
+    shorter = min(ref.n_tokens, other.n_tokens)   # full lengths, in a trimmed run too
     return DivergenceAnatomy(
         arm=arm, prompt_id=ref.prompt_id, position=pos, kind=kind, reference=rs, other=os_,
         margin=margin, margin_is_bound=bound, label=label_divergence(kind, margin, bound, epsilon),
@@ -608,6 +630,8 @@ def divergence_anatomy(run_dir: str | Path, *, epsilon: float | None = None,
     if not eps >= 0:
         raise ValueError(f"epsilon ({epsilon!r}) must be a number >= 0 (nats)")
     passes = counted_passes(run_dir)
+    records.check_trim(run_dir, {arm: plist[0] if plist else None
+                                 for arm, plist in passes.items()}, unit)
     outputs = load_pass_outputs(run_dir, passes)
     top_k = max((len(pos) for o in outputs.values() if o.top_logprobs for pos in o.top_logprobs),
                 default=None)

@@ -518,11 +518,17 @@ def replay_prompt(run_dir: str | Path, prompt_id: str, *, arm: str | None = None
                 recorded[side] = {
                     "pass_index": s.pass_index, "seq": s.seq,
                     "token_ids": list(o.token_ids), "text": o.text,
-                    "token_sha256": token_sha256(o.token_ids),
+                    # a trimmed run (bistat compact --trim) keeps only a prefix of this
+                    # output: its recorded hash, never one of the prefix
+                    "token_sha256": (o.token_sha256 if o.trimmed and o.token_sha256
+                                     else token_sha256(o.token_ids)),
                     "logprobs_window": {"start": lo,
                                         "logprobs": [_fin(x) for x in (o.logprobs or ())[lo:hi]],
                                         "top_logprobs": [[[t, _fin(v)] for t, v in pos] for pos in
                                                          (o.top_logprobs or ())[lo:hi]]}}
+                if o.trimmed:
+                    recorded[side]["token_ids_trimmed"] = {"kept": len(o.token_ids),
+                                                           "n_tokens": o.n_tokens}
     conditions = [{"name": "alone", "requests": [_request_dict(needle)], "needle_position": 0,
                    "expected": _result_dict(alone, around)}]
     reproduced = None

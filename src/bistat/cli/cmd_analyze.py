@@ -3,7 +3,8 @@
 Thin commands: ``analyze`` calls ``bistat.analysis.analyze_run`` then
 ``bistat.report.write_finding``, prints ``bistat.gating.ci_summary`` and exits with
 ``bistat.gating.gate``'s code (``--fail-on``); ``compact`` calls ``bistat.records.compact``
-(``--slim``/``--top-k``: its ``slim``/``top_k``).
+(``--slim``/``--top-k``: its ``slim``/``top_k``) and, with ``--trim``, ``bistat.records.trim``
+(``--unit``: its ``unit``).
 Library errors reach the user as ``Error: <message>`` with exit code 1.
 """
 
@@ -18,7 +19,7 @@ from bistat.analysis import AnalysisError, analyze_run, summary_to_dict
 from bistat.gating import FailOnError, ci_summary, gate, parse_fail_on
 from bistat.experiment import DeclarationError
 from bistat.prereg import RegistrationError
-from bistat.records import RecordsError, compact
+from bistat.records import TRIM_SERVES, RecordsError, compact, trim, trim_info
 from bistat.report import write_finding
 
 _ERRORS = (AnalysisError, RecordsError, RegistrationError, DeclarationError)
@@ -101,18 +102,47 @@ def register(group: click.Group) -> None:
                   show_default="all recorded",
                   help="With --slim: keep only the first K top_logprobs alternatives per "
                        "position (recorded in the Parquet footers as bistat.top_k).")
-    def compact_cmd(run_dir: Path, slim: bool, top_k: int | None) -> None:
+    @click.option("--trim", "do_trim", is_flag=True,
+                  help="Lossy, for a repository's data budget: of a slim run's outputs keep "
+                       "each arm's reference pass in full, empty those only warm-ups gave, and "
+                       "cut every other one after its first divergence from the reference "
+                       "(docs/RECORDS.md, 'Trimmed compaction'). Alone: trims an already slim "
+                       "run; with --slim: compacts, then trims.")
+    @click.option("--unit", type=click.Choice(sorted(TRIM_SERVES)), default=None,
+                  show_default="the registration's match.unit",
+                  help="With --trim: the match unit whose divergences must stay computable.")
+    def compact_cmd(run_dir: Path, slim: bool, top_k: int | None, do_trim: bool,
+                    unit: str | None) -> None:
         """Write RUN_DIR/<table>.parquet beside each JSONL table (the JSONL files are kept).
 
-        Readers use a Parquet file while its JSONL has not grown since compaction.
+        Readers use a Parquet file while its JSONL has not grown since compaction. --trim
+        rewrites a slim run's outputs.parquet keeping only what the analysis reads; findings
+        regenerate byte for byte, other uses of the full outputs are lost.
         """
         if top_k is not None and not slim:
             raise click.UsageError("--top-k applies to a slim compaction only; add --slim")
+        if unit is not None and not do_trim:
+            raise click.UsageError("--unit applies to --trim only; add --trim")
         try:
-            written = compact(run_dir, slim=slim, top_k=top_k)
+            written = compact(run_dir, slim=slim, top_k=top_k) if slim or not do_trim else []
+            trimmed = trim(run_dir, unit=unit) if do_trim else None
         except RecordsError as exc:
             raise _fail(exc) from exc
         for path in written:
             click.echo(f"wrote {path}")
-        if not written:
+        if trimmed is not None:
+            info = trim_info(run_dir) or {}
+            n = info.get("outputs") or {}
+            refs = ", ".join(f"{a} pass {p}" for a, p in (info.get("reference_passes") or {})
+                             .items()) or "none"
+            what = (f"for match unit {info.get('unit')!r}: {n.get('full', 0)} output(s) kept in "
+                    f"full, {n.get('cut', 0)} cut after their first divergence, "
+                    f"{n.get('emptied', 0)} emptied (warm-up only); reference passes: {refs}")
+            if trimmed:
+                for path in trimmed:
+                    click.echo(f"wrote {path}")
+                click.echo(f"trimmed {run_dir} {what}")
+            else:
+                click.echo(f"{run_dir}: already trimmed {what}; nothing to do")
+        elif not written:
             click.echo(f"{run_dir}: no records to compact")
