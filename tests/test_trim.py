@@ -251,18 +251,24 @@ def test_a_reference_or_unit_other_than_the_trims_is_refused(tmp_path, monkeypat
 
 
 def test_a_first_counted_pass_that_failed_is_the_analysis_reference(tmp_path, monkeypatch):
-    """``bistat analyze`` counts a pass that ended 'failed' (its failed prompts are excluded);
-    ``bistat.anatomy.counted_passes`` does not, so the standalone anatomy (``bistat diagnose``)
-    of such a trimmed run would take another reference: it stops with the arm named."""
+    """``bistat analyze`` counts a pass that ended 'failed' (its failed prompts are excluded),
+    and so do the standalone anatomy (``bistat diagnose``, ``bistat replay``) and the trim: one
+    rule, ``records.counted_passes``. A trim made against another reference is refused."""
     monkeypatch.chdir(tmp_path)
     run = _make(tmp_path, status=lambda arm, p: "failed" if (arm, p) == ("ctl", REF)
                 else "complete")
-    before = summary_to_dict(analyze_run(run))
+    summary = analyze_run(run)
+    before = summary_to_dict(summary)
+    assert records.counted_passes(run)["ctl"][0] == REF
+    anatomy_before = divergence_anatomy(run)
     records.trim(run)
     assert records.trim_info(run)["reference_passes"] == {"ctl": REF, "trt": REF}
     assert summary_to_dict(analyze_run(run)) == before
+    assert divergence_anatomy(run) == anatomy_before
+    assert {a.name: len(a.divergences) for a in summary.arms} == {
+        a: anatomy_before.arm(a).n_divergences for a in ("ctl", "trt")}
     with pytest.raises(RecordsError, match=r"arm 'ctl' was trimmed against reference pass 1"):
-        divergence_anatomy(run)
+        records.check_trim(run, {"ctl": REF + 1}, "token_ids+logprobs")
 
 
 def test_trimming_a_copy_of_the_committed_pilot_leaves_its_analysis_unchanged(tmp_path,

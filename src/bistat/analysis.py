@@ -868,9 +868,8 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
         stat = status.get((arm, pidx), "no end event")
         # "failed" = the pass ran to its end with some requests failed: it counts, and its failed
         # prompts are excluded from matching below; "interrupted" passes were re-run in full.
-        counted = (kind == "counted" and arm in roles and
-                   (stat in ("complete", "failed")
-                    or (stat == "no end event" and (arm, pidx) in with_responses)))
+        counted = arm in roles and records.pass_counts(
+            kind, status.get((arm, pidx)), (arm, pidx) in with_responses)
         b = batching.get((arm, seq if seq is not None else -1), {})
         batch_rec = rec.get("batching") if isinstance(rec.get("batching"), Mapping) else {}
         passes.append(PassSummary(

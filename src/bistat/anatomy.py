@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -415,31 +414,10 @@ class PassOutput:
 
 
 def counted_passes(run_dir: str | Path) -> dict[str, list[int]]:
-    """Counted passes per arm, as :mod:`bistat.analysis` defines them.
-
-    A pass counts when recorded with ``kind = "counted"`` and its last ``end`` event in
-    ``schedule.jsonl`` says ``complete`` (with no end event: when it has responses).
-    """
-    sched = records.read_table(run_dir, "schedule", ["event", "arm", "pass_index", "kind",
-                                                     "status"])
-    status: dict[tuple[str, int], str] = {}
-    kinds: dict[tuple[str, int], str] = {}
-    for ev, arm, p, kind, st in sched.itertuples(index=False):
-        key = (str(arm), int(p))
-        if isinstance(kind, str):
-            kinds[key] = kind
-        if ev == "end":
-            status[key] = st if isinstance(st, str) else "no status"
-    resp = records.read_table(run_dir, "responses", ["arm", "pass_index", "kind"])
-    with_responses = {(str(a), int(p)) for a, p, k in resp.drop_duplicates().itertuples(index=False)
-                      if k == "counted"}
-    out: dict[str, set[int]] = defaultdict(set)
-    for key in set(kinds) | with_responses:
-        kind = kinds.get(key, "counted" if key in with_responses else "unknown")
-        st = status.get(key)
-        if kind == "counted" and (st == "complete" or (st is None and key in with_responses)):
-            out[key[0]].add(key[1])
-    return {arm: sorted(ps) for arm, ps in sorted(out.items())}
+    """Counted passes per arm, as :mod:`bistat.analysis` counts them (``records.counted_passes``:
+    recorded ``counted`` and ended ``complete`` or ``failed``, or with no end event but with
+    responses)."""
+    return records.counted_passes(run_dir)
 
 
 def load_pass_outputs(run_dir: str | Path, passes: Mapping[str, Sequence[int]] | None = None

@@ -67,6 +67,9 @@ __all__ = [
     "trim",
     "trim_info",
     "check_trim",
+    "COUNTING_STATUSES",
+    "pass_counts",
+    "counted_passes",
     "ENGINE_LOGS_DIR",
     "NOTES_FILE",
     "PROBE_FILE",
@@ -1199,6 +1202,59 @@ def _allowed(value: Any, allowed: frozenset) -> bool:
 
 
 # --------------------------------------------------------------------------------------------
+# Which passes count (one rule for bistat.analysis, bistat.anatomy and the trim)
+# --------------------------------------------------------------------------------------------
+
+#: How a ``counted`` pass may end (its last ``end`` event in ``schedule``) and still count:
+#: ``failed`` = it ran to its end with some requests failed (their prompts are excluded from
+#: matching); ``interrupted`` passes were re-run in full and do not count.
+COUNTING_STATUSES = ("complete", "failed")
+
+
+def pass_counts(kind: str | None, status: str | None, has_responses: bool) -> bool:
+    """Whether a pass counts: recorded ``counted`` and ended in :data:`COUNTING_STATUSES`, or
+    with no ``end`` event (``status`` None) but with counted responses recorded."""
+    return kind == "counted" and (status in COUNTING_STATUSES
+                                  or (status is None and has_responses))
+
+
+def counted_passes(run_dir: str | os.PathLike) -> dict[str, list[int]]:
+    """Counted passes per arm (:func:`pass_counts`), as ``bistat.analysis`` counts them.
+
+    A pass's kind is read from ``passes``, else from its ``start`` event in ``schedule``, else
+    ``counted`` when it has counted responses; its status is its last ``end`` event. (The
+    analysis also leaves out arms its registration does not declare.)
+    """
+    run_dir = Path(run_dir)
+    schedule = read_table(run_dir, "schedule")
+    passes = read_table(run_dir, "passes")
+    resp = read_table(run_dir, "responses", ["arm", "pass_index", "kind"])
+    resp = resp[resp["kind"] == "counted"]
+    with_responses = {(str(a), int(p)) for a, p in zip(resp["arm"], resp["pass_index"])}
+    status: dict[tuple[str, int], str] = {}
+    start_kind: dict[tuple[str, int], Any] = {}
+    if not schedule.empty and {"event", "arm", "pass_index"} <= set(schedule.columns):
+        for rec in schedule.to_dict("records"):
+            key = (str(rec.get("arm")), int(rec.get("pass_index")))
+            st = rec.get("status")
+            if rec.get("event") == "end":
+                status[key] = st if isinstance(st, str) else "no status"
+            elif rec.get("event") == "start":
+                start_kind[key] = rec.get("kind")
+    pass_kind: dict[tuple[str, int], Any] = {}
+    if not passes.empty and {"arm", "pass_index"} <= set(passes.columns):
+        for rec in passes.to_dict("records"):
+            pass_kind[(str(rec.get("arm")), int(rec.get("pass_index")))] = rec.get("kind")
+    out: dict[str, set[int]] = {}
+    for key in set(pass_kind) | set(start_kind) | with_responses | set(status):
+        kind = next((k for k in (pass_kind.get(key), start_kind.get(key)) if isinstance(k, str)),
+                    "counted" if key in with_responses else "unknown")
+        if pass_counts(kind, status.get(key), key in with_responses):
+            out.setdefault(key[0], set()).add(key[1])
+    return {arm: sorted(ps) for arm, ps in sorted(out.items())}
+
+
+# --------------------------------------------------------------------------------------------
 # Trimmed compaction: of each output, only what the registered analysis reads (lossy, opt-in)
 # --------------------------------------------------------------------------------------------
 
@@ -1326,38 +1382,10 @@ def _trim_unit(run_dir: Path, unit: str | None) -> str:
     return found
 
 
-def _trim_references(run_dir: Path, light: pd.DataFrame) -> dict[str, int]:
-    """Each arm's reference pass as ``bistat.analysis.analyze_run`` chooses it: its first counted
-    pass, a pass counting when recorded ``counted`` and ended ``complete`` or ``failed`` (with no
-    ``end`` event: when it has counted responses)."""
-    schedule = read_table(run_dir, "schedule")
-    passes = read_table(run_dir, "passes")
-    counted_resp = light[light["kind"] == "counted"]
-    with_responses = {(str(a), int(p)) for a, p in zip(counted_resp["arm"],
-                                                        counted_resp["pass_index"])}
-    status: dict[tuple[str, int], str] = {}
-    starts: dict[tuple[str, int], Any] = {}
-    if not schedule.empty and {"event", "arm", "pass_index"} <= set(schedule.columns):
-        for rec in schedule.to_dict("records"):
-            key = (str(rec.get("arm")), int(rec.get("pass_index")))
-            st = rec.get("status")
-            if rec.get("event") == "end":
-                status[key] = st if isinstance(st, str) else "no status"
-            elif rec.get("event") == "start":
-                starts[key] = rec.get("kind")
-    kinds: dict[tuple[str, int], Any] = {}
-    if not passes.empty and {"arm", "pass_index"} <= set(passes.columns):
-        for rec in passes.to_dict("records"):
-            kinds[(str(rec.get("arm")), int(rec.get("pass_index")))] = rec.get("kind")
-    refs: dict[str, int] = {}
-    for key in set(kinds) | set(starts) | with_responses | set(status):
-        kind = next((k for k in (kinds.get(key), starts.get(key)) if isinstance(k, str)),
-                    "counted" if key in with_responses else "unknown")
-        stat = status.get(key, "no end event")
-        if kind == "counted" and (stat in ("complete", "failed") or
-                                  (stat == "no end event" and key in with_responses)):
-            refs[key[0]] = min(refs.get(key[0], key[1]), key[1])
-    return dict(sorted(refs.items()))
+def _trim_references(run_dir: Path) -> dict[str, int]:
+    """Each arm's reference pass as ``bistat.analysis.analyze_run`` chooses it: its first
+    counted pass (:func:`counted_passes`)."""
+    return {arm: ps[0] for arm, ps in counted_passes(run_dir).items() if ps}
 
 
 def _first_diff(a: Sequence[Any], b: Sequence[Any]) -> int | None:
@@ -1512,7 +1540,7 @@ def trim(run_dir: str | os.PathLike, *, unit: str | None = None) -> list[Path]:
     for c in ("arm", "kind", "prompt_id", "error"):
         if c not in light:
             light[c] = None
-    references = _trim_references(run_dir, light)
+    references = _trim_references(run_dir)
 
     out = pq.read_table(out_path)
     encoding = json.loads(out_meta.get("encoding", "{}"))
