@@ -6,7 +6,9 @@ import importlib.metadata
 import platform
 
 from bistat.fingerprint import (
+    _package_digest,
     _parse_nvidia_smi,
+    code_digests,
     collect_fingerprint,
     cpu_info,
     gpu_info,
@@ -18,7 +20,7 @@ from bistat.fingerprint import (
 
 def test_fingerprint_format_on_this_cpu_only_machine():
     fp = collect_fingerprint()
-    assert set(fp) == {"gpus", "cpu", "os", "versions", "git", "host"}
+    assert set(fp) == {"gpus", "cpu", "os", "versions", "git", "code", "host"}
     assert fp["gpus"] == []
     assert set(fp["cpu"]) == {"model", "count", "machine"}
     assert set(fp["versions"]) == {"python", "numpy", "torch", "triton", "vllm", "bistat"}
@@ -89,3 +91,27 @@ def test_same_versions():
     assert not same_versions([_fp("GPU-1"), _fp("GPU-1", vllm="0.24.0")])
     assert not same_versions([_fp("GPU-1"), _fp("GPU-1", driver="575")])
     assert not same_versions([_fp("GPU-1"), _fp("GPU-1", commit="def")])
+    # the code digests count where recorded; fingerprints from before them compare as before
+    a, b = _fp("GPU-1"), _fp("GPU-1")
+    a["code"], b["code"] = {"bistat": "1" * 64}, {"bistat": "2" * 64}
+    assert not same_versions([a, b])
+    b["code"] = dict(a["code"])
+    assert same_versions([a, b])
+
+
+def test_code_digests_cover_the_installed_files_and_change_with_them(tmp_path, monkeypatch):
+    digests = code_digests()
+    assert set(digests) == {"bistat", "bistat_kernels"}
+    assert all(d is None or len(d) == 64 for d in digests.values()) and digests["bistat"]
+    pkg = tmp_path / "bistat_digest_probe"
+    (pkg / "results").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("x = 1\n")
+    (pkg / "table.json").write_text("{}")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    first = _package_digest.__wrapped__("bistat_digest_probe")
+    (pkg / "results" / "r.json").write_text("[1]")      # measurements: not code
+    (pkg / "notes.md").write_text("text")               # neither .py nor .json
+    assert _package_digest.__wrapped__("bistat_digest_probe") == first
+    (pkg / "table.json").write_text("{ }")
+    assert _package_digest.__wrapped__("bistat_digest_probe") != first
+    assert _package_digest.__wrapped__("no_such_package_xyz") is None

@@ -673,9 +673,15 @@ def _validity(exp: Experiment, passes: Sequence[PassSummary],
                        for fp in all_fps}
             if len(drivers) > 1:
                 differing.append("GPU driver differs")
+            for pkg in sorted({k for fp in all_fps for k in (fp.get("code") or {})}):
+                digests = {str((fp.get("code") or {}).get(pkg))[:12] for fp in all_fps}
+                if len(digests) > 1:
+                    differing.append(f"{pkg} code: {' / '.join(sorted(digests))}")
+            coded = any(fp.get("code") for fp in all_fps)   # runs recorded since code digests
             checks.append(ValidityCheck(
                 "same versions", ok, "identical" if ok else "; ".join(differing) or "differ",
-                "identical python, numpy, torch, triton, vllm, bistat, git commit, driver",
+                "identical python, numpy, torch, triton, vllm, bistat, git commit, driver"
+                + (", bistat code" if coded else ""),
                 "every engine start of every arm" if ok else "software differs between arms"))
     return checks
 

@@ -12,7 +12,14 @@ Format (a JSON object)::
      "os": {"system", "release", "platform"},
      "versions": {"python", "numpy", "torch", "triton", "vllm", "bistat"},   # null: not installed
      "git": {"commit", "dirty"},                             # nulls outside a git checkout
+     "code": {"bistat", "bistat_kernels"},                   # SHA-256 of each package's files
      "host": "hostname"}
+
+``code`` identifies the code that ran where ``git`` cannot: a copy of a checkout whose ``.git``
+is another commit's (the lent GPU machine's repository copy kept the session's first commit), or
+an install without git. Each digest covers the package's ``.py`` and ``.json`` files (relative
+path and bytes, in path order; not the measurements under ``results/``), found with :func:`importlib.util.find_spec` without importing
+the package; null where it is not installed.
 
 Versions come from :mod:`importlib.metadata` (package metadata), never by importing the
 packages: importing torch or vLLM takes seconds and can initialise CUDA. GPU details come from
@@ -24,7 +31,10 @@ from ``pynvml`` when it is installed. A GPU field the driver does not report (se
 from __future__ import annotations
 
 import csv
+import functools
+import hashlib
 import importlib.metadata
+import importlib.util
 import io
 import os
 import platform
@@ -36,7 +46,9 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 __all__ = [
+    "CODE_PACKAGES",
     "VERSIONED_PACKAGES",
+    "code_digests",
     "collect_fingerprint",
     "cpu_info",
     "git_info",
@@ -47,6 +59,8 @@ __all__ = [
 ]
 
 VERSIONED_PACKAGES = ("numpy", "torch", "triton", "vllm", "bistat")
+#: The packages whose files ``code`` digests: bistat and its tuned-GEMM plugin.
+CODE_PACKAGES = ("bistat", "bistat_kernels")
 _NVIDIA_SMI_FIELDS = ("name", "uuid", "serial", "driver_version")
 _TIMEOUT_S = 10
 
@@ -189,6 +203,33 @@ def git_info(directory: Path | None = None) -> dict[str, Any]:
     return {"commit": commit.stdout.strip() or None, "dirty": dirty}
 
 
+@functools.cache
+def _package_digest(name: str) -> str | None:
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = Path(next(iter(spec.submodule_search_locations)))
+    h = hashlib.sha256()
+    files = sorted(p for p in root.rglob("*") if p.suffix in (".py", ".json") and p.is_file()
+                   and not {"__pycache__", "results"} & set(p.relative_to(root).parts))
+    for path in files:
+        rel = path.relative_to(root).as_posix().encode()
+        data = path.read_bytes()
+        h.update(len(rel).to_bytes(8, "little") + rel + len(data).to_bytes(8, "little") + data)
+    return h.hexdigest()
+
+
+def code_digests() -> dict[str, str | None]:
+    """SHA-256 of each of :data:`CODE_PACKAGES` as installed here (null: not installed).
+
+    Computed once per process: the code a process runs does not change while it runs.
+    """
+    return {name: _package_digest(name) for name in CODE_PACKAGES}
+
+
 def collect_fingerprint(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The fingerprint of this machine (see the module docstring for the format).
 
@@ -201,6 +242,7 @@ def collect_fingerprint(env: Mapping[str, str] | None = None) -> dict[str, Any]:
         "os": {"system": platform.system(), "release": platform.release(), "platform": sys.platform},
         "versions": package_versions(),
         "git": git_info(),
+        "code": code_digests(),
         "host": socket.gethostname(),
     }
 
@@ -237,7 +279,8 @@ def same_node(fingerprints: Sequence[Mapping[str, Any]]) -> bool:
 def same_versions(
     fingerprints: Sequence[Mapping[str, Any]], packages: Iterable[str] = ("python",) + VERSIONED_PACKAGES
 ) -> bool:
-    """Whether all fingerprints have identical versions of ``packages`` (absent == absent) and git commit.
+    """Whether all fingerprints have identical versions of ``packages`` (absent == absent), git
+    commit and code digests (``code``; absent in fingerprints recorded before it existed).
 
     The GPU driver is part of the software too and must match.
     """
@@ -248,6 +291,8 @@ def same_versions(
     def key(fp: Mapping[str, Any]) -> tuple[Any, ...]:
         versions = fp.get("versions") or {}
         drivers = tuple(sorted(str(g.get("driver")) for g in fp.get("gpus") or []))
-        return (tuple(versions.get(p) for p in packages), (fp.get("git") or {}).get("commit"), drivers)
+        code = tuple(sorted((fp.get("code") or {}).items()))
+        return (tuple(versions.get(p) for p in packages), (fp.get("git") or {}).get("commit"),
+                drivers, code)
 
     return len({key(fp) for fp in fingerprints}) == 1
