@@ -234,6 +234,19 @@ def test_engine_refused_is_untested_and_not_run(tiny):
     assert s.comparisons[0].verdict.label.value == "untested"
 
 
+def test_a_busy_gpu_allowed_at_start_is_a_deviation_not_a_failure(tiny):
+    tmp, reg = tiny
+    detail = "pid 4242 python3 (9120 MiB on GPU-aaaa)"
+    s = analyze_run(make_run(tmp, reg, control_diverges, events=[
+        {"arm": "*", "event": "gpu_busy", "time_utc": "2026-02-01T13:00:00Z", "detail": detail}]))
+    assert s.deviations == (
+        "other processes held the GPU when the run (or a resume) started, allowed with "
+        f"--allow-busy-gpu: {detail}; they shared its memory and time with the arms' engines",)
+    quiet = analyze_run(make_run(tmp, reg, control_diverges, run_name="quiet"))
+    assert s.status.testable and quiet.deviations == ()
+    assert s.comparisons[0].verdict == quiet.comparisons[0].verdict
+
+
 def test_data_recorded_before_registration_fails_validity(tiny):
     tmp, reg = tiny
     s = analyze_run(make_run(tmp, reg, control_diverges, created_utc="2026-02-01T11:00:00Z"))

@@ -12,6 +12,7 @@ from bistat.fingerprint import (
     collect_fingerprint,
     cpu_info,
     gpu_info,
+    gpu_processes,
     package_versions,
     same_node,
     same_versions,
@@ -115,3 +116,31 @@ def test_code_digests_cover_the_installed_files_and_change_with_them(tmp_path, m
     (pkg / "table.json").write_text("{ }")
     assert _package_digest.__wrapped__("bistat_digest_probe") != first
     assert _package_digest.__wrapped__("no_such_package_xyz") is None
+
+
+def test_gpu_processes_from_nvidia_smi(monkeypatch):
+    import subprocess
+
+    import bistat.fingerprint as fpmod
+
+    calls = []
+
+    def fake_run(cmd, **kw):
+        calls.append(cmd)
+        out = ("GPU-2118561a-f2eb-496b-e3c2-589114747d6c, 1105, VLLM::EngineCore, 28930\n"
+               "GPU-2118561a-f2eb-496b-e3c2-589114747d6c, 2372, python3, [N/A]\n")
+        return subprocess.CompletedProcess(cmd, 0, out, "")
+
+    monkeypatch.setattr(fpmod.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+    monkeypatch.setattr(fpmod.subprocess, "run", fake_run)
+    assert gpu_processes() == [
+        {"gpu_uuid": "GPU-2118561a-f2eb-496b-e3c2-589114747d6c", "pid": 1105,
+         "name": "VLLM::EngineCore", "used_memory_mib": 28930},
+        {"gpu_uuid": "GPU-2118561a-f2eb-496b-e3c2-589114747d6c", "pid": 2372, "name": "python3",
+         "used_memory_mib": None}]
+    assert calls[0][1].startswith("--query-compute-apps=")
+    monkeypatch.setattr(fpmod.subprocess, "run",
+                        lambda cmd, **kw: subprocess.CompletedProcess(cmd, 0, "", ""))
+    assert gpu_processes() == []
+    monkeypatch.setattr(fpmod.shutil, "which", lambda name: None)
+    assert gpu_processes() is None

@@ -208,3 +208,33 @@ def test_engine_server_logs_are_kept_in_the_run_dir(tmp_path, monkeypatch):
     assert logs == ["blas-1.log.gz", "invariant-1.log.gz"]
     text = gzip.decompress((tmp_path / "run" / "engine-logs" / "blas-1.log.gz").read_bytes()).decode()
     assert text.startswith("INFO vLLM log of engine ")
+
+
+def test_a_busy_gpu_the_caller_allowed_is_recorded_as_an_event(tmp_path):
+    script = fakes.FakeScript()
+    outcome = start_run(h.experiment(), REG, tmp_path / "run", engine_factory=script.factory,
+                        gpu_busy="pid 7 python3 (100 MiB on GPU-x)")
+    assert outcome.status == "complete"
+    events, _ = read_jsonl(tmp_path / "run" / "events.jsonl")
+    assert events[0]["arm"] == "*" and events[0]["event"] == "gpu_busy"
+    assert events[0]["detail"] == "pid 7 python3 (100 MiB on GPU-x)"
+    assert [e for e in events if e["event"] == "gpu_busy"] == events[:1]
+
+
+def test_bistat_run_refuses_a_vllm_run_on_a_busy_gpu_unless_allowed(monkeypatch):
+    import click
+
+    from bistat.cli import cmd_run
+
+    procs = [{"gpu_uuid": "GPU-x", "pid": 1105, "name": "VLLM::EngineCore",
+              "used_memory_mib": 28930}]
+    monkeypatch.setattr("bistat.fingerprint.gpu_processes", lambda: procs)
+    served = h.experiment(engine={"kind": "vllm-server", "model": "/tmp/m"})
+    with pytest.raises(click.ClickException, match=r"other processes hold the GPU: pid 1105 "
+                       r"VLLM::EngineCore \(28930 MiB on GPU-x\)\..*--allow-busy-gpu"):
+        cmd_run._gpu_busy(served, allow=False)
+    assert cmd_run._gpu_busy(served, allow=True) == "pid 1105 VLLM::EngineCore (28930 MiB on GPU-x)"
+    # the embedded engine and a remote server start nothing on this GPU: not checked
+    assert cmd_run._gpu_busy(h.experiment(), allow=False) is None
+    monkeypatch.setattr("bistat.fingerprint.gpu_processes", lambda: None)  # no nvidia-smi
+    assert cmd_run._gpu_busy(served, allow=False) is None

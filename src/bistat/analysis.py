@@ -952,10 +952,13 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
     envs, fps = _environments(env_read.frame, arm_names)
     ev = ev_read.frame
     bad_events: list[tuple[str, str, str | None]] = []
+    gpu_busy: list[str] = []
     if not ev.empty:
         for arm, event, detail in zip(ev["arm"], ev["event"], ev["detail"]):
             if event in ("refused", "start_failed"):
                 bad_events.append((str(arm), str(event), _opt_str(detail)))
+            elif event == "gpu_busy":
+                gpu_busy.append(_opt_str(detail) or "processes not named")
     validity = _validity(exp, passes, fps, envs, reg.sealed_utc, header.get("created_utc"))
 
     # --- deviations and what was not run --------------------------------------------------------
@@ -1003,6 +1006,10 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
     for arm, event, detail in bad_events:
         not_run.append(f"arm {arm}: engine {event.replace('_', ' ')}" +
                        (f" ({detail})" if detail else ""))
+    for detail in gpu_busy:
+        deviations.append(f"other processes held the GPU when the run (or a resume) started, "
+                          f"allowed with --allow-busy-gpu: {detail}; they shared its memory and "
+                          f"time with the arms' engines")
     if gaps:
         deviations.append(f"{len(gaps)} unreadable record line(s) ignored (see Data gaps)")
 

@@ -53,6 +53,7 @@ __all__ = [
     "cpu_info",
     "git_info",
     "gpu_info",
+    "gpu_processes",
     "package_versions",
     "same_node",
     "same_versions",
@@ -245,6 +246,36 @@ def collect_fingerprint(env: Mapping[str, str] | None = None) -> dict[str, Any]:
         "code": code_digests(),
         "host": socket.gethostname(),
     }
+
+
+def gpu_processes() -> list[dict[str, Any]] | None:
+    """The compute processes on this machine's NVIDIA GPUs (``nvidia-smi --query-compute-apps``).
+
+    Returns
+    -------
+    list of dict or None
+        ``{"gpu_uuid", "pid", "name", "used_memory_mib"}`` per process (``[]``: none); None when
+        it cannot be told (no ``nvidia-smi``, or it failed).
+    """
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        out = subprocess.run(
+            [smi, "--query-compute-apps=gpu_uuid,pid,process_name,used_memory",
+             "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=_TIMEOUT_S, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    procs = []
+    for row in csv.reader(io.StringIO(out)):
+        if len(row) < 4:
+            continue
+        uuid, pid, name, mem = (_na(x) for x in row[:4])
+        procs.append({"gpu_uuid": uuid, "pid": int(pid) if pid and pid.isdigit() else None,
+                      "name": name,
+                      "used_memory_mib": int(mem) if mem and mem.isdigit() else None})
+    return procs
 
 
 def _node_key(fp: Mapping[str, Any]) -> tuple[Any, ...]:

@@ -952,6 +952,7 @@ def start_run(
     command: Sequence[str] | None = None,
     base_dir: Path | None = None,
     compact_at_end: bool = True,
+    gpu_busy: str | None = None,
 ) -> RunOutcome:
     """Create ``run_dir`` and run the whole schedule of a registered experiment.
 
@@ -973,6 +974,9 @@ def start_run(
         Where a relative ``file:`` prompt source is resolved (default: the current directory).
     compact_at_end
         Write the Parquet tables when the run ends complete or untested.
+    gpu_busy
+        What else held the GPU as the run started (the caller allowed it): recorded as a
+        ``gpu_busy`` event (arm ``*``), which the finding lists as a deviation.
     """
     reporter = reporter or NullReporter()
     prompts = _workload_prompts(experiment, base_dir)
@@ -989,8 +993,15 @@ def start_run(
         "workload_sha256": _prompts_sha256(prompts),
     }
     writer = RunWriter.create(run_dir, header)
+    _record_gpu_busy(writer, gpu_busy)
     return _execute_and_close(experiment, writer, lambda: _plan(experiment, concurrent, None),
                               prompts, engine_factory, reporter, compact_at_end)
+
+
+def _record_gpu_busy(writer: RunWriter, detail: str | None) -> None:
+    if detail:
+        writer.append("events", {"arm": "*", "event": "gpu_busy", "time_utc": utc_now(),
+                                 "detail": detail})
 
 
 def _execute_and_close(
@@ -1032,11 +1043,13 @@ def resume_run(
     reporter: Reporter | None = None,
     base_dir: Path | None = None,
     compact_at_end: bool = True,
+    gpu_busy: str | None = None,
 ) -> RunOutcome:
     """Continue a recorded run where it stopped (see the module docstring, "Resume").
 
     The experiment must be the one the run was recorded for (the caller checks the
-    registration's hash against ``run.json``); the prompts must hash as they did.
+    registration's hash against ``run.json``); the prompts must hash as they did. ``gpu_busy``
+    as for :func:`start_run`.
     """
     reporter = reporter or NullReporter()
     run_dir = Path(run_dir)
@@ -1052,6 +1065,7 @@ def resume_run(
         concurrent, _ = resolve_engines_concurrent(experiment)
     state = read_resume_state(run_dir)
     writer = RunWriter.open_existing(run_dir)
+    _record_gpu_busy(writer, gpu_busy)
 
     def plan() -> Sequence[Block]:
         _close_open_passes(writer, state)

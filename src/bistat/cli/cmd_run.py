@@ -6,6 +6,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -117,6 +118,34 @@ def _finish(outcome, registration, fail_on: frozenset[str]) -> None:
     sys.exit(ERROR)
 
 
+#: Engine kinds that start their own engines on this machine's GPU.
+_LOCAL_GPU_KINDS = ("vllm-server", "vllm-offline")
+
+
+def _gpu_busy(experiment: Any, allow: bool) -> str | None:
+    """Refuse a run that starts vLLM engines while other processes hold a GPU (they share its
+    memory and its time, and a leftover run's engines would outlive the check), unless allowed;
+    then say what was there, for the run's records. None: nothing there, or not a local GPU run."""
+    from bistat.fingerprint import gpu_processes
+
+    if getattr(experiment.engine, "kind", None) not in _LOCAL_GPU_KINDS:
+        return None
+    procs = gpu_processes() or []
+    if not procs:
+        return None
+    what = "; ".join(f"pid {p['pid']} {p['name'] or '?'} ({p['used_memory_mib']} MiB on "
+                     f"{p['gpu_uuid'] or '?'})" for p in procs)
+    if not allow:
+        raise click.ClickException(
+            f"other processes hold the GPU: {what}. They would share its memory and time with "
+            f"the engines this run starts (and a leftover run's engines are among them). Stop "
+            f"them, or record the run anyway with --allow-busy-gpu (its finding will list this "
+            f"as a deviation)")
+    click.echo(f"warning: other processes hold the GPU: {what}; recorded (--allow-busy-gpu)",
+               err=True)
+    return what
+
+
 @click.command("run", epilog=RUN_EXIT_CODES)
 @click.argument("registration", required=False, type=click.Path(path_type=Path, dir_okay=False))
 @click.option("--resume", "resume_dir", type=click.Path(path_type=Path, file_okay=False),
@@ -127,8 +156,11 @@ def _finish(outcome, registration, fail_on: frozenset[str]) -> None:
               help="Record into exactly this (new) directory instead.")
 @click.option("--no-progress", is_flag=True, help="Print one line per pass instead of progress bars.")
 @click.option("--fail-on", "fail_on", multiple=True, help=FAIL_ON_HELP)
+@click.option("--allow-busy-gpu", is_flag=True,
+              help="Start a vLLM run although other processes hold the GPU (recorded; the finding "
+                   "lists it as a deviation). Without it such a run is refused.")
 def run_command(registration: Path | None, resume_dir: Path | None, runs_dir: Path, run_dir: Path | None,
-                no_progress: bool, fail_on: tuple[str, ...]) -> None:
+                no_progress: bool, fail_on: tuple[str, ...], allow_busy_gpu: bool) -> None:
     """Run a sealed registration (preregistrations/NAME.json) and record everything.
 
     Warm-up passes, then the declared passes per arm in the declared order; every response is
@@ -160,7 +192,8 @@ def run_command(registration: Path | None, resume_dir: Path | None, runs_dir: Pa
                     "registration"
                 )
             click.echo(f"resuming {resume_dir}")
-            outcome = resume_run(reg.experiment(), resume_dir, reporter=reporter)
+            busy = _gpu_busy(reg.experiment(), allow_busy_gpu)
+            outcome = resume_run(reg.experiment(), resume_dir, reporter=reporter, gpu_busy=busy)
         else:
             assert registration is not None
             reg = _load_sealed(registration, runs_dir)
@@ -171,8 +204,10 @@ def run_command(registration: Path | None, resume_dir: Path | None, runs_dir: Pa
                     f"{target}: a run is already recorded here; choose another --run-dir or "
                     f"continue it with --resume {target}"
                 )
+            busy = _gpu_busy(experiment, allow_busy_gpu)
             click.echo(f"running {experiment.name} into {target}")
-            outcome = start_run(experiment, reg.reference(), target, reporter=reporter)
+            outcome = start_run(experiment, reg.reference(), target, reporter=reporter,
+                                gpu_busy=busy)
     except (WorkloadError, RecordsError, ResumeError) as exc:
         raise click.ClickException(str(exc)) from exc
     _finish(outcome, reg, fail_labels)
