@@ -1,0 +1,90 @@
+"""scripts/device/travel.sh: what of the checkout travels with a device call, and getting it back.
+
+Session 5 lost a study to its first version, which left `.gitignore` behind: the lent machine
+keeps only ignored paths of its repository copy between calls, so it wiped `runs/` under a
+running study. These tests run the script on a throw-away clone of a small repository.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "device" / "travel.sh"
+
+pytestmark = pytest.mark.skipif(shutil.which("git") is None or shutil.which("bash") is None,
+                                reason="needs git and bash")
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True,
+                          text=True).stdout
+
+
+def _travelling(repo: Path) -> set[str]:
+    """What the device tool sends: tracked plus untracked-not-ignored files."""
+    out = _git(repo, "ls-files") + _git(repo, "ls-files", "--others", "--exclude-standard")
+    return set(out.split())
+
+
+@pytest.fixture
+def repo(tmp_path):
+    r = tmp_path / "repo"
+    files = {".gitignore": "/runs/\n/.dev/\n", "README.md": "x\n", "pyproject.toml": "x\n",
+             "src/bistat/__init__.py": "", "scripts/device/travel.sh": SCRIPT.read_text(),
+             "scripts/device/stage.sh": "", "scripts/test.sh": "", "experiments/a.toml": "",
+             "preregistrations/a.json": "{}", "kernels/tables/t.json": "{}",
+             "kernels/results/r.json": "[]", "data/h200/run/outputs.parquet": "big",
+             "findings/README.md": "", "tests/test_x.py": "", "docs/A.md": ""}
+    for name, text in files.items():
+        (r / name).parent.mkdir(parents=True, exist_ok=True)
+        (r / name).write_text(text)
+    _git(r.parent, "init", "-q", str(r))
+    _git(r, "add", "-A")
+    _git(r, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x")
+    (r / "runs" / "study").mkdir(parents=True)          # what a device run writes: ignored
+    (r / "runs" / "study" / "run.json").write_text("{}")
+    return r
+
+
+def _travel(repo: Path, mode: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "scripts/device/travel.sh", mode], cwd=repo,
+                          capture_output=True, text=True)
+
+
+def test_stage_sends_scripts_device_and_gitignore_only_and_restore_brings_all_back(repo):
+    everything = _travelling(repo)
+    assert _travel(repo, "stage").returncode == 0
+    assert _travelling(repo) == {".gitignore", "scripts/device/travel.sh", "scripts/device/stage.sh"}
+    assert (repo / "data" / "h200" / "run" / "outputs.parquet").read_text() == "big"  # disk intact
+    assert _travel(repo, "restore").returncode == 0
+    assert _travelling(repo) == everything
+    assert _git(repo, "status", "--porcelain") == ""
+
+
+def test_run_sends_what_a_run_needs_with_gitignore_and_not_the_data(repo):
+    assert _travel(repo, "run").returncode == 0
+    sent = _travelling(repo)
+    assert ".gitignore" in sent       # without it the machine wipes runs/ between calls
+    assert {"src/bistat/__init__.py", "scripts/device/stage.sh", "scripts/test.sh",
+            "experiments/a.toml", "preregistrations/a.json", "kernels/tables/t.json",
+            "README.md", "pyproject.toml"} <= sent
+    assert not {f for f in sent if f.startswith(("data/", "findings/", "tests/", "docs/",
+                                                 "kernels/results/", "runs/"))}
+    # switching modes goes through restore; restoring twice is harmless
+    assert _travel(repo, "stage").returncode == 0 and ".gitignore" in _travelling(repo)
+    assert _travel(repo, "restore").returncode == 0
+    assert "nothing to restore" in _travel(repo, "restore").stdout
+    assert _git(repo, "status", "--porcelain") == ""
+
+
+def test_a_mode_is_refused_while_changes_are_staged(repo):
+    (repo / "README.md").write_text("changed\n")
+    _git(repo, "add", "README.md")
+    done = _travel(repo, "stage")
+    assert done.returncode == 1 and "commit or unstage them first" in done.stdout
+    assert _git(repo, "diff", "--cached", "--name-only").split() == ["README.md"]
