@@ -382,6 +382,25 @@ def _first_difference(a: Sequence[Any], b: Sequence[Any]) -> int | None:
     return min(len(a), len(b)) if len(a) != len(b) else None
 
 
+def divergence_position(ref_ids: Sequence[Any], ids: Sequence[Any],
+                        ref_logprobs: Sequence[Any] | None, logprobs: Sequence[Any] | None,
+                        unit: str) -> int | None:
+    """The first-divergence position a finding reports for ``ids`` against ``ref_ids``.
+
+    The first differing token id (the shorter length when one is a prefix of the other); for
+    ``token_ids+logprobs`` the earlier of that and the first logprob whose float64 bits differ
+    (a missing list reads as empty). None: identical by ``unit``.
+    """
+    pos = _first_difference(ref_ids, ids)
+    if unit == "token_ids+logprobs":
+        lp_pos = _first_difference(  # bitwise: compare the float64s' bit patterns
+            np.asarray(ref_logprobs or [], dtype="<f8").view("<i8").tolist(),
+            np.asarray(logprobs or [], dtype="<f8").view("<i8").tolist())
+        if lp_pos is not None and (pos is None or lp_pos < pos):
+            pos = lp_pos
+    return pos
+
+
 #: Columns read for the mismatching prompts: first divergences and their anatomy.
 _OUTPUT_COLUMNS = ["arm", "seq", "kind", "pass_index", "prompt_id", "token_ids", "text",
                    "logprobs", "top_logprobs", "finish_reason", "n_prompt_tokens", "t_submit",
@@ -429,13 +448,7 @@ def _divergences(got: pd.DataFrame, arm: str, mismatched: Sequence[str], passes:
             cur = outputs.get((pid, p))
             if cur is None:
                 continue
-            pos = _first_difference(ref[0], cur[0])
-            if unit == "token_ids+logprobs":
-                lp_pos = _first_difference(  # bitwise: compare the float64s' bit patterns
-                    np.asarray(ref[1] or [], dtype="<f8").view("<i8").tolist(),
-                    np.asarray(cur[1] or [], dtype="<f8").view("<i8").tolist())
-                if lp_pos is not None and (pos is None or lp_pos < pos):
-                    pos = lp_pos
+            pos = divergence_position(ref[0], cur[0], ref[1], cur[1], unit)
             if pos is not None:
                 out.append(Divergence(arm=arm, prompt_id=str(pid), pass_index=p,
                                       reference_pass=ref_pass, position=pos,

@@ -1388,49 +1388,24 @@ def _trim_references(run_dir: Path) -> dict[str, int]:
     return {arm: ps[0] for arm, ps in counted_passes(run_dir).items() if ps}
 
 
-def _first_diff(a: Sequence[Any], b: Sequence[Any]) -> int | None:
-    """As ``bistat.analysis._first_difference``: first differing index; the shorter length when
-    one is a prefix of the other; None when equal."""
-    n = min(len(a), len(b))
-    if n:
-        ne = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
-        if ne.size:
-            return int(ne[0])
-    return n if len(a) != len(b) else None
-
-
-def _lp_bits(lps: Any) -> np.ndarray:
-    """Logprobs as their float64 bit patterns; a missing list reads as empty (as the analysis)."""
-    if lps is None:
-        return np.zeros(0, dtype="<i8")
-    return np.ascontiguousarray(lps, dtype="<f8").view("<i8")
-
-
 def _divergence_at(ref: tuple, other: tuple, unit: str) -> int | None:
-    """The last first-divergence position any reader computes for ``other`` against ``ref``
-    (``bistat.analysis._divergences`` and ``bistat.anatomy.first_divergence``), or None when
-    the two outputs are identical by ``unit`` (for ``text``: by their token ids).
+    """The last first-divergence position any reader computes for ``other`` against ``ref``:
+    ``bistat.analysis.divergence_position`` (the finding's) and ``bistat.anatomy.
+    first_divergence`` (the anatomy's, which compares logprobs only where both are recorded),
+    or None when the two outputs are identical by ``unit`` (for ``text``: by their token ids).
 
     ``ref`` and ``other`` are ``(token ids, logprobs or None)`` as numpy arrays.
     """
-    ref_ids, ref_lps = ref
-    ids, lps = other
-    tok = _first_diff(ref_ids, ids)
-    if unit != "token_ids+logprobs":
-        return tok
-    # bistat.analysis: the earlier of the token and the (bitwise) logprob difference, a missing
-    # list read as empty
-    lp = _first_diff(_lp_bits(ref_lps), _lp_bits(lps))
-    analysis = tok if lp is None else lp if tok is None else min(tok, lp)
-    # bistat.anatomy: logprobs compared only when both are recorded, before the token difference
-    anatomy = tok
-    if ref_lps is not None and lps is not None:
-        n = min(len(ref_lps), len(lps), len(ref_ids), len(ids))
-        n = n if tok is None else min(n, tok)
-        d = _first_diff(_lp_bits(ref_lps)[:n], _lp_bits(lps)[:n])
-        if d is not None and d < n:
-            anatomy = d
-    found = [p for p in (analysis, anatomy) if p is not None]
+    from bistat.analysis import divergence_position  # both import this module
+    from bistat.anatomy import first_divergence
+
+    (ref_ids, ref_lps), (ids, lps) = ((a.tolist(), None if b is None else b.tolist())
+                                      for a, b in (ref, other))
+    with_lps = unit == "token_ids+logprobs"
+    found = [divergence_position(ref_ids, ids, ref_lps, lps, unit),
+             (first_divergence(ref_ids, ids, ref_lps if with_lps else None,
+                               lps if with_lps else None) or (None,))[0]]
+    found = [p for p in found if p is not None]
     return max(found) if found else None
 
 
