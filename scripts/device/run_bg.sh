@@ -28,15 +28,13 @@ alive() { [ -f "$PIDF" ] && kill -0 "$(cat "$PIDF")" 2>/dev/null; }
 if ! alive; then
   if grep -q '"status": 0' "$STATUS" 2>/dev/null; then echo "[bg] $NAME already finished"; exit 0; fi
   rm -f "$STATUS"
-  # Start only on an idle GPU: a run left running without its pid file (session 5: the repo
-  # copy's runs/ was wiped between calls) would otherwise get a twin writing into the same path,
-  # and any other process on the GPU skews the throughput that the rules compare.
+  # Never a twin: a run left running without its pid file (session 5: the repo copy's runs/ was
+  # wiped between calls) would otherwise get a second one writing into the same path. (A GPU
+  # held by other processes is refused by `bistat run` itself; --allow-busy-gpu overrides.)
   others=$(pgrep -af "bistat.cli import main.*(run|--resume)" | grep -v "^$$ " || true)
-  busy=$(nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader 2>/dev/null || true)
-  if { [ -n "$others" ] || [ -n "$busy" ]; } && [ "${FORCE:-0}" != 1 ]; then
-    echo "run_bg: not starting $NAME: the GPU or bistat is busy (FORCE=1 starts anyway)"
-    [ -n "$others" ] && echo "bistat runs alive:" && echo "$others"
-    [ -n "$busy" ] && echo "GPU processes (pid, name, memory):" && echo "$busy"
+  if [ -n "$others" ] && [ "${FORCE:-0}" != 1 ]; then
+    echo "run_bg: not starting $NAME: a bistat run is alive (FORCE=1 starts anyway):"
+    echo "$others"
     exit 1
   fi
   if [ -f "$RUN/run.json" ]; then what=(run --resume "$RUN" --no-progress); echo "[bg] resuming $RUN"
