@@ -194,3 +194,15 @@ def test_every_layout_computes_the_same_product_to_float32_rounding():
         out = np.empty((16, 40), dtype=np.float32)
         ops._tile_product(x, w, layout, out)
         np.testing.assert_allclose(out, exact, rtol=1e-5, atol=1e-4)
+
+
+def test_the_columns_layout_keeps_a_weight_transposed_only_while_the_weight_lives():
+    import gc
+
+    w = np.arange(12, dtype=np.float32).reshape(3, 4)
+    wt = ops._transposed(w)
+    assert ops._transposed(w) is wt and np.array_equal(wt, w.T) and wt.flags.c_contiguous
+    key = id(w)
+    del w
+    gc.collect()
+    assert key not in ops._TRANSPOSED

@@ -44,6 +44,8 @@ References
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 GEMM_MODES = ("blas", "invariant")
@@ -65,16 +67,17 @@ def gemm_blas(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 #: How :func:`gemm_invariant` hands a row tile to BLAS, in the order :func:`tile_layout` tries them.
 TILE_LAYOUTS = ("rows", "columns", "row-by-row")
 _LAYOUT: dict[tuple[int, int, int], str] = {}      # (K, N, tile) -> the layout chosen here
-_TRANSPOSED: dict[int, tuple[np.ndarray, np.ndarray]] = {}   # id(w) -> (w, w.T contiguous)
+_TRANSPOSED: dict[int, np.ndarray] = {}             # id(w) -> w.T contiguous, while w lives
 
 
 def _transposed(w: np.ndarray) -> np.ndarray:
-    """``w.T`` as a C-contiguous [N, K] copy, made once per weight (kept beside ``w`` itself so
-    the id cannot be reused while the entry lives)."""
-    hit = _TRANSPOSED.get(id(w))
-    if hit is None or hit[0] is not w:
-        hit = _TRANSPOSED[id(w)] = (w, np.ascontiguousarray(w.T))  # [N, K]
-    return hit[1]
+    """``w.T`` as a C-contiguous [N, K] copy, made once per weight and dropped with it."""
+    key = id(w)
+    wt = _TRANSPOSED.get(key)
+    if wt is None:
+        wt = _TRANSPOSED[key] = w.T.copy(order="C")  # [N, K], never a view of w
+        weakref.finalize(w, _TRANSPOSED.pop, key, None)
+    return wt
 
 
 def _tile_product(xt: np.ndarray, w: np.ndarray, layout: str, out: np.ndarray) -> None:
