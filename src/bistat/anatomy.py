@@ -413,11 +413,8 @@ class PassOutput:
         return self.n_output_tokens is not None and self.n_output_tokens != len(self.token_ids)
 
 
-def counted_passes(run_dir: str | Path) -> dict[str, list[int]]:
-    """Counted passes per arm, as :mod:`bistat.analysis` counts them (``records.counted_passes``:
-    recorded ``counted`` and ended ``complete`` or ``failed``, or with no end event but with
-    responses)."""
-    return records.counted_passes(run_dir)
+#: Counted passes per arm, as :mod:`bistat.analysis` counts them (one rule for both).
+counted_passes = records.counted_passes
 
 
 def load_pass_outputs(run_dir: str | Path, passes: Mapping[str, Sequence[int]] | None = None

@@ -1382,12 +1382,6 @@ def _trim_unit(run_dir: Path, unit: str | None) -> str:
     return found
 
 
-def _trim_references(run_dir: Path) -> dict[str, int]:
-    """Each arm's reference pass as ``bistat.analysis.analyze_run`` chooses it: its first
-    counted pass (:func:`counted_passes`)."""
-    return {arm: ps[0] for arm, ps in counted_passes(run_dir).items() if ps}
-
-
 def _divergence_at(ref: tuple, other: tuple, unit: str) -> int | None:
     """The last first-divergence position any reader computes for ``other`` against ``ref``:
     ``bistat.analysis.divergence_position`` (the finding's) and ``bistat.anatomy.
@@ -1515,7 +1509,8 @@ def trim(run_dir: str | os.PathLike, *, unit: str | None = None) -> list[Path]:
     for c in ("arm", "kind", "prompt_id", "error"):
         if c not in light:
             light[c] = None
-    references = _trim_references(run_dir)
+    # each arm's reference pass as the analysis chooses it: its first counted pass
+    references = {arm: ps[0] for arm, ps in counted_passes(run_dir).items() if ps}
 
     out = pq.read_table(out_path)
     encoding = json.loads(out_meta.get("encoding", "{}"))
