@@ -58,6 +58,13 @@ def test_status_without_logs_with_logs_and_with_a_probe():
     weak = {a.arm: a for a in arm_activation(ARMS, {}, report(False))}
     assert weak["bi-triton"].probe == "no_power"
     assert weak["bi-triton"].status == "requested; no engine log to check; probe: no power"
+    # a probe's "confirmed" does not stand against the study's own passes
+    study = {"bi-triton": (0, 541)}
+    assert arm_activation(ARMS, {}, report(True), study)[2].status.startswith("confirmed by the probe")
+    study = {"bi-triton": (457, 541)}
+    assert arm_activation(ARMS, {}, report(True), study)[2].status == (
+        "the probe saw no difference, but 457 of 541 prompts diverged across the study's counted "
+        "passes: the probe missed it")
 
 
 def test_what_the_control_sets_and_a_treatment_leaves_unset_is_a_difference():
@@ -136,3 +143,27 @@ def test_handling_keys_are_not_requested_settings():
             {"name": "t", "role": "treatment", "args": {"log_path": "/tmp/t.log",
                                                           "attention_backend": "TRITON_ATTN"}}]
     assert arm_activation(arms, {})[1].requested == ("attention_backend=TRITON_ATTN",)
+
+
+def test_a_probe_that_saw_nothing_where_the_study_diverged_is_called_out(tmp_path):
+    """h200-match-smollm2-r2: the FA3 batch-invariant arms' needle stayed identical among fillers
+    while 457 of 541 prompts diverged in the study; and its two parts had no negative control."""
+    from bistat.report import render_markdown
+
+    run = tmp_path / "run"
+    shutil.copytree(ROOT / "examples" / "synthetic" / "run", run)
+    reg = ROOT / "examples" / "synthetic" / "synthetic-example.json"
+    (run / "probe.json").write_text(json.dumps(_probe_json(("batch-invariant", "probed", False))))
+    (run / "probe-default.json").write_text(json.dumps(_probe_json(("default", "probed", False))))
+    md = render_markdown(analyze_run(run, reg))
+    assert ("judged together, but no part ran a negative control (`--control`), so an arm's needle "
+            "staying identical confirms nothing") in md
+    # the synthetic run's default arm kept 70 of 79 prompts; batch-invariant all 80
+    assert ("**The probe and the study disagree** on default (needle 6 tokens; 9 of 79 prompts "
+            "diverged across the counted passes): the needle stayed identical") in md
+    assert "disagree** on batch-invariant" not in md and "batch-invariant (needle" not in md
+    (run / "probe-default.json").write_text(json.dumps(_probe_json(("default", "negative_control",
+                                                                    True))))
+    md = render_markdown(analyze_run(run, reg))
+    assert "so one part's negative control gives the others their power" in md
+    assert "disagree" not in md

@@ -170,7 +170,7 @@ def test_probe_cli_confirmed_json_and_exit_codes(workdir):
     decl = h.write_toml(workdir / "experiments" / "p.toml", data)
     result = _invoke("probe", str(decl), "--max-fillers", "40", "--max-tokens", "5", "--output", "probe.json")
     assert result.exit_code == 0, result.output
-    assert result.stderr.splitlines() == ["probing arm invariant ...", "probing arm blas ..."]
+    assert result.stderr.splitlines() == ["probing arm blas ...", "probing arm invariant ..."]  # control first
     assert result.stdout.splitlines()[0] == "needle chat-0000, 3 trial(s) of 32-40 fillers, 5 tokens"
     assert result.stdout.splitlines()[-2:] == [
         "outcome: confirmed — bitwise identical alone and in every batch, and the negative control differs",
@@ -201,25 +201,28 @@ def test_an_interrupted_probe_keeps_its_finished_arms(workdir, monkeypatch):
     decl = h.write_toml(workdir / "experiments" / "p.toml", data)
     real = bistat.probe.probe_arm
 
-    def stopped_at_the_control(engine, name, role, *args):
-        if role == "negative_control":   # what `timeout -s INT` does to a probe past its budget
+    def stopped_at_inv_b(engine, name, role, *args):
+        if name == "inv-b":   # what `timeout -s INT` does to a probe past its budget
             raise KeyboardInterrupt
         return real(engine, name, role, *args)
 
-    monkeypatch.setattr(bistat.probe, "probe_arm", stopped_at_the_control)
+    monkeypatch.setattr(bistat.probe, "probe_arm", stopped_at_inv_b)
     result = _invoke("probe", str(decl), "--max-fillers", "40", "--max-tokens", "5", "--output",
                      "run/probe.json")
     assert result.exit_code == 130
     assert result.stderr.splitlines()[-1] == ("interrupted: the report of the 2 finished arm(s) is "
                                               "in run/probe.json")
     kept = json.loads((workdir / "run" / "probe.json").read_text())
-    assert [a["arm"] for a in kept["arms"]] == ["inv-a", "inv-b"] and kept["pending"] == ["blas"]
-    assert kept["outcome"] == "no_power" and kept["reason"].startswith("partial: blas not probed yet")
+    # the negative control ran first, so the finished part keeps its power
+    assert [a["arm"] for a in kept["arms"]] == ["inv-a", "blas"] and kept["pending"] == ["inv-b"]
+    assert kept["outcome"] == "confirmed" and kept["reason"].startswith("partial: inv-b not probed yet")
     assert not list((workdir / "run").glob(".*.tmp"))
-    one = _invoke("probe", str(decl), "--arm", "inv-a", "--max-fillers", "40", "--output",
+    one = _invoke("probe", str(decl), "--arm", "inv-b", "--max-fillers", "40", "--output",
                   "run/probe-2.json")
     assert one.exit_code == 130
-    assert json.loads((workdir / "run" / "probe-2.json").read_text())["pending"] == ["blas"]
+    part = json.loads((workdir / "run" / "probe-2.json").read_text())
+    assert [a["arm"] for a in part["arms"]] == ["blas"] and part["pending"] == ["inv-b"]
+    assert part["outcome"] == "untested"
     monkeypatch.setattr(bistat.probe, "probe_arm", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
     none = _invoke("probe", str(decl), "--max-fillers", "40", "--output", "run/probe-3.json")
     assert none.exit_code == 130 and not (workdir / "run" / "probe-3.json").exists()

@@ -130,7 +130,11 @@ def _requested(arm: Mapping[str, Any], control: Mapping[str, Any]) -> tuple[str,
 
 
 def _status(role: str, bi: bool, requested: Sequence[str], logged: bool | None,
-            probe: str | None) -> str:
+            probe: str | None, diverged: tuple[int, int] | None = None) -> str:
+    if probe == "confirmed" and diverged is not None and diverged[0] > 0:
+        # the probe's one needle is weaker evidence than the study's every prompt
+        return (f"the probe saw no difference, but {diverged[0]} of {diverged[1]} prompts "
+                "diverged across the study's counted passes: the probe missed it")
     if probe == "confirmed":
         return "confirmed by the probe (invariant, with a negative control that shows power)"
     if probe == "violated":
@@ -151,7 +155,9 @@ def _status(role: str, bi: bool, requested: Sequence[str], logged: bool | None,
 
 def arm_activation(arms: Sequence[Mapping[str, Any]],
                    log_findings: Mapping[str, Sequence[str]],
-                   probe_report: Mapping[str, Any] | None = None) -> tuple[ArmActivation, ...]:
+                   probe_report: Mapping[str, Any] | None = None,
+                   diverged: Mapping[str, tuple[int, int]] | None = None,
+                   ) -> tuple[ArmActivation, ...]:
     """One :class:`ArmActivation` per declared arm.
 
     Parameters
@@ -163,6 +169,9 @@ def arm_activation(arms: Sequence[Mapping[str, Any]],
         engine log (the embedded engine, a remote server).
     probe_report : mapping, optional
         A ``bistat.probe/1`` report (:mod:`bistat.probe`).
+    diverged : mapping, optional
+        Arm name -> (prompts that diverged across the study's counted passes, prompts compared):
+        a probe that confirms an arm the study saw diverge is reported as having missed it.
     """
     control = next((a for a in arms if a.get("role") == "control"), {})
     probed = {str(a.get("arm")): a for a in (probe_report or {}).get("arms") or []}
@@ -181,5 +190,5 @@ def arm_activation(arms: Sequence[Mapping[str, Any]],
             tuned_gemm_logged=None if marks is None else marks["tuned_gemm"],
             attention=() if marks is None else marks["attention"], probe=probe,
             status=_status(role, bi, requested, None if marks is None else marks["bi_kernels"],
-                           probe)))
+                           probe, (diverged or {}).get(name))))
     return tuple(out)

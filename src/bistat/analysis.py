@@ -1114,7 +1114,8 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
         activation=act.arm_activation(
             [a.model_dump(mode="json") for a in exp.arms],
             {a: e.log_findings for a, e in envs.items() if e.log_findings is not None},
-            None if probe is None else probe.to_json()),
+            None if probe is None else probe.to_json(),
+            {a.name: (a.n_prompts - a.n_prompts_matched, a.n_prompts) for a in arm_summaries}),
         probe_files=probe_files, probe=probe,
         siblings=tuple(siblings))
 

@@ -515,6 +515,8 @@ def _decide(arms: Sequence[ArmProbe], mode: str = "batch") -> tuple[ProbeOutcome
         if unsupported:
             return "untested", f"{unsupported[0].arm}: {unsupported[0].error}"
         return "untested", f"the probe could not run on {', '.join(a.arm for a in failed)}"
+    if not probed:
+        return "untested", "no arm has been probed yet, only the negative control"
     violated = [a.arm for a in probed if a.differs]
     if violated:
         what = {"batch": "not batch invariant",
@@ -592,7 +594,13 @@ def run_probe(
 
         engine_factory = create_engine
     results: list[ArmProbe] = []
-    plan = [(name, "probed") for name in probed] + ([(control_name, "negative_control")] if control_name else [])
+    # the negative control runs first: a probe stopped by its budget then keeps its power, and
+    # the arms it did not reach can be probed later without a control (`merge_reports`). The
+    # report lists the probed arms first, the control last, whatever the order they ran in.
+    plan = ([(control_name, "negative_control")] if control_name else []) + [(name, "probed") for name in probed]
+
+    def in_report_order(done: list[ArmProbe]) -> list[ArmProbe]:
+        return sorted(done, key=lambda a: a.role == "negative_control")
     for i, (name, role) in enumerate(plan):
         if on_arm is not None:
             on_arm(name)
@@ -613,9 +621,9 @@ def run_probe(
             finally:
                 engine.stop()
         if on_report is not None and i + 1 < len(plan):
-            on_report(decide_report(results, settings, needle.prompt_id,
+            on_report(decide_report(in_report_order(results), settings, needle.prompt_id,
                                     pending=tuple(n for n, _ in plan[i + 1:])))
-    report = decide_report(results, settings, needle.prompt_id)
+    report = decide_report(in_report_order(results), settings, needle.prompt_id)
     if on_report is not None:
         on_report(report)
     return report

@@ -183,10 +183,14 @@ def _activation(s: RunSummary) -> list[str]:
     probe_cmd = "`bistat probe REGISTRATION --output RUN_DIR/probe.json`"
     parts = []
     if len(s.probe_files) > 1:
+        controls = [a.arm for a in s.probe.arms if a.role == "negative_control"] if s.probe else []
+        power = ("so one part's negative control gives the others their power" if controls else
+                 "but no part ran a negative control (`--control`), so an arm's needle staying "
+                 "identical confirms nothing, whatever another probed arm showed")
         parts = [f"The probe ran in {len(s.probe_files)} parts ("
                  + ", ".join(f"`{f}`" for f in s.probe_files)
-                 + "): the same needle and settings on different arms, judged together, so "
-                 "one part's negative control gives the others their power.", ""]
+                 + f"): the same needle and settings on different arms, judged together, {power}.",
+                 ""]
     if not (s.engine_kind or "").startswith("vllm"):
         rows = [(a.arm, a.role, ", ".join(f"`{r}`" for r in a.requested) or "—",
                  (a.probe or "not run").replace("_", " "), a.status) for a in s.activation]
@@ -194,7 +198,7 @@ def _activation(s: RunSummary) -> list[str]:
                 f"A setting is *requested* until a behavioural probe with a negative control "
                 f"confirms it ({probe_cmd}).", "", *parts,
                 _table(("arm", "role", "requested (vs control)", "probe", "status"), rows), "",
-                *_probe_detail(s.probe)]
+                *_probe_detail(s)]
     flag = {True: "yes", False: "no", None: "—"}
     rows = [(a.arm, a.role, ", ".join(f"`{r}`" for r in a.requested) or "—",
              "**no**" if a.bi_requested and a.bi_kernels_logged is False
@@ -210,11 +214,13 @@ def _activation(s: RunSummary) -> list[str]:
             "itself, the attention backend chosen.", "", *parts,
             _table(("arm", "role", "requested (vs control)", "batch-invariant kernels in log",
                     "tuned GEMM in log", "attention backend (log)", "probe", "status"), rows), "",
-            *_probe_detail(s.probe)]
+            *_probe_detail(s)]
 
 
-def _probe_detail(probe: ProbeReport | None) -> list[str]:
-    """The probe's trials per arm (batch mode: the needle alone twice, then among fillers)."""
+def _probe_detail(s: RunSummary) -> list[str]:
+    """The probe's trials per arm (batch mode: the needle alone twice, then among fillers), and
+    where the probe and the study disagree."""
+    probe = s.probe
     if probe is None or probe.settings.mode != "batch":
         return []
     st = probe.settings
@@ -232,12 +238,23 @@ def _probe_detail(probe: ProbeReport | None) -> list[str]:
                      ", ".join(str(t.n_fillers) for t in a.trials), f"{a.n_shared} / {n}",
                      ", ".join(map(str, firsts)) or "—"))
     pending = (f" Not probed: {', '.join(probe.pending)}." if probe.pending else "")
+    study = {a.name: a for a in s.arms}
+    missed = [(a, study[a.arm]) for a in probe.arms
+              if not a.error and a.trials and not a.differs and a.arm in study
+              and study[a.arm].n_prompts_matched < study[a.arm].n_prompts]
+    disagree = [] if not missed else [
+        "**The probe and the study disagree** on " + ", ".join(
+            f"{pa.arm} (needle {pa.n_needle_tokens} tokens; {sa.n_prompts - sa.n_prompts_matched} "
+            f"of {sa.n_prompts} prompts diverged across the counted passes)" for pa, sa in missed)
+        + f": the needle stayed identical among fillers in every trial. One needle of "
+        f"{st.max_tokens} tokens at most is weaker evidence than every prompt of every pass; "
+        "the study's match counts decide.", ""]
     return [f"Probe (needle `{probe.needle_prompt_id}`, {st.trials} trial(s) among "
             f"{st.min_fillers}-{st.max_fillers} fillers, {st.max_tokens} tokens, bitwise token ids "
             f"and logprobs): **{probe.outcome.replace('_', ' ')}** — {probe.reason}.{pending}", "",
             _table(("arm", "role", "needle alone, twice", "identical among fillers",
                     "fillers per trial", "needle shared an engine step", "first divergence (token)"),
-                   rows), ""]
+                   rows), "", *disagree]
 
 
 def _match(s: RunSummary, plot: str) -> list[str]:
