@@ -21,6 +21,7 @@ B8 = DATA / "h200-cost-qwen3-8b-latency-b8"
 THR = DATA / "h200-cost-qwen3-8b-throughput"
 SYNTH = DATA / "h200-match-qwen3-8b-synth"
 KV128 = DATA / "h200-fa3-kv128-smollm2"
+R2 = DATA / "h200-match-smollm2-r2"
 #: every committed finding of findings/h200 -> (its run directory, the registration analysed
 #: against); the first registration of each run is the one it was recorded under
 FINDINGS = {
@@ -32,11 +33,13 @@ FINDINGS = {
     "h200-match-qwen3-8b-synth": (SYNTH, "h200-match-qwen3-8b-synth"),
     "h200-match-qwen3-8b-synth-improved": (SYNTH, "h200-match-qwen3-8b-synth-improved"),
     "h200-fa3-kv128-smollm2": (KV128, "h200-fa3-kv128-smollm2"),
+    "h200-match-smollm2-r2": (R2, "h200-match-smollm2-r2"),
+    "h200-match-smollm2-r2-improved": (R2, "h200-match-smollm2-r2-improved"),
 }
 GPU = "GPU-5a063f7e-dba3-0564-e90e-802315aa3708"
 
 
-@pytest.mark.parametrize("run", [SMOL, B8, THR, SYNTH, KV128], ids=lambda p: p.name)
+@pytest.mark.parametrize("run", [SMOL, B8, THR, SYNTH, KV128, R2], ids=lambda p: p.name)
 def test_each_run_postdates_the_registration_it_was_recorded_under(run):
     """Each run against its own registration (a sibling sharing the run, -improved or -goal,
     is checked by its finding's validity table against its own sealing time)."""
@@ -231,3 +234,57 @@ def test_within_one_kv_tile_flashattention3_is_invariant_in_default_mode_too():
     # the probe stays within the tile too: nothing differs, so it reports no power
     assert s.probe.outcome == "no_power"
     assert all(t.identical for a in s.probe.arms for t in a.trials)
+
+
+# --- Study 1(a), second attempt (SmolLM2, served, 8 counted passes per arm), sixth session -------
+R2_GPU = "GPU-fad1d73b-c6c0-91dc-27fd-f90a14b2a745"
+
+
+@pytest.fixture(scope="module")
+def r2():
+    return analyze_run(R2, REG / "h200-match-smollm2-r2.json")
+
+
+def test_r2_only_the_triton_attention_arm_is_invariant(r2):
+    """The registered expectation: default and both FlashAttention-3 batch-invariant arms far
+    below 0.99, TRITON_ATTN 541/541 over 8 counted passes; every validity check passed."""
+    assert {u for _, env in r2.environments for u in env.gpu_uuids} == {R2_GPU}
+    assert all(v.passed for v in r2.validity) and r2.status.testable
+    assert {a.name: (a.n_prompts, a.n_matched, len(a.counted_passes)) for a in r2.arms} == {
+        "default": (541, 83, 8), "batch-invariant": (541, 84, 8), "bi-tuned-gemm": (541, 83, 8),
+        "bi-triton-attn": (541, 541, 8)}
+    assert [(c.treatment, str(c.verdict.label.value)) for c in r2.comparisons] == [
+        ("batch-invariant", "doubtful"), ("bi-tuned-gemm", "doubtful"),
+        ("bi-triton-attn", "reported as observed")]
+    tri = next(a for a in r2.arms if a.name == "bi-triton-attn")
+    assert tri.match_interval.low == pytest.approx(541 / (541 + 1.959964 ** 2), abs=1e-7)
+    mc = next(c for c in r2.comparisons if c.treatment == "bi-triton-attn").mcnemar
+    assert (mc.b, mc.c) == (0, 458)
+    # the improved rule: no throughput cost shown either way for the TRITON_ATTN arm
+    imp = analyze_run(R2, REG / "h200-match-smollm2-r2-improved.json")
+    assert [str(c.verdict.label.value) for c in imp.comparisons] == [
+        "doubtful", "reported as observed", "reported as observed"]
+
+
+def test_r2_registered_kv_prediction_holds_every_first_divergence_past_128_keys(r2):
+    """Registered before the data (amendment 2): in the FlashAttention-3 arms every first
+    divergence reads 129 or more keys."""
+    kv = {a.name: sorted(d.kv_length for d in a.divergences) for a in r2.arms}
+    assert {a: (len(k), k[0] if k else None) for a, k in kv.items()} == {
+        "default": (3182, 129), "batch-invariant": (3188, 129), "bi-tuned-gemm": (3192, 129),
+        "bi-triton-attn": (0, None)}
+
+
+def test_r2_probe_in_two_parts_without_a_negative_control_and_missing_the_fa3_arms(r2):
+    assert r2.probe_files == ("probe.json", "probe-default.json")
+    assert r2.probe.outcome == "violated" and r2.probe.pending == ()
+    assert not any(a.role == "negative_control" for a in r2.probe.arms)
+    default = next(a for a in r2.probe.arms if a.arm == "default")
+    assert [t.first_divergence for t in default.trials] == [153, 153, 153]
+    assert {a.arm: a.probe for a in r2.activation} == {
+        "default": "violated", "batch-invariant": "no_power", "bi-tuned-gemm": "no_power",
+        "bi-triton-attn": "no_power"}
+    md = (ROOT / "findings" / "h200" / "h200-match-smollm2-r2.md").read_text()
+    assert ("**The probe and the study disagree** on batch-invariant (needle 164 tokens; 457 of 541 "
+            "prompts diverged across the counted passes), bi-tuned-gemm (needle 164 tokens; 458 of "
+            "541 prompts diverged across the counted passes)") in md
