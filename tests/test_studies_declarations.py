@@ -35,7 +35,8 @@ FRONT_END_FIXED = ["h200-match-smollm2-r2", "h200-match-smollm2-r2-improved",
                    "tp1-match", "tp2-match"]
 COST = ["h200-cost-qwen3-8b-throughput", "h200-cost-qwen3-8b-throughput-goal",
         "h200-cost-qwen3-8b-throughput-r2", "h200-cost-qwen3-8b-throughput-r2-goal",
-        "h200-cost-qwen3-8b-latency-b8", "h200-cost-qwen3-8b-latency-b32"]
+        "h200-cost-qwen3-8b-latency-b8", "h200-cost-qwen3-8b-latency-b32",
+        "h200-cost-qwen3-1_7b-latency-b8"]
 TP = ["tp2-match", "tp1-match"]
 ALL = MATCH + COST + TP
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
@@ -226,13 +227,13 @@ def test_cost_workloads():
     thr = _raw("h200-cost-qwen3-8b-throughput")["workload"]
     assert (thr["n_prompts"], thr["concurrency"], thr["max_tokens_min"], thr["max_tokens"],
             thr["ignore_eos"]) == (1000, 1000, 90, 110, True)
-    for b in (8, 32):
-        exp = _validated(f"h200-cost-qwen3-8b-latency-b{b}")
+    for name, b in (("h200-cost-qwen3-8b-latency-b8", 8), ("h200-cost-qwen3-8b-latency-b32", 32),
+                    ("h200-cost-qwen3-1_7b-latency-b8", 8)):
+        exp = _validated(name)
         wl = exp.workload
         # one batch of B requests per pass, the same batch every pass
         assert (wl.n_prompts, wl.concurrency, wl.max_tokens, wl.shuffle_within_pass) == (b, b, 128, False)
-        assert _raw(f"h200-cost-qwen3-8b-latency-b{b}")["workload"]["source"].startswith(
-            "builtin:token-ids?length=128&")
+        assert _raw(name)["workload"]["source"].startswith("builtin:token-ids?length=128&vocab=151936&")
         assert exp.validity.min_mean_running == 0.0  # no floor: one batch per pass
         assert [c.criterion for lab in exp.rule.labels for c in lab.criteria] == ["throughput_not_slower"]
     for name in COST:
@@ -319,3 +320,17 @@ def test_registration_warns_when_engines_would_restart_per_block():
         "most 1, or declare engines_concurrent = false to accept the restarts"]
     second = analyse_design(_validated("h200-cost-qwen3-8b-throughput-r2")).warnings
     assert not [w for w in second if w.startswith("engine.engines_concurrent")]
+
+
+def test_the_qwen3_1_7b_latency_study_differs_from_the_8b_one_only_in_model_and_hypothesis():
+    """Issue 6's "Qwen3-1.7B shapes too": the same workload, arms, validity and rule as the
+    registered batch-8 study, on the config `scripts/device/prepare.sh` writes (28 layers)."""
+    small, big = _raw("h200-cost-qwen3-1_7b-latency-b8"), _raw("h200-cost-qwen3-8b-latency-b8")
+    assert small["engine"].pop("model") == "/tmp/model/qwen3-1.7b-config"
+    assert big["engine"].pop("model") == "/tmp/model/qwen3-8b-config"
+    for d in (small, big):
+        del d["name"], d["hypothesis"]
+    assert small == big
+    prepare = (ROOT / "scripts" / "device" / "prepare.sh").read_text()
+    assert ("--arch qwen3-1.7b --layers 28 --config-only --out /tmp/model/qwen3-1.7b-config"
+            in prepare)

@@ -4,7 +4,8 @@
 #     `vllm.general_plugins` entry point (bistat_kernels.vllm_plugin; a no-op unless
 #     BISTAT_TUNED_GEMM=1);
 #  2. write the models the studies name: the 8-layer Qwen3-8B-shaped model with N(0, 0.02) weights
-#     (torch on the GPU, ~5.6 GB) and the 36-layer Qwen3-8B configuration for load_format dummy.
+#     (torch on the GPU, ~5.6 GB), the 36-layer Qwen3-8B and the 28-layer Qwen3-1.7B configurations
+#     for load_format dummy.
 # Usage: bash scripts/device/prepare.sh            (idempotent: skips what exists)
 set -euo pipefail
 . "$(dirname "$0")/env.sh"
@@ -23,5 +24,7 @@ PY
     --out /tmp/model/qwen3-8b-synth-l8
 [ -f /tmp/model/qwen3-8b-config/config.json ] || \
   bistat synth-model --arch qwen3-8b --layers 36 --config-only --out /tmp/model/qwen3-8b-config
+[ -f /tmp/model/qwen3-1.7b-config/config.json ] || \
+  bistat synth-model --arch qwen3-1.7b --layers 28 --config-only --out /tmp/model/qwen3-1.7b-config
 cp /tmp/model/qwen3-8b-synth-l8/bistat-synth.json "$OUT/qwen3-8b-synth-l8.bistat-synth.json"
 echo "[prepare] done in $(( $(date +%s) - t0 )) s"
