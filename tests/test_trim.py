@@ -1,5 +1,5 @@
-"""Trimmed compaction (``records.trim`` / ``bistat compact --trim``): of a slim run's outputs only
-what the registered analysis reads, and findings that regenerate unchanged."""
+"""Trimmed compaction (``bistat.trim.trim`` / ``bistat compact --trim``): of a slim run's outputs
+only what the registered analysis reads, and findings that regenerate unchanged."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from bistat.anatomy import divergence_anatomy
 from bistat.cli import cli
 from bistat.records import OUTPUT_LENGTH, OUTPUTS_FILE, RecordsError
 from bistat.report import write_finding
+from bistat.trim import trim
 
 ROOT = Path(__file__).resolve().parents[1]
 N_PROMPTS, PASSES, WARMUP, LENGTH = 8, 3, 1, 8
@@ -127,7 +128,7 @@ def test_trim_keeps_what_the_analysis_reads_and_findings_are_unchanged(tmp_path,
     columns = list(records.read_table(run, "responses").columns)
     assert before_rows[("ctl", 1, "q00")][OUTPUT_LENGTH] is None   # not trimmed: null
 
-    written = records.trim(run)
+    written = trim(run)
     assert [p.name for p in written] == ["responses.parquet", OUTPUTS_FILE]
     rows = _rows(run)
 
@@ -191,10 +192,10 @@ def test_trim_keeps_what_the_analysis_reads_and_findings_are_unchanged(tmp_path,
 def test_trim_is_idempotent(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     run = _make(tmp_path)
-    records.trim(run)
+    trim(run)
     files = {p: p.read_bytes() for p in (run / OUTPUTS_FILE, run / "responses.parquet")}
-    assert records.trim(run) == []
-    assert records.trim(run, unit="token_ids+logprobs") == []
+    assert trim(run) == []
+    assert trim(run, unit="token_ids+logprobs") == []
     assert {p: p.read_bytes() for p in files} == files
     result = CliRunner().invoke(cli, ["compact", "--trim", str(run)])
     assert result.exit_code == 0, result.output
@@ -202,7 +203,7 @@ def test_trim_is_idempotent(tmp_path, monkeypatch):
     # a unit that needs more than was kept: refused with the fix
     with pytest.raises(RecordsError, match=r"outputs\.parquet: already trimmed for match unit "
                                            r"'token_ids\+logprobs'.*bistat compact --slim"):
-        records.trim(run, unit="token_ids")
+        trim(run, unit="token_ids")
 
 
 def test_trim_refuses_a_run_that_is_not_slim(tmp_path, monkeypatch):
@@ -211,11 +212,11 @@ def test_trim_refuses_a_run_that_is_not_slim(tmp_path, monkeypatch):
     run = make_run(tmp_path, reg, lambda arm, p, i: [1, 2], n_prompts=2)
     with pytest.raises(RecordsError, match=r"responses\.parquet: not found; trimming works on a "
                                            r"slim compaction: run `bistat compact --slim "):
-        records.trim(run)
+        trim(run)
     records.compact(run)
     with pytest.raises(RecordsError, match=r"responses\.parquet: compacted without --slim; .*"
                                            r"run `bistat compact --slim .*` first"):
-        records.trim(run)
+        trim(run)
     result = CliRunner().invoke(cli, ["compact", "--trim", str(run)])
     assert result.exit_code == 1 and "compacted without --slim" in result.output
     # --slim --trim: both
@@ -229,7 +230,7 @@ def test_a_token_ids_trim_keeps_to_the_token_difference_and_serves_both_units(tm
     monkeypatch.chdir(tmp_path)
     run = _make(tmp_path)
     before = _analysis(run)
-    records.trim(run, unit="token_ids")
+    trim(run, unit="token_ids")
     rows = _rows(run)
     assert _kept(rows[("ctl", 2, "q02")]) == LENGTH   # only its logprobs differ: in full
     assert _kept(rows[("ctl", 3, "q02")]) == 6
@@ -240,7 +241,7 @@ def test_a_token_ids_trim_keeps_to_the_token_difference_and_serves_both_units(tm
 def test_a_reference_or_unit_other_than_the_trims_is_refused(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     run = _make(tmp_path)
-    records.trim(run)
+    trim(run)
     with pytest.raises(RecordsError, match=r"outputs\.parquet: trimmed \(bistat compact --trim\) "
                                            r"for match unit 'token_ids\+logprobs'.*'token_ids'"):
         divergence_anatomy(run, unit="token_ids")
@@ -261,7 +262,7 @@ def test_a_first_counted_pass_that_failed_is_the_analysis_reference(tmp_path, mo
     before = summary_to_dict(summary)
     assert records.counted_passes(run)["ctl"][0] == REF
     anatomy_before = divergence_anatomy(run)
-    records.trim(run)
+    trim(run)
     assert records.trim_info(run)["reference_passes"] == {"ctl": REF, "trt": REF}
     assert summary_to_dict(analyze_run(run)) == before
     assert divergence_anatomy(run) == anatomy_before
@@ -280,7 +281,7 @@ def test_trimming_a_copy_of_the_committed_pilot_leaves_its_analysis_unchanged(tm
     shutil.copytree(src, run)
     before = summary_to_dict(analyze_run(run, reg))
     committed_trimmed = records.trim_info(src) is not None
-    written = records.trim(run)
+    written = trim(run)
     info = records.trim_info(run)
     assert info["unit"] == "token_ids+logprobs"
     assert info["reference_passes"] == {"batch-invariant": 2, "bi-triton-attn": 2,

@@ -3,7 +3,7 @@
 Thin commands: ``analyze`` calls ``bistat.analysis.analyze_run`` then
 ``bistat.report.write_finding``, prints ``bistat.gating.ci_summary`` and exits with
 ``bistat.gating.gate``'s code (``--fail-on``); ``compact`` calls ``bistat.records.compact``
-(``--slim``/``--top-k``: its ``slim``/``top_k``) and, with ``--trim``, ``bistat.records.trim``
+(``--slim``/``--top-k``: its ``slim``/``top_k``) and, with ``--trim``, ``bistat.trim.trim``
 (``--unit``: its ``unit``).
 Library errors reach the user as ``Error: <message>`` with exit code 1.
 """
@@ -19,8 +19,9 @@ from bistat.analysis import AnalysisError, analyze_run, summary_to_dict
 from bistat.gating import FailOnError, ci_summary, gate, parse_fail_on
 from bistat.experiment import DeclarationError
 from bistat.prereg import RegistrationError
-from bistat.records import TRIM_SERVES, RecordsError, compact, trim, trim_info
+from bistat.records import TRIM_SERVES, RecordsError, compact, trim_info
 from bistat.report import write_finding
+from bistat.trim import trim
 
 _ERRORS = (AnalysisError, RecordsError, RegistrationError, DeclarationError)
 
