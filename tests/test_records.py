@@ -230,3 +230,29 @@ def test_writer_fsyncs_at_most_every_interval_and_on_sync(tmp_path, monkeypatch)
     w.append("metrics", {"arm": "a", "t": 1.0})
     w.close()                                                # the dirty table is fsync'ed
     assert len(synced) == 5
+
+
+def test_pass_states_one_rule_for_kind_and_status():
+    """The kind and end status of each pass, as the analysis and ``counted_passes`` read them:
+    the pass record's kind before its start event's, missing or empty fields as absent, the last
+    ``end`` event's status, None without one."""
+
+    passes = pd.DataFrame([{"arm": "a", "pass_index": 0, "kind": "warmup"},
+                           {"arm": "a", "pass_index": 1, "kind": ""},          # empty: absent
+                           {"arm": "a", "pass_index": 2, "kind": float("nan")}])
+    schedule = pd.DataFrame([
+        {"event": "start", "arm": "a", "pass_index": 0, "kind": "counted", "status": None},
+        {"event": "end", "arm": "a", "pass_index": 0, "kind": None, "status": "complete"},
+        {"event": "start", "arm": "a", "pass_index": 1, "kind": "counted", "status": None},
+        {"event": "end", "arm": "a", "pass_index": 1, "kind": None, "status": "interrupted"},
+        {"event": "end", "arm": "a", "pass_index": 1, "kind": None, "status": "complete"},
+        {"event": "end", "arm": "b", "pass_index": 0, "kind": None, "status": ""}])
+    states = records.pass_states(passes, schedule, {("a", 2), ("a", 3)})
+    assert states == {("a", 0): ("warmup", "complete"), ("a", 1): ("counted", "complete"),
+                      ("a", 2): ("counted", None), ("a", 3): ("counted", None),
+                      ("b", 0): ("unknown", "no status")}
+    counts = {k: records.pass_counts(kind, st, k in {("a", 2), ("a", 3)})
+              for k, (kind, st) in states.items()}
+    assert counts == {("a", 0): False, ("a", 1): True, ("a", 2): True, ("a", 3): True,
+                      ("b", 0): False}
+    assert records.pass_states(pd.DataFrame(), pd.DataFrame(), set()) == {}

@@ -7,8 +7,10 @@ the records show and calls the pure statistics (``bistat.stats``) and the mechan
 Definitions (also in ``docs/RECORDS.md``, "How a run is analysed")
 -------------------------------------------------------------------
 *Counted passes* of an arm: passes recorded with ``kind = "counted"`` whose last ``end`` event in
-``schedule.jsonl`` has ``status = "complete"`` (when the schedule has no ``end`` event for a pass,
-the pass counts if it has responses). Warm-up passes and incomplete passes are never counted;
+``schedule.jsonl`` has ``status = "complete"`` or ``"failed"`` (it ran to its end with some
+requests failed; their prompts are excluded) -- when the schedule has no ``end`` event for a pass,
+the pass counts if it has responses (one rule: ``records.pass_states`` and
+``records.pass_counts``, shared with the anatomy and the trim). Warm-up passes and incomplete passes are never counted;
 incomplete counted passes are listed as deviations. When a prompt has several responses in one
 pass (a resumed run), the last one recorded counts.
 
@@ -287,17 +289,6 @@ def _opt_str(x: Any) -> str | None:
 def _opt_int(x: Any) -> int | None:
     v = _opt_float(x)
     return None if v is None else int(v)
-
-
-def _pass_status(schedule: pd.DataFrame) -> dict[tuple[str, int], str]:
-    """Last ``end`` status per (arm, pass_index)."""
-    out: dict[tuple[str, int], str] = {}
-    if schedule.empty:
-        return out
-    ends = schedule[schedule["event"] == "end"]
-    for arm, pidx, status in zip(ends["arm"], ends["pass_index"], ends["status"]):
-        out[(str(arm), int(pidx))] = _opt_str(status) or "no status"
-    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -861,12 +852,12 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
                           f"{', '.join(unknown_arms)}")
 
     # --- passes -----------------------------------------------------------------------------
-    status = _pass_status(schedule)
     batching, series = _batching(met_read.frame)
     in_flight = _client_in_flight(responses)
     counted_keys = responses.loc[responses["kind"] == "counted", ["arm", "pass_index"]]
     with_responses = {(str(a), int(p)) for a, p in counted_keys.drop_duplicates().itertuples(
         index=False)}
+    states = records.pass_states(passes_df, schedule, with_responses)   # kind, end status
     pass_rows: dict[tuple[str, int], dict[str, Any]] = {}
     for rec in passes_df.to_dict("records") if not passes_df.empty else []:
         pass_rows[(str(rec["arm"]), int(rec["pass_index"]))] = rec
@@ -874,21 +865,19 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
     if not schedule.empty:
         for rec in schedule[schedule["event"] == "start"].to_dict("records"):
             starts[(str(rec["arm"]), int(rec["pass_index"]))] = rec
-    all_keys = sorted(set(pass_rows) | set(starts) | with_responses | set(status),
+    all_keys = sorted(states,
                       key=lambda k: (int((pass_rows.get(k) or starts.get(k) or {"seq": 10**9})
                                          .get("seq", 10**9)), k))
     passes: list[PassSummary] = []
     for arm, pidx in all_keys:
         rec = pass_rows.get((arm, pidx), {})
         st = starts.get((arm, pidx), {})
-        kind = (_opt_str(rec.get("kind")) or _opt_str(st.get("kind")) or
-                ("counted" if (arm, pidx) in with_responses else "unknown"))
+        kind, end = states[(arm, pidx)]
         seq = _opt_int(rec.get("seq", st.get("seq")))
-        stat = status.get((arm, pidx), "no end event")
+        stat = end or "no end event"
         # "failed" = the pass ran to its end with some requests failed: it counts, and its failed
         # prompts are excluded from matching below; "interrupted" passes were re-run in full.
-        counted = arm in roles and records.pass_counts(
-            kind, status.get((arm, pidx)), (arm, pidx) in with_responses)
+        counted = arm in roles and records.pass_counts(kind, end, (arm, pidx) in with_responses)
         b = batching.get((arm, seq if seq is not None else -1), {})
         batch_rec = rec.get("batching") if isinstance(rec.get("batching"), Mapping) else {}
         passes.append(PassSummary(

@@ -70,6 +70,7 @@ __all__ = [
     "check_trim",
     "COUNTING_STATUSES",
     "pass_counts",
+    "pass_states",
     "counted_passes",
     "ENGINE_LOGS_DIR",
     "NOTES_FILE",
@@ -1219,38 +1220,50 @@ def pass_counts(kind: str | None, status: str | None, has_responses: bool) -> bo
                                   or (status is None and has_responses))
 
 
-def counted_passes(run_dir: str | os.PathLike) -> dict[str, list[int]]:
-    """Counted passes per arm (:func:`pass_counts`), as ``bistat.analysis`` counts them.
+def _field(value: Any) -> str | None:
+    """A string field as recorded: None when missing (pandas reads NaN / NA) or empty."""
+    return value if isinstance(value, str) and value else None
 
-    A pass's kind is read from ``passes``, else from its ``start`` event in ``schedule``, else
-    ``counted`` when it has counted responses; its status is its last ``end`` event. (The
-    analysis also leaves out arms its registration does not declare.)
+
+def pass_states(passes: pd.DataFrame, schedule: pd.DataFrame,
+                with_responses: set[tuple[str, int]]) -> dict[tuple[str, int], tuple[str, str | None]]:
+    """``(kind, status)`` of every pass the records mention, by ``(arm, pass_index)``.
+
+    The kind is the pass record's (``passes``), else its ``start`` event's (``schedule``), else
+    ``counted`` when it has counted responses (``with_responses``), else ``unknown``; the status
+    is its last ``end`` event's (``no status`` when that has none), or None without an ``end``
+    event. :func:`pass_counts` of the two (and of ``with_responses``) says whether it counts.
     """
-    run_dir = Path(run_dir)
-    schedule = read_table(run_dir, "schedule")
-    passes = read_table(run_dir, "passes")
-    resp = read_table(run_dir, "responses", ["arm", "pass_index", "kind"])
-    resp = resp[resp["kind"] == "counted"]
-    with_responses = {(str(a), int(p)) for a, p in zip(resp["arm"], resp["pass_index"])}
+    pass_kind: dict[tuple[str, int], str | None] = {}
+    if not passes.empty and {"arm", "pass_index"} <= set(passes.columns):
+        for rec in passes.to_dict("records"):
+            pass_kind[(str(rec.get("arm")), int(rec.get("pass_index")))] = _field(rec.get("kind"))
+    start_kind: dict[tuple[str, int], str | None] = {}
     status: dict[tuple[str, int], str] = {}
-    start_kind: dict[tuple[str, int], Any] = {}
     if not schedule.empty and {"event", "arm", "pass_index"} <= set(schedule.columns):
         for rec in schedule.to_dict("records"):
             key = (str(rec.get("arm")), int(rec.get("pass_index")))
-            st = rec.get("status")
             if rec.get("event") == "end":
-                status[key] = st if isinstance(st, str) else "no status"
+                status[key] = _field(rec.get("status")) or "no status"
             elif rec.get("event") == "start":
-                start_kind[key] = rec.get("kind")
-    pass_kind: dict[tuple[str, int], Any] = {}
-    if not passes.empty and {"arm", "pass_index"} <= set(passes.columns):
-        for rec in passes.to_dict("records"):
-            pass_kind[(str(rec.get("arm")), int(rec.get("pass_index")))] = rec.get("kind")
+                start_kind[key] = _field(rec.get("kind"))
+    return {key: (pass_kind.get(key) or start_kind.get(key)
+                  or ("counted" if key in with_responses else "unknown"), status.get(key))
+            for key in set(pass_kind) | set(start_kind) | with_responses | set(status)}
+
+
+def counted_passes(run_dir: str | os.PathLike) -> dict[str, list[int]]:
+    """Counted passes per arm (:func:`pass_states`, :func:`pass_counts`), as ``bistat.analysis``
+    counts them (which also leaves out arms its registration does not declare)."""
+    run_dir = Path(run_dir)
+    resp = read_table(run_dir, "responses", ["arm", "pass_index", "kind"])
+    resp = resp[resp["kind"] == "counted"]
+    with_responses = {(str(a), int(p)) for a, p in zip(resp["arm"], resp["pass_index"])}
     out: dict[str, set[int]] = {}
-    for key in set(pass_kind) | set(start_kind) | with_responses | set(status):
-        kind = next((k for k in (pass_kind.get(key), start_kind.get(key)) if isinstance(k, str)),
-                    "counted" if key in with_responses else "unknown")
-        if pass_counts(kind, status.get(key), key in with_responses):
+    states = pass_states(read_table(run_dir, "passes"), read_table(run_dir, "schedule"),
+                         with_responses)
+    for key, (kind, status) in states.items():
+        if pass_counts(kind, status, key in with_responses):
             out.setdefault(key[0], set()).add(key[1])
     return {arm: sorted(ps) for arm, ps in sorted(out.items())}
 
