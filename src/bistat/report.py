@@ -18,7 +18,6 @@ import numpy as np
 from bistat.analysis import RunSummary
 from bistat.anatomy import kv_tile_boundary, plot_anatomy, render_anatomy_section
 from bistat.plots import PLOTS, save_plots
-from bistat.probe import ProbeReport
 
 #: Suffix of the divergence-anatomy plot (``NAME-anatomy.png``), drawn by ``bistat.anatomy``.
 ANATOMY_PLOT = "anatomy"
