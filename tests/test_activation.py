@@ -160,10 +160,31 @@ def test_a_probe_that_saw_nothing_where_the_study_diverged_is_called_out(tmp_pat
             "staying identical confirms nothing") in md
     # the synthetic run's default arm kept 70 of 79 prompts; batch-invariant all 80
     assert ("**The probe and the study disagree** on default (needle 6 tokens; 9 of 79 prompts "
-            "diverged across the counted passes): the needle stayed identical") in md
+            "diverged across the counted passes): the probe saw no difference there") in md
     assert "disagree** on batch-invariant" not in md and "batch-invariant (needle" not in md
     (run / "probe-default.json").write_text(json.dumps(_probe_json(("default", "negative_control",
                                                                     True))))
     md = render_markdown(analyze_run(run, reg))
     assert "so one part's negative control gives the others their power" in md
     assert "disagree" not in md
+
+
+def test_the_probes_filler_evidence_is_in_the_finding(tmp_path):
+    from bistat.probe import ArmProbe, ProbeSettings, ProbeTrial, decide_report
+    from bistat.report import render_markdown
+
+    run = tmp_path / "run"
+    shutil.copytree(ROOT / "examples" / "synthetic" / "run", run)
+    reg = ROOT / "examples" / "synthetic" / "synthetic-example.json"
+    same = ProbeTrial(0, 40, 3, True, True, None, shared_step=True)
+    arms = [ArmProbe("batch-invariant", "probed", True, (same,), 6, n_fillers_compared=38),
+            ArmProbe("default", "negative_control", True, (same,), 6, n_fillers_compared=38,
+                     fillers_differing=("p1", "p2"), filler_first_divergence=4)]
+    (run / "probe.json").write_text(json.dumps(decide_report(arms, ProbeSettings(), "p").to_json()))
+    s = analyze_run(run, reg)
+    assert {a.arm: a.probe for a in s.activation}["batch-invariant"] == "confirmed"
+    md = render_markdown(s)
+    assert ("The fillers too: each that ran in two or more trials (among other neighbours, at "
+            "another place) compared bitwise with its first trial — batch-invariant: fillers in two "
+            "or more trials: 38, all identical; default: fillers in two or more trials: 38, "
+            "DIFFERENT in 2 (first at token 4).") in md

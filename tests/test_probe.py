@@ -39,7 +39,8 @@ def test_confirmed_when_invariant_and_the_negative_control_differs():
     script = fakes.FakeScript()
     report = run_probe(_exp(control={"divergence": 0.9}), settings=SMALL, engine_factory=script.factory)
     assert (report.outcome, report.reason) == (
-        "confirmed", "bitwise identical alone and in every batch, and the negative control differs")
+        "confirmed", "bitwise identical alone and in every batch (the fillers too, across trials), "
+        "and the negative control differs")
     probed, control = report.arms
     assert (probed.arm, probed.role, probed.alone_repeat_identical) == ("invariant", "probed", True)
     assert all(t.identical for t in probed.trials) and len(probed.trials) == 3
@@ -94,10 +95,59 @@ def test_report_json_and_summary():
     lines = report.summary_lines()
     assert lines[0] == "needle chat-0000, 3 trial(s) of 32-40 fillers, 6 tokens"
     assert lines[1] == ("  invariant (probed): alone twice identical; in batch identical in 3/3 trial(s); "
-                        "needle shared a step in 3/3 trial(s)")
+                        "needle shared a step in 3/3 trial(s); fillers in two or more trials: 40, all "
+                        "identical")
     assert lines[2].startswith("  blas (negative control): alone twice identical; in batch identical in ")
-    assert lines[-1] == ("outcome: confirmed — bitwise identical alone and in every batch, and the negative "
-                         "control differs")
+    # the fillers of the batch-dependent arm differ between trials too (the fake changes a
+    # request's first token when its batch hashes below `divergence`)
+    blas = report.arms[1]
+    assert blas.n_fillers_compared == 40 and len(blas.fillers_differing) == 33
+    assert blas.filler_first_divergence == 0
+    assert lines[2].endswith("; fillers in two or more trials: 40, DIFFERENT in 33 (first at token 0)")
+    assert lines[-1] == ("outcome: confirmed — bitwise identical alone and in every batch (the fillers too, "
+                         "across trials), and the negative control differs")
+    assert report_from_json(json.loads(json.dumps(data))) == report
+
+
+def _result(pid, ids, lps=None, error=None):
+    return GenerationResult(pid, list(ids), "", lps, None, None, None, 0.0, None, 1.0, error=error)
+
+
+def test_fillers_are_compared_across_the_trials_they_ran_in():
+    """The same filler among other neighbours in another trial: a difference there is a
+    difference (h200-match-smollm2-r2's needle stayed identical on arms whose prompts diverged)."""
+    from bistat.probe import _compare_fillers
+
+    trials = [{"f1": _result("f1", [1, 2, 3], [-0.5, -1.0, -2.0]), "f2": _result("f2", [4, 5])},
+              {"f1": _result("f1", [1, 2, 3], [-0.5, -1.0000000000000002, -2.0]),
+               "f3": _result("f3", [7])},
+              {"f2": _result("f2", [4, 6]), "f3": _result("f3", [7], error="HTTP 500"),
+               "f1": _result("f1", [1, 2, 3], [-0.5, -1.0, -2.0])}]
+    ev = _compare_fillers(trials)
+    # f1 and f2 came back from two trials or more; f3's second result failed, so it compared none
+    assert (ev.n_compared, ev.differing, ev.first_divergence) == (2, ("f1", "f2"), 1)
+    assert _compare_fillers([trials[0]]).n_compared == 0
+
+
+def test_a_filler_difference_alone_makes_the_arm_differ_and_old_reports_still_read():
+    from bistat.probe import ArmProbe, ProbeSettings, ProbeTrial, decide_report
+
+    same = ProbeTrial(0, 40, 3, True, True, None, shared_step=True)
+    quiet = ArmProbe("bi", "probed", True, (same,), 164, n_fillers_compared=120)
+    loud = ArmProbe("bi", "probed", True, (same,), 164, n_fillers_compared=120,
+                    fillers_differing=("chat-0007",), filler_first_divergence=97)
+    control = ArmProbe("default", "negative_control", True, (same,), 199, n_fillers_compared=120,
+                       fillers_differing=("chat-0003",), filler_first_divergence=131)
+    assert not quiet.differs and loud.differs
+    report = decide_report([loud, control], ProbeSettings(), "chat-0000")
+    assert (report.outcome, report.reason) == ("violated", "bitwise differences on bi: not batch invariant")
+    assert decide_report([quiet, control], ProbeSettings(), "chat-0000").outcome == "confirmed"
+    # a report written before the fillers were compared reads as "no filler evidence" and
+    # writes back as it was
+    old = decide_report([ArmProbe("bi", "probed", True, (same,), 164)], ProbeSettings(), "p").to_json()
+    assert "n_fillers_compared" not in old["arms"][0]
+    assert report_from_json(old).arms[0].n_fillers_compared is None
+    assert report_from_json(old).to_json() == old
 
 
 def test_bad_arguments():
@@ -148,7 +198,7 @@ def test_vacuous_when_the_needle_never_shared_a_step():
         "with another request; the sweep tested nothing -- raise the concurrency or the engine's "
         "batch size (trial 0: running requests from 1 metrics sample(s) around the needle: max 1")
     assert [t.shared_step for t in report.arms[0].trials] == [False, False, False]
-    assert report.summary_lines()[1].endswith("needle shared a step in 0/3 trial(s)")
+    assert "; needle shared a step in 0/3 trial(s); " in report.summary_lines()[1]
     from bistat.gating import gate
 
     assert gate(["untested"], {"untested"}).exit_code == 12
@@ -159,7 +209,7 @@ def test_vacuous_without_any_batching_evidence():
                        engine_factory=_factory(no_metrics=True))
     assert report.outcome == "vacuous"
     assert "the engine gave no batching evidence, so sharing a step cannot be shown" in report.reason
-    assert report.summary_lines()[1].endswith("; no batching evidence")
+    assert "; no batching evidence; " in report.summary_lines()[1]
 
 
 def test_a_difference_is_a_violation_even_without_batching_evidence():

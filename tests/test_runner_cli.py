@@ -173,7 +173,8 @@ def test_probe_cli_confirmed_json_and_exit_codes(workdir):
     assert result.stderr.splitlines() == ["probing arm blas ...", "probing arm invariant ..."]  # control first
     assert result.stdout.splitlines()[0] == "needle chat-0000, 3 trial(s) of 32-40 fillers, 5 tokens"
     assert result.stdout.splitlines()[-2:] == [
-        "outcome: confirmed — bitwise identical alone and in every batch, and the negative control differs",
+        "outcome: confirmed — bitwise identical alone and in every batch (the fillers too, across trials), "
+        "and the negative control differs",
         "exit 0: no --fail-on given: every verdict exits 0"]
     assert json.loads((workdir / "probe.json").read_text())["outcome"] == "confirmed"
     nopower = _invoke("probe", str(decl), "--max-fillers", "40", "--no-control", "--json")

@@ -82,5 +82,9 @@ def test_a_probe_report_validates(tmp_path_factory):
                        engine_factory=create_engine)
     data = json.loads(json.dumps(report.to_json()))   # the file `bistat probe --output` writes
     validate(data, "probe.schema.json")
+    assert [a["n_fillers_compared"] for a in data["arms"]] == [0] * len(data["arms"])  # 1 trial
     with pytest.raises(jsonschema.ValidationError):
         validate({**data, "outcome": "maybe"}, "probe.schema.json")
+    bad_arm = {**data["arms"][0], "fillers_differing": "chat-0001"}
+    with pytest.raises(jsonschema.ValidationError):
+        validate({**data, "arms": [bad_arm]}, "probe.schema.json")

@@ -11,18 +11,24 @@ saying the mode is on). The probe checks behaviour instead, on any engine, throu
    drawn without replacement from the rest of the workload; all submitted at once, so they
    share batches), with ``numpy.random.default_rng(SeedSequence([seed, 2, trial]))``;
 3. the needle's token ids and chosen-token logprobs are compared **bitwise** with the first
-   alone run (float64 bit patterns, so ``-0.0 != 0.0`` and one ulp counts).
+   alone run (float64 bit patterns, so ``-0.0 != 0.0`` and one ulp counts);
+4. every filler that came back from two or more trials is compared bitwise with its output in
+   the first of them: the same prompt among other neighbours, at another place. This costs no
+   engine time and multiplies the prompts tested; one needle alone can miss a difference that
+   only some prompts show (``h200-match-smollm2-r2``: the FlashAttention-3 arms' needle stayed
+   identical while 457 of 541 prompts diverged across the study's passes).
 
 A probe that finds no difference proves nothing unless it could have found one. Every probe
 therefore runs the same procedure on a *negative control*: an arm in which invariance is off
 (the declaration's control arm by default, e.g. ``gemm = "blas"``), which must show at least one
-difference. Outcomes:
+difference. It runs first, so that a probe stopped by its time budget keeps its power. Outcomes:
 
 ``confirmed``
     every probed arm is bitwise invariant and the negative control differs: the probe has
     power and invariance is confirmed (exit code 0).
 ``violated``
-    a probed arm gave the needle different bits in some batch, or alone twice (exit code 11).
+    a probed arm gave the needle different bits in some batch, or alone twice, or a filler
+    different bits in two trials (exit code 11).
 ``no_power``
     the probed arms are invariant but so is the negative control: the probe could not have
     seen a difference at this size; raise the fillers, tokens or trials (exit code 12).
@@ -204,11 +210,18 @@ class ArmProbe:
     trials: tuple[ProbeTrial, ...]
     n_needle_tokens: int | None
     error: str | None = None
+    # batch mode: the fillers that ran in two or more trials (other neighbours, other places),
+    # each compared bitwise with its first trial's output -- free extra evidence beside the
+    # needle; None in reports written before it was recorded
+    n_fillers_compared: int | None = None
+    fillers_differing: tuple[str, ...] = ()
+    filler_first_divergence: int | None = None
 
     @property
     def differs(self) -> bool:
-        """At least one bitwise difference was seen (alone twice, or alone vs batch)."""
-        return self.alone_repeat_identical is False or any(
+        """At least one bitwise difference was seen (the needle alone twice, the needle alone vs
+        in a batch, or a filler between two trials)."""
+        return self.alone_repeat_identical is False or bool(self.fillers_differing) or any(
             t.error is None and not t.identical for t in self.trials
         )
 
@@ -239,6 +252,11 @@ class ProbeReport:
         data["schema"] = PROBE_SCHEMA
         for arm, probe in zip(data["arms"], self.arms):
             arm["differs"] = probe.differs
+            if probe.n_fillers_compared is None:   # not a batch probe: no filler evidence
+                for key in ("n_fillers_compared", "fillers_differing", "filler_first_divergence"):
+                    del arm[key]
+            else:
+                arm["fillers_differing"] = list(probe.fillers_differing)
         for key in ("pending", "merged_from"):
             if not data[key]:
                 del data[key]
@@ -279,6 +297,8 @@ class ProbeReport:
                 known = [t for t in a.trials if t.shared_step is not None]
                 shared = (f"; needle shared a step in {a.n_shared}/{len(a.trials)} trial(s)"
                           if known else "; no batching evidence")
+                if a.n_fillers_compared is not None:
+                    shared += f"; {filler_line(a)}"
             elif st.mode == "prefill-decode":
                 what = ("prefill and decode logprobs bitwise equal" if same == len(a.trials)
                         else "prefill and decode logprobs DIFFER")
@@ -291,6 +311,14 @@ class ProbeReport:
             lines.append(f"  not probed: {', '.join(self.pending)}")
         lines.append(f"outcome: {self.outcome} — {self.reason}")
         return lines
+
+
+def filler_line(a: ArmProbe) -> str:
+    """The filler evidence of a batch probe in words (for reports and findings)."""
+    if not a.fillers_differing:
+        return f"fillers in two or more trials: {a.n_fillers_compared}, all identical"
+    return (f"fillers in two or more trials: {a.n_fillers_compared}, DIFFERENT in "
+            f"{len(a.fillers_differing)} (first at token {a.filler_first_divergence})")
 
 
 def _run_batch(engine: Engine, requests: Sequence[GenerationRequest]
@@ -396,10 +424,43 @@ def _prefix_caching(engine: Engine) -> bool | None:
     return None
 
 
+@dataclass(frozen=True)
+class _FillerEvidence:
+    n_compared: int
+    differing: tuple[str, ...]
+    first_divergence: int | None
+
+
+def _compare_fillers(per_trial: Sequence[Mapping[str, GenerationResult]]) -> _FillerEvidence:
+    """Each filler that came back from two or more trials, compared bitwise with its output in
+    the first of them: the same prompt among other neighbours at another place in the batch."""
+    first: dict[str, GenerationResult] = {}
+    compared: set[str] = set()
+    differing: dict[str, None] = {}
+    earliest: int | None = None
+    for results in per_trial:
+        for pid, r in results.items():
+            if r.error is not None:
+                continue
+            if pid not in first:
+                first[pid] = r
+                continue
+            compared.add(pid)
+            c = compare_bitwise(first[pid], r)
+            if not c.identical:
+                differing.setdefault(pid)
+                if c.first_divergence is not None:
+                    earliest = (c.first_divergence if earliest is None
+                                else min(earliest, c.first_divergence))
+    return _FillerEvidence(len(compared), tuple(differing), earliest)
+
+
 def _batch_trials(engine: Engine, needle: Prompt, needle_request: GenerationRequest,
                   alone: GenerationResult, fillers: Sequence[Prompt], settings: ProbeSettings,
-                  make_request: Callable[[Prompt], GenerationRequest]) -> list[ProbeTrial]:
+                  make_request: Callable[[Prompt], GenerationRequest]
+                  ) -> tuple[list[ProbeTrial], _FillerEvidence]:
     trials = []
+    filler_results: list[dict[str, GenerationResult]] = []
     for t in range(settings.trials):
         rng = np.random.default_rng(np.random.SeedSequence([settings.seed, 2, t]))
         n = int(rng.integers(settings.min_fillers, settings.max_fillers + 1))
@@ -418,7 +479,9 @@ def _batch_trials(engine: Engine, needle: Prompt, needle_request: GenerationRequ
         shared, evidence = shared_step_evidence(samples, result)
         trials.append(ProbeTrial(t, n, position, c.tokens_equal, c.logprobs_equal,
                                  c.first_divergence, shared_step=shared, evidence=evidence))
-    return trials
+        filler_results.append({p.prompt_id: results[p.prompt_id] for p in chosen
+                               if p.prompt_id in results})
+    return trials, _compare_fillers(filler_results)
 
 
 def _prefill_trials(engine: Engine, needle_request: GenerationRequest,
@@ -477,6 +540,7 @@ def probe_arm(
     if settings.mode == "batch" and len(fillers) < settings.max_fillers:
         raise ValueError(f"need at least {settings.max_fillers} filler prompts, got {len(fillers)}")
     needle_request = make_request(needle)
+    fill: _FillerEvidence | None = None
     try:
         alone = _needle_result(_run_batch(engine, [needle_request])[0], needle.prompt_id)
         if settings.mode == "prefix-cache":
@@ -489,8 +553,8 @@ def probe_arm(
             if settings.mode == "prefill-decode":
                 trials = _prefill_trials(engine, needle_request, alone)
             else:
-                trials = _batch_trials(engine, needle, needle_request, alone, fillers, settings,
-                                       make_request)
+                trials, fill = _batch_trials(engine, needle, needle_request, alone, fillers,
+                                             settings, make_request)
     except EngineUnsupported as exc:
         return ArmProbe(arm=arm, role=role, alone_repeat_identical=None, trials=(),
                         n_needle_tokens=None, error=str(exc))
@@ -503,6 +567,9 @@ def probe_arm(
         alone_repeat_identical=repeat,
         trials=tuple(trials),
         n_needle_tokens=len(alone.token_ids),
+        n_fillers_compared=None if fill is None else fill.n_compared,
+        fillers_differing=() if fill is None else fill.differing,
+        filler_first_divergence=None if fill is None else fill.first_divergence,
     )
 
 
@@ -543,7 +610,9 @@ def _decide(arms: Sequence[ArmProbe], mode: str = "batch") -> tuple[ProbeOutcome
             "the negative control showed no difference either: the probe lacks power at this size; "
             "raise --max-tokens, the fillers or --trials"
         )
-    done = {"batch": "bitwise identical alone and in every batch",
+    fillers_too = all(a.n_fillers_compared for a in probed)
+    done = {"batch": "bitwise identical alone and in every batch"
+                     + (" (the fillers too, across trials)" if fillers_too else ""),
             "prefill-decode": "decode logprobs bitwise equal to prefill logprobs",
             "prefix-cache": "bitwise identical with the prefix cache cold and warm"}[mode]
     return "confirmed", f"{done}, and the negative control differs"
@@ -653,7 +722,10 @@ def report_from_json(data: Mapping[str, Any], source: str = "probe report") -> P
             ArmProbe(arm=str(a["arm"]), role=str(a["role"]),
                      alone_repeat_identical=a.get("alone_repeat_identical"),
                      trials=tuple(ProbeTrial(**t) for t in a.get("trials") or ()),
-                     n_needle_tokens=a.get("n_needle_tokens"), error=a.get("error"))
+                     n_needle_tokens=a.get("n_needle_tokens"), error=a.get("error"),
+                     n_fillers_compared=a.get("n_fillers_compared"),
+                     fillers_differing=tuple(a.get("fillers_differing") or ()),
+                     filler_first_divergence=a.get("filler_first_divergence"))
             for a in data["arms"])
         return ProbeReport(outcome=data["outcome"], reason=str(data["reason"]), settings=settings,
                            needle_prompt_id=str(data["needle_prompt_id"]), arms=arms,

@@ -18,6 +18,7 @@ import numpy as np
 from bistat.analysis import RunSummary
 from bistat.anatomy import kv_tile_boundary, plot_anatomy, render_anatomy_section
 from bistat.plots import PLOTS, save_plots
+from bistat.probe import filler_line
 
 #: Suffix of the divergence-anatomy plot (``NAME-anatomy.png``), drawn by ``bistat.anatomy``.
 ANATOMY_PLOT = "anatomy"
@@ -237,6 +238,10 @@ def _probe_detail(s: RunSummary) -> list[str]:
                      ", ".join(str(t.n_fillers) for t in a.trials), f"{a.n_shared} / {n}",
                      ", ".join(map(str, firsts)) or "—"))
     pending = (f" Not probed: {', '.join(probe.pending)}." if probe.pending else "")
+    fillers = [f"{a.arm}: {filler_line(a)}" for a in probe.arms if a.n_fillers_compared is not None]
+    filler_note = [] if not fillers else [
+        "The fillers too: each that ran in two or more trials (among other neighbours, at another "
+        "place) compared bitwise with its first trial — " + "; ".join(fillers) + ".", ""]
     study = {a.name: a for a in s.arms}
     missed = [(a, study[a.arm]) for a in probe.arms
               if not a.error and a.trials and not a.differs and a.arm in study
@@ -245,15 +250,17 @@ def _probe_detail(s: RunSummary) -> list[str]:
         "**The probe and the study disagree** on " + ", ".join(
             f"{pa.arm} (needle {pa.n_needle_tokens} tokens; {sa.n_prompts - sa.n_prompts_matched} "
             f"of {sa.n_prompts} prompts diverged across the counted passes)" for pa, sa in missed)
-        + f": the needle stayed identical among fillers in every trial. One needle of "
-        f"{st.max_tokens} tokens at most is weaker evidence than every prompt of every pass; "
-        "the study's match counts decide.", ""]
+        + f": the probe saw no difference there. A needle"
+        + (" and its fillers" if any(pa.n_fillers_compared for pa, _ in missed) else "")
+        + f" of {st.max_tokens} tokens at most in {st.trials} trial(s) "
+        + ("are" if any(pa.n_fillers_compared for pa, _ in missed) else "is")
+        + " weaker evidence than every prompt of every pass; the study's match counts decide.", ""]
     return [f"Probe (needle `{probe.needle_prompt_id}`, {st.trials} trial(s) among "
             f"{st.min_fillers}-{st.max_fillers} fillers, {st.max_tokens} tokens, bitwise token ids "
             f"and logprobs): **{probe.outcome.replace('_', ' ')}** — {probe.reason}.{pending}", "",
             _table(("arm", "role", "needle alone, twice", "identical among fillers",
                     "fillers per trial", "needle shared an engine step", "first divergence (token)"),
-                   rows), "", *disagree]
+                   rows), "", *filler_note, *disagree]
 
 
 def _match(s: RunSummary, plot: str) -> list[str]:

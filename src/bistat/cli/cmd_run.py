@@ -246,8 +246,9 @@ def probe_command(declaration: Path, arms: tuple[str, ...], control: str | None,
     """Bitwise invariance probe: a needle prompt alone, then among fillers, on a declaration's engine.
 
     DECLARATION is an experiments/NAME.toml or a preregistrations/NAME.json. Token ids and
-    logprobs are compared bitwise; the negative control (invariance off) must differ, or the
-    probe is reported as lacking power.
+    logprobs are compared bitwise: the needle alone against the needle in each batch, and each
+    filler that ran in two or more trials across them. The negative control (invariance off)
+    runs first and must differ, or the probe is reported as lacking power.
     """
     from bistat.experiment import DeclarationError, load_experiment
     from bistat.probe import ProbeReport, ProbeSettings, run_probe
