@@ -100,6 +100,21 @@ def test_same_versions():
     assert same_versions([a, b])
 
 
+def test_version_differences_name_what_differs():
+    """The phrases the findings' "same versions" check prints."""
+    from bistat.fingerprint import version_differences
+
+    assert version_differences([_fp("GPU-1"), _fp("GPU-2")]) == []
+    a, b = _fp("GPU-1", vllm="0.24.0", driver="575", commit="def"), _fp("GPU-1")
+    a["code"], b["code"] = {"bistat": "1" * 64}, {"bistat": "2" * 64}
+    vllm = b["versions"]["vllm"]
+    commit = b["git"]["commit"]
+    assert version_differences([a, b]) == [
+        f"vllm: {' / '.join(sorted(['0.24.0', str(vllm)]))}",
+        f"git commit: {' / '.join(sorted(['def', str(commit)]))}",
+        "GPU driver differs", "bistat code: 111111111111 / 222222222222"]
+
+
 def test_code_digests_cover_the_installed_files_and_change_with_them(tmp_path, monkeypatch):
     digests = code_digests()
     assert set(digests) == {"bistat", "bistat_kernels"}

@@ -10,8 +10,8 @@ Definitions (also in ``docs/RECORDS.md``, "How a run is analysed")
 ``schedule.jsonl`` has ``status = "complete"`` or ``"failed"`` (it ran to its end with some
 requests failed; their prompts are excluded) -- when the schedule has no ``end`` event for a pass,
 the pass counts if it has responses (one rule: ``records.pass_states`` and
-``records.pass_counts``, shared with the anatomy and the trim). Warm-up passes and incomplete passes are never counted;
-incomplete counted passes are listed as deviations. When a prompt has several responses in one
+``records.pass_counts``, shared with the anatomy and the trim). Warm-up passes and incomplete
+passes are never counted; incomplete counted passes are listed as deviations. When a prompt has several responses in one
 pass (a resumed run), the last one recorded counts.
 
 *Compared prompts* of an arm: prompts with a successful response (``error`` null) in every counted
@@ -69,7 +69,7 @@ from bistat import anatomy as anat
 from bistat import records, stats
 from bistat.classify import ArmStats, RunStatus, ValidityCheck, classify
 from bistat.experiment import DeclarationError, Experiment
-from bistat.fingerprint import same_node, same_versions
+from bistat.fingerprint import same_node, version_differences
 from bistat.prereg import Registration, load_registration, parse_time
 from bistat.probe import ProbeReport, merge_reports, report_from_json
 
@@ -182,6 +182,11 @@ class ArmSummary:
     @property
     def match_rate(self) -> float | None:
         return self.n_matched / self.n_units if self.n_units else None
+
+    @property
+    def n_prompts_diverged(self) -> int:
+        """Compared prompts that were not identical in every counted pass."""
+        return self.n_prompts - self.n_prompts_matched
 
 
 @dataclass(frozen=True)
@@ -664,26 +669,11 @@ def _validity(exp: Experiment, passes: Sequence[PassSummary],
             checks.append(ValidityCheck("same versions", None, None, "identical versions",
                                         f"no fingerprint for arm(s) {', '.join(missing)}"))
         else:
-            ok = same_versions(all_fps)
-            differing = []
-            for k in VERSION_KEYS:
-                vals = {str((fp.get("versions") or {}).get(k)) for fp in all_fps}
-                if len(vals) > 1:
-                    differing.append(f"{k}: {' / '.join(sorted(vals))}")
-            commits = {str((fp.get("git") or {}).get("commit")) for fp in all_fps}
-            if len(commits) > 1:
-                differing.append(f"git commit: {' / '.join(sorted(commits))}")
-            drivers = {tuple(sorted(str(g.get("driver")) for g in fp.get("gpus") or []))
-                       for fp in all_fps}
-            if len(drivers) > 1:
-                differing.append("GPU driver differs")
-            for pkg in sorted({k for fp in all_fps for k in (fp.get("code") or {})}):
-                digests = {str((fp.get("code") or {}).get(pkg))[:12] for fp in all_fps}
-                if len(digests) > 1:
-                    differing.append(f"{pkg} code: {' / '.join(sorted(digests))}")
+            differing = version_differences(all_fps, VERSION_KEYS)
+            ok = not differing
             coded = any(fp.get("code") for fp in all_fps)   # runs recorded since code digests
             checks.append(ValidityCheck(
-                "same versions", ok, "identical" if ok else "; ".join(differing) or "differ",
+                "same versions", ok, "; ".join(differing) or "identical",
                 "identical python, numpy, torch, triton, vllm, bistat, git commit, driver"
                 + (", bistat code" if coded else ""),
                 "every engine start of every arm" if ok else "software differs between arms"))
@@ -1104,7 +1094,7 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
             [a.model_dump(mode="json") for a in exp.arms],
             {a: e.log_findings for a, e in envs.items() if e.log_findings is not None},
             None if probe is None else probe.to_json(),
-            {a.name: (a.n_prompts - a.n_prompts_matched, a.n_prompts) for a in arm_summaries}),
+            {a.name: (a.n_prompts_diverged, a.n_prompts) for a in arm_summaries}),
         probe_files=probe_files, probe=probe,
         siblings=tuple(siblings))
 

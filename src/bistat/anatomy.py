@@ -71,7 +71,6 @@ __all__ = [
     "PassOutput",
     "SideAtDivergence",
     "anatomy_of_pair",
-    "counted_passes",
     "divergence_anatomy",
     "first_divergence",
     "kv_tile_boundary",
@@ -413,10 +412,6 @@ class PassOutput:
         return self.n_output_tokens is not None and self.n_output_tokens != len(self.token_ids)
 
 
-#: Counted passes per arm, as :mod:`bistat.analysis` counts them (one rule for both).
-counted_passes = records.counted_passes
-
-
 def load_pass_outputs(run_dir: str | Path, passes: Mapping[str, Sequence[int]] | None = None
                       ) -> dict[tuple[str, int, str], PassOutput]:
     """Successful responses of counted passes keyed by (arm, pass_index, prompt_id).
@@ -427,7 +422,7 @@ def load_pass_outputs(run_dir: str | Path, passes: Mapping[str, Sequence[int]] |
     enough for their first divergence from the reference pass, which
     :func:`divergence_anatomy` checks (``records.check_trim``).
     """
-    passes = counted_passes(run_dir) if passes is None else passes
+    passes = records.counted_passes(run_dir) if passes is None else passes
     cols = ["arm", "seq", "pass_index", "kind", "prompt_id", "token_ids", "text", "logprobs",
             "top_logprobs", "finish_reason", "n_prompt_tokens", "t_submit", "t_done", "error",
             records.OUTPUT_LENGTH, "token_sha256"]
@@ -604,7 +599,7 @@ def divergence_anatomy(run_dir: str | Path, *, epsilon: float | None = None,
     eps = reg_eps if epsilon is None else float(epsilon)
     if not eps >= 0:
         raise ValueError(f"epsilon ({epsilon!r}) must be a number >= 0 (nats)")
-    passes = counted_passes(run_dir)
+    passes = records.counted_passes(run_dir)
     records.check_trim(run_dir, {arm: plist[0] if plist else None
                                  for arm, plist in passes.items()}, unit)
     outputs = load_pass_outputs(run_dir, passes)

@@ -68,7 +68,6 @@ from bistat.anatomy import (
     UNDETERMINED,
     Anatomy,
     PassOutput,
-    counted_passes,
     divergence_anatomy,
     first_divergence,
     kv_tile_boundary,
@@ -649,7 +648,7 @@ def diagnose_run(run_dir: str | Path, *, probe_reports: Sequence[str | Path] = (
                          f"Nothing to diagnose: no counted pass differs from its arm's reference "
                          f"pass ({n_pairs} pass pair(s) of {sum(a.n_prompts for a in anatomy.arms)}"
                          f" prompt(s) compared by {unit}).", (), anatomy)
-    passes = counted_passes(run_dir)
+    passes = records.counted_passes(run_dir)
     outputs = load_pass_outputs(run_dir, passes)
     env_rows = records.read_table(run_dir, "environment").to_dict("records")
     arm_args: dict[str, dict[str, Any]] = {}

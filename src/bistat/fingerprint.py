@@ -18,8 +18,8 @@ Format (a JSON object)::
 ``code`` identifies the code that ran where ``git`` cannot: a copy of a checkout whose ``.git``
 is another commit's (the lent GPU machine's repository copy kept the session's first commit), or
 an install without git. Each digest covers the package's ``.py`` and ``.json`` files (relative
-path and bytes, in path order; not the measurements under ``results/``), found with :func:`importlib.util.find_spec` without importing
-the package; null where it is not installed.
+path and bytes, in path order; not the measurements under ``results/``), found with
+:func:`importlib.util.find_spec` without importing the package; null where it is not installed.
 
 Versions come from :mod:`importlib.metadata` (package metadata), never by importing the
 packages: importing torch or vLLM takes seconds and can initialise CUDA. GPU details come from
@@ -57,6 +57,7 @@ __all__ = [
     "package_versions",
     "same_node",
     "same_versions",
+    "version_differences",
 ]
 
 VERSIONED_PACKAGES = ("numpy", "torch", "triton", "vllm", "bistat")
@@ -307,23 +308,34 @@ def same_node(fingerprints: Sequence[Mapping[str, Any]]) -> bool:
     return len(keys) == 1
 
 
+def version_differences(
+    fingerprints: Sequence[Mapping[str, Any]], packages: Iterable[str] = ("python",) + VERSIONED_PACKAGES
+) -> list[str]:
+    """What differs between the fingerprints' software, one phrase per item (empty: nothing):
+    versions of ``packages`` (absent == absent), git commit, GPU driver, and code digests
+    (``code``; absent in fingerprints recorded before it existed, so those differ from any)."""
+    out = []
+    for k in packages:
+        vals = {str((fp.get("versions") or {}).get(k)) for fp in fingerprints}
+        if len(vals) > 1:
+            out.append(f"{k}: {' / '.join(sorted(vals))}")
+    commits = {str((fp.get("git") or {}).get("commit")) for fp in fingerprints}
+    if len(commits) > 1:
+        out.append(f"git commit: {' / '.join(sorted(commits))}")
+    drivers = {tuple(sorted(str(g.get("driver")) for g in fp.get("gpus") or []))
+               for fp in fingerprints}
+    if len(drivers) > 1:
+        out.append("GPU driver differs")
+    for pkg in sorted({k for fp in fingerprints for k in (fp.get("code") or {})}):
+        digests = {str((fp.get("code") or {}).get(pkg))[:12] for fp in fingerprints}
+        if len(digests) > 1:
+            out.append(f"{pkg} code: {' / '.join(sorted(digests))}")
+    return out
+
+
 def same_versions(
     fingerprints: Sequence[Mapping[str, Any]], packages: Iterable[str] = ("python",) + VERSIONED_PACKAGES
 ) -> bool:
-    """Whether all fingerprints have identical versions of ``packages`` (absent == absent), git
-    commit and code digests (``code``; absent in fingerprints recorded before it existed).
-
-    The GPU driver is part of the software too and must match.
-    """
-    if not fingerprints:
-        return True
-    packages = tuple(packages)
-
-    def key(fp: Mapping[str, Any]) -> tuple[Any, ...]:
-        versions = fp.get("versions") or {}
-        drivers = tuple(sorted(str(g.get("driver")) for g in fp.get("gpus") or []))
-        code = tuple(sorted((fp.get("code") or {}).items()))
-        return (tuple(versions.get(p) for p in packages), (fp.get("git") or {}).get("commit"),
-                drivers, code)
-
-    return len({key(fp) for fp in fingerprints}) == 1
+    """Whether all fingerprints have identical software (:func:`version_differences` finds
+    nothing). The GPU driver is part of the software too and must match."""
+    return not version_differences(fingerprints, tuple(packages))

@@ -245,10 +245,10 @@ def _probe_detail(s: RunSummary) -> list[str]:
     study = {a.name: a for a in s.arms}
     missed = [(a, study[a.arm]) for a in probe.arms
               if not a.error and a.trials and not a.differs and a.arm in study
-              and study[a.arm].n_prompts_matched < study[a.arm].n_prompts]
+              and study[a.arm].n_prompts_diverged]
     disagree = [] if not missed else [
         "**The probe and the study disagree** on " + ", ".join(
-            f"{pa.arm} (needle {pa.n_needle_tokens} tokens; {sa.n_prompts - sa.n_prompts_matched} "
+            f"{pa.arm} (needle {pa.n_needle_tokens} tokens; {sa.n_prompts_diverged} "
             f"of {sa.n_prompts} prompts diverged across the counted passes)" for pa, sa in missed)
         + f": the probe saw no difference there. A needle"
         + (" and its fillers" if any(pa.n_fillers_compared for pa, _ in missed) else "")
