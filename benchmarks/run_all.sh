@@ -18,6 +18,7 @@ run embedded python benchmarks/bench_embedded.py --repeats 3
 run serve-overhead python benchmarks/bench_serve_overhead.py --requests 64 --max-tokens 48 --repeats 3
 run http-runner python benchmarks/bench_http_runner.py
 run http-logprobs python benchmarks/bench_http_logprobs.py --requests 512
+run plugin-dispatch python benchmarks/bench_plugin_dispatch.py
 run analyze python benchmarks/bench_analyze.py --dir "${BENCH_ANALYZE_DIR:-/tmp/bistat-bench}" --repeat 3
 {
   echo "# CPU benchmark results"

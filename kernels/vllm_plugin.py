@@ -14,15 +14,20 @@ which calls the module global ``matmul_persistent(a, b)``; on SM80 the ``aten::m
 caller looks it up at call time, nothing else in vLLM changes, and the signature
 ``(a, b, bias=None) -> Tensor`` is kept.
 
-The replacement calls the tuned launcher through a ``torch.library`` custom op
+The replacement calls the tuned launcher through a ``torch.library`` operator
 (``bistat::matmul_persistent``) so that torch.compile treats it as one opaque node: Dynamo never
 traces the table lookup (whose branch on the symbolic batch size would otherwise be frozen into
 the graph at trace time), and the bucket is chosen with the real M when the op runs — eagerly, or
 while vLLM captures a CUDA graph for that batch size.
+
+The operator is defined with ``torch.library.Library`` and a plain Python kernel per device,
+not with ``torch.library.custom_op``: a step that is not a CUDA-graph replay (vLLM 0.25.0 captures
+steps of up to 512 tokens) pays the dispatch on every GEMM call, and ``custom_op``'s
+wrapper costs about 20 us more per call than the plain kernel (``benchmarks/bench_plugin_dispatch.py``;
+145 calls per Qwen3-8B decode step). The launch configuration of each (M, N, K, dtype) is looked up
+once and kept.
 """
 
-# No ``from __future__ import annotations`` here: torch.library.custom_op reads the op's schema
-# from evaluated annotations.
 import logging
 import os
 from types import ModuleType
@@ -34,11 +39,14 @@ OP_NAME = "bistat::matmul_persistent"
 
 _log = logging.getLogger("bistat_kernels.vllm_plugin")
 
-# Executions of the custom op's real implementation per (N, K, BLOCK_M, BLOCK_N, BLOCK_K,
+# Executions of the operator's real implementation per (N, K, BLOCK_M, BLOCK_N, BLOCK_K,
 # SPLIT_K): eager calls and CUDA-graph captures (a graph replay runs no Python, so it is not
 # counted). The vLLM check script reads this to prove the tuned kernel ran.
 CALLS: dict[tuple[int, ...], int] = {}
 _OP: Any = None
+_LIB: Any = None  # the torch.library.Library defining the op; kept alive with the process
+# (M, N, K, dtype, device name) -> (the table it was looked up in, its launch configuration)
+_CONFIGS: dict[tuple[Any, ...], tuple[Any, Any]] = {}
 
 
 def enabled(environ: Optional[Union["os._Environ[str]", dict]] = None) -> bool:
@@ -48,8 +56,8 @@ def enabled(environ: Optional[Union["os._Environ[str]", dict]] = None) -> bool:
 
 
 def tuned_matmul_op() -> Any:
-    """The custom op ``torch.ops.bistat.matmul_persistent(a, b, bias)``, registered once."""
-    global _OP
+    """The operator ``torch.ops.bistat.matmul_persistent.default(a, b, bias)``, defined once."""
+    global _OP, _LIB
     if _OP is not None:
         return _OP
     import torch
@@ -57,21 +65,32 @@ def tuned_matmul_op() -> Any:
     from bistat_kernels import matmul_persistent as mp
     from bistat_kernels import tables
 
-    @torch.library.custom_op(OP_NAME, mutates_args=())
     def _matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         M, K = a.shape
         N = b.shape[1]
         _, device_name = mp._device_facts(a.device)
-        cfg = tables.lookup_config(M, N, K, mp.dtype_name(a.dtype), device_name)
+        table = tables.resolve_device_table(device_name)
+        where = (M, N, K, a.dtype, device_name)
+        known = _CONFIGS.get(where)
+        if known is not None and known[0] is table:  # a table set since is looked up afresh
+            cfg = known[1]
+        else:
+            cfg = tables.lookup_config(M, N, K, mp.dtype_name(a.dtype), device_name)
+            _CONFIGS[where] = (table, cfg)
         key = (N, K, cfg.block_m, cfg.block_n, cfg.block_k, cfg.split_k)
         CALLS[key] = CALLS.get(key, 0) + 1
         return mp.matmul_persistent(a, b, bias, config=cfg)
 
-    @_matmul.register_fake
+    lib = torch.library.Library("bistat", "DEF")
+    lib.define("matmul_persistent(Tensor a, Tensor b, Tensor? bias) -> Tensor")
+    for dispatch_key in ("CPU", "CUDA"):
+        lib.impl("matmul_persistent", _matmul, dispatch_key)
+
+    @torch.library.register_fake(OP_NAME, lib=lib)
     def _(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         return a.new_empty((a.shape[0], b.shape[1]))  # [M, N]
 
-    _OP = _matmul
+    _LIB, _OP = lib, torch.ops.bistat.matmul_persistent.default
     return _OP
 
 

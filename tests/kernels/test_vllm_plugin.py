@@ -8,10 +8,10 @@ import sys
 import types
 
 import pytest
-from helpers_kernels import torch
+from helpers_kernels import small_table_dict, torch
 
 from bistat_kernels import matmul_persistent as mp  # noqa: E402
-from bistat_kernels import vllm_plugin  # noqa: E402
+from bistat_kernels import tables, vllm_plugin  # noqa: E402
 
 
 @pytest.mark.parametrize("value,expected", [("1", True), ("true", True), (" ON ", True),
@@ -76,15 +76,43 @@ def test_register_replaces_vllms_matmul_persistent_once(monkeypatch):
     assert key[:2] == (10, 24)
 
 
-def test_the_op_is_opaque_to_torch_compile():
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_the_op_is_opaque_to_torch_compile(backend):
+    """aot_eager traces with fake tensors: the op's fake kernel gives the shape, symbolic in M."""
+    torch._dynamo.reset()
     op = vllm_plugin.tuned_matmul_op()
     w = torch.randn(12, 20, generator=torch.Generator().manual_seed(2))
-    compiled = torch.compile(lambda x: op(x, w.t(), None) * 2, backend="eager", fullgraph=True,
+    compiled = torch.compile(lambda x: op(x, w.t(), None) * 2, backend=backend, fullgraph=True,
                              dynamic=True)
-    x = torch.randn(5, 20, generator=torch.Generator().manual_seed(3))
-    assert torch.equal(compiled(x), mp.matmul_persistent(x, w.t()) * 2)
+    for m in (5, 9):  # one graph for both M: the bucket is chosen when the op runs
+        x = torch.randn(m, 20, generator=torch.Generator().manual_seed(m))
+        assert torch.equal(compiled(x), mp.matmul_persistent(x, w.t()) * 2)
     assert str(torch.ops.bistat.matmul_persistent.default._schema) == (
         "bistat::matmul_persistent(Tensor a, Tensor b, Tensor? bias) -> Tensor")
+
+
+def test_the_op_keeps_each_lookup_until_the_table_changes():
+    """The launch configuration of an (M, N, K) is looked up once per table: a table set later
+    (tests, `bistat kernels` commands) is used from the next call on."""
+    op = vllm_plugin.tuned_matmul_op()
+    a = torch.randn(3, 72, generator=torch.Generator().manual_seed(4))
+    w = torch.randn(40, 72, generator=torch.Generator().manual_seed(5))
+    changed = small_table_dict()
+    changed["entries"][0]["buckets"][1]["block_n"] = 16  # M = 3 falls in the bucket m_max = 4
+    try:
+        tables.set_device_table(tables.parse_table(small_table_dict()))
+        vllm_plugin.CALLS.clear()
+        first = op(a, w.t(), None)
+        op(a, w.t(), None)
+        assert vllm_plugin.CALLS == {(40, 72, 16, 32, 32, 1): 2}
+        tables.set_device_table(tables.parse_table(changed))
+        vllm_plugin.CALLS.clear()
+        again = op(a, w.t(), None)
+        assert vllm_plugin.CALLS == {(40, 72, 16, 16, 32, 1): 1}
+        assert torch.equal(first, again)  # same BLOCK_K and SPLIT_K: the same bits
+    finally:
+        tables.reset_device_table()
+        vllm_plugin.CALLS.clear()
 
 
 def test_the_entry_point_is_declared_for_vllm():
@@ -97,3 +125,20 @@ def test_the_entry_point_is_declared_for_vllm():
         pytest.skip("bistat's metadata has no entry points (not installed from pyproject)")
     assert ours[0].value == "bistat_kernels.vllm_plugin:register"
     assert ours[0].load() is vllm_plugin.register
+
+
+def test_the_dispatch_benchmark_runs_both_paths():
+    """benchmarks/bench_plugin_dispatch.py, tiny: it installs the plugin on a stand-in module and
+    times it beside vLLM's direct call and the session-6 custom op (numbers not asserted here)."""
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_plugin_dispatch.py"
+    done = subprocess.run([sys.executable, str(script), "--calls", "50", "--repeats", "1"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert [line.split(":")[0].strip() for line in lines[1:4]] == [
+        "direct (vLLM's path, launch stubbed)", "plugin (torch.library op + lookup)",
+        "custom_op (the plugin until session 6)"]
+    assert lines[-1].startswith("ratio of the added host time, custom_op / plugin: ")
