@@ -188,3 +188,24 @@ def test_the_probes_filler_evidence_is_in_the_finding(tmp_path):
             "another place) compared bitwise with its first trial — batch-invariant: fillers in two "
             "or more trials: 38, all identical; default: fillers in two or more trials: 38, "
             "DIFFERENT in 2 (first at token 4).") in md
+
+
+def test_the_finding_says_which_run_chose_the_probes_needle(tmp_path):
+    from bistat.probe import NeedleSource, report_from_json
+    from bistat.report import render_markdown
+
+    run = tmp_path / "run"
+    shutil.copytree(ROOT / "examples" / "synthetic" / "run", run)
+    reg = ROOT / "examples" / "synthetic" / "synthetic-example.json"
+    data = _probe_json(("batch-invariant", "probed", False), ("default", "negative_control", True))
+    (run / "probe.json").write_text(json.dumps(data))
+    assert "Probe (needle `p`, 3 trial(s) among 32-128 fillers" in render_markdown(analyze_run(run, reg))
+    src = NeedleSource(run="runs/study", run_id="study", prompt_id="p", prompt_index=0,
+                       arm="default", pass_index=2, reference_pass=0, position=5, kind="token",
+                       n_prompts_diverged=9)
+    data = {**data, "needle_source": {k: getattr(src, k) for k in src.__dataclass_fields__}}
+    assert report_from_json(data).needle_source == src
+    (run / "probe.json").write_text(json.dumps(data))
+    md = render_markdown(analyze_run(run, reg))
+    assert ("Probe (needle `p`, chosen from run `study` where it first diverged earliest (token 5, "
+            "arm default, pass 2), 3 trial(s) among 32-128 fillers") in md

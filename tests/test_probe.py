@@ -8,6 +8,8 @@ import fakes
 import helpers_runner as h
 import json
 import math
+import struct
+from dataclasses import replace
 
 from bistat.engines.base import GenerationResult, MetricsSample
 from bistat.probe import (ProbeSettings, compare_bitwise, merge_reports, report_from_json, run_probe,
@@ -485,3 +487,217 @@ def test_an_interrupt_while_an_engine_starts_stops_that_engine():
         run_probe(_exp(), settings=SMALL, engine_factory=lambda exp, arm: Starting(),
                   on_report=seen.append)
     assert stopped == [True] and seen == []
+
+
+# --- the needle a recorded run chooses (bistat probe --needle-from) ----------------------------
+
+
+def _hand_run(path, outputs, *, workload_sha256="auto"):
+    """A run written record by record: ``outputs`` maps (arm, pass_index, prompt_index) to
+    (token ids, logprobs); passes 0, 1, 2 of every arm are counted and complete."""
+    from bistat.records import RunWriter, token_sha256
+    from bistat.workload import load_prompts, prompts_sha256
+
+    exp = h.experiment()
+    wl = exp.workload
+    header = {"run_id": path.name, "registration": {}, "engine_kind": "fake"}
+    if workload_sha256 == "auto":
+        header["workload_sha256"] = prompts_sha256(load_prompts(wl.source, wl.n_prompts, wl.seed))
+    elif workload_sha256 is not None:
+        header["workload_sha256"] = workload_sha256
+    arms = sorted({a for a, _, _ in outputs})
+    with RunWriter.create(path, header) as w:
+        for n, arm in enumerate(arms):
+            for p in (0, 1, 2):
+                for event in ("start", "end"):
+                    w.append("schedule", {"event": event, "seq": 3 * n + p, "arm": arm,
+                                          "pass_index": p, "kind": "counted", "block": 0,
+                                          "time_utc": "t", **({"status": "complete", "n_failed": 0}
+                                                              if event == "end" else {})})
+        for (arm, p, i), (ids, lps) in outputs.items():   # i: an index, or (index, prompt id)
+            i, pid = (i, f"chat-{i:04d}") if isinstance(i, int) else i
+            w.append("responses", {
+                "arm": arm, "seq": 3 * arms.index(arm) + p, "pass_index": p, "kind": "counted",
+                "prompt_id": pid,
+                "prompt_index": i, "token_ids": ids, "text": "", "logprobs": lps,
+                "top_logprobs": None, "finish_reason": "length", "n_prompt_tokens": 3,
+                "t_submit": 0.0, "t_first_token": 0.1, "t_done": 0.2, "error": None,
+                "attempts": 1, "token_sha256": token_sha256(ids), "logprob_sha256": None})
+    return exp
+
+
+SAME = ([5, 6, 7, 8, 9, 10], [-0.5, -1.0, -1.5, -2.0, -2.5, -3.0])
+
+
+def _outputs(**changed):
+    """Every prompt 0-5 of arms a and b identical in passes 0-2 but where ``changed`` says
+    (``a1_4=(ids, lps)``: arm a, pass 1, prompt 4)."""
+    out = {(arm, p, i): SAME for arm in "ab" for p in (0, 1, 2) for i in range(6)}
+    for key, value in changed.items():
+        arm, rest = key[0], key[1:]
+        p, i = rest.split("_")
+        out[(arm, int(p), int(i))] = value
+    return out
+
+
+def test_needle_from_run_picks_the_earliest_first_divergence_ties_to_the_lowest_index(tmp_path):
+    from bistat.probe import needle_from_run
+
+    lps = list(SAME[1])
+    lps[2] = math.nextafter(lps[2], 0.0)                                 # one ulp at token 2
+    exp = _hand_run(tmp_path / "run", _outputs(
+        a1_1=([5, 6, 7, 1, 9, 10], SAME[1]),      # prompt 1: token 3
+        a2_3=(SAME[0], lps),                      # prompt 3: logprob bits at token 2
+        b2_4=([5, 6, 1, 8, 9, 10], SAME[1]),      # prompt 4: token 2 in arm b ...
+        a1_4=([5, 6, 7, 8, 9, 1], SAME[1]),       # ... and token 5 in arm a
+        b1_5=(SAME[0][:4], SAME[1][:4])))         # prompt 5: ended first, at token 4
+    src = needle_from_run(tmp_path / "run", exp, declaration="exp.toml")
+    # tokens 2 for prompts 3 and 4: the lower index wins; the logprob bits count (bitwise, as
+    # the probe compares), although the run's unit (the default) is token ids
+    assert (src.prompt_index, src.prompt_id, src.arm, src.pass_index, src.reference_pass,
+            src.position, src.kind, src.n_prompts_diverged) == (
+        3, "chat-0003", "a", 2, 0, 2, "logprob", 4)
+    assert src.run == str(tmp_path / "run") and src.run_id == "run"
+    assert src.describe() == (
+        f"prompt 3 (chat-0003) first diverged at token 2 (chosen-token logprob bits) in arm a, "
+        f"pass 2 of {tmp_path / 'run'} (against pass 0), the earliest of 4 diverging prompt(s)")
+    # without the logprob difference, prompt 4 (arm b) is first; an earlier token anywhere wins
+    exp = _hand_run(tmp_path / "run2", _outputs(
+        a1_1=([5, 6, 7, 1, 9, 10], SAME[1]), b2_4=([5, 6, 1, 8, 9, 10], SAME[1]),
+        a1_4=([5, 6, 7, 8, 9, 1], SAME[1])))
+    src = needle_from_run(tmp_path / "run2", exp)
+    assert (src.prompt_index, src.arm, src.pass_index, src.position, src.kind) == (4, "b", 2, 2, "token")
+    exp = _hand_run(tmp_path / "run3", _outputs(
+        a1_4=([5, 6, 1, 8, 9, 10], SAME[1]), b2_5=([1, 6, 7, 8, 9, 10], SAME[1])))
+    assert needle_from_run(tmp_path / "run3", exp).prompt_index == 5
+
+
+def test_needle_from_run_refuses_a_run_where_nothing_diverged(tmp_path):
+    from bistat.probe import NeedleError, needle_from_run
+
+    exp = _hand_run(tmp_path / "run", _outputs())
+    with pytest.raises(NeedleError, match=(
+            rf"^{tmp_path / 'run'}: no prompt diverged in the run \(prompts compared across the "
+            r"counted passes per arm, bitwise: a 6, b 6\), so it cannot choose the needle; give "
+            r"the needle's index with --needle INDEX instead$")):
+        needle_from_run(tmp_path / "run", exp)
+
+
+def test_needle_from_run_refuses_a_run_of_other_prompts(tmp_path):
+    from bistat.prereg import register
+    from bistat.probe import NeedleError, needle_from_run
+    from bistat.runner import start_run
+
+    (tmp_path / "experiments").mkdir()
+    decl = h.write_toml(tmp_path / "experiments" / "fakerun.toml", h.declaration(
+        arms=[{"name": "blas", "role": "control", "args": {"fake": {"divergence": 0.5}}},
+              {"name": "invariant", "role": "treatment"}]))
+    reg, _ = register(decl, registrations_dir=tmp_path / "preregistrations")
+    run = tmp_path / "runs" / "r"
+    start_run(reg.experiment(), reg.reference(), run, engine_factory=fakes.FakeScript().factory)
+    assert needle_from_run(run, reg.experiment()).n_prompts_diverged > 0
+    more = h.experiment(workload={"n_prompts": 16})
+    with pytest.raises(NeedleError, match=(
+            rf"^{run / 'run.json'}: the run was recorded with other prompts than probe\.toml's "
+            r"workload \(workload\.n_prompts 12 in the run, 16 in probe\.toml; workload_sha256 "
+            r"[0-9a-f]{12}… in the run, [0-9a-f]{12}… for probe\.toml\): a prompt index names "
+            r"another prompt in each; choose the needle from a run of this declaration's "
+            r"workload, or give the needle's index with --needle INDEX$")):
+        needle_from_run(run, more, declaration="probe.toml")
+    # a run recorded before workload_sha256 was kept: the prompt ids it recorded decide
+    outputs = _outputs(a1_1=([5, 6, 7, 1, 9, 10], SAME[1]))
+    exp = _hand_run(tmp_path / "old", outputs, workload_sha256=None)
+    assert needle_from_run(tmp_path / "old", exp).prompt_index == 1
+    outputs[("a", 0, (3, "x-3"))] = SAME
+    _hand_run(tmp_path / "older", outputs, workload_sha256=None)
+    with pytest.raises(NeedleError, match=(
+            rf"^{tmp_path / 'older'}: the run was recorded with other prompts than the "
+            r"declaration's workload \(its responses record prompt 3 as 'x-3', but prompt 3 is "
+            rf"'chat-0003' in the declaration; {tmp_path / 'older' / 'run.json'} has no "
+            r"workload_sha256 to compare\)")):
+        needle_from_run(tmp_path / "older", exp)
+
+
+def test_needle_from_a_real_embedded_run_is_its_earliest_divergence(tmp_path_factory):
+    """The blas arm of a run on the embedded engine flips near-ties with the batch: the needle
+    is the prompt whose first differing token (or logprob bits) came earliest, recomputed here
+    from responses.jsonl; a run where nothing diverged chooses none."""
+    from helpers_explain import blas_run, invariant_run
+
+    from bistat.prereg import load_registration
+    from bistat.probe import NeedleError, needle_from_run
+    from bistat.records import read_header, read_jsonl
+
+    run = blas_run(tmp_path_factory)
+    exp = load_registration(read_header(run)["registration"]["path"]).experiment()
+    rows, _ = read_jsonl(run / "responses.jsonl")
+    out = {(r["arm"], r["pass_index"], r["prompt_index"]): (r["token_ids"], r["logprobs"])
+           for r in rows if r["kind"] == "counted"}
+
+    def first(a, b):
+        (ta, la), (tb, lb) = a, b
+        for i in range(min(len(ta), len(tb))):
+            if ta[i] != tb[i] or struct.pack("<d", la[i]) != struct.pack("<d", lb[i]):
+                return i
+        return None if len(ta) == len(tb) else min(len(ta), len(tb))
+
+    firsts = []
+    for arm, p, i in out:
+        ref = min(q for a, q, _ in out if a == arm)
+        pos = None if p == ref else first(out[(arm, ref, i)], out[(arm, p, i)])
+        if pos is not None:
+            firsts.append((pos, i, arm, p))
+    assert firsts and {arm for _, _, arm, _ in firsts} == {"blas"}
+    pos, index, arm, p = min(firsts)
+    src = needle_from_run(run, exp)
+    assert (src.position, src.prompt_index, src.arm, src.pass_index) == (pos, index, arm, p)
+    assert src.prompt_id == f"chat-{index:04d}"
+    assert src.n_prompts_diverged == len({i for _, i, _, _ in firsts})
+
+    quiet = invariant_run(tmp_path_factory)
+    quiet_exp = load_registration(read_header(quiet)["registration"]["path"]).experiment()
+    with pytest.raises(NeedleError, match=r"no prompt diverged in the run \(prompts compared "
+                                          r"across the counted passes per arm, bitwise: inv-a 32, "
+                                          r"inv-b 32\)"):
+        needle_from_run(quiet, quiet_exp)
+
+
+def test_the_report_keeps_where_the_needle_came_from_and_old_reports_still_read():
+    from bistat.probe import NeedleSource
+
+    src = NeedleSource(run="runs/r", run_id="r", prompt_id="chat-0003", prompt_index=3, arm="blas",
+                       pass_index=2, reference_pass=1, position=0, kind="token",
+                       n_prompts_diverged=11)
+    exp = _exp(control={"divergence": 0.9})
+    report = run_probe(exp, settings=replace(SMALL, needle_index=3), needle_source=src,
+                       engine_factory=fakes.FakeScript().factory)
+    assert report.needle_prompt_id == "chat-0003" and report.needle_source == src
+    assert report.summary_lines()[:2] == [
+        "needle chat-0003, 3 trial(s) of 32-40 fillers, 6 tokens",
+        "needle chosen: prompt 3 (chat-0003) first diverged at token 0 in arm blas, pass 2 of "
+        "runs/r (against pass 1), the earliest of 11 diverging prompt(s)"]
+    data = json.loads(json.dumps(report.to_json()))
+    assert data["needle_source"]["prompt_index"] == 3 and data["settings"]["needle_index"] == 3
+    from helpers_explain import validate
+
+    validate(data, "probe.schema.json")
+    assert report_from_json(data) == report
+    # a later writer's extra field is ignored; a report without the field has no source
+    assert report_from_json({**data, "needle_source": {**data["needle_source"], "new": 1}}) == report
+    old = {k: v for k, v in data.items() if k != "needle_source"}
+    assert report_from_json(old).needle_source is None
+    assert json.loads(json.dumps(report_from_json(old).to_json())) == old   # written back as it was
+    # merged: the source of the part that had one
+    three = replace(SMALL, needle_index=3)
+    part = run_probe(exp, control="", settings=three, engine_factory=fakes.FakeScript().factory)
+    other = run_probe(exp, arms=["blas"], control="", settings=three, needle_source=src,
+                      engine_factory=fakes.FakeScript().factory)
+    merged = merge_reports([("probe.json", part), ("probe-blas.json", other)])
+    assert part.needle_source is None and merged.needle_source == src
+    with pytest.raises(ValueError, match=r"needle_source names prompt 3 but settings\.needle_index "
+                                         r"is 0; set needle_index to the source's prompt_index"):
+        run_probe(exp, settings=SMALL, needle_source=src, engine_factory=fakes.FakeScript().factory)
+    with pytest.raises(ValueError, match=r"needle_source names prompt 'x-3' but prompt 3 of the "
+                                         r"declaration's source is 'chat-0003'"):
+        run_probe(exp, settings=replace(SMALL, needle_index=3), engine_factory=fakes.FakeScript().factory,
+                  needle_source=replace(src, prompt_id="x-3"))

@@ -270,3 +270,79 @@ def test_run_exit_code_for_every_verdict(workdir, label, code, sections):
         f"exit {code}: verdict 1 is {label!r}, named by --fail-on" if code else
         "exit 0: no verdict has a label named by --fail-on")
     assert _invoke("run", "--resume", f"runs/{code}", "--no-progress").exit_code == 0
+
+
+def test_probe_needle_from_a_recorded_run(workdir):
+    """--needle-from RUN_DIR: the prompt the run saw diverge first is the needle (h200-match-
+    smollm2-r2's needle, prompt 0, stayed identical while 457 of 541 prompts diverged)."""
+    diverging = {"fake": {"divergence": 0.3}}
+    path = _register(workdir, arms=[{"name": "blas", "role": "control", "args": diverging},
+                                    {"name": "invariant", "role": "treatment", "args": diverging}],
+                     workload={"seed": 4})
+    assert _invoke("run", str(path), "--run-dir", "runs/r", "--no-progress").exit_code == 0
+    # another declaration of the same workload (the probe's arms are its own)
+    decl = h.write_toml(workdir / "experiments" / "p.toml", h.declaration(
+        arms=[{"name": "blas", "role": "control", "args": {"fake": {"divergence": 0.9}}},
+              {"name": "invariant", "role": "treatment"}], workload={"seed": 4}))
+    result = _invoke("probe", str(decl), "--needle-from", "runs/r", "--max-fillers", "11",
+                     "--min-fillers", "8", "--output", "probe.json")
+    assert result.exit_code == 0, result.output
+    # prompts 3 and 4 both first diverged at token 0: the lower index wins
+    why = ("prompt 3 (chat-0003) first diverged at token 0 in arm invariant, pass 4 of runs/r "
+           "(against pass 1), the earliest of 11 diverging prompt(s)")
+    assert result.stderr.splitlines()[0] == f"needle: {why}"
+    assert result.stdout.splitlines()[:2] == ["needle chat-0003, 3 trial(s) of 8-11 fillers, 6 tokens",
+                                              f"needle chosen: {why}"]
+    data = json.loads((workdir / "probe.json").read_text())
+    assert data["needle_prompt_id"] == "chat-0003" and data["settings"]["needle_index"] == 3
+    assert data["needle_source"] == {
+        "run": "runs/r", "run_id": "r", "prompt_id": "chat-0003", "prompt_index": 3,
+        "arm": "invariant", "pass_index": 4, "reference_pass": 1, "position": 0, "kind": "token",
+        "n_prompts_diverged": 11}
+
+    both = _invoke("probe", str(decl), "--needle-from", "runs/r", "--needle", "0")
+    assert both.exit_code == 2
+    assert both.output.endswith("Error: --needle and --needle-from exclude each other\n")
+
+    other = h.write_toml(workdir / "experiments" / "other.toml", h.declaration(workload={"seed": 4, "n_prompts": 16}))
+    mismatched = _invoke("probe", str(other), "--needle-from", "runs/r")
+    assert mismatched.exit_code == 1
+    assert mismatched.output.startswith(
+        "Error: runs/r/run.json: the run was recorded with other prompts than "
+        f"{other}'s workload (workload.n_prompts 12 in the run, 16 in {other}; workload_sha256 ")
+    assert mismatched.output.endswith(
+        "a prompt index names another prompt in each; choose the needle from a run of this "
+        "declaration's workload, or give the needle's index with --needle INDEX\n")
+
+    missing = _invoke("probe", str(decl), "--needle-from", "runs/nope")
+    assert (missing.exit_code, missing.output) == (
+        1, "Error: runs/nope/run.json: not found; is runs/nope a bistat run directory?\n")
+
+
+def test_probe_needle_from_a_run_where_nothing_diverged(workdir):
+    path = _register(workdir)
+    assert _invoke("run", str(path), "--run-dir", "runs/quiet", "--no-progress").exit_code == 0
+    result = _invoke("probe", str(path), "--needle-from", "runs/quiet")
+    assert (result.exit_code, result.output) == (
+        1, "Error: runs/quiet: no prompt diverged in the run (prompts compared across the counted "
+           "passes per arm, bitwise: blas 12, invariant 12), so it cannot choose the needle; give "
+           "the needle's index with --needle INDEX instead\n")
+
+
+def test_run_refuses_a_busy_gpu_with_its_own_message(workdir, monkeypatch):
+    """The refusal lives in the runner; `bistat run` says it as before, naming its flag, when it
+    looks first and when only the runner's look finds the GPU busy (a process that came since)."""
+    busy = [{"gpu_uuid": "GPU-x", "pid": 1105, "name": "VLLM::EngineCore", "used_memory_mib": 28930}]
+    message = ("Error: other processes hold the GPU: pid 1105 VLLM::EngineCore (28930 MiB on "
+               "GPU-x). They would share its memory and time with the engines this run starts "
+               "(and a leftover run's engines are among them). Stop them, or record the run "
+               "anyway with --allow-busy-gpu (its finding will list this as a deviation)\n")
+    path = _register(workdir, engine={"kind": "vllm-server", "model": "/tmp/m"})
+    monkeypatch.setattr("bistat.fingerprint.gpu_processes", lambda: busy)
+    result = _invoke("run", str(path), "--run-dir", "runs/busy", "--no-progress")
+    assert (result.exit_code, result.output) == (1, message)
+    looks = iter([[], busy])
+    monkeypatch.setattr("bistat.fingerprint.gpu_processes", lambda: next(looks))
+    result = _invoke("run", str(path), "--run-dir", "runs/busy", "--no-progress")
+    assert (result.exit_code, result.output) == (1, "running fakerun into runs/busy\n" + message)
+    assert not (workdir / "runs").exists()

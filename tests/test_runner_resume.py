@@ -14,7 +14,7 @@ import pytest
 import fakes
 import helpers_runner as h
 from bistat.records import read_jsonl
-from bistat.runner import ResumeError, read_resume_state, resume_run, start_run
+from bistat.runner import GpuBusyError, ResumeError, read_resume_state, resume_run, start_run
 
 REG = {"path": "p.json", "sha256": "0" * 64, "registered_utc": "2026-01-01T00:00:00Z", "name": "fakerun"}
 TESTS = Path(__file__).resolve().parent
@@ -134,3 +134,27 @@ def test_resume_after_the_process_was_killed_mid_pass(tmp_path):
         ("interrupted", 6, "closed on resume: the process ended during this pass")]
     header = json.loads((d / "run.json").read_text())
     assert header["registration"] == REG
+
+
+def test_resume_refuses_a_busy_gpu_before_writing_anything_unless_allowed(tmp_path, monkeypatch):
+    """resume_run checks the GPU as start_run does: a library caller gets the refusal too."""
+    script = fakes.FakeScript()
+    exp = h.experiment(engine={"kind": "vllm-server", "model": "/tmp/m"},
+                       arms=[{"name": "blas", "role": "control", "args": {"fake": {"crash_on_call": 1}}},
+                             {"name": "invariant", "role": "treatment"}])
+    d = tmp_path / "run"
+    monkeypatch.setattr("bistat.fingerprint.gpu_processes", lambda: [])
+    assert start_run(exp, REG, d, engine_factory=script.factory).status == "incomplete"
+    before = {p.name: p.read_bytes() for p in d.iterdir() if p.is_file()}
+    busy = [{"gpu_uuid": "GPU-x", "pid": 1105, "name": "VLLM::EngineCore", "used_memory_mib": 28930}]
+    monkeypatch.setattr("bistat.fingerprint.gpu_processes", lambda: busy)
+    with pytest.raises(GpuBusyError, match=r"^other processes hold the GPU: pid 1105 "
+                                           r"VLLM::EngineCore \(28930 MiB on GPU-x\)\. "):
+        resume_run(exp, d, engine_factory=script.factory)
+    assert {p.name: p.read_bytes() for p in d.iterdir() if p.is_file()} == before
+    outcome = resume_run(exp, d, engine_factory=script.factory, allow_busy_gpu=True)
+    assert outcome.status == "complete"
+    events = _tables(d)["events"]
+    assert [e["detail"] for e in events if e["event"] == "gpu_busy"] == [
+        "pid 1105 VLLM::EngineCore (28930 MiB on GPU-x)"]
+    _check_completed_exactly_once(d)

@@ -11,7 +11,8 @@ import fakes
 import helpers_runner as h
 from bistat.engines.base import MetricsSample
 from bistat.records import logprob_sha256, read_jsonl, read_table, token_sha256
-from bistat.runner import batching_summary, new_run_dir, resolve_engines_concurrent, start_run
+from bistat.runner import (GpuBusyError, PlainReporter, batching_summary, new_run_dir,
+                           resolve_engines_concurrent, start_run)
 
 REG = {"path": "preregistrations/fakerun.json", "sha256": "ab" * 32, "registered_utc": "2026-01-01T00:00:00Z",
        "name": "fakerun"}
@@ -238,3 +239,55 @@ def test_bistat_run_refuses_a_vllm_run_on_a_busy_gpu_unless_allowed(monkeypatch)
     assert cmd_run._gpu_busy(h.experiment(), allow=False) is None
     monkeypatch.setattr("bistat.fingerprint.gpu_processes", lambda: None)  # no nvidia-smi
     assert cmd_run._gpu_busy(served, allow=False) is None
+
+
+BUSY = [{"gpu_uuid": "GPU-x", "pid": 1105, "name": "VLLM::EngineCore", "used_memory_mib": 28930}]
+
+
+def test_start_run_refuses_a_vllm_run_on_a_busy_gpu_unless_allowed(tmp_path, monkeypatch):
+    """The refusal is the runner's, not only the CLI's: a library caller gets it too."""
+    monkeypatch.setattr("bistat.fingerprint.gpu_processes", lambda: BUSY)
+    served = h.experiment(engine={"kind": "vllm-server", "model": "/tmp/m"})
+    script = fakes.FakeScript()
+    with pytest.raises(GpuBusyError, match=r"^other processes hold the GPU: pid 1105 "
+                       r"VLLM::EngineCore \(28930 MiB on GPU-x\)\..*allow_busy_gpu=True") as info:
+        start_run(served, REG, tmp_path / "refused", engine_factory=script.factory)
+    assert info.value.detail == "pid 1105 VLLM::EngineCore (28930 MiB on GPU-x)"
+    # the CLI's words (bistat run): the same refusal, naming its flag
+    assert info.value.explain("--allow-busy-gpu") == (
+        "other processes hold the GPU: pid 1105 VLLM::EngineCore (28930 MiB on GPU-x). They would "
+        "share its memory and time with the engines this run starts (and a leftover run's engines "
+        "are among them). Stop them, or record the run anyway with --allow-busy-gpu (its finding "
+        "will list this as a deviation)")
+    assert not (tmp_path / "refused").exists() and script.starts == []   # nothing started
+
+    lines: list[str] = []
+    outcome = start_run(served, REG, tmp_path / "allowed", engine_factory=script.factory,
+                        reporter=PlainReporter(lines.append), allow_busy_gpu=True)
+    assert outcome.status == "complete"
+    assert lines[0] == ("warning: other processes hold the GPU: pid 1105 VLLM::EngineCore "
+                        "(28930 MiB on GPU-x); recorded (allowed)")
+    events, _ = read_jsonl(tmp_path / "allowed" / "events.jsonl")
+    assert [(e["arm"], e["event"], e["detail"]) for e in events if e["event"] == "gpu_busy"] == [
+        ("*", "gpu_busy", "pid 1105 VLLM::EngineCore (28930 MiB on GPU-x)")]
+
+
+def test_start_run_checks_the_gpu_only_for_engines_it_starts_there(tmp_path, monkeypatch):
+    monkeypatch.setattr("bistat.fingerprint.gpu_processes", lambda: BUSY)
+    # the fake (like the embedded engine and an attached server) starts nothing on this GPU
+    assert start_run(h.experiment(), REG, tmp_path / "fake",
+                     engine_factory=fakes.FakeScript().factory).status == "complete"
+    served = h.experiment(engine={"kind": "vllm-offline", "model": "/tmp/m"})
+    for name, procs in (("free", []), ("no-smi", None)):   # nothing there; no nvidia-smi to ask
+        monkeypatch.setattr("bistat.fingerprint.gpu_processes", lambda procs=procs: procs)
+        outcome = start_run(served, REG, tmp_path / name, engine_factory=fakes.FakeScript().factory)
+        assert outcome.status == "complete"
+        events, _ = read_jsonl(tmp_path / name / "events.jsonl")
+        assert "gpu_busy" not in {e["event"] for e in events}
+    # a caller that checked the GPU itself and allowed what it found: recorded, not checked again
+    monkeypatch.setattr("bistat.fingerprint.gpu_processes", lambda: BUSY)
+    outcome = start_run(served, REG, tmp_path / "checked", engine_factory=fakes.FakeScript().factory,
+                        gpu_busy="pid 7 python3 (100 MiB on GPU-x)")
+    events, _ = read_jsonl(tmp_path / "checked" / "events.jsonl")
+    assert [e["detail"] for e in events if e["event"] == "gpu_busy"] == [
+        "pid 7 python3 (100 MiB on GPU-x)"]

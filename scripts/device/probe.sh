@@ -7,7 +7,18 @@
 set -uo pipefail
 . "$(dirname "$0")/env.sh"
 NAME=$1; BUDGET=${2:-540}
-mkdir -p "$REPO/runs/$NAME"; REPORT="$REPO/runs/$NAME/probe.json"
-timeout -s INT -k 60 "$BUDGET" bash -c '. scripts/device/env.sh; bistat probe "$1" --trials 3 --min-fillers 32 --max-fillers 128 --output "$2"' \
-  _ "preregistrations/$NAME.json" "$REPORT"
-rc=$?; gpu_clean; [ -f "$REPORT" ] && cp "$REPORT" "$OUT/$NAME.probe.json"; echo "[probe] $NAME rc=$rc"; exit $rc
+# The needle: the prompt the study's own run saw diverge first (`--needle-from`), when the run is
+# there and something diverged in it; otherwise prompt 0 (`bistat probe` refuses --needle-from
+# within seconds, before any engine starts, and the probe runs again without it).
+mkdir -p "$REPO/runs/$NAME"; REPORT="$REPO/runs/$NAME/probe.json"; START=$(date +%s)
+probe() {
+  timeout -s INT -k 60 "$1" bash -c '. scripts/device/env.sh; bistat probe "$1" --trials 3 --min-fillers 32 --max-fillers 128 --output "$2" "${@:3}"' \
+    _ "preregistrations/$NAME.json" "$REPORT" "${@:2}"
+}
+if [ -f "$REPO/runs/$NAME/run.json" ]; then probe "$BUDGET" --needle-from "$REPO/runs/$NAME"; rc=$?
+else rc=1; fi
+LEFT=$(( BUDGET - ($(date +%s) - START) ))
+if [ "$rc" = 1 ] && [ ! -f "$REPORT" ] && [ $(( BUDGET - LEFT )) -lt 60 ]; then  # a refusal, not a failed probe
+  probe "$LEFT"; rc=$?
+fi
+gpu_clean; [ -f "$REPORT" ] && cp "$REPORT" "$OUT/$NAME.probe.json"; echo "[probe] $NAME rc=$rc"; exit $rc

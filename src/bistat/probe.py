@@ -18,6 +18,12 @@ saying the mode is on). The probe checks behaviour instead, on any engine, throu
    only some prompts show (``h200-match-smollm2-r2``: the FlashAttention-3 arms' needle stayed
    identical while 457 of 541 prompts diverged across the study's passes).
 
+The needle is prompt ``needle_index`` of the declaration's prompt source (default 0), or the one a
+recorded run of the same workload saw diverge first (:func:`needle_from_run`, ``bistat probe
+--needle-from RUN_DIR``): a needle that happens to be insensitive misses what the study saw
+(``h200-match-smollm2-r2`` again: its needle, prompt 0, stayed identical). The report then says
+where the needle came from (``needle_source``).
+
 A probe that finds no difference proves nothing unless it could have found one. Every probe
 therefore runs the same procedure on a *negative control*: an arm in which invariance is off
 (the declaration's control arm by default, e.g. ``gemm = "blas"``), which must show at least one
@@ -69,7 +75,8 @@ from __future__ import annotations
 import contextlib
 import math
 import struct
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence
 
 import numpy as np
@@ -82,13 +89,15 @@ from bistat.engines.base import (
     GenerationResult,
     MetricsSample,
 )
-from bistat.workload import Prompt, load_prompts, prompt_seed
+from bistat.workload import Prompt, load_prompts, prompt_seed, prompts_sha256
 
 if TYPE_CHECKING:  # pragma: no cover
     from bistat.experiment import Arm, Experiment
 
 __all__ = [
     "ArmProbe",
+    "NeedleError",
+    "NeedleSource",
     "ProbeOutcome",
     "ProbeReport",
     "ProbeSettings",
@@ -97,6 +106,7 @@ __all__ = [
     "compare_bitwise",
     "shared_step_evidence",
     "probe_arm",
+    "needle_from_run",
     "run_probe",
     "report_from_json",
     "merge_reports",
@@ -236,6 +246,32 @@ class ArmProbe:
 
 
 @dataclass(frozen=True)
+class NeedleSource:
+    """Where the needle came from when a recorded run chose it (:func:`needle_from_run`): the
+    prompt whose first divergence, bitwise, came earliest in the run, and where it came."""
+
+    run: str                  # the run directory, as it was given
+    run_id: str               # its run.json's run_id
+    prompt_id: str
+    prompt_index: int         # the needle's index in the declaration's prompt source
+    arm: str                  # where it first diverged: the arm,
+    pass_index: int           # the counted pass,
+    reference_pass: int       # the arm's reference pass (its first counted pass) it differed from,
+    position: int             # the first differing token index,
+    kind: str                 # and how: "token", "logprob" (chosen-token logprob bits), "length"
+    n_prompts_diverged: int   # the run's prompts that diverged in some arm and pass
+
+    def describe(self) -> str:
+        """The choice in words, e.g. ``prompt 17 (chat-0017) first diverged at token 3 in arm
+        default, pass 2 of runs/r (against pass 0), the earliest of 457 diverging prompt(s)``."""
+        how = {"logprob": " (chosen-token logprob bits)", "length": " (one output ended there)"}
+        return (f"prompt {self.prompt_index} ({self.prompt_id}) first diverged at token "
+                f"{self.position}{how.get(self.kind, '')} in arm {self.arm}, pass "
+                f"{self.pass_index} of {self.run} (against pass {self.reference_pass}), the "
+                f"earliest of {self.n_prompts_diverged} diverging prompt(s)")
+
+
+@dataclass(frozen=True)
 class ProbeReport:
     """The probe's result: outcome, reason, and every arm's trials."""
 
@@ -246,10 +282,15 @@ class ProbeReport:
     arms: tuple[ArmProbe, ...]
     pending: tuple[str, ...] = ()       # arms planned but not (yet) probed: a partial report
     merged_from: tuple[str, ...] = ()   # the reports this one merges (merge_reports)
+    # the recorded run that chose the needle (--needle-from); None: --needle, or a report
+    # written before it was recorded
+    needle_source: NeedleSource | None = None
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["schema"] = PROBE_SCHEMA
+        if self.needle_source is None:
+            del data["needle_source"]
         for arm, probe in zip(data["arms"], self.arms):
             arm["differs"] = probe.differs
             if probe.n_fillers_compared is None:   # not a batch probe: no filler evidence
@@ -281,6 +322,8 @@ class ProbeReport:
             first = (f"needle {self.needle_prompt_id}, prefix cache cold vs warm, {st.trials} "
                      f"trial(s), {st.max_tokens} tokens")
         lines = [first]
+        if self.needle_source is not None:
+            lines.append(f"needle chosen: {self.needle_source.describe()}")
         for a in self.arms:
             label = "negative control" if a.role == "negative_control" else "probed"
             if a.error is not None:
@@ -618,6 +661,124 @@ def _decide(arms: Sequence[ArmProbe], mode: str = "batch") -> tuple[ProbeOutcome
     return "confirmed", f"{done}, and the negative control differs"
 
 
+class NeedleError(ValueError):
+    """A recorded run cannot choose the needle (:func:`needle_from_run`)."""
+
+
+#: How a recorded run's outputs are compared to choose the needle: bitwise, as the probe compares
+#: (token ids, then chosen-token logprobs as float64 bits), whatever the run's match unit.
+NEEDLE_UNIT = "token_ids+logprobs"
+
+
+def _workload_words(workload: Mapping[str, Any] | None) -> dict[str, Any]:
+    if not isinstance(workload, Mapping):
+        return {}
+    return {k: workload.get(k) for k in ("source", "n_prompts", "seed")}
+
+
+def _check_same_prompts(run_dir: Path, prompts: Sequence[Prompt], experiment: "Experiment",
+                        declaration: str) -> None:
+    """Refuse a run recorded with other prompts than ``experiment``'s workload: a prompt index
+    would name another prompt in each. ``run.json``'s ``workload_sha256`` decides; a run
+    recorded before it was kept is checked by the prompt ids its responses recorded per index."""
+    from bistat import records
+    from bistat.anatomy import run_declaration
+
+    header = records.read_header(run_dir)
+    run_json = run_dir / records.HEADER_FILE
+    fix = ("choose the needle from a run of this declaration's workload, or give the needle's "
+           "index with --needle INDEX")
+    recorded = header.get("workload_sha256")
+    if recorded is not None:
+        mine = prompts_sha256(prompts)
+        if recorded == mine:
+            return
+        theirs = _workload_words((run_declaration(run_dir) or {}).get("workload"))
+        ours = _workload_words(experiment.workload.model_dump())
+        what = "; ".join(f"workload.{k} {theirs[k]!r} in the run, {ours[k]!r} in {declaration}"
+                         for k in ours if theirs.get(k) is not None and theirs[k] != ours[k])
+        if not what:
+            what = ("the prompts themselves differ (a prompt file changed?)" if theirs else
+                    "the run's registration cannot be read to say which field differs")
+        raise NeedleError(
+            f"{run_json}: the run was recorded with other prompts than {declaration}'s workload "
+            f"({what}; workload_sha256 {str(recorded)[:12]}… in the run, {mine[:12]}… for "
+            f"{declaration}): a prompt index names another prompt in each; {fix}")
+    frame = records.read_table(run_dir, "responses", ["prompt_id", "prompt_index"])
+    seen: dict[int, str] = {}
+    for pid, i in zip(frame["prompt_id"], frame["prompt_index"], strict=True):
+        try:
+            seen[int(i)] = str(pid)
+        except (TypeError, ValueError):   # not recorded (None, NaN)
+            continue
+    for i, pid in sorted(seen.items()):
+        here = prompts[i].prompt_id if i < len(prompts) else None
+        if here != pid:
+            where = (f"prompt {i} is {here!r} in {declaration}" if here is not None else
+                     f"{declaration}'s workload holds {len(prompts)} prompt(s)")
+            raise NeedleError(
+                f"{run_dir}: the run was recorded with other prompts than {declaration}'s workload "
+                f"(its responses record prompt {i} as {pid!r}, but {where}; {run_json} has no "
+                f"workload_sha256 to compare): a prompt index names another prompt in each; {fix}")
+
+
+def needle_from_run(run_dir: str | Path, experiment: "Experiment", *,
+                    declaration: str = "the declaration", base_dir: Path | None = None
+                    ) -> NeedleSource:
+    """The needle a recorded run of the same workload suggests: the prompt that diverged first.
+
+    Every counted pass of every arm is compared with the arm's reference pass (its first counted
+    pass), as the divergence anatomy does (:func:`bistat.anatomy.divergence_anatomy`), bitwise
+    as the probe compares (:data:`NEEDLE_UNIT`). The needle is the prompt whose earliest first
+    divergence, over all arms and passes, has the smallest token index; ties go to the lowest
+    prompt index (then the arm, then the pass, in order, say where).
+
+    Parameters
+    ----------
+    run_dir : path
+        The recorded run.
+    experiment : Experiment
+        The probe's declaration; its workload must hold the prompts the run was recorded with.
+    declaration : str
+        How errors name the declaration (its file).
+    base_dir : path, optional
+        Where a relative ``file:`` prompt source is resolved (default: the current directory).
+
+    Returns
+    -------
+    NeedleSource
+        Its ``prompt_index`` is the probe's ``ProbeSettings.needle_index``.
+
+    Raises
+    ------
+    NeedleError
+        The run was recorded with other prompts, or no prompt diverged in it.
+    bistat.records.RecordsError
+        The run directory cannot be read.
+    """
+    from bistat.anatomy import divergence_anatomy
+
+    run_dir = Path(run_dir)
+    wl = experiment.workload
+    prompts = load_prompts(wl.source, wl.n_prompts, wl.seed, base_dir=base_dir)
+    _check_same_prompts(run_dir, prompts, experiment, declaration)
+    anatomy = divergence_anatomy(run_dir, unit=NEEDLE_UNIT)
+    index = {p.prompt_id: p.index for p in prompts}
+    found = [d for d in anatomy.divergences if d.prompt_id in index]
+    if not found:
+        compared = ", ".join(f"{a.arm} {a.n_prompts}" for a in anatomy.arms) or "none"
+        raise NeedleError(
+            f"{run_dir}: no prompt diverged in the run (prompts compared across the counted passes "
+            f"per arm, bitwise: {compared}), so it cannot choose the needle; give the needle's "
+            "index with --needle INDEX instead")
+    first = min(found, key=lambda d: (d.position, index[d.prompt_id], d.arm, d.other.pass_index))
+    return NeedleSource(
+        run=str(run_dir), run_id=anatomy.run_id, prompt_id=first.prompt_id,
+        prompt_index=index[first.prompt_id], arm=first.arm, pass_index=first.other.pass_index,
+        reference_pass=first.reference.pass_index, position=first.position, kind=first.kind,
+        n_prompts_diverged=len({d.prompt_id for d in found}))
+
+
 def run_probe(
     experiment: "Experiment",
     *,
@@ -627,6 +788,7 @@ def run_probe(
     engine_factory: Callable[["Experiment", "Arm"], Engine] | None = None,
     on_arm: Callable[[str], None] | None = None,
     on_report: Callable[[ProbeReport], None] | None = None,
+    needle_source: NeedleSource | None = None,
 ) -> ProbeReport:
     """Probe ``arms`` (default: every treatment arm) with ``control`` as the negative control
     (default: the declaration's control arm; ``""`` for none), one engine at a time.
@@ -634,6 +796,9 @@ def run_probe(
     The prompts come from the declaration's prompt source (``max_fillers + 1`` of them, or the
     needle index + 1 when larger) with the declaration's sampling settings, its
     ``workload.top_logprobs`` and ``settings.max_tokens``.
+
+    ``needle_source``: the recorded run that chose the needle (:func:`needle_from_run`; its
+    ``prompt_index`` must be ``settings.needle_index``), kept in the report.
 
     ``on_report`` receives the report so far after every arm (its ``pending`` names the arms
     still to run), so that a caller can keep it on disk: an interrupted probe loses only the arm
@@ -647,10 +812,18 @@ def run_probe(
             raise ValueError(f"arm {name!r} is not in the declaration; arms: {', '.join(by_name)}")
     if control_name in probed:
         raise ValueError(f"arm {control_name!r} cannot be both probed and the negative control")
+    if needle_source is not None and needle_source.prompt_index != settings.needle_index:
+        raise ValueError(f"needle_source names prompt {needle_source.prompt_index} but "
+                         f"settings.needle_index is {settings.needle_index}; set needle_index "
+                         "to the source's prompt_index")
     wl = experiment.workload
     n = max(settings.max_fillers + 1, settings.needle_index + 1)
     prompts = load_prompts(wl.source, n, wl.seed)
     needle = prompts[settings.needle_index]
+    if needle_source is not None and needle_source.prompt_id != needle.prompt_id:
+        raise ValueError(f"needle_source names prompt {needle_source.prompt_id!r} but prompt "
+                         f"{settings.needle_index} of the declaration's source is "
+                         f"{needle.prompt_id!r}; choose it with needle_from_run")
     fillers = [p for p in prompts if p.prompt_id != needle.prompt_id]
 
     def make_request(p: Prompt) -> GenerationRequest:
@@ -691,22 +864,34 @@ def run_probe(
                 engine.stop()
         if on_report is not None and i + 1 < len(plan):
             on_report(decide_report(in_report_order(results), settings, needle.prompt_id,
-                                    pending=tuple(n for n, _ in plan[i + 1:])))
-    report = decide_report(in_report_order(results), settings, needle.prompt_id)
+                                    pending=tuple(n for n, _ in plan[i + 1:]),
+                                    needle_source=needle_source))
+    report = decide_report(in_report_order(results), settings, needle.prompt_id,
+                           needle_source=needle_source)
     if on_report is not None:
         on_report(report)
     return report
 
 
 def decide_report(arms: Sequence[ArmProbe], settings: ProbeSettings, needle_prompt_id: str, *,
-                  pending: tuple[str, ...] = (), merged_from: tuple[str, ...] = ()) -> ProbeReport:
+                  pending: tuple[str, ...] = (), merged_from: tuple[str, ...] = (),
+                  needle_source: NeedleSource | None = None) -> ProbeReport:
     """The report over ``arms``; with ``pending`` arms it is partial, and says so in its reason."""
     outcome, reason = _decide(arms, settings.mode)
     if pending:
         reason = f"partial: {', '.join(pending)} not probed yet; {reason}"
     return ProbeReport(outcome=outcome, reason=reason, settings=settings,
                        needle_prompt_id=needle_prompt_id, arms=tuple(arms), pending=pending,
-                       merged_from=merged_from)
+                       merged_from=merged_from, needle_source=needle_source)
+
+
+def _needle_source_from_json(data: Any) -> NeedleSource | None:
+    """The ``needle_source`` of a report's JSON (absent in reports written before it was kept);
+    fields a later writer adds are ignored."""
+    if data is None:
+        return None
+    known = {f.name for f in fields(NeedleSource)}
+    return NeedleSource(**{k: v for k, v in dict(data).items() if k in known})
 
 
 def report_from_json(data: Mapping[str, Any], source: str = "probe report") -> ProbeReport:
@@ -730,7 +915,8 @@ def report_from_json(data: Mapping[str, Any], source: str = "probe report") -> P
         return ProbeReport(outcome=data["outcome"], reason=str(data["reason"]), settings=settings,
                            needle_prompt_id=str(data["needle_prompt_id"]), arms=arms,
                            pending=tuple(data.get("pending") or ()),
-                           merged_from=tuple(data.get("merged_from") or ()))
+                           merged_from=tuple(data.get("merged_from") or ()),
+                           needle_source=_needle_source_from_json(data.get("needle_source")))
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{source}: not a complete {PROBE_SCHEMA} report ({exc!r}); write it "
                          "with `bistat probe REGISTRATION --output FILE`") from None
@@ -766,5 +952,6 @@ def merge_reports(reports: Sequence[tuple[str, ProbeReport]]) -> ProbeReport:
             seen[a.arm] = src
             arms.append(a)
     pending = tuple(dict.fromkeys(p for _, r in reports for p in r.pending if p not in seen))
+    source = next((r.needle_source for _, r in reports if r.needle_source is not None), None)
     return decide_report(arms, first.settings, first.needle_prompt_id, pending=pending,
-                   merged_from=tuple(src for src, _ in reports))
+                         merged_from=tuple(src for src, _ in reports), needle_source=source)

@@ -255,7 +255,11 @@ def _probe_detail(s: RunSummary) -> list[str]:
         + f" of {st.max_tokens} tokens at most in {st.trials} trial(s) "
         + ("are" if any(pa.n_fillers_compared for pa, _ in missed) else "is")
         + " weaker evidence than every prompt of every pass; the study's match counts decide.", ""]
-    return [f"Probe (needle `{probe.needle_prompt_id}`, {st.trials} trial(s) among "
+    src = probe.needle_source
+    chosen = ("" if src is None else
+              f", chosen from run `{src.run_id}` where it first diverged earliest (token "
+              f"{src.position}, arm {src.arm}, pass {src.pass_index})")
+    return [f"Probe (needle `{probe.needle_prompt_id}`{chosen}, {st.trials} trial(s) among "
             f"{st.min_fillers}-{st.max_fillers} fillers, {st.max_tokens} tokens, bitwise token ids "
             f"and logprobs): **{probe.outcome.replace('_', ' ')}** — {probe.reason}.{pending}", "",
             _table(("arm", "role", "needle alone, twice", "identical among fillers",

@@ -46,8 +46,6 @@ import concurrent.futures
 import dataclasses
 import datetime as _dt
 import gzip
-import hashlib
-import json
 import math
 import shutil
 import sys
@@ -60,7 +58,6 @@ from typing import (
     TYPE_CHECKING,
     Any,
     Callable,
-    Iterable,
     Literal,
     Mapping,
     Protocol,
@@ -88,7 +85,7 @@ from bistat.records import (
     token_sha256,
 )
 from bistat.schedule import Block, PlannedPass, plan_schedule
-from bistat.workload import Prompt, load_prompts, requests_for_pass
+from bistat.workload import Prompt, load_prompts, prompts_sha256, requests_for_pass
 
 if TYPE_CHECKING:  # pragma: no cover
     from bistat.experiment import Arm, Experiment
@@ -96,7 +93,9 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "DEFAULT_GPU_MEMORY_UTILIZATION",
     "ENGINE_HEADROOM_FRACTION",
+    "LOCAL_GPU_KINDS",
     "EngineFactory",
+    "GpuBusyError",
     "NullReporter",
     "PassReport",
     "PlainReporter",
@@ -105,6 +104,8 @@ __all__ = [
     "RunOutcome",
     "ResumeState",
     "batching_summary",
+    "busy_gpu",
+    "check_gpu",
     "execute_run",
     "new_run_dir",
     "read_resume_state",
@@ -902,11 +903,6 @@ def _workload_prompts(experiment: "Experiment", base_dir: Path | None) -> list[P
     return load_prompts(wl.source, wl.n_prompts, wl.seed, base_dir=base_dir)
 
 
-def _prompts_sha256(prompts: Iterable[Prompt]) -> str:
-    data = [[p.prompt_id, p.index, p.prompt if isinstance(p.prompt, str) else list(p.prompt), p.chat] for p in prompts]
-    return hashlib.sha256(json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()).hexdigest()
-
-
 def _plan(experiment: "Experiment", concurrent: bool, state: ResumeState | None) -> tuple[Block, ...]:
     wl = experiment.workload
     return plan_schedule(
@@ -942,6 +938,78 @@ def _default_factory() -> EngineFactory:
     return create_engine
 
 
+#: Engine kinds that start their own engines on this machine's GPU (the others hold none here:
+#: the embedded engine runs on the CPU, an ``openai`` server is attached, not started).
+LOCAL_GPU_KINDS = ("vllm-server", "vllm-offline")
+
+
+class GpuBusyError(RuntimeError):
+    """Other processes hold the GPU a run would start its engines on (see :func:`check_gpu`).
+
+    ``detail`` names them, as recorded in a ``gpu_busy`` event when the run is allowed anyway.
+    """
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+        super().__init__(self.explain("allow_busy_gpu=True"))
+
+    def explain(self, override: str) -> str:
+        """The refusal in words, naming ``override`` as the way to run anyway (the CLI says
+        ``--allow-busy-gpu``)."""
+        return (f"other processes hold the GPU: {self.detail}. They would share its memory and "
+                f"time with the engines this run starts (and a leftover run's engines are among "
+                f"them). Stop them, or record the run anyway with {override} (its finding will "
+                f"list this as a deviation)")
+
+
+def busy_gpu(experiment: "Experiment") -> str | None:
+    """What else holds this machine's GPU, in words, when ``experiment`` starts its engines on it
+    (:data:`LOCAL_GPU_KINDS`); None: nothing there, not a local GPU run, or no ``nvidia-smi`` to
+    tell (:func:`bistat.fingerprint.gpu_processes`)."""
+    from bistat import fingerprint
+
+    if getattr(experiment.engine, "kind", None) not in LOCAL_GPU_KINDS:
+        return None
+    procs = fingerprint.gpu_processes() or []
+    if not procs:
+        return None
+    return "; ".join(f"pid {p['pid']} {p['name'] or '?'} ({p['used_memory_mib']} MiB on "
+                     f"{p['gpu_uuid'] or '?'})" for p in procs)
+
+
+def check_gpu(experiment: "Experiment", *, allow_busy_gpu: bool = False) -> str | None:
+    """Refuse a run that starts vLLM engines while other processes hold the GPU (they share its
+    memory and its time, and a leftover run's engines would outlive the check), unless allowed.
+
+    Returns
+    -------
+    str or None
+        What else held the GPU (:func:`busy_gpu`) when it was allowed, for the run's records;
+        None when nothing was there.
+
+    Raises
+    ------
+    GpuBusyError
+        Other processes hold the GPU and ``allow_busy_gpu`` is false.
+    """
+    detail = busy_gpu(experiment)
+    if detail and not allow_busy_gpu:
+        raise GpuBusyError(detail)
+    return detail
+
+
+def _gpu_busy_to_record(experiment: "Experiment", gpu_busy: str | None, allow_busy_gpu: bool,
+                        reporter: Reporter) -> str | None:
+    """The ``gpu_busy`` detail a run records: the caller's, where it checked the GPU itself and
+    allowed what it found, else :func:`check_gpu`'s (which refuses unless allowed)."""
+    if gpu_busy:
+        return gpu_busy
+    found = check_gpu(experiment, allow_busy_gpu=allow_busy_gpu)
+    if found:
+        reporter.message(f"warning: other processes hold the GPU: {found}; recorded (allowed)")
+    return found
+
+
 def start_run(
     experiment: "Experiment",
     registration: Mapping[str, Any],
@@ -953,6 +1021,7 @@ def start_run(
     base_dir: Path | None = None,
     compact_at_end: bool = True,
     gpu_busy: str | None = None,
+    allow_busy_gpu: bool = False,
 ) -> RunOutcome:
     """Create ``run_dir`` and run the whole schedule of a registered experiment.
 
@@ -975,10 +1044,21 @@ def start_run(
     compact_at_end
         Write the Parquet tables when the run ends complete or untested.
     gpu_busy
-        What else held the GPU as the run started (the caller allowed it): recorded as a
-        ``gpu_busy`` event (arm ``*``), which the finding lists as a deviation.
+        What else held the GPU as the run started, where the caller checked it itself
+        (:func:`check_gpu`) and allowed it: recorded as a ``gpu_busy`` event (arm ``*``), which
+        the finding lists as a deviation. Without it the runner checks: see ``allow_busy_gpu``.
+    allow_busy_gpu
+        Start a run of vLLM engines (:data:`LOCAL_GPU_KINDS`) although other processes hold the
+        GPU: they are then recorded as ``gpu_busy`` is (and the reporter warned). Without it
+        such a run is refused before ``run_dir`` is created.
+
+    Raises
+    ------
+    GpuBusyError
+        Other processes hold the GPU and ``allow_busy_gpu`` is false (``gpu_busy`` not given).
     """
     reporter = reporter or NullReporter()
+    gpu_busy = _gpu_busy_to_record(experiment, gpu_busy, allow_busy_gpu, reporter)
     prompts = _workload_prompts(experiment, base_dir)
     concurrent, why = resolve_engines_concurrent(experiment)
     header = {
@@ -990,7 +1070,7 @@ def start_run(
         "engine_kind": experiment.engine.kind,
         "engines_concurrent": concurrent,
         "engines_concurrent_reason": why,
-        "workload_sha256": _prompts_sha256(prompts),
+        "workload_sha256": prompts_sha256(prompts),
     }
     writer = RunWriter.create(run_dir, header)
     _record_gpu_busy(writer, gpu_busy)
@@ -1044,22 +1124,25 @@ def resume_run(
     base_dir: Path | None = None,
     compact_at_end: bool = True,
     gpu_busy: str | None = None,
+    allow_busy_gpu: bool = False,
 ) -> RunOutcome:
     """Continue a recorded run where it stopped (see the module docstring, "Resume").
 
     The experiment must be the one the run was recorded for (the caller checks the
     registration's hash against ``run.json``); the prompts must hash as they did. ``gpu_busy``
-    as for :func:`start_run`.
+    and ``allow_busy_gpu`` as for :func:`start_run`: a resumed run of vLLM engines on a busy GPU
+    is refused (:class:`GpuBusyError`) before anything is written, unless allowed.
     """
     reporter = reporter or NullReporter()
     run_dir = Path(run_dir)
     header = read_header(run_dir)
     prompts = _workload_prompts(experiment, base_dir)
-    if header.get("workload_sha256") not in (None, _prompts_sha256(prompts)):
+    if header.get("workload_sha256") not in (None, prompts_sha256(prompts)):
         raise ResumeError(
             f"{run_dir / 'run.json'}: the workload's prompts differ from the ones this run was started "
             "with (workload_sha256); restore the prompt file or start a new run"
         )
+    gpu_busy = _gpu_busy_to_record(experiment, gpu_busy, allow_busy_gpu, reporter)
     concurrent = header.get("engines_concurrent")
     if not isinstance(concurrent, bool):
         concurrent, _ = resolve_engines_concurrent(experiment)

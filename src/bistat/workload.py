@@ -27,12 +27,13 @@ Every error names the source (file and line where there is one), what was wrong,
 
 from __future__ import annotations
 
+import hashlib
 import json
 import urllib.parse
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -47,6 +48,7 @@ __all__ = [
     "file_prompts",
     "load_prompts",
     "prompt_seed",
+    "prompts_sha256",
     "requests_for_pass",
     "token_id_prompts",
 ]
@@ -348,6 +350,15 @@ def load_prompts(source: str, n_prompts: int, seed: int, *, base_dir: Path | Non
     raise WorkloadError(
         f"workload.source: unknown source {source!r}; expected one of " + ", ".join(repr(s) for s in SOURCES)
     )
+
+
+def prompts_sha256(prompts: Iterable[Prompt]) -> str:
+    """The SHA-256 of a workload's prompts (ids, indexes, contents, chat flags, in order): the
+    ``workload_sha256`` of ``run.json``, by which a resumed run or a probe's ``--needle-from``
+    knows that it has the prompts a run was recorded with."""
+    data = [[p.prompt_id, p.index, p.prompt if isinstance(p.prompt, str) else list(p.prompt), p.chat]
+            for p in prompts]
+    return hashlib.sha256(json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()).hexdigest()
 
 
 def _stable_int(text: str) -> int:

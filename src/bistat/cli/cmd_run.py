@@ -118,31 +118,19 @@ def _finish(outcome, registration, fail_on: frozenset[str]) -> None:
     sys.exit(ERROR)
 
 
-#: Engine kinds that start their own engines on this machine's GPU.
-_LOCAL_GPU_KINDS = ("vllm-server", "vllm-offline")
-
-
 def _gpu_busy(experiment: Any, allow: bool) -> str | None:
-    """Refuse a run that starts vLLM engines while other processes hold a GPU (they share its
-    memory and its time, and a leftover run's engines would outlive the check), unless allowed;
-    then say what was there, for the run's records. None: nothing there, or not a local GPU run."""
-    from bistat.fingerprint import gpu_processes
+    """The runner's busy-GPU check (:func:`bistat.runner.check_gpu`) in the CLI's words, before
+    the run says it starts: refused (--allow-busy-gpu not given), or warned about and returned
+    for the run's records. None: nothing there, or not a local GPU run."""
+    from bistat.runner import GpuBusyError, check_gpu
 
-    if getattr(experiment.engine, "kind", None) not in _LOCAL_GPU_KINDS:
-        return None
-    procs = gpu_processes() or []
-    if not procs:
-        return None
-    what = "; ".join(f"pid {p['pid']} {p['name'] or '?'} ({p['used_memory_mib']} MiB on "
-                     f"{p['gpu_uuid'] or '?'})" for p in procs)
-    if not allow:
-        raise click.ClickException(
-            f"other processes hold the GPU: {what}. They would share its memory and time with "
-            f"the engines this run starts (and a leftover run's engines are among them). Stop "
-            f"them, or record the run anyway with --allow-busy-gpu (its finding will list this "
-            f"as a deviation)")
-    click.echo(f"warning: other processes hold the GPU: {what}; recorded (--allow-busy-gpu)",
-               err=True)
+    try:
+        what = check_gpu(experiment, allow_busy_gpu=allow)
+    except GpuBusyError as exc:
+        raise click.ClickException(exc.explain("--allow-busy-gpu")) from exc
+    if what:
+        click.echo(f"warning: other processes hold the GPU: {what}; recorded (--allow-busy-gpu)",
+                   err=True)
     return what
 
 
@@ -167,7 +155,7 @@ def run_command(registration: Path | None, resume_dir: Path | None, runs_dir: Pa
     written as it arrives, so a killed run loses nothing and --resume continues it.
     """
     from bistat.records import RecordsError, read_header
-    from bistat.runner import ResumeError, new_run_dir, resume_run, start_run
+    from bistat.runner import GpuBusyError, ResumeError, new_run_dir, resume_run, start_run
     from bistat.workload import WorkloadError
 
     if (registration is None) == (resume_dir is None):
@@ -192,8 +180,11 @@ def run_command(registration: Path | None, resume_dir: Path | None, runs_dir: Pa
                     "registration"
                 )
             click.echo(f"resuming {resume_dir}")
+            # checked here first, so that a refusal or a warning comes before the run starts;
+            # the runner checks again when nothing was there (a process that came since)
             busy = _gpu_busy(reg.experiment(), allow_busy_gpu)
-            outcome = resume_run(reg.experiment(), resume_dir, reporter=reporter, gpu_busy=busy)
+            outcome = resume_run(reg.experiment(), resume_dir, reporter=reporter, gpu_busy=busy,
+                                 allow_busy_gpu=allow_busy_gpu)
         else:
             assert registration is not None
             reg = _load_sealed(registration, runs_dir)
@@ -207,7 +198,9 @@ def run_command(registration: Path | None, resume_dir: Path | None, runs_dir: Pa
             busy = _gpu_busy(experiment, allow_busy_gpu)
             click.echo(f"running {experiment.name} into {target}")
             outcome = start_run(experiment, reg.reference(), target, reporter=reporter,
-                                gpu_busy=busy)
+                                gpu_busy=busy, allow_busy_gpu=allow_busy_gpu)
+    except GpuBusyError as exc:
+        raise click.ClickException(exc.explain("--allow-busy-gpu")) from exc
     except (WorkloadError, RecordsError, ResumeError) as exc:
         raise click.ClickException(str(exc)) from exc
     _finish(outcome, reg, fail_labels)
@@ -230,6 +223,10 @@ def run_command(registration: Path | None, resume_dir: Path | None, runs_dir: Pa
               help="Tokens per request [default: the declaration's workload.max_tokens].")
 @click.option("--needle", "needle_index", default=0, show_default=True, type=click.IntRange(min=0),
               help="Index of the needle prompt in the declaration's prompt source.")
+@click.option("--needle-from", "needle_from", type=click.Path(path_type=Path, file_okay=False),
+              help="Choose the needle from this recorded run of the same workload: the prompt "
+                   "whose outputs first diverged earliest (bitwise, any arm and counted pass; "
+                   "ties: the lowest index). Excludes --needle.")
 @click.option("--seed", default=None, type=int, help="Placement seed [default: the declaration's workload.seed].")
 @click.option("--output", type=click.Path(path_type=Path, dir_okay=False),
               help="Also write the JSON report to this file.")
@@ -241,21 +238,29 @@ def run_command(registration: Path | None, resume_dir: Path | None, runs_dir: Pa
 @click.option("--fail-on", "fail_on", multiple=True, help=FAIL_ON_HELP)
 def probe_command(declaration: Path, arms: tuple[str, ...], control: str | None, no_control: bool,
                   trials: int, min_fillers: int, max_fillers: int, max_tokens: int | None,
-                  needle_index: int, seed: int | None, mode: str, output: Path | None,
-                  as_json: bool, fail_on: tuple[str, ...]) -> None:
+                  needle_index: int, needle_from: Path | None, seed: int | None, mode: str,
+                  output: Path | None, as_json: bool, fail_on: tuple[str, ...]) -> None:
     """Bitwise invariance probe: a needle prompt alone, then among fillers, on a declaration's engine.
 
     DECLARATION is an experiments/NAME.toml or a preregistrations/NAME.json. Token ids and
     logprobs are compared bitwise: the needle alone against the needle in each batch, and each
     filler that ran in two or more trials across them. The negative control (invariance off)
-    runs first and must differ, or the probe is reported as lacking power.
+    runs first and must differ, or the probe is reported as lacking power. With --needle-from
+    RUN_DIR the needle is the prompt a recorded run of the same workload saw diverge first.
     """
+    from click.core import ParameterSource
+
     from bistat.experiment import DeclarationError, load_experiment
-    from bistat.probe import ProbeReport, ProbeSettings, run_probe
+    from bistat.probe import ProbeReport, ProbeSettings, needle_from_run, run_probe
+    from bistat.records import RecordsError
     from bistat.workload import WorkloadError
 
     if no_control and control is not None:
         raise click.UsageError("--control and --no-control exclude each other")
+    needle_given = (click.get_current_context().get_parameter_source("needle_index")
+                    not in (ParameterSource.DEFAULT, None))
+    if needle_from is not None and needle_given:
+        raise click.UsageError("--needle and --needle-from exclude each other")
     fail_labels = _fail_on(fail_on)
     try:
         if declaration.suffix == ".json":
@@ -267,6 +272,11 @@ def probe_command(declaration: Path, arms: tuple[str, ...], control: str | None,
                 raise click.ClickException(str(exc)) from exc
         else:
             experiment = load_experiment(declaration)
+        source = None
+        if needle_from is not None:
+            source = needle_from_run(needle_from, experiment, declaration=str(declaration))
+            needle_index = source.prompt_index
+            click.echo(f"needle: {source.describe()}", err=True)
         settings = ProbeSettings(
             trials=trials,
             min_fillers=min_fillers,
@@ -293,6 +303,7 @@ def probe_command(declaration: Path, arms: tuple[str, ...], control: str | None,
                 settings=settings,
                 on_arm=None if as_json else (lambda name: click.echo(f"probing arm {name} ...", err=True)),
                 on_report=keep,
+                needle_source=source,
             )
         except KeyboardInterrupt:
             kept = (f"the report of the {saved[-1]} finished arm(s) is in {output}" if saved
@@ -301,7 +312,7 @@ def probe_command(declaration: Path, arms: tuple[str, ...], control: str | None,
             sys.exit(130)
     except DeclarationError as exc:
         raise click.ClickException(str(exc)) from exc
-    except (ValueError, WorkloadError) as exc:
+    except (ValueError, WorkloadError, RecordsError) as exc:
         raise click.ClickException(str(exc)) from exc
     data = report.to_json()
     if as_json:
