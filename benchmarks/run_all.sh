@@ -12,7 +12,8 @@ run() {  # name, command...
   local name=$1; shift
   echo "running $name: $*" >&2
   { echo "## $name"; echo; echo "Command: \`$*\`"; echo; echo '```';
-    "$@" 2>&1 | grep -v "^WARNING: Location"; echo '```'; echo; } > "$tmp/$name.md"
+    { "$@" 2>&1 || echo "(exit status $?: a goal above not met, or the script failed)"; } \
+      | grep -v "^WARNING: Location"; echo '```'; echo; } > "$tmp/$name.md"
 }
 run embedded python benchmarks/bench_embedded.py --repeats 3
 run serve-overhead python benchmarks/bench_serve_overhead.py --requests 64 --max-tokens 48 --repeats 3
