@@ -8,8 +8,9 @@ cd "$(dirname "$0")/.."
 out=benchmarks/RESULTS.md
 tmp=$(mktemp -d)
 load_before=$(cut -d" " -f1-3 /proc/loadavg)
+names=()
 run() {  # name, command...
-  local name=$1; shift
+  local name=$1; shift; names+=("$name")
   echo "running $name: $*" >&2
   { echo "## $name"; echo; echo "Command: \`$*\`"; echo; echo '```';
     { "$@" 2>&1 || echo "(exit status $?: a goal above not met, or the script failed)"; } \
@@ -37,6 +38,6 @@ run analyze python benchmarks/bench_analyze.py --dir "${BENCH_ANALYZE_DIR:-/tmp/
   echo "| numpy / BLAS | $(python -c 'import numpy, threadpoolctl; i = [x for x in threadpoolctl.threadpool_info() if x["user_api"] == "blas"]; print(numpy.__version__, "/", ", ".join("%s %s (%s, %s threads)" % (x["internal_api"], x["version"], x.get("architecture"), x["num_threads"]) for x in i))') |"
   echo "| OPENBLAS_CORETYPE | ${OPENBLAS_CORETYPE:-unset} |"
   echo
-  cat "$tmp"/embedded.md "$tmp"/serve-overhead.md "$tmp"/http-runner.md "$tmp"/http-logprobs.md "$tmp"/analyze.md
+  for name in "${names[@]}"; do cat "$tmp/$name.md"; done
 } > "$out"
 echo "wrote $out" >&2
