@@ -162,6 +162,17 @@ def test_a_probe_that_saw_nothing_where_the_study_diverged_is_called_out(tmp_pat
     assert ("**The probe and the study disagree** on default (needle 6 tokens; 9 of 79 prompts "
             "diverged across the counted passes): the probe saw no difference there") in md
     assert "disagree** on batch-invariant" not in md and "batch-invariant (needle" not in md
+    hint = ("To aim the probe at what the study saw, `bistat probe --needle-from` with this run's "
+            "directory takes as its needle the prompt that diverged first here.")
+    assert hint in md
+    # a probe whose needle a run chose already was aimed: the disagreement stays, the hint goes
+    source = {"run": "runs/study", "run_id": "study", "prompt_id": "p", "prompt_index": 0,
+              "arm": "default", "pass_index": 2, "reference_pass": 1, "position": 5,
+              "kind": "token", "n_prompts_diverged": 9}
+    (run / "probe-default.json").write_text(json.dumps(
+        {**_probe_json(("default", "probed", False)), "needle_source": source}))
+    md = render_markdown(analyze_run(run, reg))
+    assert "**The probe and the study disagree** on default" in md and hint not in md
     (run / "probe-default.json").write_text(json.dumps(_probe_json(("default", "negative_control",
                                                                     True))))
     md = render_markdown(analyze_run(run, reg))

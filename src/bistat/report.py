@@ -250,11 +250,14 @@ def _probe_detail(s: RunSummary) -> list[str]:
         "**The probe and the study disagree** on " + ", ".join(
             f"{pa.arm} (needle {pa.n_needle_tokens} tokens; {sa.n_prompts_diverged} "
             f"of {sa.n_prompts} prompts diverged across the counted passes)" for pa, sa in missed)
-        + f": the probe saw no difference there. A needle"
+        + ": the probe saw no difference there. A needle"
         + (" and its fillers" if any(pa.n_fillers_compared for pa, _ in missed) else "")
         + f" of {st.max_tokens} tokens at most in {st.trials} trial(s) "
         + ("are" if any(pa.n_fillers_compared for pa, _ in missed) else "is")
-        + " weaker evidence than every prompt of every pass; the study's match counts decide.", ""]
+        + " weaker evidence than every prompt of every pass; the study's match counts decide."
+        + (" To aim the probe at what the study saw, `bistat probe --needle-from` with this "
+           "run's directory takes as its needle the prompt that diverged first here."
+           if probe.needle_source is None else ""), ""]
     src = probe.needle_source
     chosen = ("" if src is None else
               f", chosen from run `{src.run_id}` where it first diverged earliest (token "
