@@ -68,6 +68,7 @@ from bistat import activation as act
 from bistat import anatomy as anat
 from bistat import records, stats
 from bistat.classify import ArmStats, RunStatus, ValidityCheck, classify
+from bistat.enginelog import JitCompile, jit_compiles
 from bistat.experiment import DeclarationError, Experiment
 from bistat.fingerprint import same_node, version_differences
 from bistat.prereg import Registration, load_registration, parse_time
@@ -271,6 +272,9 @@ class RunSummary:
     probe: ProbeReport | None = None
     #: the same comparisons under each sibling registration's rule (:class:`SiblingVerdict`)
     siblings: tuple[SiblingVerdict, ...] = ()
+    #: kernels the engines JIT-compiled while serving, and the passes that paid for it
+    #: (vLLM's warnings in ``engine-logs/``; :mod:`bistat.enginelog`)
+    jit_compiles: tuple[JitCompile, ...] = ()
 
     def arm(self, name: str) -> ArmSummary:
         return next(a for a in self.arms if a.name == name)
@@ -1096,7 +1100,9 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
             None if probe is None else probe.to_json(),
             {a.name: (a.n_prompts_diverged, a.n_prompts) for a in arm_summaries}),
         probe_files=probe_files, probe=probe,
-        siblings=tuple(siblings))
+        siblings=tuple(siblings),
+        jit_compiles=jit_compiles(run_dir, header.get("created_utc"),
+                                  passes_df.to_dict("records") if len(passes_df) else []))
 
 
 def _pair_status(arm_reasons: Sequence[tuple[str, str]], control: str, treatment: str) -> RunStatus:

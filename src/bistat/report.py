@@ -326,8 +326,34 @@ def _throughput(s: RunSummary, plot: str) -> list[str]:
             _table(("ratio", "point", f"{cl} interval", "Welch df", "passes (treatment / control)"),
                    ratio_rows), "",
             "Wall time and requests/s are whole-pass figures; output tokens/s is what the rule "
-            "compares.", "", f"![Per-pass throughput]({plot})", ""]
+            "compares.", "", *_jit_note(s), f"![Per-pass throughput]({plot})", ""]
     return out
+
+
+def _jit_note(s: RunSummary) -> list[str]:
+    """The kernels an engine JIT-compiled while serving, and in which passes (nothing when the
+    logs show none): a counted pass that compiled measures the compilation too."""
+    if not s.jit_compiles:
+        return []
+    seq = {(p.arm, p.pass_index): p.seq for p in s.passes}
+
+    def where(j) -> str:
+        if not j.passes:
+            return "outside every pass of its arm"
+        named = [(f"**counted pass {i}**" if kind == "counted" else
+                  f"{kind.replace('warmup', 'warm-up')} pass {i}")
+                 + (f" (schedule position {seq[(j.arm, i)]})" if (j.arm, i) in seq else "")
+                 for i, kind in j.passes]
+        return "in " + " or ".join(named)
+
+    items = [f"{j.arm} `{j.kernel}` at {j.time_utc[11:19]} UTC, {where(j)}" for j in s.jit_compiles]
+    counted = [j for j in s.jit_compiles if j.in_counted_pass]
+    tail = (f" {len(counted)} of them fell in a counted pass, whose time then includes a "
+            "compilation, not only the arm's steady state (warm up longer, or compile every "
+            "bucket at start-up)." if counted else
+            " None fell in a counted pass.")
+    return ["Kernels compiled during inference (vLLM's JIT-monitor warnings in the engine logs, "
+            "placed by the second they were logged): " + "; ".join(items) + "." + tail, ""]
 
 
 def _divergence(s: RunSummary, plot: str) -> list[str]:
