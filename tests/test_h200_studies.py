@@ -46,6 +46,12 @@ FINDINGS = {
 GPU = "GPU-5a063f7e-dba3-0564-e90e-802315aa3708"
 
 
+def _ratios(s):
+    """treatment -> [point, low, high] of its throughput ratio to the control, 4 decimals."""
+    return {c.treatment: [round(x, 4) for x in (c.ratio_point, c.ratio.interval.low,
+                                                c.ratio.interval.high)] for c in s.comparisons}
+
+
 @pytest.mark.parametrize("run", [SMOL, B8, THR, SYNTH, KV128, R2, THR2, B32, B8_17], ids=lambda p: p.name)
 def test_each_run_postdates_the_registration_it_was_recorded_under(run):
     """Each run against its own registration (a sibling sharing the run, -improved or -goal,
@@ -179,12 +185,9 @@ def test_synth_default_diverges_everywhere_and_every_invariant_arm_matches(synth
     assert {a.name: (a.n_prompts, a.n_matched, len(a.counted_passes)) for a in synth.arms} == {
         "default": (541, 0, 4), "batch-invariant": (541, 541, 4),
         "bi-tuned-gemm": (541, 541, 4), "bi-triton-attn": (541, 541, 4)}
-    ratios = {c.treatment: [round(x, 4) for x in (c.ratio_point, c.ratio.interval.low,
-                                                  c.ratio.interval.high)]
-              for c in synth.comparisons}
-    assert ratios == {"batch-invariant": [0.9345, 0.8362, 1.0444],
-                      "bi-tuned-gemm": [1.0091, 0.8226, 1.2379],
-                      "bi-triton-attn": [0.9743, 0.8766, 1.0828]}
+    assert _ratios(synth) == {"batch-invariant": [0.9345, 0.8362, 1.0444],
+                              "bi-tuned-gemm": [1.0091, 0.8226, 1.2379],
+                              "bi-triton-attn": [0.9743, 0.8766, 1.0828]}
     # a mode that works at no measurable cost is not 'working' under a rule that asks for a
     # slowdown: both registered rules say so, and the basis names the criterion
     for reg in SYNTH_FINDINGS:
@@ -300,11 +303,6 @@ def test_r2_probe_in_two_parts_without_a_negative_control_and_missing_the_fa3_ar
 # --- Study 2 (cost) completed, seventh device session: GPU-fb739561 -------------------------------
 COST2_GPU = "GPU-fb739561-efd7-fb74-fccc-d3204d9e6b2a"
 
-
-def _ratios(s):
-    """treatment -> [point, low, high] of its throughput ratio to the control, 4 decimals."""
-    return {c.treatment: [round(x, 4) for x in (c.ratio_point, c.ratio.interval.low,
-                                                c.ratio.interval.high)] for c in s.comparisons}
 
 
 def test_throughput_r2_every_arm_ran_and_each_rule_concludes_differently():

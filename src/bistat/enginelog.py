@@ -23,6 +23,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from bistat.prereg import parse_time
+from bistat.records import ENGINE_LOGS_DIR
+
 __all__ = ["JIT_WARNING", "JitCompile", "jit_compiles"]
 
 #: vLLM's warning (``vllm/.../jit_monitor.py``), with its log stamp ``MM-DD HH:MM:SS``
@@ -46,10 +49,6 @@ class JitCompile:
         return any(kind == "counted" for _, kind in self.passes)
 
 
-def _utc(text: str) -> _dt.datetime:
-    return _dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-
-
 def jit_compiles(run_dir: str | Path, created_utc: str | None,
                  passes: list[dict]) -> tuple[JitCompile, ...]:
     """The JIT-compilation warnings in ``run_dir``'s engine logs, in time order.
@@ -64,15 +63,15 @@ def jit_compiles(run_dir: str | Path, created_utc: str | None,
         The run's passes (``passes.jsonl`` rows: ``arm``, ``pass_index``, ``kind``,
         ``started_utc``, ``wall_s``).
     """
-    logs = Path(run_dir) / "engine-logs"
+    logs = Path(run_dir) / ENGINE_LOGS_DIR
     if created_utc is None or not logs.is_dir():
         return ()
-    created = _utc(created_utc)
+    created = parse_time(created_utc)
     spans: dict[str, list[tuple[_dt.datetime, _dt.datetime, int, str]]] = {}
     for p in passes:
         started, wall = p.get("started_utc"), p.get("wall_s")
         if isinstance(started, str) and isinstance(wall, (int, float)) and math.isfinite(wall):
-            t0 = _utc(started)
+            t0 = parse_time(started)
             spans.setdefault(str(p["arm"]), []).append(
                 (t0, t0 + _dt.timedelta(seconds=float(wall)), int(p["pass_index"]),
                  str(p["kind"])))
