@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -392,10 +393,30 @@ def _model_words(model: str) -> str:
     return f" ({max(known, key=len)} config, {LAYERS[max(known, key=len)]} layers)" if known else ""
 
 
-def _profile_section(doc: dict[str, Any], source: str, logs: str) -> list[str]:
-    """Per arm: call time, device time per decode step by category, CUDA graphs, the plugin."""
+def _largest_capture_size(doc: dict[str, Any]) -> int | None:
+    """The largest CUDA-graph capture size of any arm (None when no arm records one)."""
+    sizes = [int(size) for arm in doc["arms"].values()
+             for size in arm.get("graphs", {}).get("cudagraph_capture_sizes", [])]
+    return max(sizes) if sizes else None
+
+
+def _beyond_graphs(doc: dict[str, Any]) -> bool:
+    """Whether the batch exceeds every CUDA-graph capture size, so the decode steps ran eagerly."""
+    largest = _largest_capture_size(doc)
+    return largest is not None and int(doc["settings"]["batch"]) > largest
+
+
+def _profile_section(doc: dict[str, Any], source: str, logs: str,
+                     title: str = "Decode profile in compiled vLLM (before/after)") -> list[str]:
+    """Per arm: call time, device time per decode step by category, CUDA graphs, the plugin.
+
+    When the batch exceeds the CUDA-graph capture sizes (the decode steps ran eagerly), the
+    section says so with the launch counts, gives each arm's wall minus device time per step and
+    the tuned / batch-invariant ratios; a batch within the capture sizes renders without them.
+    """
     prov, st, arms = doc["provenance"], doc["settings"], doc["arms"]
-    lines = ["## Decode profile in compiled vLLM (before/after)", "",
+    largest, eager = _largest_capture_size(doc), _beyond_graphs(doc)
+    lines = [f"## {title}", "",
              f"Source: `{source}` (the engine log of each arm is in `{logs}`). Measured on "
              f"{_prov_line(prov)}{_vllm_suffix(prov)}.", "",
              f"Offline engine (`vllm.LLM` in the profiling process, compiled mode: `enforce_eager` "
@@ -404,12 +425,20 @@ def _profile_section(doc: dict[str, Any], source: str, logs: str) -> list[str]:
              f"prompt + {st['max_tokens']} output tokens each; {st['warmups']} warm-up calls, "
              f"{st['timed_calls']} timed calls (median), then one call under the torch profiler. "
              f"Per step: device time of the profiled call / output tokens per request (the one "
-             f"prefill step included). GEMM share: GEMM kernels' share of device time.", "",
-             "| arm | VLLM_BATCH_INVARIANT | BISTAT_TUNED_GEMM | call s (median) | "
-             "device ms/step | "
-             + " | ".join(f"{label} ms/step" for _, label in _PROFILE_CATEGORIES)
-             + " | GEMM share |",
-             "|---|---|---|---|---|" + "---|" * len(_PROFILE_CATEGORIES) + "---|"]
+             f"prefill step included). GEMM share: GEMM kernels' share of device time.", ""]
+    if eager:
+        counts = ", ".join(f"{name} {arm['graphs'].get('cuda_graph_launches_in_profile', '?')} / "
+                           f"{arm['graphs'].get('kernel_launch_calls_in_profile', '?')}"
+                           for name, arm in arms.items())
+        lines += [f"The decode steps ran eagerly: batch {st['batch']} > largest CUDA-graph "
+                  f"capture size {largest}, so no captured graph fits them and their kernels are "
+                  f"launched one by one. Launches in the profiled call (cudaGraphLaunch / "
+                  f"cudaLaunchKernel): {counts}.", ""]
+    lines += ["| arm | VLLM_BATCH_INVARIANT | BISTAT_TUNED_GEMM | call s (median) | "
+              "device ms/step | "
+              + " | ".join(f"{label} ms/step" for _, label in _PROFILE_CATEGORIES)
+              + " | GEMM share |",
+              "|---|---|---|---|---|" + "---|" * len(_PROFILE_CATEGORIES) + "---|"]
     for name, arm in arms.items():
         prof = arm["profile"]
         cats = " | ".join(f"{prof['categories'][key]['ms_per_step']:.2f}"
@@ -445,6 +474,20 @@ def _profile_section(doc: dict[str, Any], source: str, logs: str) -> list[str]:
                   f"({100 * extra_gemm / extra_dev:.0f} % of the difference). The tuned GEMM "
                   f"recovers {100 * (b_s - t_s) / (b_s - d_s):.0f} % of the batch-invariant "
                   f"arm's extra batch time."]
+        if eager:
+            lines += [f"- Tuned / batch-invariant: median call {t_s / b_s:.3f}, device time per "
+                      f"step {dev(tuned) / dev(bi):.3f}, persistent GEMM per step "
+                      f"{t_p / bi_p:.3f}."]
+    if eager:
+        lines += ["", "Wall minus device time per step, i.e. host time not hidden behind the GPU "
+                  "(median call ms / output tokens per request, minus the profiled call's device "
+                  "ms/step):", ""]
+        for name, arm in arms.items():
+            wall = 1000 * arm["median_call_s"] / st["max_tokens"]
+            dev_ms = arm["profile"]["total_device_ms_per_step"]
+            calls = ", ".join(f"{c:.3f}" for c in arm.get("call_s", []))
+            lines.append(f"- `{name}`: {wall:.2f} - {dev_ms:.2f} = {wall - dev_ms:.2f} ms"
+                         + (f" (timed calls {calls} s)" if calls else "") + ".")
     lines += ["", "CUDA graphs and compilation, per arm (compilation mode and CUDA graph mode from "
               "the engine's config; captured modes, compile time and JIT compiles after start-up "
               "from its log; launches counted in the profiled call):", "",
@@ -465,8 +508,19 @@ def _profile_section(doc: dict[str, Any], source: str, logs: str) -> list[str]:
             f"{'not logged' if compile_s is None else f'{compile_s:.2f}'} | "
             f"{len(log.get('jit_during_inference', []))} |")
     used = [name for name, arm in arms.items() if arm["graphs"].get("used")]
-    lines += ["", f"CUDA graphs replayed in the profiled call: {len(used)} of {len(arms)} arms"
-              + (f" ({', '.join(used)})" if 0 < len(used) < len(arms) else "") + ".", "",
+    captured = [name for name, arm in arms.items() if arm["graphs"].get("capture_modes_in_log")]
+    if eager:
+        graphs_line = ("CUDA graphs: captured in "
+                       + ("every arm" if len(captured) == len(arms) else
+                          f"{len(captured)} of {len(arms)} arms"
+                          + (f" ({', '.join(captured)})" if captured else ""))
+                       + f", but decode steps beyond size {largest} run eagerly (launch counts "
+                         "above).")
+    else:
+        graphs_line = (f"CUDA graphs replayed in the profiled call: {len(used)} of {len(arms)} "
+                       "arms" + (f" ({', '.join(used)})" if 0 < len(used) < len(arms) else "")
+                       + ".")
+    lines += ["", graphs_line, "",
               "The plugin, per arm (`requested`: BISTAT_TUNED_GEMM=1; `ours`: vLLM's "
               "`batch_invariant.matmul_persistent` is bistat's custom op in the engine process; "
               "`log`: engine log lines announcing the tuned GEMM):", ""]
@@ -666,6 +720,24 @@ def _history_section(results_dir: Path) -> list[str]:
     return lines if found else []
 
 
+def _batch_profiles(results_dir: Path, device_slug: str) -> list[tuple[str, str, dict[str, Any]]]:
+    """(file name, log folder name, document) of each ``profile_decode_b<N>_<slug>.json``, by
+    the batch in its settings; its engine logs are in ``profile_decode_b<N>_logs/``."""
+    pattern = re.compile(rf"profile_decode_b(\d+)_{re.escape(device_slug)}\.json")
+    found = []
+    for path in results_dir.glob(f"profile_decode_b*_{device_slug}.json"):
+        match = pattern.fullmatch(path.name)
+        doc = _load(path) if match else None
+        if match and doc is not None:
+            found.append((path.name, f"profile_decode_b{match.group(1)}_logs", doc))
+    return sorted(found, key=lambda item: (int(item[2]["settings"]["batch"]), item[0]))
+
+
+def _batch_profile_title(doc: dict[str, Any]) -> str:
+    return (f"Decode profile at batch {doc['settings']['batch']}"
+            + (" (beyond the CUDA-graph sizes)" if _beyond_graphs(doc) else ""))
+
+
 def render_results(results_dir: Path = RESULTS_DIR, tables_dir: Path = TABLES_DIR,
                    device_slug: str = "nvidia_h200") -> str:
     """The markdown page, from the files under ``results_dir`` and ``tables_dir``."""
@@ -678,6 +750,7 @@ def render_results(results_dir: Path = RESULTS_DIR, tables_dir: Path = TABLES_DI
     check = _load(results_dir / "check_gpu.json")
     fused = _load(results_dir / f"fused_compare_{device_slug}.json")
     profile = _load(results_dir / f"profile_decode_{device_slug}.json")
+    batch_profiles = _batch_profiles(results_dir, device_slug)
     plugin_probe = _load(results_dir / f"plugin_probe_{device_slug}.json")
     sidecar = _load(results_dir / f"plugin_probe_{device_slug}.provenance.json")
     check_dir = results_dir / "sweep_timing_check"
@@ -686,6 +759,9 @@ def render_results(results_dir: Path = RESULTS_DIR, tables_dir: Path = TABLES_DI
     if profile is not None:
         extra.append((f"`kernels/results/profile_decode_{device_slug}.json`: decode profile in "
                       "compiled vLLM", profile["provenance"]))
+    for name, _, doc in batch_profiles:
+        extra.append((f"`kernels/results/{name}`: decode profile at batch "
+                      f"{doc['settings']['batch']} in compiled vLLM", doc["provenance"]))
     if plugin_probe is not None and sidecar is not None:
         extra.append((f"`kernels/results/plugin_probe_{device_slug}.json`: bistat probe of the "
                       "plugin in compiled vLLM (provenance from its sidecar)",
@@ -709,6 +785,9 @@ def render_results(results_dir: Path = RESULTS_DIR, tables_dir: Path = TABLES_DI
     if profile is not None:
         lines += _profile_section(profile, f"kernels/results/profile_decode_{device_slug}.json",
                                   "kernels/results/profile_decode_logs/") + [""]
+    for name, logs, doc in batch_profiles:
+        lines += _profile_section(doc, f"kernels/results/{name}", f"kernels/results/{logs}/",
+                                  _batch_profile_title(doc)) + [""]
     if plugin_probe is not None:
         model = (_load(results_dir / Path(sidecar["model"]).name)
                  if sidecar is not None and "model" in sidecar else None)

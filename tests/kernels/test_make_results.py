@@ -129,7 +129,8 @@ def _profile_arm(bi: str, tuned: str, median: float, total: float, cats: dict, s
                        "top_kernels": [{"name": "matmul_kernel_persistent", "category": "c",
                                         "share": 0.5, "ms_per_step": 2.0}]},
            "graphs": {"compilation_mode": "3", "cudagraph_mode": "FULL_AND_PIECEWISE",
-                      "cudagraph_capture_sizes": [1, 2], "capture_modes_in_log": ["PIECEWISE"],
+                      "cudagraph_capture_sizes": [1, 2, 4, 8],
+                      "capture_modes_in_log": ["PIECEWISE"],
                       "cuda_graph_launches_in_profile": 10, "kernel_launch_calls_in_profile": 100,
                       "used": True},
            "log": {"compile_s": 12.5, "jit_during_inference": [], "tuned_gemm_installed_lines": 0},
@@ -184,11 +185,15 @@ def test_profile_section_renders_arms_ratios_graphs_and_plugin_from_the_json():
     assert ("- The batch-invariant arm spends 12.00 ms more device time per step than default, "
             "and its GEMMs 12.00 ms more than cuBLAS's (100 % of the difference). The tuned GEMM "
             "recovers 105 % of the batch-invariant arm's extra batch time.") in lines
-    assert ("| default | 3 (VLLM_COMPILE) | FULL_AND_PIECEWISE | 1, 2 | PIECEWISE | 10 | 100 | "
-            "not logged | 1 |") in lines
-    assert ("| bi-tuned-gemm | 3 (VLLM_COMPILE) | FULL_AND_PIECEWISE | 1, 2 | PIECEWISE | 10 | "
-            "100 | 12.50 | 0 |") in lines
+    assert ("| default | 3 (VLLM_COMPILE) | FULL_AND_PIECEWISE | 1, 2, 4, 8 | PIECEWISE | 10 | "
+            "100 | not logged | 1 |") in lines
+    assert ("| bi-tuned-gemm | 3 (VLLM_COMPILE) | FULL_AND_PIECEWISE | 1, 2, 4, 8 | PIECEWISE | "
+            "10 | 100 | 12.50 | 0 |") in lines
     assert "CUDA graphs replayed in the profiled call: 3 of 3 arms." in lines
+    # batch 8 = the largest capture size: graphs fit, so none of the beyond-the-graphs lines
+    assert not any(line.startswith(("The decode steps ran eagerly", "- Tuned / batch-invariant",
+                                    "Wall minus device time", "CUDA graphs: captured"))
+                   for line in lines)
     assert ("- `bi-tuned-gemm`: requested True, registered by entry point, installed True, ours "
             "True, log 1.") in lines
     assert ("- `batch-invariant`: requested False, registered by nothing, installed False, ours "
@@ -209,6 +214,105 @@ def test_profile_section_without_all_three_arms_has_no_ratio_lines():
     lines = make_results._profile_section(doc, "p.json", "logs/")
     assert not any(line.startswith("- Persistent GEMM") for line in lines)
     assert "CUDA graphs replayed in the profiled call: 1 of 2 arms (bi-tuned-gemm)." in lines
+
+
+def _eager_profile_doc() -> dict:
+    """The synthetic profile at batch 16, beyond its largest capture size 8 (100 output tokens)."""
+    doc = _profile_doc()
+    doc["settings"].update(batch=16, max_tokens=100)
+    for calls, arm in zip(((1.1, 1.0, 1.3), (3.0, 2.5, 3.5), (0.9, 0.8, 1.2)),
+                          doc["arms"].values()):
+        arm["call_s"] = list(calls)
+        arm["graphs"].update(cuda_graph_launches_in_profile=1, kernel_launch_calls_in_profile=900)
+    doc["arms"]["default"]["graphs"]["kernel_launch_calls_in_profile"] = 950
+    return doc
+
+
+def test_profile_section_beyond_the_capture_sizes_says_eager_and_gives_host_time():
+    lines = make_results._profile_section(_eager_profile_doc(), "p.json", "logs/",
+                                          "Decode profile at batch 16")
+    assert lines[0] == "## Decode profile at batch 16"
+    assert lines[6] == ("The decode steps ran eagerly: batch 16 > largest CUDA-graph capture size "
+                        "8, so no captured graph fits them and their kernels are launched one by "
+                        "one. Launches in the profiled call (cudaGraphLaunch / cudaLaunchKernel): "
+                        "default 1 / 950, batch-invariant 1 / 900, bi-tuned-gemm 1 / 900.")
+    # the ratio lines of the batch-8 section stay, and tuned / batch-invariant joins them
+    assert ("- Batch latency (median call): tuned / default 0.900, batch-invariant / default "
+            "3.00. Device time per step: tuned / default 0.920, batch-invariant / default "
+            "3.40.") in lines
+    assert ("- Tuned / batch-invariant: median call 0.300, device time per step 0.271, "
+            "persistent GEMM per step 0.225.") in lines
+    # wall per step = median call s * 1000 / 100 tokens; minus device ms/step
+    assert ("Wall minus device time per step, i.e. host time not hidden behind the GPU (median "
+            "call ms / output tokens per request, minus the profiled call's device ms/step):"
+            in lines)
+    assert "- `default`: 10.00 - 5.00 = 5.00 ms (timed calls 1.100, 1.000, 1.300 s)." in lines
+    assert ("- `batch-invariant`: 30.00 - 17.00 = 13.00 ms (timed calls 3.000, 2.500, 3.500 s)."
+            in lines)
+    assert "- `bi-tuned-gemm`: 9.00 - 4.60 = 4.40 ms (timed calls 0.900, 0.800, 1.200 s)." in lines
+    assert ("CUDA graphs: captured in every arm, but decode steps beyond size 8 run eagerly "
+            "(launch counts above).") in lines
+    assert not any(line.startswith("CUDA graphs replayed") for line in lines)
+
+
+def test_profile_section_beyond_the_capture_sizes_without_all_arms_or_captures():
+    doc = _eager_profile_doc()
+    del doc["arms"]["default"]
+    doc["arms"]["batch-invariant"]["graphs"]["capture_modes_in_log"] = []
+    del doc["arms"]["bi-tuned-gemm"]["call_s"]
+    lines = make_results._profile_section(doc, "p.json", "logs/")
+    assert not any(line.startswith("- Tuned / batch-invariant") for line in lines)
+    assert "- `bi-tuned-gemm`: 9.00 - 4.60 = 4.40 ms." in lines
+    assert ("CUDA graphs: captured in 1 of 2 arms (bi-tuned-gemm), but decode steps beyond size "
+            "8 run eagerly (launch counts above).") in lines
+
+
+def test_batch_profiles_are_found_by_name_ordered_by_batch_and_rendered_after_the_profile(
+        tmp_path):
+    doc = _eager_profile_doc()
+    (tmp_path / "profile_decode_h.json").write_text(json.dumps(_profile_doc()))
+    (tmp_path / "profile_decode_b700_h.json").write_text(json.dumps(
+        {**doc, "settings": {**doc["settings"], "batch": 700}}))
+    (tmp_path / "profile_decode_b16_h.json").write_text(json.dumps(doc))
+    (tmp_path / "profile_decode_bx_h.json").write_text("not read")
+    (tmp_path / "profile_decode_b4_other.json").write_text("not read")
+    page = make_results.render_results(tmp_path, tmp_path, "h").split("\n")
+    headings = [line for line in page if line.startswith("## ")]
+    assert headings == ["## Decode profile in compiled vLLM (before/after)",
+                        "## Decode profile at batch 16 (beyond the CUDA-graph sizes)",
+                        "## Decode profile at batch 700 (beyond the CUDA-graph sizes)"]
+    assert ("Source: `kernels/results/profile_decode_b16_h.json` (the engine log of each arm is "
+            "in `kernels/results/profile_decode_b16_logs/`). Measured on") in "\n".join(page)
+    within = {**doc, "settings": {**doc["settings"], "batch": 8}}
+    assert make_results._batch_profile_title(within) == "Decode profile at batch 8"
+
+
+def test_committed_batch700_profile_renders_the_measured_values():
+    found = make_results._batch_profiles(KERNELS / "results", "nvidia_h200")
+    assert [(name, logs) for name, logs, _ in found] == [
+        ("profile_decode_b700_nvidia_h200.json", "profile_decode_b700_logs")]
+    doc = found[0][2]
+    lines = make_results._profile_section(doc, "b700.json", "logs/",
+                                          make_results._batch_profile_title(doc))
+    assert lines[0] == "## Decode profile at batch 700 (beyond the CUDA-graph sizes)"
+    assert lines[6].startswith("The decode steps ran eagerly: batch 700 > largest CUDA-graph "
+                               "capture size 512,")
+    assert lines[6].endswith("(cudaGraphLaunch / cudaLaunchKernel): batch-invariant 1 / 45143, "
+                             "bi-tuned-gemm 1 / 45143, default 1 / 45345.")
+    assert any(line.startswith("| batch-invariant | 1 | 0 | 4.975 | 40.73 | 32.50 |")
+               for line in lines)
+    assert any(line.startswith("| bi-tuned-gemm | 1 | 1 | 4.488 | 35.97 | 27.75 |")
+               for line in lines)
+    assert any(line.startswith("| default | 0 | 0 | 3.130 | 26.36 | 0.00 | 18.17 |")
+               for line in lines)
+    assert ("- Persistent GEMM per decode step: vLLM's fixed configuration 32.50 ms, bistat's "
+            "tuned kernel 27.75 ms (1.2x less); cuBLAS in the default arm 18.17 ms (tuned / "
+            "cuBLAS 1.53).") in lines
+    assert ("- Tuned / batch-invariant: median call 0.902, device time per step 0.883, "
+            "persistent GEMM per step 0.854.") in lines
+    assert any(line.startswith("- `bi-tuned-gemm`: 44.88 - 35.97 = 8.91 ms") for line in lines)
+    assert ("CUDA graphs: captured in every arm, but decode steps beyond size 512 run eagerly "
+            "(launch counts above).") in lines
 
 
 def _trial(i: int, fillers: int, equal: bool, shared: bool, running: int,
@@ -347,4 +451,14 @@ def test_committed_issue5_device_files_carry_their_provenance():
     assert "provenance" not in json.loads((results / "plugin_probe_nvidia_h200.json").read_text())
     for arm in profile["arms"].values():
         log = results / "profile_decode_logs" / arm["log_file"]
+        assert log.is_file(), f"{log}: engine log of arm {arm['arm']} missing"
+    # the batch-700 profile ran later, on another H200
+    b700 = json.loads((results / "profile_decode_b700_nvidia_h200.json").read_text())
+    prov = b700["provenance"]
+    assert prov["gpu_uuid"] == "GPU-bf57ff1d-ab96-1f32-49ed-2deb089f99ee"
+    assert prov["driver"] and prov["triton"] and prov["vllm"] and prov["date_utc"]
+    assert "--batch 700" in prov["command"] and b700["settings"]["batch"] == 700
+    for arm in b700["arms"].values():
+        assert arm["versions"]["gpu_uuid"] in prov["gpu_uuid"]
+        log = results / "profile_decode_b700_logs" / arm["log_file"]
         assert log.is_file(), f"{log}: engine log of arm {arm['arm']} missing"
