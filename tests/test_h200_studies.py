@@ -1,5 +1,6 @@
-"""The H200 study data committed under data/h200/ (issue 6): sealed before the data, analysed from
-the slim-compacted records, and the committed findings regenerate byte for byte."""
+"""The H200 study data committed under data/h200/ (issue 6) and data/h200-tp/ (issue 7): sealed
+before the data, analysed from the slim-compacted records, and the committed findings regenerate
+byte for byte."""
 
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ R2 = DATA / "h200-match-smollm2-r2"
 THR2 = DATA / "h200-cost-qwen3-8b-throughput-r2"
 B32 = DATA / "h200-cost-qwen3-8b-latency-b32"
 B8_17 = DATA / "h200-cost-qwen3-1_7b-latency-b8"
+#: issue 7's runs (tensor parallelism), beside issue 6's and outside its data budget
+DATA_TP = ROOT / "data" / "h200-tp"
+TP1 = DATA_TP / "tp1-match"
 #: every committed finding of findings/h200 -> (its run directory, the registration analysed
 #: against); the first registration of each run is the one it was recorded under
 FINDINGS = {
@@ -42,6 +46,7 @@ FINDINGS = {
     "h200-cost-qwen3-8b-throughput-r2-goal": (THR2, "h200-cost-qwen3-8b-throughput-r2-goal"),
     "h200-cost-qwen3-8b-latency-b32": (B32, "h200-cost-qwen3-8b-latency-b32"),
     "h200-cost-qwen3-1_7b-latency-b8": (B8_17, "h200-cost-qwen3-1_7b-latency-b8"),
+    "tp1-match": (TP1, "tp1-match"),
 }
 GPU = "GPU-5a063f7e-dba3-0564-e90e-802315aa3708"
 
@@ -52,7 +57,8 @@ def _ratios(s):
                                                 c.ratio.interval.high)] for c in s.comparisons}
 
 
-@pytest.mark.parametrize("run", [SMOL, B8, THR, SYNTH, KV128, R2, THR2, B32, B8_17], ids=lambda p: p.name)
+@pytest.mark.parametrize("run", [SMOL, B8, THR, SYNTH, KV128, R2, THR2, B32, B8_17, TP1],
+                         ids=lambda p: p.name)
 def test_each_run_postdates_the_registration_it_was_recorded_under(run):
     """Each run against its own registration (a sibling sharing the run, -improved or -goal,
     is checked by its finding's validity table against its own sealing time)."""
@@ -60,13 +66,20 @@ def test_each_run_postdates_the_registration_it_was_recorded_under(run):
     assert report.ok, report.problems
 
 
+def _bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
 def test_the_committed_data_stays_within_its_budget_and_every_run_is_trimmed():
-    """Issue 6: the recorded data, compacted, under 20 MB in all. Each run is slim-compacted and
-    trimmed (`bistat compact --trim`: every output only as far as the analysis reads it; the
-    untrimmed files are in git history), for the unit of the registration it was recorded under."""
-    total = sum(p.stat().st_size for p in (ROOT / "data").rglob("*") if p.is_file())
-    assert total < 20_000_000, f"data/ holds {total:,} bytes"
-    runs = sorted(p for p in DATA.iterdir() if p.is_dir())
+    """Issue 6: its recorded data (data/h200/), compacted, under 20 MB in all; issue 7's runs
+    (data/h200-tp/: the TP=1 control now, TP=2 when the two-GPU machine is lent) under 8 MB. Each
+    run is slim-compacted and trimmed (`bistat compact --trim`: every output only as far as the
+    analysis reads it; the untrimmed files are in git history), for the unit of the registration
+    it was recorded under."""
+    assert sorted(p.name for p in (ROOT / "data").iterdir()) == ["h200", "h200-tp"]
+    assert _bytes(DATA) < 20_000_000, f"data/h200 holds {_bytes(DATA):,} bytes"
+    assert _bytes(DATA_TP) < 8_000_000, f"data/h200-tp holds {_bytes(DATA_TP):,} bytes"
+    runs = sorted(p for folder in (DATA, DATA_TP) for p in folder.iterdir() if p.is_dir())
     assert runs == sorted({run for run, _ in FINDINGS.values()})
     for run in runs:
         info = records.trim_info(run)
@@ -77,8 +90,8 @@ def test_the_committed_data_stays_within_its_budget_and_every_run_is_trimmed():
 
 @pytest.mark.parametrize("name", sorted(FINDINGS))
 def test_committed_findings_regenerate_byte_for_byte(name, tmp_path, monkeypatch):
-    """As generated: bistat analyze data/h200/RUN --registration preregistrations/NAME.json
-    --out findings/h200 (from the repository root)."""
+    """As generated: bistat analyze data/h200/RUN (data/h200-tp/RUN) --registration
+    preregistrations/NAME.json --out findings/h200 (from the repository root)."""
     run, reg = FINDINGS[name]
     monkeypatch.chdir(ROOT)
     files = write_finding(analyze_run(run.relative_to(ROOT), Path("preregistrations") / f"{reg}.json"),
@@ -358,3 +371,31 @@ def test_the_1_7b_studys_slow_tuned_pass_compiled_a_kernel():
     for run in (THR2, B32, B8, THR):
         found = analyze_run(run, REG / f"{run.name}.json").jit_compiles
         assert found and not any(j.in_counted_pass for j in found), run.name
+
+
+# --- Issue 7: the TP=1 control, eighth device session: GPU-bf57ff1d ------------------------------
+TP_GPU = "GPU-bf57ff1d-ab96-1f32-49ed-2deb089f99ee"
+
+
+def test_tp1_control_reproduces_study_1b_on_one_gpu():
+    """tp2-match's declaration with tensor_parallel_size = 1: as Study 1(b) on another H200, the
+    default arm diverges in every prompt (all three later passes; rounding, no large drift) and
+    the batch-invariant arm matches 541/541, confirmed by the probe with a negative control that
+    differs. The throughput ratio has no slowdown to show: the API servers set the pace."""
+    s = analyze_run(TP1, REG / "tp1-match.json")
+    assert {u for _, env in s.environments for u in env.gpu_uuids} == {TP_GPU}
+    starts = [json.loads(line)["engine"]["args"]
+              for line in (TP1 / "environment.jsonl").read_text().splitlines()]
+    assert len(starts) == 2 and {a["tensor_parallel_size"] for a in starts} == {1}
+    assert {a["argv"][a["argv"].index("--tensor-parallel-size") + 1] for a in starts} == {"1"}
+    assert all(v.passed for v in s.validity) and s.status.testable and not s.not_run
+    assert {a.name: (a.n_prompts, a.n_matched, len(a.counted_passes)) for a in s.arms} == {
+        "default": (541, 0, 4), "batch-invariant": (541, 541, 4)}
+    assert _ratios(s) == {"batch-invariant": [1.0684, 0.8942, 1.2764]}
+    assert [str(c.verdict.label.value) for c in s.comparisons] == ["reported as observed"]
+    default = s.anatomy.arm("default")
+    assert (default.n_diverging_prompts, default.n_divergences) == (541, 1623)
+    assert s.anatomy.large_drifts() == {"default": 0, "batch-invariant": 0}
+    assert s.probe.outcome == "confirmed" and s.probe.needle_source is not None
+    control = next(a for a in s.probe.arms if a.role == "negative_control")
+    assert control.arm == "default" and [t.first_divergence for t in control.trials] == [0, 0, 0]
