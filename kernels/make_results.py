@@ -422,7 +422,8 @@ def _profile_section(doc: dict[str, Any], source: str, logs: str,
              f"Offline engine (`vllm.LLM` in the profiling process, compiled mode: `enforce_eager` "
              f"not set) on `{st['model']}`{_model_words(st['model'])}, `load_format` "
              f"{st['load_format']}; one batch of {st['batch']} requests, {st['prompt_tokens']} "
-             f"prompt + {st['max_tokens']} output tokens each; {st['warmups']} warm-up calls, "
+             f"prompt + {st['max_tokens']} output tokens each; {st['warmups']} warm-up "
+             f"call{'s' if st['warmups'] != 1 else ''}, "
              f"{st['timed_calls']} timed calls (median), then one call under the torch profiler. "
              f"Per step: device time of the profiled call / output tokens per request (the one "
              f"prefill step included). GEMM share: GEMM kernels' share of device time.", ""]

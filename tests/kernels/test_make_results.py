@@ -290,7 +290,8 @@ def test_batch_profiles_are_found_by_name_ordered_by_batch_and_rendered_after_th
 def test_committed_batch700_profile_renders_the_measured_values():
     found = make_results._batch_profiles(KERNELS / "results", "nvidia_h200")
     assert [(name, logs) for name, logs, _ in found] == [
-        ("profile_decode_b700_nvidia_h200.json", "profile_decode_b700_logs")]
+        ("profile_decode_b700_nvidia_h200.json", "profile_decode_b700_logs"),
+        ("profile_decode_b1000_nvidia_h200.json", "profile_decode_b1000_logs")]
     doc = found[0][2]
     lines = make_results._profile_section(doc, "b700.json", "logs/",
                                           make_results._batch_profile_title(doc))
@@ -313,6 +314,23 @@ def test_committed_batch700_profile_renders_the_measured_values():
     assert any(line.startswith("- `bi-tuned-gemm`: 44.88 - 35.97 = 8.91 ms") for line in lines)
     assert ("CUDA graphs: captured in every arm, but decode steps beyond size 512 run eagerly "
             "(launch counts above).") in lines
+
+
+def test_committed_batch1000_profile_has_two_arms_and_no_three_arm_ratios():
+    """At workload (i)'s batch (1000 requests, 0.29 of the GPU), on a third H200: the tuned GEMM's
+    arm 4.800 s per batch against vLLM's invariant GEMM's 6.459 s."""
+    doc = make_results._batch_profiles(KERNELS / "results", "nvidia_h200")[1][2]
+    lines = make_results._profile_section(doc, "b1000.json", "logs/",
+                                          make_results._batch_profile_title(doc))
+    assert lines[0] == "## Decode profile at batch 1000 (beyond the CUDA-graph sizes)"
+    assert "1 warm-up call, 2 timed calls (median)" in lines[4]
+    assert any(line.startswith("| bi-tuned-gemm | 1 | 1 | 4.800 | 40.48 | 28.99 |")
+               for line in lines)
+    assert any(line.startswith("| batch-invariant | 1 | 0 | 6.459 | 48.32 | 36.86 |")
+               for line in lines)
+    assert not any(line.startswith(("- Persistent GEMM", "- Tuned / batch-invariant"))
+                   for line in lines)
+    assert any(line.startswith("- `batch-invariant`: 64.59 - 48.32 = 16.27 ms") for line in lines)
 
 
 def _trial(i: int, fillers: int, equal: bool, shared: bool, running: int,
@@ -461,4 +479,15 @@ def test_committed_issue5_device_files_carry_their_provenance():
     for arm in b700["arms"].values():
         assert arm["versions"]["gpu_uuid"] in prov["gpu_uuid"]
         log = results / "profile_decode_b700_logs" / arm["log_file"]
+        assert log.is_file(), f"{log}: engine log of arm {arm['arm']} missing"
+    # and the batch-1000 one on a third, after the device was given back and taken again
+    b1000 = json.loads((results / "profile_decode_b1000_nvidia_h200.json").read_text())
+    prov = b1000["provenance"]
+    assert prov["gpu_uuid"] == "GPU-7bb4d547-63ba-73f9-640a-fefc0f87bbc0"
+    assert prov["driver"] and prov["triton"] and prov["vllm"] and prov["date_utc"]
+    assert "--batch 1000" in prov["command"] and b1000["settings"]["batch"] == 1000
+    assert b1000["settings"]["gpu_memory_utilization"] == 0.29
+    for arm in b1000["arms"].values():
+        assert arm["versions"]["gpu_uuid"] in prov["gpu_uuid"]
+        log = results / "profile_decode_b1000_logs" / arm["log_file"]
         assert log.is_file(), f"{log}: engine log of arm {arm['arm']} missing"
