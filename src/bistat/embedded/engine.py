@@ -23,6 +23,14 @@ and of its position in the batch. Why, step by step:
 The tests (``tests/test_embedded_invariance.py``) check it bitwise at batch sizes 1..40 and
 rotated positions, with prefill rows mixed into the step.
 
+``tensor_parallel_size=T`` emulates Megatron-style tensor parallelism over ``T`` ranks inside
+this process (:mod:`bistat.embedded.forward`): per-rank GEMMs of the column-parallel layers,
+per-rank partial sums of the row-parallel layers combined by
+:func:`bistat.embedded.ops.all_reduce` in the collective's summation order (fixed in
+``"invariant"`` mode, ring or tree by message size in ``"blas"`` mode). Nothing is communicated;
+what changes is the arithmetic: GEMM shapes and one more sum. ``tests/test_embedded_tp.py``
+checks that batch invariance survives it.
+
 Times in results are ``time.monotonic()`` seconds; the engine adapter rebases them on the pass start.
 """
 
@@ -37,7 +45,15 @@ from typing import Any, Sequence as Seq
 import numpy as np
 
 from bistat.embedded import ops
-from bistat.embedded.forward import Segment, Weights, forward_step, prepare_weights
+from bistat.embedded.forward import (
+    Segment,
+    Weights,
+    check_tensor_parallel_size,
+    forward_step,
+    model_dims,
+    prepare_weights,
+    shard_weights,
+)
 from bistat.embedded.kvcache import KVCache
 from bistat.embedded.sampling import SamplingParams, select_token, top_logprobs
 from bistat.embedded.scheduler import Scheduler, Sequence
@@ -61,19 +77,28 @@ class EmbeddedEngine:
     max_num_batched_tokens : rows per step (decode rows + prefill chunks); default
         ``max_batch_size + 2 * prefill_chunk``
     prepared : the ``weights`` of another engine over the same model (shared, read only), to
-        skip preparing them again (e.g. one engine per GEMM mode)
+        skip preparing them again (e.g. one engine per GEMM mode); unsharded ones are sharded
+        for this engine's ``tensor_parallel_size`` (the shards are new arrays)
+    tensor_parallel_size : emulated tensor-parallel ranks ``T`` (default 1: no sharding, the
+        plain forward pass). An ``int >= 1`` dividing the model's num_attention_heads,
+        num_key_value_heads and intermediate_size, else
+        :class:`bistat.embedded.forward.TensorParallelSizeError` (a ``ValueError``) listing the
+        valid values. The sharded weights take as much memory as unsharded ones
+        (:func:`bistat.embedded.forward.shard_weights`).
     """
 
     def __init__(self, model: Any, gemm: str = "blas", max_batch_size: int = 32,
                  max_model_len: int = 2048, *, tile: int = ops.DEFAULT_TILE,
                  prefill_chunk: int = 256, max_num_batched_tokens: int | None = None,
-                 prepared: Weights | None = None) -> None:
+                 prepared: Weights | None = None, tensor_parallel_size: int = 1) -> None:
         if gemm not in ops.GEMM_MODES:
             raise ValueError(f"gemm ({gemm!r}) must be one of 'blas' or 'invariant'")
         for name, value in (("max_batch_size", max_batch_size), ("max_model_len", max_model_len),
                             ("tile", tile), ("prefill_chunk", prefill_chunk)):
             if int(value) < 1:
                 raise ValueError(f"{name} ({value!r}) must be a positive integer")
+        self.tensor_parallel_size = check_tensor_parallel_size(tensor_parallel_size,
+                                                               model_dims(model.config))
         self.gemm = gemm
         self.tile = int(tile)
         self.max_batch_size = int(max_batch_size)
@@ -81,10 +106,12 @@ class EmbeddedEngine:
         self.config = model.config
         self.tokenizer = model.tokenizer
         self.model_name = getattr(model, "name", None)
-        if prepared is not None and prepared.rope_cos.shape[0] >= self.max_model_len:
-            self.weights: Weights = prepared
+        tp = self.tensor_parallel_size
+        if (prepared is not None and prepared.rope_cos.shape[0] >= self.max_model_len
+                and prepared.tensor_parallel_size in (1, tp)):
+            self.weights: Weights = shard_weights(prepared, tp)  # prepared itself when T matches
         else:
-            self.weights = prepare_weights(model.config, model.weights, self.max_model_len)
+            self.weights = prepare_weights(model.config, model.weights, self.max_model_len, tp)
         eos = getattr(model.config, "eos_token_id", None)
         if isinstance(model.config, dict):
             eos = model.config.get("eos_token_id")

@@ -30,6 +30,11 @@ Two GEMM modes (:func:`gemm`):
     contiguous last axis, whose order depends only on the row length), and attention runs per request
     on that request's own KV cache, with shapes that depend on the request alone.
 
+Emulated tensor parallelism (:mod:`bistat.embedded.forward`, ``tensor_parallel_size > 1``) adds
+one reduction across "ranks": :func:`all_reduce` sums the row-parallel layers' partial results in
+the order a collective would, fixed in ``"invariant"`` mode and chosen by message size (ring or
+tree, as NCCL does) in ``"blas"`` mode.
+
 References
 ----------
 .. [1] B. Zhang and R. Sennrich, "Root Mean Square Layer Normalization", NeurIPS 2019.
@@ -45,6 +50,7 @@ References
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -165,6 +171,99 @@ def gemm(x: np.ndarray, w: np.ndarray, mode: str, tile: int = DEFAULT_TILE) -> n
     if mode == "invariant":
         return gemm_invariant(x, w, tile)
     return gemm_blas(x, w)
+
+
+#: Message size, in bytes, from which the ``"blas"`` mode's emulated all-reduce sums in ring
+#: order (below it: tree order), as NCCL picks its algorithm by message size. The message is one
+#: step's ``[M, D]`` float32 partial sum, ``4 * M * D`` bytes, so the number of rows ``M`` in the
+#: step decides: at SmolLM2-135M's ``D = 576`` the threshold is ``M = 16`` rows (36,864 bytes),
+#: so decode steps of fewer than 16 requests use the tree and larger batches or prefill chunks
+#: the ring, and a default engine (32 requests, 256-token prefill chunks) meets both. (Tiny test
+#: models with ``D = 64`` switch at ``M = 144``.) NCCL's own switch points are tuned per system;
+#: this one is chosen so that both orders occur at the engine's usual batch sizes.
+ALLREDUCE_RING_MIN_BYTES = 16 * 576 * 4
+ALLREDUCE_ALGORITHMS = ("rank-order", "tree", "ring")
+
+
+def allreduce_algorithm(message_bytes: int, mode: str) -> str:
+    """The summation order :func:`all_reduce` uses for one message of ``message_bytes`` bytes.
+
+    ``"rank-order"`` in ``"invariant"`` mode whatever the size; in ``"blas"`` mode ``"tree"``
+    below :data:`ALLREDUCE_RING_MIN_BYTES` and ``"ring"`` at or above it.
+    """
+    if mode not in GEMM_MODES:
+        raise ValueError(f"all_reduce: mode ({mode!r}) must be one of 'blas' or 'invariant'")
+    if mode == "invariant":
+        return "rank-order"
+    return "ring" if message_bytes >= ALLREDUCE_RING_MIN_BYTES else "tree"
+
+
+def all_reduce(parts: Sequence[np.ndarray], mode: str) -> np.ndarray:
+    """Sum the emulated ranks' partial results in the order the collective would: [M, D] each.
+
+    Emulates the reduction order of a tensor-parallel all-reduce, one float32 addition per pair;
+    no data moves anywhere (the ranks are slices of one process's arrays). The order:
+
+    ``"invariant"``: ``((p0 + p1) + p2) + ...``, the ranks in rank order, left to right, for every
+    message. vLLM's batch-invariant mode fixes the collective in the same spirit: it disables
+    vLLM's custom all-reduce and pins NCCL to one channel, the tree algorithm and the Simple
+    protocol (``vllm/model_executor/layers/batch_invariant.py``, ``vllm/config/parallel.py``,
+    vLLM 0.25.0), so the order no longer depends on the message size.
+
+    ``"blas"`` (batch-variant, like NCCL's default choice of algorithm by message size,
+    :func:`allreduce_algorithm`): below :data:`ALLREDUCE_RING_MIN_BYTES` a tree, ranks summed
+    pairwise level by level (``(p0 + p1) + (p2 + p3)``; an odd last one joins the next level);
+    at or above it a ring reduce-scatter: the message is cut into ``T`` chunks along ``D``
+    (``numpy.array_split`` sizes) and chunk ``c`` is accumulated starting at rank ``(c + 1) % T``,
+    around the ring, ending with rank ``c`` (the all-gather that follows only copies).
+
+    With ``T == 2`` every order adds the same two numbers once, and IEEE addition is
+    commutative, so the all-reduce is bitwise batch-invariant at TP=2 in both modes: batch
+    dependence at TP=2 can only come from the GEMMs. At ``T >= 3`` the ring and the tree
+    associate differently (for ``T == 3`` the tree is ``(p0 + p1) + p2``, the ring's chunk 0 is
+    ``(p1 + p2) + p0``), so ``"blas"`` rows change in the last bits when a step's row count
+    crosses the threshold.
+
+    Parameters
+    ----------
+    parts : sequence of ``T >= 1`` float32 arrays of one shape, [M, D] (any leading shape)
+    mode : ``"blas"`` or ``"invariant"``
+
+    Returns
+    -------
+    ndarray float32 [M, D], a new array (``parts[0]`` itself when ``T == 1``: nothing to add).
+    """
+    if not parts:
+        raise ValueError("all_reduce: no parts")
+    shape = parts[0].shape
+    if any(p.shape != shape for p in parts):
+        raise ValueError(f"all_reduce: parts of different shapes {[p.shape for p in parts]}")
+    algorithm = allreduce_algorithm(parts[0].nbytes, mode)
+    t = len(parts)
+    if t == 1:
+        return parts[0]
+    if algorithm == "rank-order":
+        out = parts[0] + parts[1]  # [M, D]
+        for p in parts[2:]:
+            out += p  # ((p0 + p1) + p2) + ...
+        return out
+    if algorithm == "tree":
+        level = list(parts)
+        while len(level) > 1:
+            nxt = [level[i] + level[i + 1] for i in range(0, len(level) - 1, 2)]  # [M, D] each
+            if len(level) % 2:
+                nxt.append(level[-1])
+            level = nxt
+        return level[0]
+    edges = np.cumsum([0] + [len(c) for c in np.array_split(np.arange(shape[-1]), t)])  # [T + 1]
+    out = np.empty_like(parts[0])  # [M, D]
+    for c in range(t):
+        a, b = edges[c], edges[c + 1]
+        acc = parts[(c + 1) % t][..., a:b] + parts[(c + 2) % t][..., a:b]  # [M, D_c]
+        for j in range(3, t + 1):  # ... ending with rank c (j == t)
+            acc += parts[(c + j) % t][..., a:b]
+        out[..., a:b] = acc
+    return out
 
 
 def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:

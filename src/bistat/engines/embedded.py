@@ -4,7 +4,10 @@
 ``smollm2-135m`` from the cache, or a model folder) and starts an
 :class:`bistat.embedded.engine.EmbeddedEngine` with the merged arguments (``engine.args``
 overridden by the arm's ``args``): ``gemm`` (``"blas"`` | ``"invariant"``), ``max_batch_size``,
-``max_model_len``, ``tile``, ``prefill_chunk``, ``max_num_batched_tokens``.
+``max_model_len``, ``tile``, ``prefill_chunk``, ``max_num_batched_tokens``,
+``tensor_parallel_size`` (emulated tensor parallelism in one process, default 1; reported in the
+engine's arguments always, so findings show it; a value the model cannot be sharded by is refused
+naming the declaration field and the valid values).
 
 ``run_pass`` keeps at most ``concurrency`` requests in flight, calls ``on_result`` in the calling
 thread as requests finish (times rebased on the pass start), and ``on_metrics`` about once a second
@@ -42,8 +45,9 @@ from bistat.engines.base import (
     MetricsSample,
 )
 
-ENGINE_ARGS = ("gemm", "max_batch_size", "max_model_len", "tile", "prefill_chunk", "max_num_batched_tokens")
-_DEFAULTS = {"gemm": "blas", "max_batch_size": 32, "max_model_len": 2048}
+ENGINE_ARGS = ("gemm", "max_batch_size", "max_model_len", "tile", "prefill_chunk",
+               "max_num_batched_tokens", "tensor_parallel_size")
+_DEFAULTS = {"gemm": "blas", "max_batch_size": 32, "max_model_len": 2048, "tensor_parallel_size": 1}
 METRICS_INTERVAL_S = 1.0
 #: ``source`` of the per-step metrics samples (``step_batch_size`` set, counters NaN).
 STEP_SOURCE = "embedded-step"
@@ -78,6 +82,7 @@ class EmbeddedEngineAdapter:
     def __init__(self, experiment: Any, arm: Any, *, loader: Callable[[str], Any] | None = None) -> None:
         self.model_name = str(experiment.engine.model)
         self.args = {**dict(experiment.engine.args), **dict(arm.args)}
+        self._arm_arg_names = frozenset(dict(arm.args))
         self.env = dict(getattr(arm, "env", {}) or {})
         self.arm_name = getattr(arm, "name", "?")
         self._loader = loader or _default_loader
@@ -97,6 +102,7 @@ class EmbeddedEngineAdapter:
                 "server engine kind")
         args = {**_DEFAULTS, **self.args}
         from bistat.embedded.engine import EmbeddedEngine
+        from bistat.embedded.forward import TensorParallelSizeError
 
         try:
             model = self._loader(self.model_name)
@@ -104,10 +110,23 @@ class EmbeddedEngineAdapter:
             raise EngineStartError(f"embedded engine: cannot load model {self.model_name!r}: {exc}") from exc
         try:
             self.engine = EmbeddedEngine(model, **args)
+        except TensorParallelSizeError as exc:
+            field = (f"arms[{self.arm_name}].args.tensor_parallel_size"
+                     if "tensor_parallel_size" in self._arm_arg_names
+                     else "engine.args.tensor_parallel_size")
+            raise EngineRefused(
+                f"{field}: {exc}. Fix: set {field} to one of {list(exc.valid)}, or remove it "
+                "(default 1, no tensor parallelism)") from exc
         except (TypeError, ValueError, KeyError) as exc:
             raise EngineRefused(f"embedded engine: arguments {args} refused: {exc}") from exc
         self.engine.start()
-        findings = (f"embedded gemm mode: {args['gemm']}",) + _blas_findings()
+        findings = (f"embedded gemm mode: {args['gemm']}",)
+        tp = self.engine.tensor_parallel_size
+        if tp > 1:
+            order = "rank order" if args["gemm"] == "invariant" else "tree or ring by message size"
+            findings += ((f"embedded tensor parallelism: {tp} ranks emulated in one process "
+                          f"(per-rank GEMMs, all-reduce in {order}; no communication)"),)
+        findings += _blas_findings()
         return EngineInfo(kind=self.kind, version=__version__, commit=None,
                           args={**args, "model": self.model_name,
                                 "model_sha256": getattr(model, "sha256", None)},
