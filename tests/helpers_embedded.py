@@ -97,3 +97,28 @@ def reference_logits(config: Any, weights: dict[str, np.ndarray], ids: list[int]
     x = norm(x, w["model.norm.weight"])
     head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
     return x @ head.T
+
+
+def prefilled(wt: Any, mode: str, n: int, seed: int = 0, max_len: int = 256) -> list:
+    """``n`` KV caches of different lengths, each prefilled alone, and each one's next token:
+    ``(cache, token, position)`` per sequence, for :func:`decode_logits`."""
+    from bistat.embedded.forward import Segment, forward_step
+    from bistat.embedded.kvcache import KVCache
+
+    rng = np.random.default_rng(seed)
+    d = wt.dims
+    out = []
+    for i in range(n):
+        ids = rng.integers(3, d.vocab_size, size=5 + (7 * i) % 23).tolist()
+        cache = KVCache(d.num_hidden_layers, d.num_key_value_heads, d.head_dim, max_len)
+        logits = forward_step(wt, [Segment(cache, ids, 0, True)], mode)
+        out.append((cache, int(np.argmax(logits[0])), len(ids)))
+    return out
+
+
+def decode_logits(wt: Any, mode: str, seqs: list, order: list[int]) -> np.ndarray:
+    """One decode step of the :func:`prefilled` sequences ``order`` (in that order): their logits."""
+    from bistat.embedded.forward import Segment, forward_step
+
+    return forward_step(wt, [Segment(seqs[j][0], [seqs[j][1]], seqs[j][2], True) for j in order],
+                        mode)

@@ -35,7 +35,8 @@ def save_near_tie(dest: Path) -> Path:
 
 
 def declaration_toml(name: str, model_dir: Path, arms: Sequence[tuple[str, str, str]], *,
-                     n_prompts: int = 32, passes: int = 3, epsilon: float | None = None) -> str:
+                     n_prompts: int = 32, passes: int = 3, epsilon: float | None = None,
+                     engine_args: str = "max_batch_size = 16, prefill_chunk = 8") -> str:
     arms_toml = "\n".join(
         f'[[arms]]\nname = "{n}"\nrole = "{role}"\nargs = {{ gemm = "{gemm}" }}\n'
         for n, role, gemm in arms)
@@ -46,7 +47,7 @@ hypothesis = "The invariant arm's outputs match across passes; the blas arm's ne
 [engine]
 kind = "embedded"
 model = "{model_dir}"
-args = {{ max_batch_size = 16, prefill_chunk = 8 }}
+args = {{ {engine_args} }}
 
 {arms_toml}
 [workload]
@@ -75,9 +76,11 @@ all = [ {{ criterion = "match_lower_bound", arm = "treatment", at_least = 0.5 }}
 '''
 
 
-def record_run(root: Path, name: str, arms: Sequence[tuple[str, str, str]], **kw: Any) -> Path:
-    """Register a declaration under ``root`` and record its run with the real runner."""
-    model_dir = save_near_tie(root / "model")
+def record_run(root: Path, name: str, arms: Sequence[tuple[str, str, str]], *,
+               model_dir: Path | None = None, **kw: Any) -> Path:
+    """Register a declaration under ``root`` and record its run with the real runner (over
+    ``model_dir``, a saved model folder; default the near-tie model, saved under ``root``)."""
+    model_dir = save_near_tie(root / "model") if model_dir is None else model_dir
     decl = root / "experiments" / f"{name}.toml"
     decl.parent.mkdir(parents=True, exist_ok=True)
     decl.write_text(declaration_toml(name, model_dir, arms, **kw), encoding="utf-8")

@@ -9,45 +9,33 @@ import dataclasses
 
 import numpy as np
 import pytest
+from helpers_embedded import (
+    decode_logits,
+    near_tie_model,
+    prefilled,
+    real_model_or_skip,
+    tiny,
+)
 
 from bistat.embedded.engine import EmbeddedEngine
 from bistat.embedded.forward import Segment, forward_step, prepare_weights
 from bistat.embedded.kvcache import KVCache
 from bistat.engines.base import GenerationRequest
-from helpers_embedded import near_tie_model, real_model_or_skip, tiny
 
 PROMPTS = [f"Prompt number {i}: tell me a story about {w}." for i, w in
            enumerate(["the sea", "a fox", "Paris", "numbers", "a cat", "rain", "stars", "bread"] * 5)]
 
 
-def _prefilled(wt, mode, n, seed=0):
-    """``n`` KV caches of different lengths, each prefilled alone, and each one's next token."""
-    rng = np.random.default_rng(seed)
-    d = wt.dims
-    out = []
-    for i in range(n):
-        ids = rng.integers(3, d.vocab_size, size=5 + (7 * i) % 23).tolist()
-        cache = KVCache(d.num_hidden_layers, d.num_key_value_heads, d.head_dim, 256)
-        logits = forward_step(wt, [Segment(cache, ids, 0, True)], mode)
-        out.append((cache, int(np.argmax(logits[0])), len(ids)))
-    return out
-
-
-def _decode_logits(wt, mode, seqs, order):
-    segs = [Segment(seqs[j][0], [seqs[j][1]], seqs[j][2], True) for j in order]
-    return forward_step(wt, segs, mode)
-
-
 def test_invariant_logits_bitwise_equal_at_every_batch_size_and_position():
     m = tiny(0, hidden_size=128, intermediate_size=384, head_dim=32)
     wt = prepare_weights(m.config, m.weights, 256)
-    seqs = _prefilled(wt, "invariant", 40)
-    alone = [_decode_logits(wt, "invariant", seqs, [j])[0] for j in range(40)]
+    seqs = prefilled(wt, "invariant", 40)
+    alone = [decode_logits(wt, "invariant", seqs, [j])[0] for j in range(40)]
     for b in range(1, 41):
         members = list(range(b))
         for shift in {0, b // 2, b - 1}:
             order = members[shift:] + members[:shift]  # every member at a new position
-            logits = _decode_logits(wt, "invariant", seqs, order)
+            logits = decode_logits(wt, "invariant", seqs, order)
             bad = [j for pos, j in enumerate(order) if not np.array_equal(logits[pos], alone[j])]
             assert not bad, f"batch {b}, rotation {shift}: requests {bad} changed"
 
@@ -55,8 +43,8 @@ def test_invariant_logits_bitwise_equal_at_every_batch_size_and_position():
 def test_invariant_logits_unchanged_by_prefill_rows_in_the_same_step():
     m = tiny(1)
     wt = prepare_weights(m.config, m.weights, 256)
-    seqs = _prefilled(wt, "invariant", 6)
-    alone = _decode_logits(wt, "invariant", seqs, [0])[0]
+    seqs = prefilled(wt, "invariant", 6)
+    alone = decode_logits(wt, "invariant", seqs, [0])[0]
     d = wt.dims
     for n_prefill in (1, 9, 50):
         newcomer = KVCache(d.num_hidden_layers, d.num_key_value_heads, d.head_dim, 256)
@@ -70,10 +58,10 @@ def test_blas_logits_depend_on_the_batch():
     """Negative control for the test above: the same check with numpy's BLAS finds differences."""
     m = tiny(0, hidden_size=128, intermediate_size=384, head_dim=32)
     wt = prepare_weights(m.config, m.weights, 256)
-    seqs = _prefilled(wt, "blas", 40)
-    alone = _decode_logits(wt, "blas", seqs, [0])[0]
+    seqs = prefilled(wt, "blas", 40)
+    alone = decode_logits(wt, "blas", seqs, [0])[0]
     changed = [b for b in range(2, 41)
-               if not np.array_equal(_decode_logits(wt, "blas", seqs, list(range(b)))[0], alone)]
+               if not np.array_equal(decode_logits(wt, "blas", seqs, list(range(b)))[0], alone)]
     assert changed, "blas mode gave bitwise equal logits at every batch size 2..40"
 
 

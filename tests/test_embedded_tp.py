@@ -16,7 +16,14 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from helpers_embedded import near_tie_model, real_model_or_skip, reference_logits, tiny
+from helpers_embedded import (
+    decode_logits,
+    near_tie_model,
+    prefilled,
+    real_model_or_skip,
+    reference_logits,
+    tiny,
+)
 
 from bistat.embedded import ops
 from bistat.embedded.engine import EmbeddedEngine
@@ -113,34 +120,16 @@ def test_tp2_and_tp1_differ_in_the_last_bits_in_invariant_mode(tp_model):
 
 
 # ------------------------------------------------------------------------------ invariance
-def _prefilled(wt, mode, n, seed=0):
-    """``n`` KV caches of different lengths, each prefilled alone, and each one's next token."""
-    rng = np.random.default_rng(seed)
-    d = wt.dims
-    out = []
-    for i in range(n):
-        ids = rng.integers(3, d.vocab_size, size=5 + (7 * i) % 23).tolist()
-        cache = KVCache(d.num_hidden_layers, d.num_key_value_heads, d.head_dim, 128)
-        logits = forward_step(wt, [Segment(cache, ids, 0, True)], mode)
-        out.append((cache, int(np.argmax(logits[0])), len(ids)))
-    return out
-
-
-def _decode_logits(wt, mode, seqs, order):
-    return forward_step(wt, [Segment(seqs[j][0], [seqs[j][1]], seqs[j][2], True) for j in order],
-                        mode)
-
-
 @pytest.mark.parametrize("tp", [2, 3])
 def test_invariant_tp_logits_bitwise_equal_at_every_batch_size_and_position(tp_model, tp):
     wt = prepare_weights(tp_model.config, tp_model.weights, 160, tp)
-    seqs = _prefilled(wt, "invariant", 20)
-    alone = [_decode_logits(wt, "invariant", seqs, [j])[0] for j in range(20)]
+    seqs = prefilled(wt, "invariant", 20, max_len=128)
+    alone = [decode_logits(wt, "invariant", seqs, [j])[0] for j in range(20)]
     for b in range(1, 21):
         members = list(range(b))
         for shift in {0, b - 1}:
             order = members[shift:] + members[:shift]  # every member at a new position
-            logits = _decode_logits(wt, "invariant", seqs, order)
+            logits = decode_logits(wt, "invariant", seqs, order)
             bad = [j for pos, j in enumerate(order) if not np.array_equal(logits[pos], alone[j])]
             assert not bad, f"T={tp}, batch {b}, rotation {shift}: requests {bad} changed"
     # prefill rows in the same step; 150 rows: past the size (96 rows at D = 96) from which
@@ -157,10 +146,10 @@ def test_invariant_tp_logits_bitwise_equal_at_every_batch_size_and_position(tp_m
 def test_blas_tp3_logits_depend_on_the_batch(tp_model):
     """Negative control for the test above: the same check in blas mode finds differences."""
     wt = prepare_weights(tp_model.config, tp_model.weights, 128, 3)
-    seqs = _prefilled(wt, "blas", 20)
-    alone = _decode_logits(wt, "blas", seqs, [0])[0]
+    seqs = prefilled(wt, "blas", 20, max_len=128)
+    alone = decode_logits(wt, "blas", seqs, [0])[0]
     changed = [b for b in range(2, 21)
-               if not np.array_equal(_decode_logits(wt, "blas", seqs, list(range(b)))[0], alone)]
+               if not np.array_equal(decode_logits(wt, "blas", seqs, list(range(b)))[0], alone)]
     assert changed, "blas mode at T=3 gave bitwise equal logits at every batch size 2..20"
 
 
@@ -364,72 +353,23 @@ def test_adapter_reports_the_default_size(tp_model):
 
 
 # ------------------------------------------------------------------------------ end to end
-DECLARATION = '''name = "tp3-match"
-hypothesis = "Under emulated TP=3 the invariant arm matches across passes; the blas arm need not."
-
-[engine]
-kind = "embedded"
-model = "{model}"
-args = {{ max_batch_size = 8, prefill_chunk = 8, max_model_len = 256, tensor_parallel_size = 3 }}
-
-[[arms]]
-name = "blas"
-role = "control"
-args = {{ gemm = "blas" }}
-
-[[arms]]
-name = "invariant"
-role = "treatment"
-args = {{ gemm = "invariant" }}
-
-[workload]
-source = "builtin:chat"
-n_prompts = 6
-max_tokens = 8
-concurrency = 6
-passes = 2
-warmup_passes = 0
-ignore_eos = true
-
-[match]
-unit = "token_ids+logprobs"
-
-[validity]
-min_mean_running = 1.0
-same_gpu = false
-
-[rule]
-confidence_level = 0.95
-otherwise = "reported as observed"
-
-[[rule.labels]]
-label = "working"
-all = [ {{ criterion = "match_lower_bound", arm = "treatment", at_least = 0.5 }} ]
-'''
-
-
 def test_tp3_matching_study_end_to_end(tmp_path, near_tie_tp_model):
     """Register, run (real runner, real adapter, TP=3) and analyse a two-arm study on CPU."""
+    from helpers_explain import BLAS_ARMS, record_run
+
     from bistat.analysis import analyze_run
     from bistat.model.loader import save_model
-    from bistat.prereg import register
     from bistat.records import read_jsonl
-    from bistat.runner import start_run
 
     model_dir = tmp_path / "model"
     save_model(near_tie_tp_model, model_dir)
-    decl = tmp_path / "experiments" / "tp3-match.toml"
-    decl.parent.mkdir()
-    decl.write_text(DECLARATION.format(model=model_dir), encoding="utf-8")
-    reg, _ = register(decl, registrations_dir=tmp_path / "preregistrations")
-    run_dir = tmp_path / "runs" / "tp3-match"
-    outcome = start_run(reg.experiment(), reg.reference(), run_dir,
-                        command=["bistat", "run", "tp3-match"])
-    assert (outcome.status, outcome.failed_requests) == ("complete", 0), outcome
+    run_dir = record_run(tmp_path, "tp3-match", BLAS_ARMS, model_dir=model_dir, n_prompts=6,
+                         passes=2, engine_args="max_batch_size = 8, prefill_chunk = 8, "
+                                               "max_model_len = 256, tensor_parallel_size = 3")
     env, _ = read_jsonl(run_dir / "environment.jsonl")
     assert {(e["arm"], e["engine"]["args"]["tensor_parallel_size"]) for e in env} == {
         ("blas", 3), ("invariant", 3)}
-    summary = analyze_run(run_dir, reg)
+    summary = analyze_run(run_dir, tmp_path / "preregistrations" / "tp3-match.json")
     arms = {a.name: a for a in summary.arms}
     assert (arms["invariant"].n_prompts, arms["invariant"].n_prompts_matched) == (6, 6)
     assert arms["invariant"].n_matched == arms["invariant"].n_units

@@ -470,24 +470,18 @@ def test_committed_issue5_device_files_carry_their_provenance():
     for arm in profile["arms"].values():
         log = results / "profile_decode_logs" / arm["log_file"]
         assert log.is_file(), f"{log}: engine log of arm {arm['arm']} missing"
-    # the batch-700 profile ran later, on another H200
-    b700 = json.loads((results / "profile_decode_b700_nvidia_h200.json").read_text())
-    prov = b700["provenance"]
-    assert prov["gpu_uuid"] == "GPU-bf57ff1d-ab96-1f32-49ed-2deb089f99ee"
-    assert prov["driver"] and prov["triton"] and prov["vllm"] and prov["date_utc"]
-    assert "--batch 700" in prov["command"] and b700["settings"]["batch"] == 700
-    for arm in b700["arms"].values():
-        assert arm["versions"]["gpu_uuid"] in prov["gpu_uuid"]
-        log = results / "profile_decode_b700_logs" / arm["log_file"]
-        assert log.is_file(), f"{log}: engine log of arm {arm['arm']} missing"
-    # and the batch-1000 one on a third, after the device was given back and taken again
-    b1000 = json.loads((results / "profile_decode_b1000_nvidia_h200.json").read_text())
-    prov = b1000["provenance"]
-    assert prov["gpu_uuid"] == "GPU-7bb4d547-63ba-73f9-640a-fefc0f87bbc0"
-    assert prov["driver"] and prov["triton"] and prov["vllm"] and prov["date_utc"]
-    assert "--batch 1000" in prov["command"] and b1000["settings"]["batch"] == 1000
-    assert b1000["settings"]["gpu_memory_utilization"] == 0.29
-    for arm in b1000["arms"].values():
-        assert arm["versions"]["gpu_uuid"] in prov["gpu_uuid"]
-        log = results / "profile_decode_b1000_logs" / arm["log_file"]
-        assert log.is_file(), f"{log}: engine log of arm {arm['arm']} missing"
+    # the batch-700 profile ran later, on another H200; the batch-1000 one on a third, after the
+    # device was given back and taken again
+    for batch, gpu in ((700, "GPU-bf57ff1d-ab96-1f32-49ed-2deb089f99ee"),
+                       (1000, "GPU-7bb4d547-63ba-73f9-640a-fefc0f87bbc0")):
+        doc = json.loads((results / f"profile_decode_b{batch}_nvidia_h200.json").read_text())
+        prov = doc["provenance"]
+        assert prov["gpu_uuid"] == gpu
+        assert prov["driver"] and prov["triton"] and prov["vllm"] and prov["date_utc"]
+        assert f"--batch {batch} " in prov["command"] and doc["settings"]["batch"] == batch
+        for arm in doc["arms"].values():
+            assert arm["versions"]["gpu_uuid"] in prov["gpu_uuid"]
+            log = results / f"profile_decode_b{batch}_logs" / arm["log_file"]
+            assert log.is_file(), f"{log}: engine log of arm {arm['arm']} missing"
+    assert json.loads((results / "profile_decode_b1000_nvidia_h200.json").read_text())[
+        "settings"]["gpu_memory_utilization"] == 0.29
