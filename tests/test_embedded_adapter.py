@@ -80,7 +80,10 @@ def test_failed_request_is_a_result_not_an_exception(model):
 
 @pytest.mark.parametrize("decl,exc,message", [
     (_decl(arm_args={"gem": "blas"}), EngineRefused,
-     "arms[a].args: unknown embedded-engine argument(s) ['gem']; expected some of ['gemm', "),
+     "arms[a].args: ['gem']: unknown embedded-engine argument(s); expected some of ['gemm', "),
+    (_decl(engine_args={"enforce_eager": True}, arm_args={"gem": "blas"}), EngineRefused,
+     "engine.args: ['enforce_eager'] and arms[a].args: ['gem']: unknown embedded-engine "
+     "argument(s); expected some of ['gemm', "),
     (_decl(env={"OPENBLAS_CORETYPE": "Haswell"}), EngineRefused,
      "arms[a].env: the embedded engine runs inside the bistat process, so environment variables "
      "['OPENBLAS_CORETYPE'] cannot apply to it"),

@@ -92,9 +92,15 @@ class EmbeddedEngineAdapter:
     def start(self) -> EngineInfo:
         unknown = sorted(set(self.args) - set(ENGINE_ARGS))
         if unknown:
+            # name the table each unknown key came from: the arm's args override engine.args
+            where = " and ".join(
+                f"{field}: {keys}" for field, keys in (
+                    ("engine.args", [k for k in unknown if k not in self._arm_arg_names]),
+                    (f"arms[{self.arm_name}].args", [k for k in unknown
+                                                     if k in self._arm_arg_names])) if keys)
             raise EngineRefused(
-                f"arms[{self.arm_name}].args: unknown embedded-engine argument(s) {unknown}; "
-                f"expected some of {list(ENGINE_ARGS)}")
+                f"{where}: unknown embedded-engine argument(s); expected some of "
+                f"{list(ENGINE_ARGS)}; remove them or use an engine kind that takes them")
         if self.env:
             raise EngineRefused(
                 f"arms[{self.arm_name}].env: the embedded engine runs inside the bistat process, so "
