@@ -384,8 +384,7 @@ def test_tp1_control_reproduces_study_1b_on_one_gpu():
     differs. The throughput ratio has no slowdown to show: the API servers set the pace."""
     s = analyze_run(TP1, REG / "tp1-match.json")
     assert {u for _, env in s.environments for u in env.gpu_uuids} == {TP_GPU}
-    starts = [json.loads(line)["engine"]["args"]
-              for line in (TP1 / "environment.jsonl").read_text().splitlines()]
+    starts = [e["engine"]["args"] for e in records.read_jsonl(TP1 / "environment.jsonl")[0]]
     assert len(starts) == 2 and {a["tensor_parallel_size"] for a in starts} == {1}
     assert {a["argv"][a["argv"].index("--tensor-parallel-size") + 1] for a in starts} == {"1"}
     assert all(v.passed for v in s.validity) and s.status.testable and not s.not_run

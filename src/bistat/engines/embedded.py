@@ -89,15 +89,20 @@ class EmbeddedEngineAdapter:
         self.engine: Any = None
         self.pass_step_log: list[tuple[float, int]] = []
 
+    def _table(self, key: str) -> str:
+        """The declaration table an argument came from: the arm's ``args`` override
+        ``engine.args``."""
+        return f"arms[{self.arm_name}].args" if key in self._arm_arg_names else "engine.args"
+
     def start(self) -> EngineInfo:
         unknown = sorted(set(self.args) - set(ENGINE_ARGS))
         if unknown:
             # name the table each unknown key came from: the arm's args override engine.args
-            where = " and ".join(
-                f"{field}: {keys}" for field, keys in (
-                    ("engine.args", [k for k in unknown if k not in self._arm_arg_names]),
-                    (f"arms[{self.arm_name}].args", [k for k in unknown
-                                                     if k in self._arm_arg_names])) if keys)
+            tables: dict[str, list[str]] = {}
+            for key in unknown:
+                tables.setdefault(self._table(key), []).append(key)
+            where = " and ".join(f"{table}: {keys}" for table, keys in sorted(tables.items(),
+                                                                             reverse=True))
             raise EngineRefused(
                 f"{where}: unknown embedded-engine argument(s); expected some of "
                 f"{list(ENGINE_ARGS)}; remove them or use an engine kind that takes them")
@@ -117,9 +122,7 @@ class EmbeddedEngineAdapter:
         try:
             self.engine = EmbeddedEngine(model, **args)
         except TensorParallelSizeError as exc:
-            field = (f"arms[{self.arm_name}].args.tensor_parallel_size"
-                     if "tensor_parallel_size" in self._arm_arg_names
-                     else "engine.args.tensor_parallel_size")
+            field = f"{self._table('tensor_parallel_size')}.tensor_parallel_size"
             raise EngineRefused(
                 f"{field}: {exc}. Fix: set {field} to one of {list(exc.valid)}, or remove it "
                 "(default 1, no tensor parallelism)") from exc
