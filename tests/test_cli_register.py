@@ -56,6 +56,10 @@ Throughput criteria (3 counted passes per arm, CV 0.05):
     expected ratio interval: estimate ×/÷ 1.120 (log half-width 0.1133)
     P(met) at true ratio 0.8: 0.998, 0.9: 0.500, 1: 0.005
 
+False verdicts (a label met when what it asserts is false):
+  working, no slowdown (true ratio 1): P = 0.003 (alpha 0.05)
+  working, A/A (both arms at match rate 1, the worst tried): P <= 0.005 (alpha 0.05)
+
 P(label's criteria all met), match and throughput independent:
   working: at true ratio 0.8: 0.669, at true ratio 0.9: 0.335, at true ratio 1: 0.003
 

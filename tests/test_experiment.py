@@ -64,8 +64,10 @@ def test_minimal_declaration_resolves_every_default():
     assert r["match"] == {"unit": "token_ids", "multi_pass": "all", "near_tie_epsilon": 0.125}
     assert r["validity"] == {"min_mean_running": 1.5, "max_preemptions": None,
                              "same_gpu": True, "same_versions": True}
-    assert r["design"] == {"assumed_match_rate": 0.999, "expected_cv": 0.05, "cv_from": None,
+    assert r["design"] == {"assumed_match_rate": 0.999, "assumed_control_match_rate": 0.9,
+                           "expected_cv": 0.05, "cv_from": None,
                            "true_ratios": [0.8, 0.9, 1.0], "power_target": 0.8}
+    assert r["rule"]["cost"] is None
     assert r["rule"]["confidence_level"] == 0.95
     assert r["rule"]["alternative"] == "two-sided"
     assert r["rule"]["tost_alpha"] == 0.05
@@ -128,7 +130,8 @@ def test_tensor_parallel_and_several_treatments_are_declarable():
         "rule.labels[0].all[1]: unknown criterion 'throughput_slowr'; expected one of "
         "'match_lower_bound', 'match_upper_bound', 'match_intervals_overlap', "
         "'throughput_ratio', 'throughput_slower', 'throughput_not_slower', "
-        "'large_drifts_at_most'"]),
+        "'large_drifts_at_most', 'control_diverges', 'treatment_beats_control', "
+        "'probe_confirmed', 'engine_log'"]),
     ("bad-missing", [
         "hypothesis: required field is missing; add it at the top of the file",
         "engine.model: required field is missing; add it to [engine]",

@@ -14,6 +14,13 @@ coefficient of variation ``cv`` in both arms, i.e. normal on the log scale with 
 deviation ``sigma = sqrt(log(1 + cv**2))`` (:func:`log_sd_from_cv`), the same convention as
 :func:`bistat.stats.pooled_cv`. Both arms have ``passes_per_arm`` counted passes.
 
+Activation criteria (:func:`prob_upper_bound_at_most` for ``control_diverges``,
+:func:`power_mcnemar` and :func:`power_newcombe` for ``treatment_beats_control``) are computed
+exactly by summing over the binomial (or multinomial) support, under the planning model that
+prompts match independently, with the declared rate per arm, and the two arms independently.
+The cost rule's outcomes (:func:`cost_outcome_probabilities`, :func:`passes_to_decide`) use the
+Welch draws below.
+
 Power of the point-estimate criteria is exact (normal distribution). Power of the interval
 criteria and of TOST is computed by Monte Carlo from the exact sampling distribution of the
 Welch procedure's sufficient statistics -- the difference of log means
@@ -27,6 +34,7 @@ Monte Carlo standard error is at most ``0.5 / sqrt(POWER_DRAWS)`` = 0.0011.
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from collections.abc import Callable
@@ -34,11 +42,21 @@ from collections.abc import Callable
 import numpy as np
 from scipy import stats as _sps
 
-from bistat.stats import _confidence_level, wilson_interval  # one validation for both modules
+from bistat.stats import (  # one validation for both modules
+    MCNEMAR_EXACT_BELOW,
+    _confidence_level,
+    wilson_interval,
+)
 
 __all__ = [
+    "COST_OUTCOMES",
     "POWER_DRAWS",
     "POWER_SEED",
+    "cost_outcome_probabilities",
+    "passes_to_decide",
+    "power_mcnemar",
+    "power_newcombe",
+    "prob_upper_bound_at_most",
     "expected_ratio_halfwidth",
     "expected_ratio_interval_factor",
     "log_sd_from_cv",
@@ -268,6 +286,219 @@ def prob_lower_bound_at_least(
     return float(_sps.binom.cdf(m, n_i, 1.0 - p))
 
 
+def _upper_alternative(alternative: str) -> str:
+    if alternative not in ("two-sided", "less"):
+        raise ValueError("a threshold on the Wilson upper bound needs alternative 'two-sided' or "
+                         f"'less' (an upper bound); got {alternative!r}")
+    return alternative
+
+
+def max_matches_below_upper(n: int, threshold: float, confidence_level: float = 0.95,
+                            alternative: str = "two-sided") -> int:
+    """Largest number of matching prompts out of ``n`` whose Wilson upper bound is at most
+    ``threshold``; ``-1`` if even 0 matches do not bring it that low.
+
+    The upper bound increases with the matches ``k``, so the answer is found by bisection with
+    :func:`bistat.stats.wilson_interval` itself (the analysis's own bound, to the last bit).
+
+    Examples
+    --------
+    >>> max_matches_below_upper(541, 0.99)
+    531
+    >>> max_matches_below_upper(256, 0.99, alternative="less")
+    250
+    """
+    n_i = _int_at_least(n, "n", 1)
+    th = _probability(threshold, "threshold")
+    cl = _confidence_level(confidence_level)
+    alt = _upper_alternative(alternative)
+
+    def ok(k: int) -> bool:
+        return wilson_interval(k, n_i, cl, alt).high <= th
+
+    if not ok(0):
+        return -1
+    if ok(n_i):
+        return n_i
+    lo, hi = 0, n_i            # ok(lo), not ok(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def prob_upper_bound_at_most(n: int, true_rate: float, threshold: float,
+                             confidence_level: float = 0.95,
+                             alternative: str = "two-sided") -> float:
+    """Probability that an arm's Wilson upper bound is at most ``threshold`` (``control_diverges``).
+
+    Parameters
+    ----------
+    n : int
+        Prompts compared.
+    true_rate : float
+        The arm's assumed true match rate.
+    threshold : float
+        The criterion's ``at_most``.
+    confidence_level : float, default 0.95
+    alternative : {"two-sided", "less"}
+        ``"less"``: the one-sided upper bound (a rule with ``alternative = "greater"``).
+
+    Returns
+    -------
+    float
+        ``P(Binomial(n, true_rate) <= max_matches_below_upper(n, threshold, ...))``, exactly.
+
+    Examples
+    --------
+    >>> round(prob_upper_bound_at_most(541, 0.97, 0.99), 4)
+    0.9634
+    """
+    n_i = _int_at_least(n, "n", 1)
+    p = _probability(true_rate, "true_rate")
+    k = max_matches_below_upper(n_i, threshold, confidence_level, alternative)
+    if k < 0:
+        return 0.0
+    return float(_sps.binom.cdf(k, n_i, p))
+
+
+#: Probability mass left out of the exact sums over a binomial support (both tails together).
+SUPPORT_TAIL = 1e-12
+
+
+def _support(n: int, p: float) -> tuple[np.ndarray, np.ndarray]:
+    """The values of Binomial(n, p) outside a total tail mass of SUPPORT_TAIL, and their pmf."""
+    lo = int(_sps.binom.ppf(SUPPORT_TAIL / 2, n, p)) if 0.0 < p < 1.0 else int(round(n * p))
+    hi = int(_sps.binom.isf(SUPPORT_TAIL / 2, n, p)) if 0.0 < p < 1.0 else int(round(n * p))
+    k = np.arange(max(lo - 1, 0), min(hi + 1, n) + 1)
+    return k, _sps.binom.pmf(k, n, p)
+
+
+def _wilson_bounds(k: np.ndarray, n: int, z: float) -> tuple[np.ndarray, np.ndarray]:
+    """Two-sided Wilson bounds for arrays of ``k`` (Wilson 1927), as :func:`bistat.stats.
+    wilson_interval` computes them through statsmodels (the tests compare the two)."""
+    p = k / n
+    denom = 1.0 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    low = np.where(k == 0, 0.0, np.clip(centre - half, 0.0, 1.0))
+    high = np.where(k == n, 1.0, np.clip(centre + half, 0.0, 1.0))
+    return low, high
+
+
+def power_newcombe(n: int, p_treatment: float, p_control: float, at_least: float,
+                   confidence_level: float = 0.95) -> float:
+    """Probability that Newcombe's interval of treatment - control has its lower end at least
+    ``at_least`` (``treatment_beats_control`` with ``newcombe_at_least``).
+
+    Parameters
+    ----------
+    n : int
+        Prompts per arm.
+    p_treatment, p_control : float
+        The arms' assumed true match rates.
+    at_least : float
+        The criterion's bound on the lower end.
+    confidence_level : float, default 0.95
+
+    Returns
+    -------
+    float
+        ``P(low >= at_least)`` with ``k_t ~ Binomial(n, p_treatment)`` and ``k_c ~
+        Binomial(n, p_control)`` independent, summed exactly over their supports (up to
+        :data:`SUPPORT_TAIL` of mass), with the hybrid score interval of
+        :func:`bistat.stats.newcombe_difference` (Newcombe 1998, method 10).
+
+    Examples
+    --------
+    >>> round(power_newcombe(256, 1.0, 0.965, 0.0), 3)
+    0.947
+    """
+    n_i = _int_at_least(n, "n", 1)
+    pt = _probability(p_treatment, "p_treatment")
+    pc = _probability(p_control, "p_control")
+    cl = _confidence_level(confidence_level)
+    z = float(_sps.norm.ppf(1.0 - (1.0 - cl) / 2.0))
+    kt, wt = _support(n_i, pt)
+    kc, wc = _support(n_i, pc)
+    lt, ut = _wilson_bounds(kt, n_i, z)
+    lc, uc = _wilson_bounds(kc, n_i, z)
+    p1, p2 = (kt / n_i)[:, None], (kc / n_i)[None, :]
+    low = (p1 - p2) - np.sqrt((p1 - lt[:, None]) ** 2 + (uc[None, :] - p2) ** 2)
+    # the same tolerance statsmodels' rounding needs: the criterion compares a float
+    return float(np.sum(np.outer(wt, wc)[low >= float(at_least) - 1e-12]))
+
+
+def _mcnemar_pvalues(b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """Two-sided McNemar p-values as :func:`bistat.stats.mcnemar_test` gives them: exact below
+    ``MCNEMAR_EXACT_BELOW`` discordant prompts, chi-square with continuity correction above."""
+    total = b + c
+    exact = np.minimum(1.0, 2.0 * _sps.binom.cdf(np.minimum(b, c), total, 0.5))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        stat = (np.abs(b - c) - 1.0) ** 2 / total
+    asym = _sps.chi2.sf(stat, 1)
+    return np.where(total < MCNEMAR_EXACT_BELOW, exact, asym)
+
+
+def power_mcnemar(n: int, p_treatment: float, p_control: float, alpha: float = 0.05) -> float:
+    """Probability that McNemar's paired test puts the treatment ahead at ``p < alpha``
+    (``treatment_beats_control`` with ``mcnemar_below``).
+
+    Parameters
+    ----------
+    n : int
+        Prompts paired (compared in both arms).
+    p_treatment, p_control : float
+        The arms' assumed true match rates.
+    alpha : float, default 0.05
+
+    Returns
+    -------
+    float
+        ``P(p < alpha and c > b)``, ``b`` the prompts matching only in the control and ``c``
+        only in the treatment, summed exactly over the multinomial support when the arms match
+        independently: ``P(b) = p_c (1 - p_t)``, ``P(c) = p_t (1 - p_c)`` per prompt.
+
+    Notes
+    -----
+    Real prompts are not independent across arms (a fragile prompt may diverge in both), which
+    changes the discordant counts; at the rates that matter here (a treatment near 1) ``b`` is
+    near 0 either way. Under ``p_t = p_c`` (an A/A experiment) this is the directional
+    false-positive rate, at most about ``alpha / 2`` (exact test: conservative).
+
+    Examples
+    --------
+    >>> round(power_mcnemar(256, 1.0, 0.965), 3)
+    0.886
+    >>> power_mcnemar(541, 0.9, 0.9) < 0.025
+    True
+    """
+    n_i = _int_at_least(n, "n", 1)
+    pt = _probability(p_treatment, "p_treatment")
+    pc = _probability(p_control, "p_control")
+    a = float(alpha)
+    if not 0.0 < a < 1.0:
+        raise ValueError(f"alpha must be strictly between 0 and 1, got {alpha!r}")
+    qb, qc = pc * (1.0 - pt), pt * (1.0 - pc)
+    if qb + qc <= 0.0:
+        return 0.0   # no prompt can be discordant: p = 1
+    # discordant total d ~ Binomial(n, qb + qc); given d, c ~ Binomial(d, qc / (qb + qc))
+    d, wd = _support(n_i, qb + qc)
+    share = qc / (qb + qc)
+    total = 0.0
+    for dd, w in zip(d.tolist(), wd.tolist()):
+        if dd == 0 or w == 0.0:
+            continue
+        c = np.arange(dd + 1)
+        pv = _mcnemar_pvalues(dd - c, c)
+        hit = (pv < a) & (c > dd - c)
+        total += w * float(np.sum(_sps.binom.pmf(c[hit], dd, share)))
+    return total
+
+
 # --------------------------------------------------------------------------------------------
 # Throughput ratio
 # --------------------------------------------------------------------------------------------
@@ -423,6 +654,20 @@ def _welch_draws(
     return d, se, df
 
 
+@functools.lru_cache(maxsize=64)
+def _t_quantiles(passes_per_arm: int, cv: float, level: float) -> np.ndarray:
+    """``t.ppf(level, df)`` for the Welch draws' degrees of freedom at these passes and CV.
+
+    The degrees of freedom do not depend on the true ratio, and scipy's t quantile over
+    :data:`POWER_DRAWS` values is most of a power evaluation's time, so the quantiles are kept
+    for the searches over ratios and passes (the same draws, hence the same numbers as
+    computing them again)."""
+    _, _, df = _welch_draws(1.0, passes_per_arm, cv)
+    out = _sps.t.ppf(level, df)
+    out.setflags(write=False)
+    return out
+
+
 def power_ratio_interval_below(
     bound: float,
     true_ratio: float,
@@ -466,7 +711,7 @@ def power_ratio_interval_below(
     cl = _confidence_level(confidence_level)
     b = _positive(bound, "bound")
     d, se, df = _welch_draws(true_ratio, passes_per_arm, cv)
-    tq = _sps.t.ppf(1.0 - (1.0 - cl) / 2.0, df)
+    tq = _t_quantiles(passes_per_arm, cv, 1.0 - (1.0 - cl) / 2.0)
     return float(np.mean(d + tq * se < math.log(b)))
 
 
@@ -490,7 +735,7 @@ def power_ratio_interval_above(
     cl = _confidence_level(confidence_level)
     b = _positive(bound, "bound")
     d, se, df = _welch_draws(true_ratio, passes_per_arm, cv)
-    tq = _sps.t.ppf(1.0 - (1.0 - cl) / 2.0, df)
+    tq = _t_quantiles(passes_per_arm, cv, 1.0 - (1.0 - cl) / 2.0)
     return float(np.mean(d - tq * se >= math.log(b)))
 
 
@@ -536,12 +781,113 @@ def power_tost(
     if not lo < hi:
         raise ValueError(f"equivalence margins must satisfy low < high, got low={low!r}, high={high!r}")
     d, se, df = _welch_draws(true_ratio, passes_per_arm, cv)
-    tq = _sps.t.ppf(1.0 - a, df)
+    tq = _t_quantiles(passes_per_arm, cv, 1.0 - a)
     return float(np.mean((d - tq * se > math.log(lo)) & (d + tq * se < math.log(hi))))
 
 
+#: The cost rule's outcomes, as :func:`cost_outcome_probabilities` names them.
+COST_OUTCOMES = ("no measurable cost", "costs", "faster", "undecidable")
+
+
+def cost_outcome_probabilities(margin: float, true_ratio: float, passes_per_arm: int, cv: float,
+                               confidence_level: float = 0.95, metric: str = "throughput"
+                               ) -> dict[str, float]:
+    """Probability of each outcome of a cost rule (``[rule.cost]``) at a true ratio.
+
+    Parameters
+    ----------
+    margin : float
+        The rule's margin ``m``: no measurable cost when the interval lies within
+        ``[1 - m, 1 + m]``.
+    true_ratio : float
+        Assumed true ratio treatment / control of the metric.
+    passes_per_arm : int
+        Counted passes per arm, ``>= 2``.
+    cv : float
+        Pass-to-pass coefficient of variation of the metric (both arms).
+    confidence_level : float, default 0.95
+        The level of the two-sided Welch interval the rule decides on.
+    metric : {"throughput", "latency"}
+        Which side is "slower": a throughput ratio below 1, a latency ratio above 1.
+
+    Returns
+    -------
+    dict
+        ``{"no measurable cost", "costs", "faster", "undecidable"} -> probability`` (summing to
+        1), by the seeded Monte Carlo of the module notes.
+
+    Notes
+    -----
+    *No measurable cost* is TOST equivalence at ``(1 - confidence_level) / 2`` per side, so at a
+    true ratio on a margin its probability is at most that; *costs* (or *faster*) at a true
+    ratio of 1 is at most the same (one side of the interval).
+
+    Examples
+    --------
+    >>> p = cost_outcome_probabilities(0.10, 1.0, 8, 0.05)
+    >>> round(p["no measurable cost"], 2), round(p["costs"], 4)
+    (0.91, 0.0)
+    """
+    m = _positive(margin, "margin")
+    if not m < 1.0:
+        raise ValueError(f"margin must be below 1, got {margin!r}")
+    if metric not in ("throughput", "latency"):
+        raise ValueError(f"metric must be 'throughput' or 'latency', got {metric!r}")
+    cl = _confidence_level(confidence_level)
+    d, se, df = _welch_draws(true_ratio, passes_per_arm, cv)
+    tq = _t_quantiles(passes_per_arm, cv, 1.0 - (1.0 - cl) / 2.0)
+    low, high = d - tq * se, d + tq * se
+    within = (low >= math.log(1.0 - m)) & (high <= math.log(1.0 + m))
+    below = high < math.log(1.0 - m)
+    above = low > math.log(1.0 + m)
+    costs, faster = (below, above) if metric == "throughput" else (above, below)
+    out = {"no measurable cost": float(np.mean(within)), "costs": float(np.mean(costs)),
+           "faster": float(np.mean(faster))}
+    out["undecidable"] = max(0.0, 1.0 - sum(out.values()))
+    return out
+
+
+def passes_to_decide(margin: float, true_ratio: float, cv: float, confidence_level: float = 0.95,
+                     metric: str = "throughput", target: float = 0.80,
+                     max_passes: int = 200) -> int | None:
+    """Passes per arm at which the cost rule decides with probability ``target`` at a true ratio.
+
+    Within the margins "decided" is *no measurable cost*; beyond them *costs* (or *faster*, on
+    the faster side). None when no number up to ``max_passes`` gets there (a true ratio on a
+    margin is never decided with more than ``(1 - confidence_level) / 2``).
+
+    Examples
+    --------
+    >>> passes_to_decide(0.10, 1.0, 0.05)
+    7
+    >>> passes_to_decide(0.10, 0.97, 0.10)
+    30
+    """
+    m = _positive(margin, "margin")
+    r = _positive(true_ratio, "true_ratio")
+    if 1.0 - m < r < 1.0 + m:
+        outcome = "no measurable cost"
+    elif r < 1.0 - m:
+        outcome = "costs" if metric == "throughput" else "faster"
+    elif r > 1.0 + m:
+        outcome = "faster" if metric == "throughput" else "costs"
+    else:
+        return None
+    # a start from the normal approximation: the nearer margin at (z_cl + z_target) standard
+    # errors of the log ratio, sigma sqrt(2 / n)
+    sigma = log_sd_from_cv(cv)
+    gap = min(abs(math.log(1.0 - m) - math.log(r)), abs(math.log(1.0 + m) - math.log(r)))
+    zq = _sps.norm.ppf(1.0 - (1.0 - _confidence_level(confidence_level)) / 2.0)
+    zt = _sps.norm.ppf(_probability(target, "target"))
+    guess = math.ceil(2.0 * (sigma * (zq + zt) / gap) ** 2) if gap > 0 else max_passes
+    return min_passes_for_power(
+        lambda n: cost_outcome_probabilities(m, r, n, cv, confidence_level, metric)[outcome],
+        target, max_passes, start=min(max(guess, 2), max_passes))
+
+
 def min_passes_for_power(
-    power: Callable[[int], float], target: float = 0.80, max_passes: int = 200
+    power: Callable[[int], float], target: float = 0.80, max_passes: int = 200,
+    start: int | None = None,
 ) -> int | None:
     """Smallest passes per arm at which ``power(passes)`` reaches ``target``.
 
@@ -554,6 +900,10 @@ def min_passes_for_power(
     target : float, default 0.80
     max_passes : int, default 200
         Largest number of passes considered.
+    start : int, optional
+        A guess near the answer (e.g. from a normal approximation): the search steps from it,
+        one pass at a time, then doubles, so a good guess costs two or three evaluations. The
+        answer is the same as without it (``power`` being non-decreasing).
 
     Returns
     -------
@@ -569,6 +919,20 @@ def min_passes_for_power(
     """
     tgt = _probability(target, "target")
     top = _int_at_least(max_passes, "max_passes", 2)
+    if start is not None:
+        n = min(max(int(start), 2), top)
+        if power(n) >= tgt:
+            while n > 2 and power(n - 1) >= tgt:
+                n -= 1
+            return n
+        if n == top:
+            return None
+        lo, hi = n, min(n + 1, top)   # power(lo) < target
+        while power(hi) < tgt:
+            if hi == top:
+                return None
+            lo, hi = hi, min(top, hi + max(1, hi - n))
+        return bisect_power(power, tgt, lo, hi)
     if power(2) >= tgt:
         return 2
     lo = 2  # power(lo) < target

@@ -10,6 +10,20 @@ Composes the primitives of ``bistat.design`` for every criterion of the declared
   of true ratios (``design.true_ratios``), with the passes per arm that would reach the power
   target where the plan falls short.
 
+- activation criteria (issue 18): ``control_diverges`` -- the probability that the control's
+  upper bound is at most its threshold at the assumed control match rate
+  (``design.assumed_control_match_rate``); ``treatment_beats_control`` -- the power of each
+  declared test (McNemar, Newcombe) at the two assumed rates; the probe and the engine log have
+  no design figures (their power shows in the run: the probe's negative control);
+- the cost rule (``[rule.cost]``): the probability of each outcome (*no measurable cost*,
+  *costs*, *faster*, *undecidable*) at each true ratio and the passes per arm that would decide
+  it at a true ratio of 1;
+- **false verdicts**: each label's false-positive probability when there is no slowdown (true
+  ratio 1, labels with a slowdown criterion) and, for *working*, in an A/A experiment (the
+  treatment's mode doing nothing: both arms at one match rate, the worst over a grid of rates),
+  with a warning naming the passes or prompts that bring it under the rule's alpha
+  (``1 - confidence_level``) when it exceeds it.
+
 The CV is declared (``design.expected_cv``, default 0.05) or read from an earlier run
 (``design.cv_from``: the pooled pass-to-pass CV of its counted passes, per arm, from
 ``passes.jsonl``). Plans that cannot reach a verdict are warned about, saying what to change.
@@ -23,17 +37,25 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from scipy import stats as _sps
+
 from bistat import design, stats
 from bistat.experiment import Experiment
 from bistat.records import RecordsError, iter_jsonl_strict
 from bistat.rule import (
+    ControlDiverges,
+    CostRule,
+    EngineLog,
     LargeDriftsAtMost,
     MatchIntervalsOverlap,
     MatchLowerBound,
     MatchUpperBound,
+    ProbeConfirmed,
+    Rule,
     ThroughputNotSlower,
     ThroughputRatio,
     ThroughputSlower,
+    TreatmentBeatsControl,
     needs_repeat_passes,
 )
 
@@ -42,6 +64,9 @@ __all__ = [
     "MatchDesign",
     "PowerAt",
     "ThroughputDesign",
+    "ActivationDesign",
+    "CostDesign",
+    "FalsePositive",
     "LabelProbability",
     "DesignReport",
     "analyse_design",
@@ -102,6 +127,72 @@ class ThroughputDesign:
 
 
 @dataclass(frozen=True)
+class ActivationDesign:
+    """Design figures of one activation criterion: P(met) at the assumed match rates.
+
+    ``tests``: ``(test, P(met))`` for each test of ``treatment_beats_control`` (``"mcnemar"``,
+    ``"newcombe"``); ``prob_met`` is the criterion's (for two tests: the smaller, a bound, with
+    ``require = "both"``; their sum capped at 1 with ``"either"``). ``prompts_for_target``: the
+    prompts that would reach the power target when short (None: not short, or none would).
+    """
+
+    label: str
+    field: str
+    criterion: str
+    description: str
+    threshold: str
+    n_prompts: int
+    assumed_match_rate: float
+    assumed_control_match_rate: float
+    prob_met: float | None
+    tests: tuple[tuple[str, float], ...] = ()
+    prompts_for_target: int | None = None
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class CostDesign:
+    """Design figures of the cost rule: the probability of each outcome at each true ratio.
+
+    ``outcomes``: ``(true ratio, {outcome: probability})``; ``passes_to_decide``: ``(true ratio,
+    passes per arm that decide it with the power target's probability, None if none up to 200)``.
+    """
+
+    description: str
+    metric: str
+    margin: float
+    confidence_level: float
+    passes_per_arm: int
+    cv: float
+    interval_factor: float | None
+    outcomes: tuple[tuple[float, dict[str, float]], ...]
+    passes_to_decide: tuple[tuple[float, int | None], ...]
+
+
+@dataclass(frozen=True)
+class FalsePositive:
+    """A label's probability of being met when what it asserts is false.
+
+    ``scenario``: ``"no slowdown"`` (true ratio 1, the assumed match rates) or ``"A/A"`` (the
+    treatment's mode does nothing: both arms at ``match_rate``, true ratio 1; the worst rate of
+    the grid). ``prob`` is exact or an upper bound (``bound``); ``fix`` what brings it under
+    alpha when it exceeds it.
+    """
+
+    label: str
+    scenario: str
+    match_rate: float | None
+    prob: float
+    bound: bool
+    alpha: float
+    fix: str | None = None
+
+    @property
+    def exceeds(self) -> bool:
+        return self.prob > self.alpha
+
+
+@dataclass(frozen=True)
 class LabelProbability:
     """P(label's criteria all met) at a true ratio, when the criteria are independent."""
 
@@ -130,11 +221,16 @@ class DesignReport:
     labels: tuple[LabelProbability, ...]
     other: tuple[str, ...]
     warnings: tuple[str, ...]
+    activation: tuple[ActivationDesign, ...] = ()
+    cost: CostDesign | None = None
+    false_positives: tuple[FalsePositive, ...] = ()
+    assumed_control_match_rate: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready data (stored in the registration)."""
         data = asdict(self)
-        for key in ("true_ratios", "match", "throughput", "labels", "other", "warnings"):
+        for key in ("true_ratios", "match", "throughput", "labels", "other", "warnings",
+                    "activation", "cost", "false_positives"):
             data[key] = json.loads(json.dumps(data[key]))
         return data
 
@@ -206,19 +302,28 @@ def analyse_design(exp: Experiment, *, base_dir: str | Path | None = None) -> De
 
     match: list[MatchDesign] = []
     through: list[ThroughputDesign] = []
+    activation: list[ActivationDesign] = []
     other: list[str] = []
     warnings: list[str] = []
     labels: list[LabelProbability] = []
+    control_rate = des.assumed_control_match_rate
 
     for li, spec in enumerate(rule.labels):
         label_match: list[float | None] = []
         label_through: list[ThroughputDesign] = []
         independent = True
+        activation_in_label = False
         for ci, crit in enumerate(spec.criteria):
             field = f"rule.labels[{li}].all[{ci}]"
             description, threshold = crit.describe(rule)
             where = f"{field} ('{spec.label}': {description} {threshold})"
-            if isinstance(crit, MatchLowerBound):
+            if isinstance(crit, (ControlDiverges, TreatmentBeatsControl)):
+                activation_in_label = True   # the same prompts as the match criteria
+                ad = _activation_design(spec.label, field, crit, description, threshold, n,
+                                        rule, des.assumed_match_rate, control_rate, target)
+                activation.append(ad)
+                warnings.extend(_activation_warnings(ad, where, target))
+            elif isinstance(crit, MatchLowerBound):
                 md = _match_design(spec.label, field, crit, description, threshold, n, cl, alt,
                                    des.assumed_match_rate)
                 match.append(md)
@@ -235,15 +340,22 @@ def analyse_design(exp: Experiment, *, base_dir: str | Path | None = None) -> De
                 other.append(f"{field} ('{spec.label}': {description} {threshold}): "
                              + _no_design_reason(crit))
         labels.extend(_label_probabilities(spec.label, label_match, label_through, ratios,
-                                           independent))
+                                           independent, activation_in_label))
 
+    cost = None
+    if rule.cost is not None:
+        cost = _cost_design(rule.cost, passes, cv, ratios, target)
+        warnings.extend(_cost_warnings(cost, target))
+    fps = _false_positives(rule, n, passes, cv, des.assumed_match_rate, control_rate)
+    warnings.extend(_false_positive_warnings(fps))
     warnings.extend(_concurrency_warnings(exp))
     return DesignReport(
         name=exp.name, n_prompts=n, passes_per_arm=passes, cv=cv, cv_source=cv_source,
         confidence_level=cl, alternative=rule.alternative,
         assumed_match_rate=des.assumed_match_rate, true_ratios=ratios, power_target=target,
         match=tuple(match), throughput=tuple(through), labels=tuple(labels),
-        other=tuple(other), warnings=tuple(warnings),
+        other=tuple(other), warnings=tuple(warnings), activation=tuple(activation), cost=cost,
+        false_positives=tuple(fps), assumed_control_match_rate=control_rate,
     )
 
 
@@ -266,6 +378,11 @@ def _concurrency_warnings(exp: Experiment) -> list[str]:
 
 
 def _no_design_reason(crit: Any) -> str:
+    if isinstance(crit, ProbeConfirmed):
+        return ("no design figures (the probe's power depends on the engine; the run shows it: "
+                "the probe's negative control must differ)")
+    if isinstance(crit, EngineLog):
+        return "no design figures (circumstantial evidence from the engine's log)"
     if isinstance(crit, MatchUpperBound):
         return "no design figures (an upper bound on the match rate is not planned for)"
     if isinstance(crit, MatchIntervalsOverlap):
@@ -273,6 +390,262 @@ def _no_design_reason(crit: Any) -> str:
     if isinstance(crit, LargeDriftsAtMost):
         return "no design figures (depends on the drift distribution)"
     return "no design figures"
+
+
+def _upper_alt(rule: Rule) -> str:
+    """The Wilson upper bound's sidedness under the rule (one-sided: alternative "less")."""
+    return "two-sided" if rule.alternative == "two-sided" else "less"
+
+
+def _lower_alt(rule: Rule) -> str:
+    return "two-sided" if rule.alternative == "two-sided" else "greater"
+
+
+def _activation_design(label, field, crit, description, threshold, n, rule: Rule, rate: float,
+                       control_rate: float, target: float) -> ActivationDesign:
+    cl = rule.confidence_level
+    if isinstance(crit, ControlDiverges):
+        def prob(k: int) -> float:
+            return design.prob_upper_bound_at_most(k, control_rate, crit.at_most, cl,
+                                                   _upper_alt(rule))
+        p = prob(n)
+        need = None
+        note = None
+        if p < target:
+            if control_rate >= crit.at_most:
+                note = (f"at an assumed control match rate of {control_rate:g}, at or above the "
+                        "threshold, no number of prompts shows the control diverging")
+            else:
+                need = _prompts_for_power(prob, n, target)
+        return ActivationDesign(label, field, crit.criterion, description, threshold, n, rate,
+                                control_rate, p, (), need, note)
+    tests: list[tuple[str, float]] = []
+
+    def combined(k: int) -> tuple[float, list[tuple[str, float]]]:
+        got = []
+        if crit.newcombe_at_least is not None:
+            got.append(("newcombe", design.power_newcombe(k, rate, control_rate,
+                                                          crit.newcombe_at_least, cl)))
+        if crit.mcnemar_below is not None:
+            got.append(("mcnemar", design.power_mcnemar(k, rate, control_rate,
+                                                        crit.mcnemar_below)))
+        probs = [q for _, q in got]
+        return (min(probs) if crit.require == "both" else min(1.0, sum(probs))), got
+
+    p, tests = combined(n)
+    note = None
+    if len(tests) > 1:
+        note = ("with both tests required, P(met) is at most the smaller figure" if
+                crit.require == "both" else "with either test enough, P(met) is at least the "
+                "larger figure and at most their sum")
+    need = None
+    if p < target:
+        if rate <= control_rate:
+            note = (f"the assumed match rates ({rate:g} treatment, {control_rate:g} control) give "
+                    "the treatment no lead to detect; check design.assumed_match_rate and "
+                    "design.assumed_control_match_rate")
+        else:
+            need = _prompts_for_power(lambda k: combined(k)[0], n, target)
+    return ActivationDesign(label, field, crit.criterion, description, threshold, n, rate,
+                            control_rate, p, tuple(tests), need, note)
+
+
+def _activation_warnings(ad: ActivationDesign, where: str, target: float) -> list[str]:
+    if ad.prob_met is None or ad.prob_met >= target:
+        return []
+    fix = (f"about {ad.prompts_for_target} prompts would give {target:.0%} (set "
+           "workload.n_prompts)" if ad.prompts_for_target is not None else
+           ad.note or f"no number of prompts up to {MAX_PROMPTS_SEARCHED} reaches {target:.0%}")
+    return [f"{where}: P(met) = {ad.prob_met:.3f} with {ad.n_prompts} prompts at assumed match "
+            f"rates of {ad.assumed_match_rate:g} (treatment) and "
+            f"{ad.assumed_control_match_rate:g} (control), below the power target "
+            f"{target:.0%}; {fix}"]
+
+
+def _cost_design(cost: CostRule, passes: int, cv: float, ratios, target: float) -> CostDesign:
+    grid = tuple(dict.fromkeys((1.0, *ratios)))
+    factor = (design.expected_ratio_interval_factor(passes, cv, cost.confidence_level)
+              if passes >= 2 else None)
+    outcomes = tuple((r, design.cost_outcome_probabilities(cost.margin, r, passes, cv,
+                                                           cost.confidence_level, cost.metric))
+                     for r in grid) if passes >= 2 else ()
+    decide = tuple((r, design.passes_to_decide(cost.margin, r, cv, cost.confidence_level,
+                                               cost.metric, target)) for r in grid)
+    return CostDesign(cost.describe(), cost.metric, cost.margin, cost.confidence_level, passes,
+                      cv, factor, outcomes, decide)
+
+
+def _cost_warnings(cd: CostDesign, target: float) -> list[str]:
+    at_one = dict(cd.outcomes).get(1.0)
+    if at_one is None or at_one["no measurable cost"] >= target:
+        return []
+    need = dict(cd.passes_to_decide).get(1.0)
+    fix = (f"{need} passes per arm would give {target:.0%}; set workload.passes >= {need}"
+           if need is not None else "no number of passes up to 200 does; widen the margin or "
+                                    "reduce the pass-to-pass variation")
+    return [f"rule.cost ({cd.description}): with no cost at all (true ratio 1), P(no measurable "
+            f"cost) = {at_one['no measurable cost']:.3f} with {cd.passes_per_arm} passes per arm "
+            f"at CV {cd.cv:.3g}, below the power target {target:.0%}; {fix}"]
+
+
+#: A/A match rates the false-positive analysis tries, beside the declared assumed rates.
+AA_MATCH_RATES = (0.5, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999, 1.0)
+
+
+def _k_bounds(n: int, crits: list[Any], role: str, rule: Rule) -> tuple[int, int] | None:
+    """The matched counts ``k`` (out of ``n``) at which every match criterion on ``role``'s arm
+    holds, as ``(k_min, k_max)``; None when no ``k`` does. Each bound is monotone in ``k``."""
+    from bistat.stats import wilson_interval
+
+    cl = rule.confidence_level
+    lo, hi = 0, n
+    for c in crits:
+        if isinstance(c, MatchLowerBound) and c.arm == role:
+            tol = design.max_mismatches_tolerated(n, c.at_least, cl, _lower_alt(rule))
+            if tol < 0:
+                return None
+            lo = max(lo, n - tol)
+        elif (isinstance(c, MatchUpperBound) and c.arm == role) or (
+                isinstance(c, ControlDiverges) and role == "control"):
+            def ok(k: int, c=c) -> bool:
+                high = wilson_interval(k, n, cl, _upper_alt(rule)).high
+                return high < c.below if isinstance(c, MatchUpperBound) else high <= c.at_most
+            if not ok(0):
+                return None
+            top = n
+            if not ok(n):
+                a, b = 0, n
+                while b - a > 1:
+                    mid = (a + b) // 2
+                    a, b = (mid, b) if ok(mid) else (a, mid)
+                top = a
+            hi = min(hi, top)
+    return (lo, hi) if lo <= hi else None
+
+
+def _arm_prob(n: int, crits: list[Any], role: str, rule: Rule, rate: float) -> float:
+    from scipy import stats as sps
+
+    bounds = _k_bounds(n, crits, role, rule)
+    if bounds is None:
+        return 0.0
+    lo, hi = bounds
+    return float(sps.binom.cdf(hi, n, rate) - (sps.binom.cdf(lo - 1, n, rate) if lo > 0 else 0.0))
+
+
+def _throughput_prob_at_one(crits: list[Any], passes: int, cv: float, rule: Rule
+                            ) -> float | None:
+    """P(all throughput criteria met | true ratio 1): exact for one, the smallest for several
+    (a bound); None without throughput criteria; 1 with one counted pass (no power figure)."""
+    through = [c for c in crits if isinstance(c, (ThroughputRatio, ThroughputSlower,
+                                                  ThroughputNotSlower))]
+    if not through:
+        return None
+    if passes < 2:
+        # one pass per arm: the point estimate still has its planning-model spread (log ratio
+        # ~ N(0, 2 sigma^2)); a criterion on an interval cannot be evaluated, hence never met
+        sigma = design.log_sd_from_cv(cv)
+        probs = []
+        for c in through:
+            if isinstance(c, ThroughputRatio) and c.statistic == "point":
+                z = math.log(c.below if c.below is not None else c.at_least) / (sigma * math.sqrt(2))
+                probs.append(float(_sps.norm.cdf(z) if c.below is not None else _sps.norm.sf(z)))
+            else:
+                probs.append(0.0)
+        return min(probs)
+    return min(_power_fn(c, cv, rule.confidence_level, rule.tost_alpha)(1.0, passes)
+               for c in through)
+
+
+def _pair_bound(crits: list[Any], n: int, rate: float, rule: Rule) -> float:
+    """An upper bound on P(the criteria comparing the arms are met) when both arms match at
+    ``rate``: the tests' own false-positive rates (exact under the planning model), 1 for
+    criteria without one."""
+    bound = 1.0
+    for c in crits:
+        if isinstance(c, TreatmentBeatsControl):
+            probs = []
+            if c.newcombe_at_least is not None:
+                probs.append(design.power_newcombe(n, rate, rate, c.newcombe_at_least,
+                                                   rule.confidence_level))
+            if c.mcnemar_below is not None:
+                probs.append(design.power_mcnemar(n, rate, rate, c.mcnemar_below))
+            bound = min(bound, min(probs) if c.require == "both" else min(1.0, sum(probs)))
+    return bound
+
+
+def _false_positives(rule: Rule, n: int, passes: int, cv: float, rate: float,
+                     control_rate: float) -> list[FalsePositive]:
+    """Each label's false-positive probability (see :class:`FalsePositive`)."""
+    alpha = rule.alpha
+    out: list[FalsePositive] = []
+    for spec in rule.labels:
+        crits = list(spec.criteria)
+        p_thr = _throughput_prob_at_one(crits, passes, cv, rule)
+        slowdown = [c for c in crits if isinstance(c, (ThroughputRatio, ThroughputSlower,
+                                                       ThroughputNotSlower))
+                    and not _holds(c, 1.0)]
+        if slowdown and p_thr is not None:
+            p_t = _arm_prob(n, crits, "treatment", rule, rate)
+            p_c = _arm_prob(n, crits, "control", rule, control_rate)
+            prob = p_t * p_c * p_thr
+            bound = len(slowdown) > 1 or any(
+                not isinstance(c, (ThroughputRatio, ThroughputSlower, ThroughputNotSlower,
+                                   MatchLowerBound, MatchUpperBound, ControlDiverges))
+                for c in crits)
+            fix = None
+            if prob > alpha:
+                fix = _passes_fix(lambda k: p_t * p_c * _throughput_prob_at_one(
+                    crits, k, cv, rule), alpha)
+            out.append(FalsePositive(spec.label, "no slowdown", None, prob, bound, alpha, fix))
+        if spec.label != "working":
+            continue
+        worst: tuple[float, float] | None = None
+        for p in sorted({*AA_MATCH_RATES, rate, control_rate}):
+            arms = _arm_prob(n, crits, "treatment", rule, p) * _arm_prob(n, crits, "control",
+                                                                          rule, p)
+            prob = min(arms, _pair_bound(crits, n, p, rule)) * (1.0 if p_thr is None else p_thr)
+            if worst is None or prob > worst[1]:
+                worst = (p, prob)
+        assert worst is not None
+        p, prob = worst
+        fix = None
+        if prob > alpha:
+            compares = any(isinstance(c, (ControlDiverges, TreatmentBeatsControl)) for c in crits)
+            fix = ("" if compares else
+                   "the label never compares the arms' match rates, so a mode that does nothing "
+                   "meets it as often as the treatment matches; add control_diverges and "
+                   "treatment_beats_control to it")
+            if p_thr is not None and p_thr < 1.0:
+                arms_p = prob / p_thr
+                passes_fix = _passes_fix(lambda k: arms_p * _throughput_prob_at_one(
+                    crits, k, cv, rule), alpha)
+                fix = "; ".join(x for x in (passes_fix, fix) if x)
+            fix = fix or "the activation criteria's thresholds are too lax; tighten them"
+        out.append(FalsePositive(spec.label, "A/A", p, prob, True, alpha, fix))
+    return out
+
+
+def _passes_fix(prob: Callable[[int], float], alpha: float) -> str:
+    """The passes per arm at which ``prob(passes) <= alpha``, in words."""
+    need = design.min_passes_for_power(lambda k: 1.0 if prob(k) <= alpha else 0.0, 0.5)
+    if need is None:
+        return "no number of passes up to 200 brings it under alpha"
+    return f"{need} passes per arm bring it under alpha (set workload.passes >= {need})"
+
+
+def _false_positive_warnings(fps: list[FalsePositive]) -> list[str]:
+    out = []
+    for fp in fps:
+        if not fp.exceeds:
+            continue
+        what = ("when there is no slowdown at all (true ratio 1)" if fp.scenario == "no slowdown"
+                else f"in an A/A experiment (the treatment's mode doing nothing: both arms at a "
+                     f"match rate of {fp.match_rate:g}, true ratio 1)")
+        out.append(f"rule label '{fp.label}' is met {what} with probability "
+                   f"{'up to ' if fp.bound else ''}{fp.prob:.3f}, above the rule's alpha "
+                   f"{fp.alpha:.3g}: a false '{fp.label}'; {fp.fix}")
+    return out
 
 
 def _match_design(label, field, crit, description, threshold, n, cl, alt, rate) -> MatchDesign:
@@ -405,11 +778,14 @@ def _throughput_warnings(td: ThroughputDesign, where: str, crit: Any, ratios, ta
 
 
 def _label_probabilities(label: str, match: list[float | None],
-                         through: list[ThroughputDesign], ratios, independent: bool
-                         ) -> list[LabelProbability]:
+                         through: list[ThroughputDesign], ratios, independent: bool,
+                         activation: bool = False) -> list[LabelProbability]:
     out: list[LabelProbability] = []
     for i, r in enumerate(ratios):
-        if not independent:
+        if activation:
+            note = ("not computed: its activation criteria read the same prompts as its match "
+                    "criteria (each criterion's figure is above)")
+        elif not independent:
             note = "not computed: a criterion of this label has no design figures"
         elif len(match) > 1 or len(through) > 1:
             note = "not computed: criteria on the same data are not independent"
@@ -464,6 +840,37 @@ def format_design(report: DesignReport) -> str:
                 lines.append(f"    {td.note}")
             probs = ", ".join(f"{p.true_ratio:g}: {_p(p.prob_met)}" for p in td.power)
             lines.append(f"    P(met) at true ratio {probs}")
+    if report.activation:
+        lines.append("")
+        lines.append(f"Activation criteria ({report.n_prompts} prompts; assumed match rates "
+                     f"{report.assumed_match_rate:g} treatment, "
+                     f"{report.assumed_control_match_rate:g} control):")
+        for ad in report.activation:
+            lines.append(f"  {ad.label}: {ad.description} {ad.threshold}")
+            if ad.tests:
+                lines.append("    " + ", ".join(f"P({t}) = {_p(q)}" for t, q in ad.tests))
+            lines.append(f"    P(met): {_p(ad.prob_met)}"
+                         + (f" ({ad.note})" if ad.note else ""))
+    if report.cost is not None:
+        cd = report.cost
+        lines.append("")
+        lines.append(f"Cost rule ({cd.description}; {cd.passes_per_arm} counted passes per arm, "
+                     f"CV {cd.cv:.3g}):")
+        if cd.interval_factor is not None:
+            lines.append(f"  expected ratio interval: estimate ×/÷ {cd.interval_factor:.3f}")
+        for r, probs in cd.outcomes:
+            lines.append(f"  at true ratio {r:g}: " + ", ".join(
+                f"{k} {v:.3f}" for k, v in probs.items()))
+        lines.append("  passes per arm that decide it with the power target: " + ", ".join(
+            f"at {r:g}: {'none up to 200' if k is None else k}" for r, k in cd.passes_to_decide))
+    if report.false_positives:
+        lines.append("")
+        lines.append("False verdicts (a label met when what it asserts is false):")
+        for fp in report.false_positives:
+            what = ("no slowdown (true ratio 1)" if fp.scenario == "no slowdown" else
+                    f"A/A (both arms at match rate {fp.match_rate:g}, the worst tried)")
+            lines.append(f"  {fp.label}, {what}: P {'<=' if fp.bound else '='} {fp.prob:.3f}"
+                         f" (alpha {fp.alpha:.3g})")
     if report.labels:
         lines.append("")
         lines.append("P(label's criteria all met), match and throughput independent:")

@@ -26,7 +26,13 @@ import types
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from bistat.rule import CRITERION_NAMES, Rule, semantic_error
+from bistat.rule import (
+    CRITERION_NAMES,
+    NEEDS_REPEAT_MATCH,
+    EngineLog,
+    Rule,
+    semantic_error,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -198,6 +204,10 @@ class Design(_Model):
     """Assumptions for the design analysis (``bistat design``); they do not change the verdict."""
 
     assumed_match_rate: float = Field(default=0.999, ge=0.0, le=1.0)
+    assumed_control_match_rate: float = Field(
+        default=0.9, ge=0.0, le=1.0,
+        description="the control arm's assumed match rate, for the power of the activation "
+                    "criteria (control_diverges, treatment_beats_control)")
     expected_cv: float | None = Field(default=None, gt=0.0)
     cv_from: str | None = Field(default=None, min_length=1)
     true_ratios: list[float] = Field(default_factory=lambda: [0.8, 0.9, 1.0], min_length=1)
@@ -226,6 +236,10 @@ class Design(_Model):
 
 #: The pass-to-pass coefficient of variation assumed when a declaration states none.
 DEFAULT_CV = 0.05
+
+#: Engine kinds whose adapters keep the engine's log lines at every start
+#: (``environment.jsonl`` ``log_findings``): the only ones that can evaluate ``engine_log``.
+ENGINES_WITH_LOG = ("vllm-server", "vllm-offline")
 
 
 class Experiment(_Model):
@@ -259,6 +273,7 @@ class Experiment(_Model):
                 issues.append((f"arms[{i}].name", f"{arm.name!r} is already the name of "
                                                   f"arms[{seen[arm.name]}]; arm names must be unique"))
             seen.setdefault(arm.name, i)
+        issues.extend(_unevaluable_criteria(self))
         floor = self.validity.min_mean_running
         if floor is not None and floor > self.workload.concurrency:
             issues.append(("validity.min_mean_running",
@@ -291,6 +306,35 @@ class Experiment(_Model):
         data = self.model_dump(mode="json", by_alias=True)
         data["design"]["expected_cv"] = self.design.resolved_cv()
         return data
+
+
+def _unevaluable_criteria(exp: "Experiment") -> list[tuple[str, str]]:
+    """Criteria of the rule this declaration's run could never evaluate, each with the fix
+    (issue 18, "Bad input"): refused at registration instead of giving a verdict that could
+    not have been otherwise. What only the run can tell (a probe report in the run directory) is
+    left to the classifier, which then says *untested*."""
+    issues: list[tuple[str, str]] = []
+    passes = exp.workload.passes
+    kind = exp.engine.kind
+    for li, spec in enumerate(exp.rule.labels):
+        for ci, crit in enumerate(spec.criteria):
+            field = f"rule.labels[{li}].all[{ci}]"
+            if isinstance(crit, NEEDS_REPEAT_MATCH) and passes < 2:
+                issues.append((field, f"{crit.criterion} needs at least 2 counted passes per arm, "
+                                      f"but workload.passes = {passes}: a single pass always "
+                                      "matches itself, so no arm can diverge; set "
+                                      "workload.passes >= 2"))
+            if isinstance(crit, EngineLog) and kind not in ENGINES_WITH_LOG:
+                allowed = ", ".join(repr(k) for k in ENGINES_WITH_LOG)
+                issues.append((field, f"engine_log cannot be evaluated: engine.kind {kind!r} keeps "
+                                      "no engine log (only "
+                                      f"{allowed} do); remove the criterion or run on one of "
+                                      "those engines"))
+    if exp.rule.cost is not None and passes < 2:
+        issues.append(("rule.cost", f"the cost rule needs at least 2 counted passes per arm for "
+                                    f"the ratio's interval, but workload.passes = {passes}; set "
+                                    "workload.passes >= 2 or remove [rule.cost]"))
+    return issues
 
 
 # --------------------------------------------------------------------------------------------

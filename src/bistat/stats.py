@@ -12,6 +12,7 @@ Contents
 - :func:`intervals_overlap` -- whether two intervals share a point.
 - :func:`mcnemar_test` -- paired, prompt-level comparison of two arms.
 - :func:`throughput_ratio` -- treatment / control per-pass throughput, Welch interval on logs.
+- :func:`ratio_of_geometric_means` -- the point estimate alone (one pass per arm suffices).
 - :func:`tost_ratio` -- TOST equivalence of the throughput ratio within declared margins.
 - :func:`pooled_cv` -- pooled pass-to-pass coefficient of variation.
 """
@@ -42,6 +43,7 @@ __all__ = [
     "mcnemar_test",
     "newcombe_difference",
     "pooled_cv",
+    "ratio_of_geometric_means",
     "throughput_ratio",
     "tost_ratio",
     "wilson_interval",
@@ -644,6 +646,54 @@ def throughput_ratio(
         ratio=math.exp(log_diff), interval=interval, df=df, log_diff=log_diff, se=se,
         n_treatment=int(t.size), n_control=int(c.size),
     )
+
+
+def _geometric_mean(values: np.ndarray) -> float:
+    # A single value (or identical values) is its own geometric mean, exactly: exp(log(x)) may
+    # be off by an ulp, which would move a ratio of exactly 0.90 below a bound of 0.90.
+    if np.all(values == values[0]):
+        return float(values[0])
+    return math.exp(math.fsum(np.log(values).tolist()) / values.size)
+
+
+def ratio_of_geometric_means(treatment: Sequence[float], control: Sequence[float]) -> float:
+    """Point estimate of the ratio treatment / control: the ratio of per-pass geometric means.
+
+    Parameters
+    ----------
+    treatment, control : sequence of float
+        Per-pass values (e.g. output tokens/s) of each counted pass, all finite and ``> 0``; one
+        pass per arm suffices (the interval of :func:`throughput_ratio` needs two).
+
+    Returns
+    -------
+    float
+        ``geomean(treatment) / geomean(control)``.
+
+    Raises
+    ------
+    ValueError
+        If an arm has no pass, or a value is not finite and positive.
+
+    Notes
+    -----
+    This is the one point estimate bistat shows and decides on (the classifier's ``point``
+    statistic, the findings' ratio column). An arm whose passes are all equal has that value as
+    its geometric mean *exactly*, so a ratio of one pass of 90 to one of 100 is 0.9, not
+    ``exp(log 90 - log 100) = 0.8999999999999996``, and a bound of 0.90 is decided as declared.
+    :func:`throughput_ratio`'s ``ratio`` (``exp`` of the mean log difference) agrees with it to
+    within rounding.
+
+    Examples
+    --------
+    >>> ratio_of_geometric_means([90.0], [100.0])
+    0.9
+    >>> round(ratio_of_geometric_means([90.0, 92.0, 88.0], [100.0, 101.0, 99.0]), 4)
+    0.8999
+    """
+    t = _positive_sample(treatment, "treatment", min_size=1)
+    c = _positive_sample(control, "control", min_size=1)
+    return _geometric_mean(t) / _geometric_mean(c)
 
 
 def tost_ratio(

@@ -14,6 +14,7 @@ from bistat import __version__
 
 # Each module in this list defines ``register(group: click.Group) -> None``.
 _COMMAND_MODULES = (
+    "bistat.cli.cmd_new",        # new (a declaration with the default rule)
     "bistat.cli.cmd_register",   # register, verify, design
     "bistat.cli.cmd_analyze",    # analyze, compact
     "bistat.cli.cmd_model",      # model fetch / export / info / path
