@@ -4,38 +4,75 @@ Entry point (pyproject): ``bistat_tuned_gemm = "bistat_kernels.vllm_plugin:regis
 ``vllm.general_plugins``. vLLM calls :func:`register` in every process that loads plugins (engine
 and workers, possibly several times). It does nothing unless ``BISTAT_TUNED_GEMM=1``.
 
-Where it hooks in (vLLM 0.25.0, ``vllm/model_executor/layers/batch_invariant.py``): with
-``VLLM_BATCH_INVARIANT=1``, ``UnquantizedLinearMethod.apply`` (``linear.py``) and the lm_head's
-``UnquantizedEmbeddingMethod.apply`` (``vocab_parallel_embedding.py``) call
-``linear_batch_invariant(x, weight, bias)``, which calls ``matmul_batch_invariant(x, weight.t())``,
-which calls the module global ``matmul_persistent(a, b)``; on SM80 the ``aten::mm`` / ``addmm`` /
-``matmul`` / ``linear`` overrides reach the same global through ``mm_batch_invariant`` and
-``addmm_batch_invariant``. Replacing that one module attribute is the narrowest point: every
-caller looks it up at call time, nothing else in vLLM changes, and the signature
-``(a, b, bias=None) -> Tensor`` is kept.
+Where it hooks in: with ``VLLM_BATCH_INVARIANT=1``, ``UnquantizedLinearMethod.apply``
+(``linear.py``) and the lm_head's ``UnquantizedEmbeddingMethod.apply``
+(``vocab_parallel_embedding.py``) call ``linear_batch_invariant(x, weight, bias)`` of vLLM's
+batch-invariant module, which reaches the module global ``matmul_persistent(a, b, bias=None)``:
+
+- vLLM 0.25.0, ``vllm/model_executor/layers/batch_invariant.py``: ``linear_batch_invariant`` →
+  ``matmul_batch_invariant`` → ``matmul_persistent`` with one fixed configuration; on SM80 the
+  ``aten::mm`` / ``addmm`` / ``matmul`` / ``linear`` overrides reach the same global;
+- vLLM 0.33.0, ``vllm/model_executor/determinism/batch_invariant.py`` (moved by #53619):
+  ``linear_batch_invariant`` → ``mm_batch_invariant`` → ``matmul_persistent``, whose launch
+  configuration now comes from vLLM's own M-bucketed tables (``batch_invariant_configs.
+  _get_matmul_config``); on Hopper and Blackwell ``aten::mm`` is no longer overridden (cuBLAS is
+  kept from splitting K by its workspace settings), so only the linear layers and the lm_head
+  take this path.
+
+Replacing that one module attribute is the narrowest point: every caller looks it up at call time,
+nothing else in vLLM changes, and the signature ``(a, b, bias=None) -> Tensor`` is kept. The hook
+is found by feature, not by version string (:func:`find_hook`): the first of
+:data:`TARGET_MODULES` that imports and passes :func:`hook_problems` (``matmul_persistent`` with
+parameters ``(a, b, bias=None)``, reached from ``linear_batch_invariant`` through module-level
+names). On a vLLM where none does, :func:`register` raises :class:`UnsupportedVLLMError`, naming
+the vLLM version and what it looked for: an arm that asked for the tuned GEMM must not run vLLM's
+own instead. ``kernels/vllm_hooks/VERSION.json`` records, per supported release, what the wheel
+holds (``bistat_kernels.hook_manifest`` derives it with ``ast``), and the tests check
+:func:`hook_problems` against each.
 
 The replacement calls the tuned launcher through a ``torch.library`` operator
 (``bistat::matmul_persistent``) so that torch.compile treats it as one opaque node: Dynamo never
 traces the table lookup (whose branch on the symbolic batch size would otherwise be frozen into
 the graph at trace time), and the bucket is chosen with the real M when the op runs — eagerly, or
-while vLLM captures a CUDA graph for that batch size.
+while vLLM captures a CUDA graph for that batch size (0.33's breakable CUDA graphs, which vLLM
+turns on instead of torch.compile in batch-invariant mode when its own table holds the model's
+shapes, run it eagerly while capturing).
 
 The operator is defined with ``torch.library.Library`` and a plain Python kernel per device,
 not with ``torch.library.custom_op``: a step that is not a CUDA-graph replay (vLLM 0.25.0 captures
 steps of up to 512 tokens) pays the dispatch on every GEMM call, and ``custom_op``'s
 wrapper with a lookup per call added 14.8 us of host time per call over vLLM's direct call on the
 H200 machine's host, this operator 3.8 us (``benchmarks/bench_plugin_dispatch.py``,
-``kernels/results/plugin_dispatch_h200_host.txt``; 145 calls per Qwen3-8B decode step). The launch configuration of each (M, N, K, dtype) is looked up
+``kernels/results/plugin_dispatch_h200_host.txt``; 145 calls per Qwen3-8B decode step). The launch configuration of each (M, N, K) is looked up
 once and kept.
 """
 
+import importlib
+import importlib.util
 import logging
 import os
+import sys
+import types
+from collections.abc import Mapping
 from types import ModuleType
 from typing import Any, Optional, Union
 
 ENABLE_ENV = "BISTAT_TUNED_GEMM"
-TARGET_MODULE = "vllm.model_executor.layers.batch_invariant"
+#: Where vLLM keeps its batch-invariant GEMM, newest layout first (0.33.0: determinism/; 0.25.0:
+#: layers/). The first that imports and passes :func:`hook_problems` is hooked.
+TARGET_MODULES = ("vllm.model_executor.determinism.batch_invariant",
+                  "vllm.model_executor.layers.batch_invariant")
+#: The function replaced, and its parameters (``bias`` defaulting to None).
+HOOK = "matmul_persistent"
+HOOK_PARAMS = ("a", "b", "bias")
+#: What vLLM's linear layers and lm_head call; it must reach :data:`HOOK` through module-level
+#: names (looked up at call time), or replacing the module attribute would change nothing.
+ENTRY = "linear_batch_invariant"
+#: The vLLM modules that call :data:`ENTRY` (checked in the manifests: they import it by name).
+CALLERS = ("vllm.model_executor.layers.linear",
+           "vllm.model_executor.layers.vocab_parallel_embedding")
+#: How many module-level calls may lie between :data:`ENTRY` and :data:`HOOK`.
+MAX_DEPTH = 3
 OP_NAME = "bistat::matmul_persistent"
 
 _log = logging.getLogger("bistat_kernels.vllm_plugin")
@@ -95,6 +132,146 @@ def tuned_matmul_op() -> Any:
     return _OP
 
 
+class UnsupportedVLLMError(RuntimeError):
+    """``BISTAT_TUNED_GEMM=1`` on a vLLM whose batch-invariant GEMM the plugin cannot hook."""
+
+
+def hook_problems(view: Mapping[str, Any]) -> list[str]:
+    """What keeps the plugin from hooking a batch-invariant module; empty: it can.
+
+    Parameters
+    ----------
+    view : mapping
+        ``{"functions": {name: {"params": [...], "defaults": {param: text}, "names": [...]}}}``:
+        the module's top-level functions, their parameters, the source text of their defaults
+        and the module-level names their bodies use. :func:`module_view` builds it from a
+        live module, ``bistat_kernels.hook_manifest`` from a wheel's source (``ast``).
+
+    Examples
+    --------
+    >>> f = {"params": ["a", "b", "bias"], "defaults": {"bias": "None"}, "names": []}
+    >>> hook_problems({"functions": {"matmul_persistent": f,
+    ...     "linear_batch_invariant": {"params": ["input", "weight", "bias"],
+    ...                                "defaults": {"bias": "None"}, "names": ["mm"]},
+    ...     "mm": {"params": ["a", "b"], "defaults": {}, "names": ["matmul_persistent"]}}})
+    []
+    >>> hook_problems({"functions": {}})[0]
+    'no function matmul_persistent'
+    """
+    functions = view.get("functions") or {}
+    problems = []
+    hook = functions.get(HOOK)
+    if hook is None:
+        return [f"no function {HOOK}"] + ([] if ENTRY in functions else [f"no function {ENTRY}"])
+    params = list(hook.get("params") or [])
+    defaults = hook.get("defaults") or {}
+    if tuple(params[:len(HOOK_PARAMS)]) != HOOK_PARAMS or defaults.get("bias") != "None":
+        problems.append(f"{HOOK} has parameters ({', '.join(params)}), not (a, b, bias=None)")
+    extra = [p for p in params[len(HOOK_PARAMS):] if p not in defaults]
+    if extra:
+        problems.append(f"{HOOK} requires more parameters: {', '.join(extra)}")
+    if ENTRY not in functions:
+        return problems + [f"no function {ENTRY}"]
+    if _call_path(functions, ENTRY, HOOK) is None:
+        problems.append(f"{ENTRY} does not reach {HOOK} through module-level names within "
+                        f"{MAX_DEPTH} calls")
+    return problems
+
+
+def _call_path(functions: Mapping[str, Any], start: str, goal: str) -> Optional[list[str]]:
+    """The shortest chain of module-level functions from ``start`` to ``goal`` (breadth first)."""
+    frontier = [[start]]
+    for _ in range(MAX_DEPTH):
+        nxt = []
+        for path in frontier:
+            for name in (functions.get(path[-1]) or {}).get("names") or []:
+                if name == goal:
+                    return path + [goal]
+                if name in functions and name not in path:
+                    nxt.append(path + [name])
+        frontier = nxt
+    return None
+
+
+def call_path(view: Mapping[str, Any]) -> Optional[list[str]]:
+    """``[ENTRY, ..., HOOK]`` in ``view`` (see :func:`hook_problems`); None when there is none."""
+    return _call_path(view.get("functions") or {}, ENTRY, HOOK)
+
+
+def _code_names(code: types.CodeType) -> set:
+    names = set(code.co_names)
+    for const in code.co_consts:  # nested functions (matmul_persistent's grid) and lambdas
+        if isinstance(const, types.CodeType):
+            names |= _code_names(const)
+    return names
+
+
+def module_view(module: ModuleType) -> dict:
+    """:func:`hook_problems`' view of a live module: its own top-level functions, their
+    parameters and defaults (``inspect.signature``) and the module-level names their code uses."""
+    import inspect
+
+    top = set(vars(module))
+    functions = {}
+    for name, fn in sorted(vars(module).items()):
+        if not inspect.isfunction(fn) or fn.__module__ != module.__name__:
+            continue
+        fn = inspect.unwrap(fn)
+        sig = inspect.signature(fn)
+        functions[name] = {
+            "params": list(sig.parameters),
+            "defaults": {p.name: repr(p.default) for p in sig.parameters.values()
+                         if p.default is not inspect.Parameter.empty},
+            "names": sorted(_code_names(fn.__code__) & top),
+        }
+    return {"module": module.__name__, "functions": functions}
+
+
+def vllm_version() -> str:
+    """vLLM's version from its package metadata ("unknown" when it has none)."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return str(getattr(sys.modules.get("vllm"), "__version__", "unknown"))
+
+
+def _vllm_present() -> bool:
+    if "vllm" in sys.modules:  # imported (or blocked with None, as tests do)
+        return sys.modules["vllm"] is not None
+    try:
+        return importlib.util.find_spec("vllm") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def find_hook() -> tuple[Optional[ModuleType], list[str]]:
+    """The first of :data:`TARGET_MODULES` that imports and passes :func:`hook_problems`, and
+    one line per module tried that did not (why not)."""
+    tried = []
+    for name in TARGET_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ImportError as exc:
+            tried.append(f"{name}: cannot be imported ({exc})")
+            continue
+        problems = hook_problems(module_view(module))
+        if not problems:
+            return module, tried
+        tried.append(f"{name}: {'; '.join(problems)}")
+    return None, tried
+
+
+def unsupported_message(version: str, tried: list[str]) -> str:
+    """The refusal: the vLLM version, what the plugin looked for and what it found instead."""
+    return (f"bistat_kernels: the tuned GEMM ({ENABLE_ENV}=1) is not supported on vLLM {version}: "
+            f"it looks for {HOOK}(a, b, bias=None), reached from {ENTRY} through module-level "
+            f"names, in {' or '.join(TARGET_MODULES)}; " + "; ".join(tried)
+            + f". Unset {ENABLE_ENV}, or use a vLLM that bistat_kernels/vllm_hooks/ has a "
+            "manifest for (bistat_kernels.hook_manifest derives one from a wheel)")
+
+
 def install(module: ModuleType) -> bool:
     """Replace ``module.matmul_persistent`` by the tuned op; idempotent. True if it installed."""
     if getattr(module, "_bistat_tuned_gemm", False):
@@ -116,26 +293,32 @@ def install(module: ModuleType) -> bool:
 
 def installed() -> bool:
     """Whether vLLM's batch-invariant module (if imported) currently routes through us."""
-    import sys
+    return any(getattr(sys.modules.get(name), "_bistat_tuned_gemm", False)
+               for name in TARGET_MODULES)
 
-    module = sys.modules.get(TARGET_MODULE)
-    return bool(module is not None and getattr(module, "_bistat_tuned_gemm", False))
+
+def hooked_module() -> Optional[ModuleType]:
+    """The imported batch-invariant module the plugin routes through (None: not installed)."""
+    return next((sys.modules[name] for name in TARGET_MODULES
+                 if getattr(sys.modules.get(name), "_bistat_tuned_gemm", False)), None)
 
 
 def register() -> None:
-    """The ``vllm.general_plugins`` entry point: install when ``BISTAT_TUNED_GEMM=1``."""
-    if not enabled():
-        return
-    import importlib
+    """The ``vllm.general_plugins`` entry point: install when ``BISTAT_TUNED_GEMM=1``.
 
-    try:
-        module = importlib.import_module(TARGET_MODULE)
-    except ImportError as exc:
-        _log.warning("bistat_kernels: %s=1 but %s cannot be imported (%s); the tuned GEMM is "
-                     "not installed", ENABLE_ENV, TARGET_MODULE, exc)
+    Raises
+    ------
+    UnsupportedVLLMError
+        vLLM is installed but none of :data:`TARGET_MODULES` has the hook (:func:`find_hook`);
+        vLLM's plugin loader lets it through, so the engine does not start.
+    """
+    if not enabled() or installed():  # plugins load again in every process: idempotent
         return
-    if not hasattr(module, "matmul_persistent"):
-        _log.warning("bistat_kernels: %s has no matmul_persistent (vLLM version without it?); "
-                     "the tuned GEMM is not installed", TARGET_MODULE)
+    if not _vllm_present():
+        _log.warning("bistat_kernels: %s=1 but vLLM is not installed; the tuned GEMM is not "
+                     "installed", ENABLE_ENV)
         return
+    module, tried = find_hook()
+    if module is None:
+        raise UnsupportedVLLMError(unsupported_message(vllm_version(), tried))
     install(module)

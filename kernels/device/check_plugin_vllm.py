@@ -8,8 +8,8 @@ Runs the offline engine in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, s
 Python state is readable here) with ``VLLM_BATCH_INVARIANT=1`` and ``BISTAT_TUNED_GEMM=1``, in
 compiled mode (torch.compile + CUDA graphs: ``enforce_eager=False``, the default). It checks:
 
-1. the plugin replaced ``vllm.model_executor.layers.batch_invariant.matmul_persistent`` and the
-   tuned op ran (``bistat_kernels.vllm_plugin.CALLS``: eager runs and CUDA-graph captures);
+1. the plugin replaced ``matmul_persistent`` of vLLM's batch-invariant module (0.25.0:
+   ``layers/``, 0.33.0: ``determinism/``) and the tuned op ran (``bistat_kernels.vllm_plugin.CALLS``: eager runs and CUDA-graph captures);
 2. each needle prompt alone gives bitwise the same token ids and logprobs as the same prompt
    placed at several positions inside batches of other prompts (``--batch-sizes``);
 3. as a negative-control hint, it records whether the needle's outputs differ at all between
@@ -67,7 +67,7 @@ def main() -> int:
     if not vllm_plugin.installed():
         vllm_plugin.register()
         registered_by = "check_plugin_vllm.py (no entry point installed)"
-    import vllm.model_executor.layers.batch_invariant as bi
+    bi = vllm_plugin.hooked_module() or vllm_plugin.find_hook()[0]  # 0.25 layers/, 0.33 determinism/
 
     t0 = time.perf_counter()
     extra = {"load_format": args.load_format} if args.load_format else {}
@@ -132,7 +132,7 @@ def main() -> int:
         "cudagraph_mode": str(getattr(compilation, "cudagraph_mode", None)),
         "plugin_registered_by": registered_by,
         "plugin_installed": vllm_plugin.installed(),
-        "matmul_persistent_is_ours": getattr(bi.matmul_persistent, "__wrapped__", None) is not None,
+        "matmul_persistent_is_ours": getattr(getattr(bi, "matmul_persistent", None), "__wrapped__", None) is not None,
         "tuned_op_calls": calls,
         "needle_checks": checks,
         "distinct_needle_outputs": distinct,

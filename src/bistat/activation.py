@@ -23,8 +23,13 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
+#: vLLM 0.25.0: torch's "new kernel: registered at .../layers/batch_invariant.py" as the aten
+#: overrides register; 0.33.0 (``determinism/batch_invariant.py``): the same where it still
+#: overrides an aten kernel, Dynamo's warning naming ``batch_invariant.py`` when it compiles, and,
+#: where it switches to breakable CUDA graphs instead of compiling, "VLLM_BATCH_INVARIANT=1:
+#: auto-enabling VLLM_USE_BREAKABLE_CUDAGRAPH=1" (vllm/config/vllm.py).
 _BI_REGISTERED = re.compile(r"batch_invariant\.py|batch[ _-]invariant (mode|kernels?) (is )?"
-                            r"(on|enabled|active)", re.I)
+                            r"(on|enabled|active)|VLLM_BATCH_INVARIANT=1: auto-enabling", re.I)
 _TUNED = re.compile(r"bistat_kernels: tuned GEMM installed")
 _BACKENDS = (
     (re.compile(r"Using FlashAttention version (\d)"), lambda m: f"FLASH_ATTN (FA{m.group(1)})"),

@@ -68,7 +68,8 @@ from bistat import activation as act
 from bistat import anatomy as anat
 from bistat import records, stats
 from bistat.classify import ArmStats, RunStatus, ValidityCheck, classify
-from bistat.enginelog import JitCompile, jit_compiles
+from bistat.engine_version import EngineVersionReport, engine_version_report
+from bistat.enginelog import JitCompile, jit_compiles, logged_modes
 from bistat.experiment import DeclarationError, Experiment
 from bistat.fingerprint import same_node, version_differences
 from bistat.prereg import Registration, load_registration, parse_time
@@ -275,6 +276,9 @@ class RunSummary:
     #: kernels the engines JIT-compiled while serving, and the passes that paid for it
     #: (vLLM's warnings in ``engine-logs/``; :mod:`bistat.enginelog`)
     jit_compiles: tuple[JitCompile, ...] = ()
+    #: the engine's version against the newest release known and the required one, and each
+    #: arm's compilation / CUDA-graph mode (bistat.engine_version)
+    engine_version: EngineVersionReport | None = None
 
     def arm(self, name: str) -> ArmSummary:
         return next(a for a in self.arms if a.name == name)
@@ -599,7 +603,7 @@ def _environments(env: pd.DataFrame, arm_names: Sequence[str]) -> tuple[
     return envs, fps
 
 
-_LOG_PREFIX = re.compile(r"^\((?:EngineCore|APIServer|Worker)[^)]*pid=\d+\)\s*")
+_LOG_PREFIX = re.compile(r"^\((?:EngineCore|APIServer|Worker|MainProcess)[^)]*pid=\d+\)\s*")
 _LOG_STAMP = re.compile(r"^(INFO|WARNING|ERROR|DEBUG) \d\d-\d\d \d\d:\d\d:\d\d ")
 
 
@@ -828,9 +832,10 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
                                                         "num_preemptions_total"])
     gaps.extend(met_read.gaps)
     env_read = records.load_table(run_dir, "environment", ["arm", "block", "fingerprint", "engine",
-                                                           "log_findings"])
+                                                           "log_findings", "modes"])
     gaps.extend(env_read.gaps)
-    ev_read = records.load_table(run_dir, "events", ["arm", "event", "time_utc", "detail"])
+    ev_read = records.load_table(run_dir, "events", ["arm", "event", "time_utc", "detail",
+                                                     "release_check"])
     gaps.extend(ev_read.gaps)
     resp_cols = ["arm", "kind", "pass_index", "prompt_id", "error", "t_submit", "t_done"]
     resp_cols += {"token_ids": ["token_sha256"], "text": ["text"],
@@ -1074,6 +1079,8 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
                          status=pair_status)))
 
     probe, probe_files = _probe_report(run_dir)
+    engine_version = _engine_version(exp, reg, env_read.frame, ev_read.frame, run_dir)
+    deviations.extend(engine_version.deviations)
     return RunSummary(
         name=exp.name, run_id=run_id,
         created_utc=header.get("created_utc"), engine_kind=header.get("engine_kind"),
@@ -1102,7 +1109,20 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
         probe_files=probe_files, probe=probe,
         siblings=tuple(siblings),
         jit_compiles=jit_compiles(run_dir, header.get("created_utc"),
-                                  passes_df.to_dict("records") if len(passes_df) else []))
+                                  passes_df.to_dict("records") if len(passes_df) else []),
+        engine_version=engine_version)
+
+
+def _engine_version(exp: Experiment, reg: Registration, env: pd.DataFrame, events: pd.DataFrame,
+                    run_dir: Path) -> EngineVersionReport:
+    """The engine's version against the newest release and the required one, and each arm's
+    execution mode (:mod:`bistat.engine_version`; modes from the kept logs where not recorded)."""
+    env_rows = env.to_dict("records") if len(env) else []
+    needs_logs = any(not isinstance(r.get("modes"), Mapping) for r in env_rows)
+    return engine_version_report(
+        exp.engine.kind, reg.declaration, reg.sealed, env_rows,
+        events.to_dict("records") if len(events) else [],
+        logged_modes(run_dir) if needs_logs else None)
 
 
 def _pair_status(arm_reasons: Sequence[tuple[str, str]], control: str, treatment: str) -> RunStatus:

@@ -8,6 +8,7 @@ manifest (``bistat model fetch`` writes it last).
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import shutil
 from collections.abc import Callable
@@ -45,6 +46,9 @@ class DoctorReport:
     versions: dict[str, str | None]
     cache_dir: str
     models: tuple[ModelCheck, ...]
+    #: vLLM's version and commit against the newest release known (:func:`vllm_release`);
+    #: None when vLLM is not installed
+    vllm_release: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": DOCTOR_SCHEMA,
@@ -53,7 +57,8 @@ class DoctorReport:
                 "gpus": [dict(g) for g in self.gpus], "nvidia_smi": self.nvidia_smi,
                 "versions": dict(self.versions), "cache_dir": self.cache_dir,
                 "models": [{"name": m.name, "cached": m.cached, "path": m.path}
-                           for m in self.models]}
+                           for m in self.models],
+                "vllm_release": self.vllm_release}
 
 
 def _has(module: str, find_spec: Callable[[str], Any]) -> bool:
@@ -63,10 +68,56 @@ def _has(module: str, find_spec: Callable[[str], Any]) -> bool:
         return False
 
 
+def vllm_commit(find_spec: Callable[[str], Any] = importlib.util.find_spec) -> str | None:
+    """vLLM's git commit from ``vllm/_version.py`` (``__commit_id__``), read with ``ast``
+    without importing vLLM; None when it cannot be read."""
+    try:
+        spec = find_spec("vllm")
+    except (ImportError, ValueError):
+        return None
+    locations = getattr(spec, "submodule_search_locations", None)
+    if not locations:
+        return None
+    path = Path(next(iter(locations))) / "_version.py"
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__commit_id__"
+                                                for t in ast.walk(node)):
+            try:
+                value = ast.literal_eval(node.value)
+            except ValueError:
+                return None
+            return str(value) if value is not None else None
+    return None
+
+
+def vllm_release(version: str | None, commit: str | None,
+                 check: Callable[[str], Any]) -> dict[str, Any] | None:
+    """The installed vLLM against the newest release the package index knows (``check``:
+    :func:`bistat.releases.check_newest_release`); None without vLLM."""
+    if version is None:
+        return None
+    from bistat.engine_version import compare_versions
+
+    found = check("vllm")
+    return {"version": version, "commit": commit, "newest": found.newest,
+            "comparison": (compare_versions(version, found.newest) if found.newest
+                           else "unknown"),
+            "checked_utc": found.checked_utc, "index": found.index, "error": found.error}
+
+
 def doctor(*, find_spec: Callable[[str], Any] = importlib.util.find_spec,
            which: Callable[[str], str | None] = shutil.which,
-           gpus: Callable[[], list[dict[str, Any]]] = gpu_info) -> DoctorReport:
-    """Check this machine. The lookups are parameters so tests can fake a GPU host."""
+           gpus: Callable[[], list[dict[str, Any]]] = gpu_info,
+           release_check: Callable[[str], Any] | None = None) -> DoctorReport:
+    """Check this machine. The lookups are parameters so tests can fake a GPU host;
+    ``release_check`` asks the package index for vLLM's newest release
+    (:func:`bistat.releases.check_newest_release` by default)."""
+    from bistat.releases import check_newest_release
+
     from bistat.model.cache import cache_root, model_dir
     from bistat.model.registry import REGISTRY
 
@@ -92,9 +143,12 @@ def doctor(*, find_spec: Callable[[str], Any] = importlib.util.find_spec,
     engines.append(EngineCheck("vllm-offline", bool(has_vllm and found), offline))
     models = tuple(ModelCheck(name, (model_dir(name) / "manifest.json").exists(),
                               str(model_dir(name))) for name in sorted(REGISTRY))
+    versions = package_versions()
     return DoctorReport(engines=tuple(engines), gpus=tuple(found), nvidia_smi=which("nvidia-smi"),
-                        versions=package_versions(), cache_dir=str(Path(cache_root())),
-                        models=models)
+                        versions=versions, cache_dir=str(Path(cache_root())), models=models,
+                        vllm_release=vllm_release(versions.get("vllm") if has_vllm else None,
+                                                  vllm_commit(find_spec) if has_vllm else None,
+                                                  release_check or check_newest_release))
 
 
 def render_doctor(rep: DoctorReport) -> str:
@@ -109,6 +163,17 @@ def render_doctor(rep: DoctorReport) -> str:
         lines.append("GPUs: none found" + ("" if rep.nvidia_smi else " (no nvidia-smi on PATH)"))
     lines.append("versions: " + ", ".join(f"{k} {v if v is not None else '-'}"
                                           for k, v in rep.versions.items()))
+    r = rep.vllm_release
+    if r is not None:
+        label = f"vllm {r['version']}" + (f" ({r['commit']})" if r.get("commit") else "")
+        if r.get("newest") is None:
+            lines.append(f"{label}: newest release unknown ({r.get('error')})")
+        else:
+            how = {"newest": "the newest release", "older": f"older than the newest release, "
+                   f"{r['newest']}", "newer": f"newer than the newest release, {r['newest']}",
+                   "incomparable": f"not comparable with the newest release, {r['newest']}"}
+            lines.append(f"{label}: {how[r['comparison']]} ({r['index']}, "
+                         f"checked {r['checked_utc']})")
     lines.append(f"cache: {rep.cache_dir}")
     lines += [f"  model {m.name}: {'cached' if m.cached else 'not cached'} ({m.path})"
               for m in rep.models]

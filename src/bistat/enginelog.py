@@ -1,4 +1,5 @@
-"""Kernel compilations during inference, read from the engine logs a run kept.
+"""Kernel compilations during inference, and each engine start's compilation / CUDA-graph mode,
+read from the engine logs a run kept.
 
 Field lesson: warm-up is not steady state. An M-bucketed Triton kernel compiles again for each new
 configuration, and a compilation inside a counted pass makes that pass slow for a reason that is
@@ -26,7 +27,8 @@ from pathlib import Path
 from bistat.prereg import parse_time
 from bistat.records import ENGINE_LOGS_DIR
 
-__all__ = ["JIT_WARNING", "JitCompile", "jit_compiles"]
+__all__ = ["JIT_WARNING", "EngineModes", "JitCompile", "engine_modes", "jit_compiles",
+           "logged_modes"]
 
 #: vLLM's warning (``vllm/.../jit_monitor.py``), with its log stamp ``MM-DD HH:MM:SS``
 JIT_WARNING = re.compile(
@@ -94,3 +96,99 @@ def jit_compiles(run_dir: str | Path, created_utc: str | None,
                 found.append(JitCompile(arm, int(start), second.strftime("%Y-%m-%dT%H:%M:%SZ"),
                                         m["kernel"], during))
     return tuple(sorted(found, key=lambda j: (j.time_utc, j.arm, j.kernel)))
+
+
+# --------------------------------------------------------------------------------------------
+# Compilation and CUDA-graph modes (which execution mode each engine start ran in)
+
+#: vLLM's engine core logs its whole configuration once per start ("Initializing a V1 LLM engine
+#: (vX) with config: ... compilation_config={'mode': <CompilationMode.VLLM_COMPILE: 3>, ...,
+#: 'cudagraph_mode': <CUDAGraphMode.FULL_AND_PIECEWISE: (2, 1)>, ...}"; 0.25.0 and 0.33.0 alike).
+_CONFIG_MODE = re.compile(r"compilation_config=\{.*?'mode': <CompilationMode\.(?P<mode>\w+): \d+>")
+_CONFIG_GRAPHS = re.compile(r"'cudagraph_mode': <CUDAGraphMode\.(?P<graphs>\w+)")
+#: vLLM 0.33's breakable CUDA graphs (no torch.compile): switched on by batch-invariant mode for
+#: models in its tuned table ("VLLM_BATCH_INVARIANT=1: auto-enabling VLLM_USE_BREAKABLE_CUDAGRAPH=1"),
+#: by architecture, or by hand; the engine core then logs "Breakable CUDA graph enabled".
+_BREAKABLE = re.compile(r"Breakable CUDA graph enabled|auto-enabling VLLM_USE_BREAKABLE_CUDAGRAPH=1",
+                        re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class EngineModes:
+    """The execution mode of one engine start, as vLLM configured it.
+
+    Attributes
+    ----------
+    compilation_mode : str or None
+        vLLM's ``CompilationMode`` name: ``VLLM_COMPILE`` (torch.compile), ``NONE`` (no
+        torch.compile: eager, or 0.33's breakable CUDA graphs), ...; None: not found.
+    cudagraph_mode : str or None
+        vLLM's ``CUDAGraphMode`` name (``FULL_AND_PIECEWISE``, ``PIECEWISE``, ``NONE``, ...).
+    breakable_cudagraph : bool or None
+        vLLM 0.33's breakable CUDA graphs were on; None where the source cannot tell.
+    source : str
+        ``engine config`` (read from the live ``vllm_config`` by the offline worker) or
+        ``engine log`` (the configuration line vLLM logs at start).
+    """
+
+    compilation_mode: str | None
+    cudagraph_mode: str | None
+    breakable_cudagraph: bool | None
+    source: str
+
+    def to_dict(self) -> dict[str, object]:
+        return {"compilation_mode": self.compilation_mode, "cudagraph_mode": self.cudagraph_mode,
+                "breakable_cudagraph": self.breakable_cudagraph, "source": self.source}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "EngineModes":
+        return cls(data.get("compilation_mode"), data.get("cudagraph_mode"),
+                   data.get("breakable_cudagraph"), str(data.get("source") or "engine config"))
+
+    def describe(self) -> tuple[str, str]:
+        """(compilation, CUDA graphs) in words, for a finding's environment table."""
+        compiled = {"VLLM_COMPILE": "torch.compile (VLLM_COMPILE)",
+                    "NONE": "no torch.compile (NONE)"}.get(self.compilation_mode or "",
+                                                          self.compilation_mode or "unknown")
+        graphs = self.cudagraph_mode or "unknown"
+        if self.breakable_cudagraph:
+            graphs += ", breakable"
+        return compiled, graphs
+
+
+def engine_modes(log_text: str) -> EngineModes | None:
+    """The modes one engine start's log states; None when it holds no configuration line.
+
+    >>> engine_modes("INFO [core.py:114] Initializing a V1 LLM engine (v0.25.0) with config: "
+    ...     "model='m', compilation_config={'mode': <CompilationMode.VLLM_COMPILE: 3>, "
+    ...     "'cudagraph_mode': <CUDAGraphMode.FULL_AND_PIECEWISE: (2, 1)>}").describe()
+    ('torch.compile (VLLM_COMPILE)', 'FULL_AND_PIECEWISE')
+    """
+    mode = graphs = None
+    for line in log_text.splitlines():
+        if "compilation_config=" not in line:
+            continue
+        m = _CONFIG_MODE.search(line)
+        g = _CONFIG_GRAPHS.search(line)
+        if m or g:
+            mode = m["mode"] if m else mode
+            graphs = g["graphs"] if g else graphs
+    if mode is None and graphs is None:
+        return None
+    return EngineModes(mode, graphs, bool(_BREAKABLE.search(log_text)), "engine log")
+
+
+def logged_modes(run_dir: str | Path) -> dict[str, list[EngineModes | None]]:
+    """Arm -> the modes of each engine start (``engine-logs/ARM-N.log.gz``, N in order) for runs
+    whose environment records predate recording them."""
+    logs = Path(run_dir) / ENGINE_LOGS_DIR
+    found: dict[str, dict[int, EngineModes | None]] = {}
+    if not logs.is_dir():
+        return {}
+    for path in sorted(logs.glob("*.log.gz")):
+        arm, _, start = path.name[: -len(".log.gz")].rpartition("-")
+        if not arm or not start.isdigit():
+            continue
+        with gzip.open(path, "rt", encoding="utf-8", errors="replace") as fh:
+            found.setdefault(arm, {})[int(start)] = engine_modes(fh.read())
+    return {arm: [starts[i] for i in sorted(starts)] for arm, starts in found.items()}

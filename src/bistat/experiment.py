@@ -96,6 +96,25 @@ class EngineSpec(_Model):
         default="auto", description="keep every arm's engine up at once (true), restart per block "
                                     "of passes (false), or decide from the engine kind (auto)")
 
+    required_version: str | None = Field(
+        default=None, description="the engine version the study requires: a version (\"0.33.0\", "
+                                  "exactly it) or a PEP 440 specifier (\">=0.33,<0.34\"); a run "
+                                  "on another version is a deviation in its finding")
+
+    @field_validator("required_version")
+    @classmethod
+    def _version_spec(cls, text: str | None) -> str | None:
+        if text is None:
+            return None
+        from bistat.engine_version import required_specifier
+
+        try:
+            required_specifier(text)
+        except ValueError as exc:
+            raise PydanticCustomError("bistat_required_version", "{detail}",
+                                      {"detail": str(exc)}) from None
+        return text
+
     @field_validator("kind")
     @classmethod
     def _known_kind(cls, kind: str) -> str:

@@ -7,8 +7,13 @@ pyperf's ``json.dump(data, fp, sort_keys=True)`` made canonical). The file layou
 
     {"schema": "bistat.registration/1",
      "sealed": {"name", "source", "declaration", "declaration_sha256", "registered_utc",
-                "sealed_utc", "bistat_version", "git", "design", "amendments"},
+                "sealed_utc", "bistat_version", "git", "design", "amendments",
+                "engine_release"},                # vLLM engines only (since issue 19)
      "sha256": "<sha256 of canonical_json(sealed)>"}
+
+``engine_release`` is the newest release of the engine's package that the package index knew as
+the study was registered (:class:`bistat.releases.ReleaseCheck`: ``newest`` or the ``error`` that
+left it unknown); findings compare the version each run measured with it.
 
 A registration is written once and never overwritten. ``amend`` replaces the declaration only
 while no data has been recorded for it (no run directory names it), appending an entry to the
@@ -32,7 +37,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from bistat import __version__
 from bistat.design_report import DesignReport, analyse_design
@@ -223,8 +228,13 @@ def register(
     registrations_dir: str | Path = DEFAULT_REGISTRATIONS_DIR,
     base_dir: str | Path | None = None,
     now: dt.datetime | None = None,
+    release_check: Callable[[str], Any] | None = None,
 ) -> tuple[Registration, DesignReport]:
     """Seal a declaration into ``registrations_dir/NAME.json``; never overwrites.
+
+    For a vLLM engine the seal also records the newest release the package index knows as the
+    study is registered (``engine_release``; :func:`bistat.releases.check_newest_release`, or
+    ``release_check(package)``): its finding compares the version the run measured with it.
 
     Raises
     ------
@@ -257,6 +267,13 @@ def register(
         "design": report.to_dict(),
         "amendments": [],
     }
+    from bistat.engine_version import ENGINE_PACKAGES
+    from bistat.releases import check_newest_release
+
+    package = ENGINE_PACKAGES.get(exp.engine.kind)
+    if package is not None:
+        check = (release_check or check_newest_release)(package)
+        sealed["engine_release"] = check.to_dict()
     data = _seal(sealed)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:

@@ -170,10 +170,46 @@ def _environment(s: RunSummary) -> list[str]:
     keys = [k for k, _ in envs[names[0]].versions]
     for k in keys:
         rows.append((k, *[dict(envs[a].versions).get(k) or "not installed" for a in names]))
+    rows += _engine_rows(s, names)
     arm_env = {a["name"]: a.get("env") or {} for a in s.declaration.get("arms", [])}
     rows.append(("declared env", *[", ".join(f"`{k}={v}`" for k, v in sorted(
         arm_env.get(a, {}).items())) or "—" for a in names]))
     return out + [_table(("", *names), rows), ""]
+
+
+def _engine_rows(s: RunSummary, names: Sequence[str]) -> list[tuple[str, ...]]:
+    """The environment table's rows for the engine's commit and each arm's compilation and
+    CUDA-graph modes (vLLM engines; bistat.engine_version)."""
+    ev = s.engine_version
+    if ev is None or ev.package is None:
+        return []
+    by_arm = {a.arm: a for a in ev.arms}
+    modes = {a: by_arm[a].modes.describe() if a in by_arm and by_arm[a].modes else None
+             for a in names}
+    return [("engine commit", *[(by_arm[a].commit if a in by_arm else None) or "—" for a in names]),
+            ("compilation", *[m[0] if m else "not recorded" for m in modes.values()]),
+            ("CUDA graphs", *[m[1] if m else "not recorded" for m in modes.values()])]
+
+
+def _engine_version_section(s: RunSummary) -> list[str]:
+    """How the engine version measured compares with the newest release known and with the
+    version the registration requires (vLLM engines; bistat.engine_version)."""
+    ev = s.engine_version
+    if ev is None or ev.package is None:
+        return []
+    rows = [(where, c.newest or "unknown", c.checked_utc, c.index, c.error or "—")
+            for where, c in ev.checks]
+    out = ["## Engine version", "", *[f"{line}" for line in ev.comparison], ""]
+    if rows:
+        out += [f"Newest {ev.package} release, as recorded (the comparison uses the latest check "
+                "that found one):", "",
+                _table(("checked", "newest release", "time (UTC)", "index", "why unknown"), rows),
+                ""]
+    out += [f"Required version (`engine.required_version`): `{ev.required}`; "
+            + ("every arm ran a version it allows." if not ev.deviations
+               else "arms ran versions it excludes (see Deviations).")
+            if ev.required else "The registration requires no engine version.", ""]
+    return out
 
 
 def _activation(s: RunSummary) -> list[str]:
@@ -559,7 +595,8 @@ def render_markdown(summary: RunSummary, plot_files: dict[str, str] | None = Non
     plots = plot_files or {suffix: f"{summary.name}-{suffix}.png" for suffix in suffixes}
     parts = (_head(summary) + _verdict(summary) + _siblings(summary) + _rule(summary)
              + _amendments(summary)
-             + _environment(summary) + _activation(summary) + _match(summary, plots["match"])
+             + _environment(summary) + _engine_version_section(summary)
+             + _activation(summary) + _match(summary, plots["match"])
              + _throughput(summary, plots["throughput"]) + _latency(summary)
              + _divergence(summary, plots["divergence"])
              + _anatomy(summary, plots.get(ANATOMY_PLOT))

@@ -609,6 +609,7 @@ class _Session:
                     "env": info.env,
                 },
                 "log_findings": list(info.log_findings),
+                **({"modes": dict(info.modes)} if info.modes else {}),
             },
         )
 
@@ -1074,8 +1075,26 @@ def start_run(
     }
     writer = RunWriter.create(run_dir, header)
     _record_gpu_busy(writer, gpu_busy)
+    _record_release_check(writer, experiment)
     return _execute_and_close(experiment, writer, lambda: _plan(experiment, concurrent, None),
                               prompts, engine_factory, reporter, compact_at_end)
+
+
+def _record_release_check(writer: RunWriter, experiment: "Experiment") -> None:
+    """For a vLLM engine: the newest release the package index knows as the run starts
+    (:func:`bistat.releases.check_newest_release`; a machine that reaches no index records why),
+    as a ``release_check`` event (arm ``*``) that the finding's "Engine version" section reads."""
+    from bistat import releases
+    from bistat.engine_version import ENGINE_PACKAGES
+
+    package = ENGINE_PACKAGES.get(getattr(experiment.engine, "kind", None))
+    if package is None:
+        return
+    check = releases.check_newest_release(package)
+    detail = (f"{package} {check.newest} is the newest release ({check.index})"
+              if check.newest else f"{package}: newest release unknown ({check.error})")
+    writer.append("events", {"arm": "*", "event": "release_check", "time_utc": utc_now(),
+                             "detail": detail, "release_check": check.to_dict()})
 
 
 def _record_gpu_busy(writer: RunWriter, detail: str | None) -> None:

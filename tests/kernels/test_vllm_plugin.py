@@ -24,56 +24,126 @@ def test_enabled_reads_the_environment_variable(value, expected):
 
 def test_register_does_nothing_unless_enabled(monkeypatch):
     monkeypatch.delenv(vllm_plugin.ENABLE_ENV, raising=False)
-    monkeypatch.setitem(sys.modules, vllm_plugin.TARGET_MODULE, None)  # importing would fail
+    for name in vllm_plugin.TARGET_MODULES:
+        monkeypatch.setitem(sys.modules, name, None)  # importing would fail
     vllm_plugin.register()  # no import attempted, nothing raised
     assert not vllm_plugin.installed()
 
 
 def test_register_without_vllm_warns_and_installs_nothing(monkeypatch, caplog):
     monkeypatch.setenv(vllm_plugin.ENABLE_ENV, "1")
-    monkeypatch.setitem(sys.modules, vllm_plugin.TARGET_MODULE, None)  # "vLLM is not installed"
+    monkeypatch.setitem(sys.modules, "vllm", None)  # "vLLM is not installed"
     with caplog.at_level(logging.WARNING, logger="bistat_kernels.vllm_plugin"):
         vllm_plugin.register()
-    assert len(caplog.records) == 1
-    assert caplog.records[0].getMessage().startswith(
-        "bistat_kernels: BISTAT_TUNED_GEMM=1 but vllm.model_executor.layers.batch_invariant "
-        "cannot be imported (")
+    assert [r.getMessage() for r in caplog.records] == [
+        "bistat_kernels: BISTAT_TUNED_GEMM=1 but vLLM is not installed; the tuned GEMM is not "
+        "installed"]
+    assert not vllm_plugin.installed()
 
 
-def _fake_batch_invariant_module():
-    module = types.ModuleType(vllm_plugin.TARGET_MODULE)
+#: vLLM's call chain, as each release has it (the names and the signatures, not the kernels)
+LAYOUTS = {
+    "0.25.0": ("vllm.model_executor.layers.batch_invariant", """
+def matmul_persistent(a, b, bias=None):
+    raise AssertionError("vLLM's fixed-config kernel must not run once the plugin is in")
 
-    def matmul_persistent(a, b, bias=None):
-        raise AssertionError("vLLM's fixed-config kernel must not run once the plugin is in")
+def matmul_batch_invariant(a, b, *, out=None):
+    return matmul_persistent(a, b)
 
-    module.matmul_persistent = matmul_persistent
+def linear_batch_invariant(input, weight, bias=None):
+    return matmul_batch_invariant(input, weight.t())
+"""),
+    "0.33.0": ("vllm.model_executor.determinism.batch_invariant", """
+def _get_matmul_config(M, N, K, dtype, default):
+    return default
 
-    def matmul_batch_invariant(a, b):  # looks the global up at call time, as vLLM's does
-        return module.matmul_persistent(a, b)
+def matmul_persistent(a, b, bias=None):
+    raise AssertionError("vLLM's tuned-table kernel must not run once the plugin is in")
 
-    module.matmul_batch_invariant = matmul_batch_invariant
-    return module, matmul_persistent
+def mm_batch_invariant(a, b, bias=None):
+    return matmul_persistent(a, b, bias=bias)
+
+def matmul_batch_invariant(a, b, *, out=None):
+    return mm_batch_invariant(a, b)
+
+def linear_batch_invariant(input, weight, bias=None):
+    return mm_batch_invariant(input.reshape(-1, input.shape[-1]), weight.t(), bias=bias)
+"""),
+}
 
 
-def test_register_replaces_vllms_matmul_persistent_once(monkeypatch):
-    module, original = _fake_batch_invariant_module()
-    monkeypatch.setitem(sys.modules, vllm_plugin.TARGET_MODULE, module)
+def _fake_vllm(monkeypatch, layout, source=None):
+    """A stand-in vLLM with one batch-invariant module (the other layout absent), its
+    functions defined in that module as vLLM's are; returns (module, its matmul_persistent)."""
+    name, text = LAYOUTS[layout]
+    module = types.ModuleType(name)
+    exec(compile(source or text, f"<fake {name}>", "exec"), module.__dict__)
+    vllm = types.ModuleType("vllm")
+    vllm.__version__ = layout
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    for other in vllm_plugin.TARGET_MODULES:
+        monkeypatch.setitem(sys.modules, other, module if other == name else None)
+    monkeypatch.setattr(vllm_plugin, "vllm_version", lambda: layout)
+    return module, module.matmul_persistent
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_register_replaces_vllms_matmul_persistent_once(monkeypatch, layout):
+    module, original = _fake_vllm(monkeypatch, layout)
     monkeypatch.setenv(vllm_plugin.ENABLE_ENV, "1")
     vllm_plugin.register()
     replaced = module.matmul_persistent
     assert replaced is not original and replaced.__wrapped__ is original
-    assert vllm_plugin.installed()
+    assert vllm_plugin.installed() and vllm_plugin.hooked_module() is module
     vllm_plugin.register()  # plugins are loaded again in every process: idempotent
     assert module.matmul_persistent is replaced
 
     vllm_plugin.CALLS.clear()
     a = torch.randn(3, 24, generator=torch.Generator().manual_seed(0))
     w = torch.randn(10, 24, generator=torch.Generator().manual_seed(1))
-    out = module.matmul_batch_invariant(a, w.t())
+    out = module.linear_batch_invariant(a, w)  # the linear layers' call
     assert torch.equal(out, mp.matmul_persistent(a, w.t()))
     assert sum(vllm_plugin.CALLS.values()) == 1
     (key,) = vllm_plugin.CALLS
     assert key[:2] == (10, 24)
+
+
+@pytest.mark.parametrize("change,found", [
+    ("def matmul_persistent(a, b, bias=None):", "def matmul_persistent(a, b, c, bias=None):"),
+    ("return mm_batch_invariant(input.reshape(-1, input.shape[-1]), weight.t(), bias=bias)",
+     "return input @ weight.t()"),
+    ("def linear_batch_invariant(", "def linear_batch_invariant_v2("),
+])
+def test_register_refuses_a_vllm_whose_hook_moved_naming_version_and_what_it_sought(
+        monkeypatch, change, found):
+    """A future vLLM (here 0.33.0's module, changed) that moves or changes the hook: the plugin
+    raises, naming vLLM's version, what it looked for and what each module lacked, and vLLM's
+    own GEMM stays in place (an arm that asked for the tuned GEMM must not silently run it)."""
+    source = LAYOUTS["0.33.0"][1].replace(change, found)
+    assert source != LAYOUTS["0.33.0"][1]
+    module, original = _fake_vllm(monkeypatch, "0.33.0", source)
+    monkeypatch.setattr(vllm_plugin, "vllm_version", lambda: "0.99.0")
+    monkeypatch.setenv(vllm_plugin.ENABLE_ENV, "1")
+    with pytest.raises(vllm_plugin.UnsupportedVLLMError) as err:
+        vllm_plugin.register()
+    why = {"def matmul_persistent(a, b, c, bias=None):":
+           "matmul_persistent has parameters (a, b, c, bias), not (a, b, bias=None)",
+           "return input @ weight.t()": "linear_batch_invariant does not reach "
+                                        "matmul_persistent through module-level names within 3 "
+                                        "calls",
+           "def linear_batch_invariant_v2(": "no function linear_batch_invariant"}[found]
+    assert str(err.value) == (
+        "bistat_kernels: the tuned GEMM (BISTAT_TUNED_GEMM=1) is not supported on vLLM 0.99.0: "
+        "it looks for matmul_persistent(a, b, bias=None), reached from linear_batch_invariant "
+        "through module-level names, in vllm.model_executor.determinism.batch_invariant or "
+        f"vllm.model_executor.layers.batch_invariant; "
+        f"vllm.model_executor.determinism.batch_invariant: {why}; "
+        "vllm.model_executor.layers.batch_invariant: cannot be imported (import of "
+        "vllm.model_executor.layers.batch_invariant halted; None in sys.modules). Unset "
+        "BISTAT_TUNED_GEMM, or use a vLLM that bistat_kernels/vllm_hooks/ has a manifest for "
+        "(bistat_kernels.hook_manifest derives one from a wheel)")
+    assert "not supported" in str(err.value)  # bistat's adapters classify the start as refused
+    assert module.matmul_persistent is original and not vllm_plugin.installed()
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])

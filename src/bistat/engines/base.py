@@ -84,6 +84,9 @@ class EngineInfo:
     args: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     log_findings: tuple[str, ...] = ()
+    #: the execution mode vLLM configured (``bistat.enginelog.EngineModes.to_dict``); empty when
+    #: the engine has none to tell
+    modes: dict[str, Any] = field(default_factory=dict)
 
 
 @runtime_checkable

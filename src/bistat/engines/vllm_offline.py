@@ -41,6 +41,7 @@ from bistat.engines.base import (
     GenerationResult,
     MetricsSample,
 )
+from bistat.enginelog import engine_modes
 from bistat.engines.vllm_server import (
     DEFAULT_ENV,
     FORCED_ENV,
@@ -130,6 +131,10 @@ class VLLMOfflineEngine:
         return tuple(line.strip() for line in read_log(self.log_path).splitlines()
                      if LOG_FINDING_RE.search(line))
 
+    def _logged_modes(self) -> dict[str, Any]:
+        modes = engine_modes(read_log(self.log_path))
+        return {} if modes is None else modes.to_dict()
+
     def _send(self, obj: dict[str, Any]) -> None:
         assert self.proc is not None and self.proc.stdin is not None
         self.proc.stdin.write(json.dumps(obj) + "\n")
@@ -184,7 +189,8 @@ class VLLMOfflineEngine:
                                args={"model": self.model, **self.engine_args,
                                      "log_path": str(self.log_path)},
                                env={**self.arm_env, **FORCED_ENV},
-                               log_findings=self.log_findings())
+                               log_findings=self.log_findings(),
+                               modes=dict(msg.get("modes") or {}) or self._logged_modes())
         return self.info
 
     @contextlib.contextmanager

@@ -4,7 +4,7 @@ Run as ``python -m bistat.engines.vllm_offline_worker`` in the arm's environment
 imported here, in this child only. Protocol (one JSON object per line):
 
 parent -> worker                                   worker -> parent
-``{"op": "init", "model", "engine_args"}``         ``{"op": "ready", "version", "commit"}`` or
+``{"op": "init", "model", "engine_args"}``         ``{"op": "ready", "version", "commit", "modes"}`` or
                                                    ``{"op": "error", "refused", "message"}``
 ``{"op": "pass", "requests", "concurrency",        ``{"op": "result", ...}`` per request,
 "metrics_interval_s", "final_only"}``              ``{"op": "metrics", ...}`` about once per
@@ -76,6 +76,25 @@ def _vllm_commit(vllm_module) -> str | None:
     except ImportError:
         return getattr(vllm_module, "__commit__", None)
     return __commit_id__
+
+
+def _modes(llm: Any) -> dict[str, Any]:
+    """The compilation and CUDA-graph modes vLLM configured, read from ``llm.llm_engine.
+    vllm_config.compilation_config`` (``mode``; ``level`` in older releases) by feature; vLLM
+    0.33 also sets ``VLLM_USE_BREAKABLE_CUDAGRAPH=1`` in this process when batch-invariant mode
+    turns breakable CUDA graphs on. Empty when the engine exposes no configuration."""
+    cc = getattr(getattr(getattr(llm, "llm_engine", None), "vllm_config", None),
+                 "compilation_config", None)
+    if cc is None:
+        return {}
+    mode = getattr(cc, "mode", None)
+    if mode is None:
+        mode = getattr(cc, "level", None)
+    graphs = getattr(cc, "cudagraph_mode", None)
+    breakable = os.environ.get("VLLM_USE_BREAKABLE_CUDAGRAPH", "").strip().lower() in ("1", "true")
+    return {"compilation_mode": None if mode is None else str(getattr(mode, "name", mode)),
+            "cudagraph_mode": None if graphs is None else str(getattr(graphs, "name", graphs)),
+            "breakable_cudagraph": breakable, "source": "engine config"}
 
 
 def _send(out: TextIO, obj: dict[str, Any]) -> None:
@@ -254,7 +273,7 @@ def main() -> int:
                             "refused": any(w.lower() in text.lower() for w in REFUSAL_WORDS)})
                 return 1
             _send(out, {"op": "ready", "version": str(vllm.__version__),
-                        "commit": _vllm_commit(vllm)})
+                        "commit": _vllm_commit(vllm), "modes": _modes(llm)})
         elif op == "pass":
             run_pass(vllm, llm, msg, out)
         elif op == "exit":

@@ -73,7 +73,8 @@ DEFAULT_METRICS_INTERVAL_S = 0.25
 #: Server-log lines worth keeping as evidence (batch invariance, attention backend, JIT).
 LOG_FINDING_RE = re.compile(
     r"batch[ _-]?invariant|VLLM_BATCH_INVARIANT|attention backend|attn[ _]backend|"
-    r"Using \w+ backend|FLASH_ATTN|FLASHINFER|FlashAttention|TRITON_ATTN|JIT-compiled",
+    r"Using \w+ backend|FLASH_ATTN|FLASHINFER|FlashAttention|TRITON_ATTN|JIT-compiled|"
+    r"Breakable CUDA graph",
     re.IGNORECASE)
 #: Log lines that mean the server refused the requested setting (rather than crashed).
 REFUSAL_RE = re.compile(
@@ -305,6 +306,14 @@ class VLLMServerEngine:
         return tuple(line.strip() for line in self.log_text().splitlines()
                      if LOG_FINDING_RE.search(line))
 
+    def logged_modes(self) -> dict[str, Any]:
+        """The compilation / CUDA-graph modes the server's log states (its engine core logs its
+        configuration before it is healthy); empty when it states none."""
+        from bistat.enginelog import engine_modes
+
+        modes = engine_modes(self.log_text())
+        return {} if modes is None else modes.to_dict()
+
     def probe_version(self) -> tuple[str, str | None, str | None]:
         """(version, commit, problem) of vLLM in the arm's environment, via ``python -c``."""
         try:
@@ -363,7 +372,8 @@ class VLLMServerEngine:
                   "enable_prefix_caching": self.enable_prefix_caching,
                   "tensor_parallel_size": self.tensor_parallel_size,
                   "log_path": str(self.log_path)},
-            env={**self.arm_env, **FORCED_ENV}, log_findings=findings)
+            env={**self.arm_env, **FORCED_ENV}, log_findings=findings,
+            modes=self.logged_modes())
         return self.info
 
     def _wait_healthy(self, base: str) -> None:
