@@ -203,3 +203,30 @@ def test_the_embedded_engine_end_to_end_through_the_cli(tmp_path, monkeypatch):
     assert result.stdout.splitlines()[0] == (
         "needles chat-0000 and about 16, 32, 200 prompt tokens, 8 tokens each; 2 trial(s) of "
         "6-10 fillers of 2 tokens arriving while they decode")
+
+
+def test_a_finding_shows_the_outcome_per_needle_and_old_reports_render_as_before():
+    import dataclasses
+
+    from bistat.analysis import analyze_run
+    from bistat.report import _probe_detail, _probe_needles
+
+    summary = analyze_run(REPO / "data" / "h200" / "h200-match-smollm2-r2")
+    assert summary.probe is not None and not summary.probe.settings.sweep
+    assert _probe_needles(summary) == []   # a report written before designs: as it rendered
+    report, _ = _probe("tile", ProbeSettings(trials=2, max_fillers=40), max_model_len=600)
+    lines = _probe_detail(dataclasses.replace(summary, probe=report))
+    start = lines.index(
+        "Per needle (the kv-sweep design: the needle prompt and needles of about 112, 176, 304, 600 "
+        "prompt tokens, 128 tokens each, among fillers of 16 tokens arriving while they decode; "
+        "identical in how many trials, bitwise). Left out: needle-600: about 600 prompt tokens "
+        "(+25 %) and 128 generated exceed max_model_len 600 (engine.args).")
+    table = lines[start + 2].splitlines()
+    assert table[0] == ("| needle | design tokens | prompt tokens | keys decoded | invariant: in "
+                        "batch | blas: in batch | outcome |")
+    rows = {r.split(" | ")[0][2:]: r.split(" | ") for r in table[2:]}
+    assert list(rows) == ["chat-0000", "needle-112", "needle-176", "needle-304"]
+    assert rows["needle-304"][1:3] == ["304", "308"]
+    assert rows["needle-304"][4].startswith("**different** 0 / 2, first at KV length ")
+    assert rows["needle-304"][6].startswith("**violated** — bitwise differences on invariant, the "
+                                            "earliest at KV length ")
