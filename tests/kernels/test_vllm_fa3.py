@@ -347,3 +347,23 @@ def test_on_hopper_a_decode_row_is_bitwise_the_same_beside_a_prefill_once_pinned
                      prefill, pin)
         same = torch.equal(alone[0], mixed[0])
         assert same is pin, f"pin={pin}: decode row alone vs beside a prefill equal: {same}"
+
+
+def test_the_device_check_states_its_usage_and_loads_the_plugin_by_path(monkeypatch):
+    """scripts/device/fa3_check.py runs where bistat is not installed (vLLM 0.33's device
+    environment): it then loads kernels/vllm_fa3.py from the checkout by path."""
+    import importlib.util
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "device" / "fa3_check.py"
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+    assert done.returncode == 2 and "python scripts/device/fa3_check.py kernel OUT.json" in done.stderr
+    spec = importlib.util.spec_from_file_location("fa3_check", script)
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    monkeypatch.setitem(sys.modules, "bistat_kernels", None)           # not installed
+    monkeypatch.setitem(sys.modules, "bistat_kernels.vllm_fa3", None)
+    pin = check.load_pin()
+    assert pin is not vllm_fa3 and Path(pin.__file__) == Path(vllm_fa3.__file__)
+    assert pin.pinned_max_seqlen_q(9, 3, 16) == 22 and pin.ENABLE_ENV == "BISTAT_FA3_PIN"
