@@ -19,6 +19,9 @@ ran in, so tests know what to expect:
   ``exit_on_call`` ends the whole process at once (``os._exit(137)``, like ``kill -9``);
 * start-up: ``refuse`` (:class:`EngineRefused`) and ``start_error`` (:class:`EngineStartError`).
 
+:class:`StepFakeEngine` (``step_factory``) schedules step by step instead, to model a kernel whose
+outputs change only past a KV tile and only beside a prefill (FlashAttention 3 at head size 64).
+
 A :class:`FakeScript` holds the behaviour per arm and the call log; ``script.factory`` is the
 engine factory the runner takes. :func:`install` registers the kind ``"fake"`` so the CLI can run
 declarations with ``engine.kind = "fake"``; the engine then reads its behaviour from the arm's
@@ -29,6 +32,7 @@ call counters.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import struct
 import textwrap
@@ -263,6 +267,111 @@ class FakeEngine:
             t_first_token=t - 0.0005,
             attempts=attempts_needed,
         )
+
+
+# --------------------------------------------------------------------------------------------
+# a continuous-batching fake, step by step: FlashAttention 3's KV tile at head size 64, modelled
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepArm:
+    """Behaviour of one arm of :class:`StepFakeEngine`.
+
+    ``diverge``: ``"never"`` (batch-invariant); ``"tile"`` (a decode token whose attention reads
+    more than ``tile`` keys changes its logprob by one ulp when another request's prompt is
+    prefilled in the same step: FA3 at head size 64, whose kernel, 64 x 192 or 192 x 128, follows
+    the step's longest query, vLLM #51902); ``"batched"`` (every token computed beside another
+    request changes: a batch-dependent GEMM, the negative control).
+    """
+
+    diverge: str = "never"
+    tile: int = 128
+
+
+class StepFakeEngine:
+    """A fake engine that schedules like vLLM, one engine step at a time: at most
+    ``concurrency`` requests in flight (the next admitted when one finishes); a new request's
+    prompt is prefilled in the step it is admitted (its first token comes from it), and every
+    running request decodes one token per step. It reports each step's batch size
+    (``step_batch_size``) as the embedded engine does, a prompt's tokens as ``len(text) // 4``
+    (:data:`bistat.probe.CHARS_PER_TOKEN`) or its token ids, and ``calls`` keeps every pass's
+    (submission order, concurrency)."""
+
+    kind = "fake-steps"
+
+    def __init__(self, behaviour: StepArm) -> None:
+        self.behaviour = behaviour
+        self.calls: list[tuple[tuple[str, ...], int]] = []
+        self.perturbed: list[tuple[str, int, int]] = []   # (prompt id, token index, KV length)
+        self.prefill_steps: list[list[int]] = []           # per pass: the steps that prefilled
+
+    def start(self) -> EngineInfo:
+        return EngineInfo(kind=self.kind, version="1", log_findings=())
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {}
+
+    def stop(self) -> None:
+        pass
+
+    @staticmethod
+    def n_prompt(request: GenerationRequest) -> int:
+        return max(1, len(request.prompt) // 4) if isinstance(request.prompt, str) else len(request.prompt)
+
+    def run_pass(self, requests: Sequence[GenerationRequest], *, concurrency: int,
+                 on_result: Callable[[GenerationResult], None],
+                 on_metrics: Callable[[MetricsSample], None]) -> None:
+        self.calls.append((tuple(r.prompt_id for r in requests), concurrency))
+        pending = list(requests)[::-1]
+        running: list[dict[str, Any]] = []
+        step = 0
+        self.prefill_steps.append([])
+        while pending or running:
+            while pending and len(running) < concurrency:
+                r = pending.pop()
+                running.append({"req": r, "ids": expected_tokens(r), "lps": [], "t0": step * 1e-3,
+                                "prefilled": False})
+            prefilling = {id(s) for s in running if not s["prefilled"]}
+            if prefilling:
+                self.prefill_steps[-1].append(step)
+            for s in running:
+                r, i = s["req"], len(s["lps"])
+                kv = self.n_prompt(r) + i
+                lp = -(1 + _h(r.prompt_id, r.prompt, i) % 1000) / 997.0
+                others_prefill = bool(prefilling - {id(s)})
+                b = self.behaviour
+                if (b.diverge == "tile" and id(s) not in prefilling and others_prefill and kv > b.tile) \
+                        or (b.diverge == "batched" and len(running) > 1):
+                    lp = _next_after(lp)
+                    self.perturbed.append((r.prompt_id, i, kv))
+                s["lps"].append(lp)
+                s["prefilled"] = True
+            step += 1
+            t = step * 1e-3
+            on_metrics(MetricsSample(t=t, num_requests_running=math.nan, num_requests_waiting=math.nan,
+                                     num_preemptions_total=math.nan, generation_tokens_total=math.nan,
+                                     prompt_tokens_total=math.nan, source="fake-step",
+                                     step_batch_size=float(len(running))))
+            for s in [s for s in running if len(s["lps"]) == len(s["ids"])]:
+                running.remove(s)
+                r = s["req"]
+                on_result(GenerationResult(
+                    prompt_id=r.prompt_id, token_ids=list(s["ids"]), text="", logprobs=list(s["lps"]),
+                    top_logprobs=None, finish_reason="length", n_prompt_tokens=self.n_prompt(r),
+                    t_submit=s["t0"], t_first_token=s["t0"] + 1e-3, t_done=t))
+
+
+def step_factory(arms: Mapping[str, StepArm], engines: dict[str, StepFakeEngine] | None = None
+                 ) -> Callable[[Any, Any], StepFakeEngine]:
+    """An engine factory for the probe: each arm's :class:`StepArm` (default ``never``); the
+    engines it made are kept in ``engines`` by arm name."""
+    def factory(experiment: Any, arm: Any) -> StepFakeEngine:
+        engine = StepFakeEngine(arms.get(arm.name, StepArm()))
+        if engines is not None:
+            engines[arm.name] = engine
+        return engine
+    return factory
 
 
 # --------------------------------------------------------------------------------------------

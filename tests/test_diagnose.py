@@ -202,6 +202,35 @@ def test_divergences_past_one_kv_tile_point_at_the_attention_kernel(tmp_path):
     assert next(c for c in d.causes if c.key == "attention_kv_tile").strength == "none"
 
 
+def test_a_kv_tile_break_names_the_backend_the_head_size_and_the_measured_remedies(tmp_path):
+    """Issue 22: the engine log's attention backend and the model's head size (bistat's model
+    table, src/bistat/data/attention_remedies.toml), then what bistat measured against it."""
+    responses = []
+    for i in range(20):
+        ids = list(range(60))
+        responses += [_r("ctl", 0, f"p{i}", ids, n_prompt=100),
+                      _r("ctl", 1, f"p{i}", ids[:29 + i] + [999] + ids[30 + i:], n_prompt=100)]
+    fa3 = ["(EngineCore pid=1) INFO 12-01 13:59:04 [flash_attn.py:718] Using FlashAttention version 3"]
+    env = [{"arm": a, "block": 0, "fingerprint": FP, "log_findings": fa3,
+            "engine": {"kind": "vllm-server", "version": "0.25.0",
+                       "args": {"model": "/tmp/model/smollm2"}}} for a in ("ctl", "trt")]
+    d = diagnose_run(_write_run(tmp_path, env=env, responses=responses, engine_kind="vllm-server"))
+    tile = next(c for c in d.causes if c.key == "attention_kv_tile")
+    assert tile.summary == ("20 of 20 first divergence(s) start one key past a power-of-two KV "
+                            "length, never before it (FLASH_ATTN (FA3), head size 64)")
+    assert tile.evidence[2].startswith("arm ctl: attention backend FLASH_ATTN (FA3) (engine log), "
+                                       "head size 64 (SmolLM2-135M-Instruct: 9 query heads, 3 KV "
+                                       "heads; config.json of `bistat model export smollm2-135m`")
+    assert [e.split(": ")[1] + ": " + e.split(": ")[2].split(" — ")[0] for e in tile.evidence[3:]] == [
+        '`attention_backend = "TRITON_ATTN"` (engine argument) with `VLLM_BATCH_INVARIANT=1`: working',
+        "prompt and output kept within one 128-key tile: working",
+        "`BISTAT_FA3_PIN=1` with `VLLM_BATCH_INVARIANT=1` (bistat's FlashAttention-3 pin, "
+        "kernels/vllm_fa3.py): not yet measured (its arm in the Study 1(a) re-run on vLLM 0.33, "
+        "docs/STUDIES.md)"]
+    assert "(`findings/h200/h200-match-smollm2-r2.md`, arm bi-triton-attn; " in tile.evidence[3]
+    validate(d.to_dict(), "diagnosis.schema.json")
+
+
 def test_a_refused_setting_is_diagnosed_even_without_divergences(tmp_path):
     events = [{"arm": "ctl", "event": "started", "time_utc": "t", "detail": None},
               {"arm": "trt", "event": "refused", "time_utc": "t", "detail": "no such mode"}]

@@ -36,6 +36,22 @@ def test_the_fa3_fixture_diverges_only_past_one_128_key_tile(fa3):
     assert text.startswith("Every first divergence lies at a KV length of 129 or more in arm(s) "
                            "bi-flash-attn (all 197, 67 exactly at 129), although every output "
                            "began at 37-51 keys. 128 keys is one attention tile of 128")
+    # issue 22: the backend (engine log), the head size (bistat's model table) and what bistat
+    # measured against it, with the finding that showed it
+    advice = _kv_tile_boundary(fa3)[2:]
+    assert advice[0] == ("What those arms ran and what bistat has measured against it "
+                         "(`src/bistat/data/attention_remedies.toml`):")
+    assert advice[2].startswith("- arm bi-flash-attn: attention backend FLASH_ATTN (FA3) (engine "
+                                "log), head size 64 (SmolLM2-135M-Instruct: 9 query heads, 3 KV "
+                                "heads; ")
+    assert advice[3].startswith('- remedy for FLASH_ATTN (FA3) at head size 64: `attention_backend '
+                                '= "TRITON_ATTN"` (engine argument) with `VLLM_BATCH_INVARIANT=1`: '
+                                "working — 541/541 prompts")
+    assert "(`findings/h200/h200-match-smollm2-r2.md`, arm bi-triton-attn; " in advice[3]
+    assert advice[5] == ("- remedy for FLASH_ATTN (FA3) at head size 64: `BISTAT_FA3_PIN=1` with "
+                         "`VLLM_BATCH_INVARIANT=1` (bistat's FlashAttention-3 pin, "
+                         "kernels/vllm_fa3.py): not yet measured (its arm in the Study 1(a) re-run "
+                         "on vLLM 0.33, docs/STUDIES.md)")
 
 
 def _shifted(summary, arm, shift=0, keep=None):

@@ -15,7 +15,7 @@ from bistat.engines.base import GenerationResult, MetricsSample
 from bistat.probe import (ProbeSettings, compare_bitwise, merge_reports, report_from_json, run_probe,
                           shared_step_evidence)
 
-SMALL = ProbeSettings(trials=3, min_fillers=32, max_fillers=40, max_tokens=6, seed=1)
+SMALL = ProbeSettings(trials=3, min_fillers=32, max_fillers=40, max_tokens=6, seed=1, design="single")
 
 
 def _exp(control=None, treatment=None):
@@ -63,7 +63,8 @@ def test_placements_are_seeded():
 
 def test_violated_when_the_probed_arm_differs_even_only_in_logprob_bits():
     report = run_probe(_exp(control={"divergence": 0.9}, treatment={"logprob_jitter": True}),
-                       settings=ProbeSettings(trials=4, min_fillers=32, max_fillers=40, max_tokens=6),
+                       settings=ProbeSettings(trials=4, min_fillers=32, max_fillers=40, max_tokens=6,
+                                              design="single"),
                        engine_factory=fakes.FakeScript().factory)
     assert report.outcome == "violated"
     assert report.reason == "bitwise differences on invariant: not batch invariant"
@@ -382,7 +383,7 @@ def test_probe_on_vllm_offline_samples_every_step_so_the_needle_is_seen_sharing_
         engines.append(VLLMOfflineEngine.from_experiment(experiment, arm))
         return engines[-1]
 
-    settings = ProbeSettings(trials=2, min_fillers=8, max_fillers=12, max_tokens=6, seed=1)
+    settings = ProbeSettings(trials=2, min_fillers=8, max_fillers=12, max_tokens=6, seed=1, design="single")
     report = run_probe(exp, control="", settings=settings, engine_factory=factory)
     (arm,) = report.arms
     assert arm.error is None and arm.alone_repeat_identical is True

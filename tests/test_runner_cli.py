@@ -171,10 +171,13 @@ def test_probe_cli_confirmed_json_and_exit_codes(workdir):
     result = _invoke("probe", str(decl), "--max-fillers", "40", "--max-tokens", "5", "--output", "probe.json")
     assert result.exit_code == 0, result.output
     assert result.stderr.splitlines() == ["probing arm blas ...", "probing arm invariant ..."]  # control first
-    assert result.stdout.splitlines()[0] == "needle chat-0000, 3 trial(s) of 32-40 fillers, 5 tokens"
+    # the default design: the needle prompt and four long needles among fillers that arrive
+    assert result.stdout.splitlines()[0] == (
+        "needles chat-0000 and about 112, 176, 304, 600 prompt tokens, 5 tokens each; 3 trial(s) "
+        "of 32-40 fillers of 16 tokens arriving while they decode")
     assert result.stdout.splitlines()[-2:] == [
-        "outcome: confirmed — bitwise identical alone and in every batch (the fillers too, across trials), "
-        "and the negative control differs",
+        "outcome: confirmed — every needle bitwise identical alone and in every batch (the fillers "
+        "too, across trials), and the negative control differs",
         "exit 0: no --fail-on given: every verdict exits 0"]
     assert json.loads((workdir / "probe.json").read_text())["outcome"] == "confirmed"
     nopower = _invoke("probe", str(decl), "--max-fillers", "40", "--no-control", "--json")
@@ -285,7 +288,7 @@ def test_probe_needle_from_a_recorded_run(workdir):
         arms=[{"name": "blas", "role": "control", "args": {"fake": {"divergence": 0.9}}},
               {"name": "invariant", "role": "treatment"}], workload={"seed": 4}))
     result = _invoke("probe", str(decl), "--needle-from", "runs/r", "--max-fillers", "11",
-                     "--min-fillers", "8", "--output", "probe.json")
+                     "--min-fillers", "8", "--design", "single", "--output", "probe.json")
     assert result.exit_code == 0, result.output
     # prompts 3 and 4 both first diverged at token 0: the lower index wins
     why = ("prompt 3 (chat-0003) first diverged at token 0 in arm invariant, pass 4 of runs/r "

@@ -61,7 +61,8 @@ def test_embedded_engine_end_to_end(tmp_path):
 
 
 def test_probe_on_the_embedded_engine_invariant_arm_is_bitwise_identical():
-    report = run_probe(_exp(), settings=ProbeSettings(trials=2, min_fillers=8, max_fillers=12, max_tokens=3),
+    report = run_probe(_exp(), settings=ProbeSettings(trials=2, min_fillers=8, max_fillers=12, max_tokens=3,
+                                                         design="single"),
                        engine_factory=_factory)
     invariant = report.arms[0]
     assert invariant.arm == "invariant" and invariant.error is None
@@ -79,7 +80,8 @@ def test_a_probe_with_one_request_per_step_is_vacuous():
     exp = exp.model_copy(update={"engine": exp.engine.model_copy(update={
         "args": {"max_batch_size": 1, "max_model_len": 256}})})
     report = run_probe(exp, settings=ProbeSettings(trials=1, min_fillers=2, max_fillers=2,
-                                                   max_tokens=2), engine_factory=_factory)
+                                                   max_tokens=2, design="single"),
+                       engine_factory=_factory)
     assert report.outcome == "vacuous"
     assert report.reason.startswith("invariant: the engine's batching evidence shows the needle "
                                     "never shared an engine step with another request")

@@ -1,6 +1,8 @@
 #!/bin/bash
-# `bistat probe` on every treatment arm of a registered study (needle alone vs among 32-128
-# fillers, bitwise; the control arm is the negative control). The report goes into the study's
+# `bistat probe` on every treatment arm of a registered study (its default kv-sweep design: the
+# needle prompt and needles of about 112-600 prompt tokens alone vs among 32-128 fillers that keep
+# arriving while they decode, bitwise, a verdict per needle; the control arm is the negative
+# control; ≈ 2 min per arm with SmolLM2, engine start included). The report goes into the study's
 # run directory as probe.json (its finding's "Activation" section reads it; pack.sh brings it
 # back with the run) and a copy under $OUT.
 # Usage: bash scripts/device/probe.sh NAME [SECONDS]

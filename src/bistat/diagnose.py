@@ -61,6 +61,7 @@ import numpy as np
 from scipy import stats as sps
 
 from bistat import records
+from bistat.activation import log_markers
 from bistat.anatomy import (
     JITTER,
     LARGE_DRIFT,
@@ -75,6 +76,7 @@ from bistat.anatomy import (
     read_unit_and_epsilon,
     run_declaration,
 )
+from bistat.remedies import advice_lines, load_table, model_shape
 
 __all__ = ["CAUSES", "DIAGNOSIS_SCHEMA", "Cause", "Diagnosis", "diagnose_run", "render_diagnosis"]
 
@@ -510,8 +512,11 @@ def _prefix_cache(engine_kind: str | None, arm_args: Mapping[str, Mapping[str, A
 
 
 def _attention_kv_tile(outputs: Mapping[tuple[str, int, str], PassOutput],
-                       anatomy: Anatomy) -> Cause:
-    """Do an arm's first divergences all start one key past a power-of-two KV length?"""
+                       anatomy: Anatomy, log_lines: Mapping[str, Sequence[str]] | None = None,
+                       model: str | None = None) -> Cause:
+    """Do an arm's first divergences all start one key past a power-of-two KV length? Then the
+    attention backend (engine log) and head size of those arms, and what bistat has measured
+    against it (:mod:`bistat.remedies`), go into the evidence."""
     kv: dict[str, list[int]] = defaultdict(list)
     starts: dict[str, list[int]] = defaultdict(list)
     for d in anatomy.divergences:
@@ -522,9 +527,11 @@ def _attention_kv_tile(outputs: Mapping[tuple[str, int, str], PassOutput],
     if not kv:
         return _cause("attention_kv_tile", "not assessable",
                       "no prompt token counts were recorded for the diverging responses", [])
-    ev, covered = [], 0
+    ev, covered, tiled = [], 0, []
     for arm in sorted(kv):
         lengths, tile = sorted(kv[arm]), kv_tile_boundary(kv[arm])
+        if tile is not None:
+            tiled.append(arm)
         ev.append(f"arm {arm}: {len(lengths)} first divergence(s) at KV lengths (prompt tokens + "
                   f"index) {lengths[0]}-{lengths[-1]}, median {lengths[(len(lengths) - 1) // 2]}; "
                   f"outputs began at {min(starts[arm])}-{max(starts[arm])} keys"
@@ -541,9 +548,30 @@ def _attention_kv_tile(outputs: Mapping[tuple[str, int, str], PassOutput],
               "attention_backend = TRITON_ATTN (a fixed tile), or keep prompt + output within "
               "one tile, to test it")
     strength = "strong" if covered == total else "moderate" if covered >= total / 2 else "weak"
-    return _cause("attention_kv_tile", strength,
-                  f"{covered} of {total} first divergence(s) start one key past a power-of-two KV "
-                  "length, never before it", ev)
+    summary = (f"{covered} of {total} first divergence(s) start one key past a power-of-two KV "
+               "length, never before it")
+    if log_lines is not None:
+        table = load_table()
+        backends = {arm: log_markers(log_lines[arm])["attention"] if arm in log_lines else ()
+                    for arm in tiled}
+        ev += advice_lines(backends, model, table)
+        named = sorted({", ".join(b) for b in backends.values() if b})
+        shape = model_shape(model, table)
+        if named:
+            summary += (f" ({'; '.join(named)}"
+                        + ("" if shape is None else f", head size {shape.head_size}") + ")")
+    return _cause("attention_kv_tile", strength, summary, ev)
+
+
+def _engine_model(env_rows: Sequence[Mapping[str, Any]]) -> str | None:
+    """The engine's ``model`` argument as the environment lines recorded it (the first one)."""
+    for r in env_rows:
+        engine = r.get("engine") if isinstance(r.get("engine"), Mapping) else {}
+        fp = r.get("fingerprint") if isinstance(r.get("fingerprint"), Mapping) else {}
+        model = (engine.get("args") or {}).get("model") or (fp.get("engine_reported") or {}).get("model")
+        if model:
+            return str(model)
+    return None
 
 
 def _tokenization(outputs: Mapping[tuple[str, int, str], PassOutput], anatomy: Anatomy) -> Cause:
@@ -653,10 +681,12 @@ def diagnose_run(run_dir: str | Path, *, probe_reports: Sequence[str | Path] = (
     env_rows = records.read_table(run_dir, "environment").to_dict("records")
     arm_args: dict[str, dict[str, Any]] = {}
     findings: dict[str, str] = {}
+    log_lines: dict[str, list[str]] = defaultdict(list)
     for r in env_rows:
         engine = r.get("engine") if isinstance(r.get("engine"), Mapping) else {}
         arm_args[str(r.get("arm"))] = dict(engine.get("args") or {})
         findings[str(r.get("arm"))] = " | ".join(str(x) for x in (r.get("log_findings") or []))
+        log_lines[str(r.get("arm"))] += [str(x) for x in (r.get("log_findings") or [])]
     # blocks of the diverging passes, per arm (does a divergence span engine starts?)
     sched = records.read_table(run_dir, "schedule", ["event", "arm", "pass_index", "block"])
     block_of = {(str(a), int(p)): int(b) for e, a, p, b in sched.itertuples(index=False)
@@ -681,7 +711,7 @@ def diagnose_run(run_dir: str | Path, *, probe_reports: Sequence[str | Path] = (
         _near_tie(anatomy),
         _prefix_cache(header.get("engine_kind"), arm_args),
         _tokenization(outputs, anatomy),
-        _attention_kv_tile(outputs, anatomy),
+        _attention_kv_tile(outputs, anatomy, log_lines, _engine_model(env_rows)),
     ]
     ranked = tuple(sorted(causes, key=lambda c: (-c.score, _ORDER.index(c.key))))
     top = ranked[0]

@@ -303,7 +303,45 @@ def _probe_detail(s: RunSummary) -> list[str]:
             f"and logprobs): **{probe.outcome.replace('_', ' ')}** — {probe.reason}.{pending}", "",
             _table(("arm", "role", "needle alone, twice", "identical among fillers",
                     "fillers per trial", "needle shared an engine step", "first divergence (token)"),
-                   rows), "", *filler_note, *disagree]
+                   rows), "", *filler_note, *_probe_needles(s), *disagree]
+
+
+def _probe_needles(s: RunSummary) -> list[str]:
+    """A kv-sweep probe's outcome per needle (:func:`bistat.probe.needle_verdicts`) and what each
+    arm showed at it; nothing for the single design (reports written before designs)."""
+    from bistat.probe import needle_verdicts
+
+    probe = s.probe
+    if probe is None or not probe.settings.sweep:
+        return []
+    st = probe.settings
+    by_arm = {a.arm: {n.needle: n for n in a.needles} for a in probe.arms if not a.error}
+    rows = []
+    for v in needle_verdicts(probe.arms):
+        cells = []
+        for arm in by_arm:
+            n = by_arm[arm].get(v.needle)
+            if n is None:
+                cells.append("—")
+                continue
+            same = sum(t.identical for t in n.trials)
+            where = ("" if n.kv_first_divergence is None
+                     else f", first at KV length {n.kv_first_divergence}")
+            repeat = "" if n.alone_repeat_identical is not False else "; alone twice **different**"
+            cells.append(f"{'identical' if not n.differs else '**different**'} "
+                         f"{same} / {len(n.trials)}{where}{repeat}")
+        keys = "—" if v.kv_low is None else f"{v.kv_low}-{v.kv_high}"
+        rows.append((v.needle, "—" if v.target_tokens is None else str(v.target_tokens),
+                     _cell(v.n_prompt_tokens), keys, *cells,
+                     f"**{v.outcome.replace('_', ' ')}** — {v.reason}"))
+    left = ("" if not probe.left_out else
+            " Left out: " + "; ".join(probe.left_out) + ".")
+    return [f"Per needle (the kv-sweep design: the needle prompt and needles of about "
+            f"{', '.join(map(str, st.long_needles))} prompt tokens, {st.max_tokens} tokens each, "
+            f"among fillers of {st.filler_tokens} tokens arriving while they decode; identical "
+            f"in how many trials, bitwise).{left}", "",
+            _table(("needle", "design tokens", "prompt tokens", "keys decoded",
+                    *[f"{arm}: in batch" for arm in by_arm], "outcome"), rows), ""]
 
 
 def _match(s: RunSummary, plot: str) -> list[str]:
@@ -453,7 +491,21 @@ def _kv_tile_boundary(s: RunSummary) -> list[str]:
                 f"(FlashAttention 3 on Hopper picks 128 or 192 keys per tile at head size 64 "
                 f"from the batch's longest query). An attention backend with a fixed tile "
                 f"(TRITON_ATTN in batch-invariant mode) is the test.", ""]
+    if by_tile:
+        out += _kv_tile_advice(s, [a[0] for arms in by_tile.values() for a in arms])
     return out
+
+
+def _kv_tile_advice(s: RunSummary, arms: Sequence[str]) -> list[str]:
+    """The attention backend and head size of ``arms`` (whose divergences start past a KV tile)
+    and the remedies bistat has measured against it (:mod:`bistat.remedies`)."""
+    from bistat.remedies import TABLE_PATH, advice_lines, load_table
+
+    logged = {a.arm: a.attention for a in s.activation}
+    model = (s.declaration.get("engine") or {}).get("model")
+    lines = advice_lines({arm: logged.get(arm, ()) for arm in arms}, model, load_table())
+    return [f"What those arms ran and what bistat has measured against it (`{TABLE_PATH}`):", "",
+            *[f"- {x}" for x in lines], ""]
 
 
 #: Below this share of the client's in-flight requests running in the engine, the finding says

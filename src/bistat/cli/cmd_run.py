@@ -33,6 +33,7 @@ and untested (an engine could not run, or the mode is unsupported)
 
 #: Probe outcome -> verdict label (``bistat.gating.PROBE_OUTCOME_LABELS`` plus ``vacuous``).
 from bistat.gating import PROBE_OUTCOME_LABELS as PROBE_LABELS  # probe outcome -> verdict label
+from bistat.probe import FILLER_TOKENS, LONG_NEEDLES, NEEDLE_TOKENS
 
 FAIL_ON_HELP = ("Exit non-zero when the outcome has one of these verdict labels (comma-separated, "
                 "or repeated; 'any' for all): doubtful, reported-as-observed, untested.")
@@ -220,7 +221,19 @@ def run_command(registration: Path | None, resume_dir: Path | None, runs_dir: Pa
 @click.option("--max-fillers", default=128, show_default=True, type=click.IntRange(min=1),
               help="Most filler prompts around the needle.")
 @click.option("--max-tokens", default=None, type=click.IntRange(min=1),
-              help="Tokens per request [default: the declaration's workload.max_tokens].")
+              help="Tokens per needle [default: 128 in the kv-sweep design, else the "
+                   "declaration's workload.max_tokens].")
+@click.option("--design", default="kv-sweep", show_default=True,
+              type=click.Choice(["kv-sweep", "single"]),
+              help="batch mode: kv-sweep runs needles of several lengths (the needle prompt, then "
+                   "--long-needles) among fillers that arrive while they decode, and gives a "
+                   "verdict per needle; single runs one needle among fillers submitted at once.")
+@click.option("--long-needles", default=",".join(map(str, LONG_NEEDLES)), show_default=True,
+              callback=lambda ctx, param, value: _lengths(value),
+              help="kv-sweep: approximate prompt tokens of the needles added to the needle prompt "
+                   "(comma-separated; '' for none).")
+@click.option("--filler-tokens", default=FILLER_TOKENS, show_default=True,
+              type=click.IntRange(min=1), help="kv-sweep: tokens each filler generates.")
 @click.option("--needle", "needle_index", default=0, show_default=True, type=click.IntRange(min=0),
               help="Index of the needle prompt in the declaration's prompt source.")
 @click.option("--needle-from", "needle_from", type=click.Path(path_type=Path, file_okay=False),
@@ -238,15 +251,20 @@ def run_command(registration: Path | None, resume_dir: Path | None, runs_dir: Pa
 @click.option("--fail-on", "fail_on", multiple=True, help=FAIL_ON_HELP)
 def probe_command(declaration: Path, arms: tuple[str, ...], control: str | None, no_control: bool,
                   trials: int, min_fillers: int, max_fillers: int, max_tokens: int | None,
+                  design: str, long_needles: tuple[int, ...], filler_tokens: int,
                   needle_index: int, needle_from: Path | None, seed: int | None, mode: str,
                   output: Path | None, as_json: bool, fail_on: tuple[str, ...]) -> None:
-    """Bitwise invariance probe: a needle prompt alone, then among fillers, on a declaration's engine.
+    """Bitwise invariance probe: needle prompts alone, then among fillers, on a declaration's engine.
 
     DECLARATION is an experiments/NAME.toml or a preregistrations/NAME.json. Token ids and
-    logprobs are compared bitwise: the needle alone against the needle in each batch, and each
-    filler that ran in two or more trials across them. The negative control (invariance off)
-    runs first and must differ, or the probe is reported as lacking power. With --needle-from
-    RUN_DIR the needle is the prompt a recorded run of the same workload saw diverge first.
+    logprobs are compared bitwise: each needle alone against the needle in each batch, and each
+    filler that ran in two or more trials across them. The default design (kv-sweep) runs the
+    needle prompt and needles of about 112, 176, 304 and 600 prompt tokens, 128 tokens each,
+    while fillers of 16 tokens keep arriving, so that their attention crosses the KV tiles of
+    attention kernels (64 to 640 keys) beside prefills, and gives a verdict per needle. The
+    negative control (invariance off) runs first and must differ, or the probe is reported as
+    lacking power. With --needle-from RUN_DIR the needle is the prompt a recorded run of the
+    same workload saw diverge first.
     """
     from click.core import ParameterSource
 
@@ -277,14 +295,18 @@ def probe_command(declaration: Path, arms: tuple[str, ...], control: str | None,
             source = needle_from_run(needle_from, experiment, declaration=str(declaration))
             needle_index = source.prompt_index
             click.echo(f"needle: {source.describe()}", err=True)
+        sweep = mode == "batch" and design == "kv-sweep"
         settings = ProbeSettings(
             trials=trials,
             min_fillers=min_fillers,
             max_fillers=max_fillers,
             needle_index=needle_index,
-            max_tokens=max_tokens or experiment.workload.max_tokens,
+            max_tokens=max_tokens or (NEEDLE_TOKENS if sweep else experiment.workload.max_tokens),
             seed=experiment.workload.seed if seed is None else seed,
             mode=mode,
+            design=design,
+            long_needles=long_needles,
+            filler_tokens=filler_tokens,
         )
         saved: list[int] = []
 
@@ -325,6 +347,18 @@ def probe_command(declaration: Path, arms: tuple[str, ...], control: str | None,
     result = gate([PROBE_LABELS[report.outcome]], fail_labels)
     click.echo(f"exit {result.exit_code}: {result.reason}", err=as_json)
     sys.exit(result.exit_code)
+
+
+def _lengths(value: str) -> tuple[int, ...]:
+    """``--long-needles``: comma-separated positive, increasing prompt lengths."""
+    try:
+        out = tuple(int(x) for x in value.replace(" ", "").split(",") if x)
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected comma-separated token counts, e.g. "
+                                 "112,176,304,600") from None
+    if any(x < 1 for x in out) or list(out) != sorted(set(out)):
+        raise click.BadParameter(f"{value!r}: expected increasing token counts of at least 1")
+    return out
 
 
 def _write_json_atomic(path: Path, data: dict) -> None:
