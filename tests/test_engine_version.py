@@ -29,6 +29,18 @@ from bistat.report import render_markdown
 from bistat.runner import start_run
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _no_fake_kind_left_behind(monkeypatch):
+    """helpers_runner registers the fake engine kind; later test files must not see it."""
+    from bistat import experiment
+    from bistat.engines import registry
+
+    monkeypatch.setitem(vars(experiment), "ENGINE_KINDS", dict(experiment.ENGINE_KINDS))
+    monkeypatch.setitem(vars(registry), "ADAPTERS", dict(registry.ADAPTERS))
+
+
 NOW = dt.datetime(2026, 12, 2, 4, 0, tzinfo=dt.timezone.utc)
 PYPI = "https://pypi.org/pypi"
 

