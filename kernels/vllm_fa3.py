@@ -17,13 +17,13 @@ picks its kernel on the host from that scalar (vllm-project/flash-attention ``ho
 commit 617264c1): ``mha_fwd`` takes ``seqlen_q = max_seqlen_q`` for varlen batches
 (``flash_api.cpp:827``) and (1) relaxes a causal call to non-causal when it is 1 (:868-872);
 (2) runs one MMA warpgroup when ``seqlen_q * (q heads / KV heads) <= 64`` at head size 64 or 128
-(``heuristics.h:10-14``; the template switch ``flash_fwd_launch_template.h:216-218``), which at
+(``heuristics.h:10-14``; the template switch ``flash_fwd_launch_template.h:217-219``), which at
 head size 64 is the 64 x **192** tile, against 192 x **128** for two warpgroups on a causal call
 (``tile_size.h:23-30``); (3) loads paged KV by TMA when the page size is a multiple of the tile's
 kBlockN and ``seqlen_q * (q heads / KV heads) > kBlockM`` (``flash_api.cpp:464-474``, :1058);
 (4) splits KV by a heuristic of ``seqlen_q`` unless ``num_splits`` is given (:1059). Pack-GQA
 needs no pin on this path: a varlen query always packs (``heuristics.h:18``, via
-``flash_api.cpp:494``; 1:1 attention never does, :488), and ``get_scheduler_metadata`` repeats
+``flash_api.cpp:494``; 1:1 attention never does, :490), and ``get_scheduler_metadata`` repeats
 the same decisions from its own ``max_seqlen_q`` (:619, :641-645, :667-669). A decode row's
 softmax is summed over KV tiles of kBlockN keys, so up to 128 keys it is one tile in both
 kernels, and past 128 keys it is reduced in other places when an unrelated prefill of
