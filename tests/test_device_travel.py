@@ -88,3 +88,21 @@ def test_a_mode_is_refused_while_changes_are_staged(repo):
     done = _travel(repo, "stage")
     assert done.returncode == 1 and "commit or unstage them first" in done.stdout
     assert _git(repo, "diff", "--cached", "--name-only").split() == ["README.md"]
+
+
+def test_a_mode_leaves_other_worktrees_and_the_shared_exclude_file_alone(repo, tmp_path):
+    # Worktrees share .git/info/exclude: a mode written there would hide every new file of another
+    # worktree from `git add -A` while a device session runs.
+    other = tmp_path / "other"
+    _git(repo, "worktree", "add", "-q", "-b", "other", str(other))
+    (other / "new_file.py").write_text("x\n")
+    exclude = repo / ".git" / "info" / "exclude"
+    before = exclude.read_text() if exclude.exists() else None
+    for mode in ("stage", "run"):
+        assert _travel(repo, mode).returncode == 0
+        assert "new_file.py" in _git(other, "status", "--porcelain", "--untracked-files=all")
+        assert "data/h200/run/outputs.parquet" not in _travelling(repo)
+        assert (exclude.read_text() if exclude.exists() else None) == before
+    assert _travel(repo, "restore").returncode == 0
+    assert _git(repo, "status", "--porcelain") == ""
+    assert "core.excludesfile" not in _git(repo, "config", "--worktree", "--list").lower()

@@ -11,15 +11,17 @@
 #   bash scripts/device/travel.sh restore   everything again, as committed
 #   bash scripts/device/travel.sh size      the bytes that would travel now
 # How: the other tracked files leave git's index (`git rm --cached`, never the disk) and are
-# ignored through .git/info/exclude; `restore` resets the index to HEAD and puts the exclude file
-# back. So `stage` and `run` refuse while changes are staged (a reset would drop them): commit first.
+# ignored through an excludes file of this worktree alone (`core.excludesFile` in its
+# config.worktree: other worktrees of the repository, and their untracked files, are not touched);
+# `restore` resets the index to HEAD and removes that setting. So `stage` and `run` refuse while
+# changes are staged (a reset would drop them): commit first.
 # Never commit while a mode is on (`git status` shows the whole repository as deleted).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd); cd "$REPO"
 GIT_DIR=$(git rev-parse --git-dir)
 STATE="$GIT_DIR/bistat-travel"              # the mode now on
-EXCLUDE="$GIT_DIR/info/exclude"
-SAVED="$GIT_DIR/bistat-travel.exclude"      # the exclude file before it
+EXCLUDE="$GIT_DIR/bistat-travel.ignore"     # this worktree's excludes while a mode is on
+SAVED="$GIT_DIR/bistat-travel.excludesfile" # core.excludesFile of this worktree before it, if any
 
 tree_bytes() {
   { git ls-files -z; git ls-files -z --others --exclude-standard; } | xargs -0 -r stat -c %s \
@@ -29,8 +31,9 @@ tree_bytes() {
 restore() {
   [ -f "$STATE" ] || { echo "travel: nothing to restore (no mode on)"; return 0; }
   git reset -q
-  if [ -f "$SAVED" ]; then mv "$SAVED" "$EXCLUDE"; else rm -f "$EXCLUDE"; fi
-  rm -f "$STATE"
+  if [ -s "$SAVED" ]; then git config --worktree core.excludesFile "$(cat "$SAVED")"
+  else git config --worktree --unset core.excludesFile || true; fi
+  rm -f "$EXCLUDE" "$SAVED" "$STATE"
   echo "travel: restored; $(tree_bytes) bytes travel"
 }
 
@@ -38,10 +41,14 @@ keep_only() {   # the paths (root-relative, folders with a trailing /) that stay
   if [ -f "$STATE" ]; then restore > /dev/null; fi
   git diff --cached --quiet || {
     echo "travel: changes are staged in git's index; commit or unstage them first (restore resets the index to HEAD)"; exit 1; }
-  mkdir -p "$(dirname "$EXCLUDE")"; touch "$EXCLUDE"; cp "$EXCLUDE" "$SAVED"
+  git config extensions.worktreeConfig true   # per-worktree settings (git >= 2.20)
+  git config --worktree --get core.excludesFile > "$SAVED" || true
+  # the repository's own excludes still apply, then everything but the kept paths
+  { cat "$GIT_DIR/info/exclude" 2>/dev/null; [ -s "$SAVED" ] && cat "$(cat "$SAVED")" 2>/dev/null
+    echo "# written by scripts/device/travel.sh; travel.sh restore removes it"; echo "/*"
+    for p in "${@:2}"; do echo "!/$p"; done; } > "$EXCLUDE"
+  git config --worktree core.excludesFile "$EXCLUDE"
   echo "$1" > "$STATE"
-  { echo "# added by scripts/device/travel.sh; travel.sh restore removes it"; echo "/*"
-    for p in "${@:2}"; do echo "!/$p"; done; } >> "$EXCLUDE"
   git rm -r -q --cached -- . > /dev/null
   git add -- "${@:2}"                     # back into the index: the kept paths, as in the worktree
   echo "travel: mode $1; $(tree_bytes) bytes travel"
