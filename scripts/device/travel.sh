@@ -11,17 +11,17 @@
 #   bash scripts/device/travel.sh restore   everything again, as committed
 #   bash scripts/device/travel.sh size      the bytes that would travel now
 # How: the other tracked files leave git's index (`git rm --cached`, never the disk) and are
-# ignored through an excludes file of this worktree alone (`core.excludesFile` in its
-# config.worktree: other worktrees of the repository, and their untracked files, are not touched);
-# `restore` resets the index to HEAD and removes that setting. So `stage` and `run` refuse while
-# changes are staged (a reset would drop them): commit first.
-# Never commit while a mode is on (`git status` shows the whole repository as deleted).
+# ignored through this worktree's own .gitignore, to which the mode's patterns are appended (its
+# committed text is kept aside and put back by `restore`; the device tool reads .gitignore like
+# git does, and other worktrees of the repository, which share .git/info/exclude, are not touched:
+# their new files stay visible to `git add`). `restore` resets the index to HEAD. So `stage` and
+# `run` refuse while changes are staged (a reset would drop them): commit first.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd); cd "$REPO"
 GIT_DIR=$(git rev-parse --git-dir)
 STATE="$GIT_DIR/bistat-travel"              # the mode now on
-EXCLUDE="$GIT_DIR/bistat-travel.ignore"     # this worktree's excludes while a mode is on
-SAVED="$GIT_DIR/bistat-travel.excludesfile" # core.excludesFile of this worktree before it, if any
+EXCLUDE=.gitignore                          # this worktree's; the mode's patterns go at its end
+SAVED="$GIT_DIR/bistat-travel.gitignore"    # .gitignore as it was before the mode
 
 tree_bytes() {
   { git ls-files -z; git ls-files -z --others --exclude-standard; } | xargs -0 -r stat -c %s \
@@ -31,9 +31,8 @@ tree_bytes() {
 restore() {
   [ -f "$STATE" ] || { echo "travel: nothing to restore (no mode on)"; return 0; }
   git reset -q
-  if [ -s "$SAVED" ]; then git config --worktree core.excludesFile "$(cat "$SAVED")"
-  else git config --worktree --unset core.excludesFile || true; fi
-  rm -f "$EXCLUDE" "$SAVED" "$STATE"
+  if [ -f "$SAVED" ]; then mv "$SAVED" "$EXCLUDE"; fi
+  rm -f "$STATE"
   echo "travel: restored; $(tree_bytes) bytes travel"
 }
 
@@ -41,13 +40,9 @@ keep_only() {   # the paths (root-relative, folders with a trailing /) that stay
   if [ -f "$STATE" ]; then restore > /dev/null; fi
   git diff --cached --quiet || {
     echo "travel: changes are staged in git's index; commit or unstage them first (restore resets the index to HEAD)"; exit 1; }
-  git config extensions.worktreeConfig true   # per-worktree settings (git >= 2.20)
-  git config --worktree --get core.excludesFile > "$SAVED" || true
-  # the repository's own excludes still apply, then everything but the kept paths
-  { cat "$GIT_DIR/info/exclude" 2>/dev/null; [ -s "$SAVED" ] && cat "$(cat "$SAVED")" 2>/dev/null
-    echo "# written by scripts/device/travel.sh; travel.sh restore removes it"; echo "/*"
-    for p in "${@:2}"; do echo "!/$p"; done; } > "$EXCLUDE"
-  git config --worktree core.excludesFile "$EXCLUDE"
+  cp "$EXCLUDE" "$SAVED"
+  { echo "# written by scripts/device/travel.sh; travel.sh restore removes it"; echo "/*"
+    for p in "${@:2}"; do echo "!/$p"; done; } >> "$EXCLUDE"
   echo "$1" > "$STATE"
   git rm -r -q --cached -- . > /dev/null
   git add -- "${@:2}"                     # back into the index: the kept paths, as in the worktree
