@@ -60,6 +60,7 @@ References
 
 from __future__ import annotations
 
+import functools
 import os
 import weakref
 from collections.abc import Sequence
@@ -100,8 +101,10 @@ GEMM_ISAS: tuple[str, ...] = tuple(_rowgemm.isas()) if _ROWGEMM_MISSING is None 
 _PACKED: dict[int, np.ndarray] = {}  # id(w) -> w packed in 16-column panels, while w lives
 
 
+@functools.cache
 def gemm_threads() -> int:
-    """Threads :func:`gemm_invariant` shares a GEMM between: the CPUs this process may run on.
+    """Threads :func:`gemm_invariant` shares a GEMM between: the CPUs this process may run on
+    (read once).
 
     Any number gives the same bits (a thread computes whole columns); it only sets the speed.
     """
