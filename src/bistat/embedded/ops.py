@@ -31,7 +31,14 @@ Two GEMM modes (:func:`gemm`):
     thread partition) has nothing to act on. The weights are packed once per weight
     (:func:`packed_weight`: 16-column panels, a copy) so that a kernel streams each panel from
     memory, and the panels are shared out between threads (:func:`gemm_threads`) in chunks that a
-    thread computes whole. ``tests/test_embedded_ops.py`` checks the bits at every ``M`` in 1..40
+    thread computes whole. (Why not BLAS on fixed shapes: inside one OpenBLAS call the batch rows
+    are its ``n`` dimension, cut into micro-tiles of several widths, and the kernels sum
+    differently: the AVX2 SGEMM kernel used under ``OPENBLAS_CORETYPE=Haswell`` keeps one chain
+    per element in its 16x6 tile but splits even and odd ``k`` into two accumulators added at
+    the end in its 8x4 and 8x6 tiles (``KERNEL_k2m8n4`` / ``SAVE_m8n4``,
+    OpenMathLib/OpenBLAS ``kernel/x86_64/sgemm_kernel_8x4_haswell_2.c@72461f1c8c11``), so a row's
+    bits follow the tile its position falls in, and other core types have other kernels.)
+    ``tests/test_embedded_ops.py`` checks the bits at every ``M`` in 1..40
     and every position on SmolLM2's shapes, on every instruction set and thread count, and the
     chain itself against an exactly rounded reference.
     The other reductions are per row or per request already:
