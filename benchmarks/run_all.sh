@@ -2,17 +2,31 @@
 # Run every CPU benchmark one after the other (nothing else should load the machine) and write
 # benchmarks/RESULTS.md: each script's output verbatim, with the machine, versions and commit.
 # Usage: bash benchmarks/run_all.sh   (about 10 minutes on 2 cores; needs `bistat model fetch smollm2-135m`)
+#        bash benchmarks/run_all.sh NAME   (one section, e.g. embedded: rerun it and put it in place
+#        of its old section, with its own provenance line; every other byte of RESULTS.md is kept)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate
 out=benchmarks/RESULTS.md
+only=${1:-}
 tmp=$(mktemp -d)
 load_before=$(cut -d" " -f1-3 /proc/loadavg)
 names=()
+cpu() { echo "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores"; }
+blas() { python -c 'import numpy, threadpoolctl; i = [x for x in threadpoolctl.threadpool_info() if x["user_api"] == "blas"]; print(numpy.__version__, "/", ", ".join("%s %s (%s, %s threads)" % (x["internal_api"], x["version"], x.get("architecture"), x["num_threads"]) for x in i))'; }
+commit() { echo "$(git rev-parse HEAD)$(git diff --quiet HEAD -- src kernels benchmarks setup.py ':!benchmarks/RESULTS.md' || echo ' (dirty)')"; }
 run() {  # name, command...
-  local name=$1; shift; names+=("$name")
+  local name=$1; shift
+  [ -z "$only" ] || [ "$only" = "$name" ] || return 0
+  names+=("$name")
   echo "running $name: $*" >&2
-  { echo "## $name"; echo; echo "Command: \`$*\`"; echo; echo '```';
+  local start; start=$(cut -d" " -f1-3 /proc/loadavg)
+  { echo "## $name"; echo;
+    if [ -n "$only" ]; then  # rerun alone: the table at the top describes the other sections' run
+      echo "Rerun alone $(date -u +%Y-%m-%dT%H:%M:%SZ) at commit $(commit): $(cpu), Python" \
+           "$(python -c 'import sys; print(sys.version.split()[0])'), numpy / BLAS $(blas)," \
+           "OPENBLAS_CORETYPE ${OPENBLAS_CORETYPE:-unset}, load average at start $start."; echo; fi
+    echo "Command: \`$*\`"; echo; echo '```';
     { "$@" 2>&1 || echo "(exit status $?: a goal above not met, or the script failed)"; } \
       | grep -v "^WARNING: Location"; echo '```'; echo; } > "$tmp/$name.md"
 }
@@ -22,6 +36,22 @@ run http-runner python benchmarks/bench_http_runner.py
 run http-logprobs python benchmarks/bench_http_logprobs.py --requests 512
 run plugin-dispatch python benchmarks/bench_plugin_dispatch.py
 run analyze python benchmarks/bench_analyze.py --dir "${BENCH_ANALYZE_DIR:-/tmp/bistat-bench}" --repeat 3
+if [ -n "$only" ]; then
+  [ ${#names[@]} -eq 1 ] || { echo "no benchmark named '$only'" >&2; exit 2; }
+  grep -q "^## $only\$" "$out" || { echo "$out has no section '## $only'" >&2; exit 2; }
+  # the old section runs from its heading to the next '## ' heading (or the end of the file)
+  python - "$out" "$only" "$tmp/$only.md" <<'EOF'
+import sys
+path, name, new = sys.argv[1:]
+lines = open(path).read().split("\n")
+start = lines.index(f"## {name}")
+end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+body = open(new).read().split("\n")[:-1]  # the section ends with one blank line, as before
+open(path, "w").write("\n".join(lines[:start] + body + lines[end:]))
+EOF
+  echo "replaced section $only in $out" >&2
+  exit 0
+fi
 {
   echo "# CPU benchmark results"
   echo
@@ -31,11 +61,11 @@ run analyze python benchmarks/bench_analyze.py --dir "${BENCH_ANALYZE_DIR:-/tmp/
   echo
   echo "| | |"; echo "|---|---|"
   echo "| date (UTC) | $(date -u +%Y-%m-%dT%H:%M:%SZ) |"
-  echo "| commit | $(git rev-parse HEAD)$(git diff --quiet HEAD -- src kernels benchmarks ':!benchmarks/RESULTS.md' || echo ' (dirty)') |"
-  echo "| CPU | $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores |"
+  echo "| commit | $(commit) |"
+  echo "| CPU | $(cpu) |"
   echo "| load average at start / end | $load_before / $(cut -d' ' -f1-3 /proc/loadavg) |"
   echo "| Python | $(python -c 'import sys; print(sys.version.split()[0])') |"
-  echo "| numpy / BLAS | $(python -c 'import numpy, threadpoolctl; i = [x for x in threadpoolctl.threadpool_info() if x["user_api"] == "blas"]; print(numpy.__version__, "/", ", ".join("%s %s (%s, %s threads)" % (x["internal_api"], x["version"], x.get("architecture"), x["num_threads"]) for x in i))') |"
+  echo "| numpy / BLAS | $(blas) |"
   echo "| OPENBLAS_CORETYPE | ${OPENBLAS_CORETYPE:-unset} |"
   echo
   for name in "${names[@]}"; do cat "$tmp/$name.md"; done

@@ -95,14 +95,14 @@ def test_sharded_forward_matches_the_float64_reference(tp_model, tp):
 
 
 def test_tp2_and_tp1_differ_in_the_last_bits_in_invariant_mode(tp_model):
-    """Invariant mode at T=2 is invariant, not equal to T=1: other GEMM shapes and split sums.
+    """Invariant mode at T=2 is invariant, not equal to T=1: split sums.
 
     Observed (deterministically, every run): most logits differ in the last bits, by ~1e-5.
     The row-parallel layers sum K = H*d (o_proj) and K = I (down_proj) as two halves added
-    once by the all-reduce instead of one long dot product, and the column-parallel GEMMs have
-    other N, so BLAS blocks (and the invariant mode's tile layout, chosen per shape) differ.
-    Batch invariance is a property of one configuration; TP=1 and TP=2 are two configurations,
-    as on GPUs.
+    once by the all-reduce instead of one long fma chain. (The column-parallel GEMMs are not the
+    cause: each output column is its own chain over K, whatever N the rank's GEMM has; see
+    the next test.) Batch invariance is a property of one configuration; TP=1 and TP=2 are two
+    configurations, as on GPUs.
     """
     d = tp_model.config
     logits = {}
@@ -117,6 +117,27 @@ def test_tp2_and_tp1_differ_in_the_last_bits_in_invariant_mode(tp_model):
     differ = logits[2] != logits[1]
     assert differ.mean() > 0.5, f"only {differ.sum()} of {differ.size} logits differ"
     np.testing.assert_allclose(logits[2], logits[1], rtol=0, atol=1e-4)
+
+
+def test_invariant_column_parallel_gemms_give_the_unsharded_columns_bitwise(tp_model):
+    """A column's fma chain does not depend on the GEMM's N: the ranks' Q/K/V and gate/up columns,
+    put back in order, are bitwise the unsharded GEMM's, at T = 2, 3 and 6."""
+    from bistat.embedded.forward import _qkv_column_parallel
+
+    whole = prepare_weights(tp_model.config, tp_model.weights, 64)
+    hn = np.random.default_rng(0).standard_normal((7, whole.dims.hidden_size)).astype(np.float32)
+    for tp in (2, 3, 6):
+        sharded = prepare_weights(tp_model.config, tp_model.weights, 64, tp)
+        for lw, ls in zip(whole.layers, sharded.layers):
+            assert np.array_equal(_qkv_column_parallel(hn, ls.ranks, "invariant"),
+                                  ops.gemm(hn, lw.qkv, "invariant")), tp
+            i = whole.dims.intermediate_size // tp
+            ref = ops.gemm(hn, lw.gate_up, "invariant")  # [7, 2I]: gate | up
+            for r, rw in enumerate(ls.ranks):
+                got = ops.gemm(hn, rw.gate_up, "invariant")  # [7, 2I/T]: its gate | its up
+                half = whole.dims.intermediate_size
+                assert np.array_equal(got[:, :i], ref[:, r * i:(r + 1) * i]), (tp, r)
+                assert np.array_equal(got[:, i:], ref[:, half + r * i:half + (r + 1) * i]), (tp, r)
 
 
 # ------------------------------------------------------------------------------ invariance

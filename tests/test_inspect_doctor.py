@@ -142,6 +142,19 @@ def test_doctor_without_vllm_or_gpu(tmp_path, monkeypatch):
     assert "GPUs: none found (no nvidia-smi on PATH)\n" in render_doctor(rep)
 
 
+def test_doctor_says_whether_the_invariant_gemm_kernel_is_built(tmp_path, monkeypatch):
+    monkeypatch.setenv("BISTAT_HOME", str(tmp_path))
+    details = [doctor(find_spec=lambda m: object() if m in found else None, which=lambda c: None,
+                      gpus=list).engines[0].detail
+               for found in ({"numpy", "bistat.embedded._rowgemm"}, {"numpy"})]
+    assert details == [
+        "in-process numpy engine (needs a model: `bistat model fetch`); its invariant GEMM kernel "
+        "is built",
+        "in-process numpy engine (needs a model: `bistat model fetch`); its invariant GEMM kernel "
+        "is not built, so gemm = 'invariant' fails: `pip install -e .` with a C compiler"]
+    assert "its invariant GEMM kernel is built" in doctor().engines[0].detail  # this checkout
+
+
 def test_doctor_cli_never_imports_vllm(cli):
     import sys
 

@@ -121,8 +121,11 @@ def doctor(*, find_spec: Callable[[str], Any] = importlib.util.find_spec,
     from bistat.model.cache import cache_root, model_dir
     from bistat.model.registry import REGISTRY
 
+    kernel = ("its invariant GEMM kernel is built" if _has("bistat.embedded._rowgemm", find_spec)
+              else "its invariant GEMM kernel is not built, so gemm = 'invariant' fails: "
+                   "`pip install -e .` with a C compiler")
     engines = [EngineCheck("embedded", _has("numpy", find_spec),
-                           "in-process numpy engine (needs a model: `bistat model fetch`)")]
+                           f"in-process numpy engine (needs a model: `bistat model fetch`); {kernel}")]
     engines.append(EngineCheck("openai", _has("httpx", find_spec),
                                "attaches to an OpenAI-compatible server URL" if
                                _has("httpx", find_spec) else "httpx is not installed"))

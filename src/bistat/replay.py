@@ -139,8 +139,8 @@ class _EmbeddedBackend:
             ids = list(prompt) + [int(t) for t in tokens[:j]]
             cache = KVCache(d.num_hidden_layers, d.num_key_value_heads, d.head_dim,
                             eng.max_model_len, initial=len(ids))
-            logits = forward_step(eng.weights, [Segment(cache, ids, 0, True)], eng.gemm,
-                                  eng.tile)  # [1, V]
+            logits = forward_step(eng.weights, [Segment(cache, ids, 0, True)],
+                                  eng.gemm)  # [1, V]
             lse, _ = ops.log_softmax_rows(logits)  # [1]
             out.append(float(logits[0, int(tokens[j])] - lse[0]))
         return out

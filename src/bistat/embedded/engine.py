@@ -12,8 +12,9 @@ token id, ...) resolves with ``error`` set instead of raising. ``step_log`` reco
 ``gemm="invariant"`` makes a request's tokens and logprobs bitwise independent of its neighbours
 and of its position in the batch. Why, step by step:
 
-* every GEMM runs on fixed ``[tile, K]`` row tiles (:func:`bistat.embedded.ops.gemm_invariant`), so
-  BLAS always takes the same kernel and a row's sums never depend on the other rows;
+* every GEMM output element is one fma chain over ``k = 0 .. K-1``
+  (:func:`bistat.embedded.ops.gemm_invariant`, bistat's own kernel: BLAS is not used), so a row's
+  sums never depend on the other rows, their number, or the row's position;
 * RMSNorm, SwiGLU, RoPE and the log-softmax work row by row;
 * attention runs per request over its own KV cache, with shapes fixed by that request alone —
   prompt chunk boundaries are multiples of ``prefill_chunk`` from the request's start
@@ -50,6 +51,7 @@ from bistat.embedded.forward import (
     Weights,
     check_tensor_parallel_size,
     forward_step,
+    gemm_weights,
     model_dims,
     prepare_weights,
     shard_weights,
@@ -72,7 +74,6 @@ class EmbeddedEngine:
     gemm : ``"blas"`` or ``"invariant"``
     max_batch_size : most requests in the running batch
     max_model_len : most tokens (prompt + output) of one request
-    tile : rows per BLAS call in ``"invariant"`` mode
     prefill_chunk : prompt tokens per prefill chunk (chunk boundaries are fixed per request)
     max_num_batched_tokens : rows per step (decode rows + prefill chunks); default
         ``max_batch_size + 2 * prefill_chunk``
@@ -85,22 +86,25 @@ class EmbeddedEngine:
         :class:`bistat.embedded.forward.TensorParallelSizeError` (a ``ValueError``) listing the
         valid values. The sharded weights take as much memory as unsharded ones
         (:func:`bistat.embedded.forward.shard_weights`).
+
+    In ``"invariant"`` mode every GEMM weight is packed for the kernel when the engine is made
+    (:func:`bistat.embedded.ops.packed_weight`: a copy, as many bytes again as the GEMM weights,
+    kept while the weights live and shared by engines over the same prepared weights).
     """
 
     def __init__(self, model: Any, gemm: str = "blas", max_batch_size: int = 32,
-                 max_model_len: int = 2048, *, tile: int = ops.DEFAULT_TILE,
+                 max_model_len: int = 2048, *,
                  prefill_chunk: int = 256, max_num_batched_tokens: int | None = None,
                  prepared: Weights | None = None, tensor_parallel_size: int = 1) -> None:
         if gemm not in ops.GEMM_MODES:
             raise ValueError(f"gemm ({gemm!r}) must be one of 'blas' or 'invariant'")
         for name, value in (("max_batch_size", max_batch_size), ("max_model_len", max_model_len),
-                            ("tile", tile), ("prefill_chunk", prefill_chunk)):
+                            ("prefill_chunk", prefill_chunk)):
             if int(value) < 1:
                 raise ValueError(f"{name} ({value!r}) must be a positive integer")
         self.tensor_parallel_size = check_tensor_parallel_size(tensor_parallel_size,
                                                                model_dims(model.config))
         self.gemm = gemm
-        self.tile = int(tile)
         self.max_batch_size = int(max_batch_size)
         self.max_model_len = int(max_model_len)
         self.config = model.config
@@ -112,6 +116,9 @@ class EmbeddedEngine:
             self.weights: Weights = shard_weights(prepared, tp)  # prepared itself when T matches
         else:
             self.weights = prepare_weights(model.config, model.weights, self.max_model_len, tp)
+        if gemm == "invariant":  # pack every GEMM weight now, not in the first steps
+            for w in gemm_weights(self.weights):
+                ops.packed_weight(w)
         eos = getattr(model.config, "eos_token_id", None)
         if isinstance(model.config, dict):
             eos = model.config.get("eos_token_id")
@@ -239,7 +246,7 @@ class EmbeddedEngine:
             return False
         segments = [Segment(p.seq.cache, p.tokens, p.start, p.want_logits) for p in plan]
         try:
-            logits = forward_step(self.weights, segments, self.gemm, self.tile)  # [S_out, V]
+            logits = forward_step(self.weights, segments, self.gemm)  # [S_out, V]
             lse, _ = ops.log_softmax_rows(logits)  # [S_out]
         except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, never the loop
             for p in plan:

@@ -7,8 +7,9 @@ segments go through each linear layer in ONE GEMM ([rows, K] @ [K, N]); attentio
 on that request's own KV cache. Shapes on every line, as in jaymody/picoGPT ``gpt2.py``.
 
 In the ``"invariant"`` GEMM mode a row's bits depend neither on the other requests of the step
-(row-invariant GEMM tiles) nor on whether its token arrived in a prefill chunk or a decode step
-(attention computed row by row over exactly the keys the row may see,
+(one fixed fma chain per GEMM output element, :func:`bistat.embedded.ops.gemm_invariant`) nor
+on whether its token arrived in a prefill chunk or a decode step (attention computed row by row
+over exactly the keys the row may see,
 :func:`bistat.embedded.ops.attention`): prefill and decode logprobs agree bitwise, which
 ``bistat probe --mode prefill-decode`` confirms with ``"blas"`` as its negative control.
 
@@ -217,6 +218,18 @@ def shard_weights(wt: Weights, tensor_parallel_size: int) -> Weights:
     return replace(wt, layers=tuple(layers), tensor_parallel_size=t)
 
 
+def gemm_weights(wt: Weights) -> list[np.ndarray]:
+    """Every weight :func:`forward_step` multiplies by (``ops.gemm``'s ``w``), lm_head last."""
+    out: list[np.ndarray] = []
+    for lw in wt.layers:
+        if lw.ranks:
+            out += [a for r in lw.ranks for a in (r.qkv, r.o, r.gate_up, r.down)]
+        else:
+            assert lw.qkv is not None and lw.gate_up is not None
+            out += [lw.qkv, lw.o, lw.gate_up, lw.down]
+    return out + [wt.lm_head]
+
+
 @dataclass
 class Segment:
     """One request's rows in a step: tokens at positions ``start .. start + len(tokens) - 1``."""
@@ -227,8 +240,7 @@ class Segment:
     want_logits: bool  # True: the last row's logits are needed (decode, or the last prompt chunk)
 
 
-def forward_step(wt: Weights, segments: Sequence[Segment], mode: str,
-                 tile: int = ops.DEFAULT_TILE) -> np.ndarray:
+def forward_step(wt: Weights, segments: Sequence[Segment], mode: str) -> np.ndarray:
     """Run one step; write every segment's K/V into its cache; return the wanted logits.
 
     Returns
@@ -250,9 +262,9 @@ def forward_step(wt: Weights, segments: Sequence[Segment], mode: str,
     for li, lw in enumerate(wt.layers):
         hn = ops.rmsnorm(x, lw.input_norm, eps)  # [N, D]
         if lw.ranks:
-            qkv = _qkv_column_parallel(hn, lw.ranks, mode, tile)  # [N, (H+2KVH)d]
+            qkv = _qkv_column_parallel(hn, lw.ranks, mode)  # [N, (H+2KVH)d]
         else:
-            qkv = ops.gemm(hn, lw.qkv, mode, tile)  # [N, D] @ [D, (H+2KVH)d] -> [N, (H+2KVH)d]
+            qkv = ops.gemm(hn, lw.qkv, mode)  # [N, D] @ [D, (H+2KVH)d] -> [N, (H+2KVH)d]
         q = ops.apply_rope(qkv[:, :nq].reshape(-1, h, d), cos, sin)  # [N, H, d]
         k = ops.apply_rope(qkv[:, nq:nq + nk].reshape(-1, kvh, d), cos, sin)  # [N, KVH, d]
         v = qkv[:, nq + nk:].reshape(-1, kvh, d)  # [N, KVH, d]
@@ -263,51 +275,48 @@ def forward_step(wt: Weights, segments: Sequence[Segment], mode: str,
             attn[a:b] = ops.attention(q[a:b], kc, vc, s.start,  # [C, H*d]
                                       row_by_row=mode == "invariant")
         if lw.ranks:
-            x = x + _o_row_parallel(attn, lw.ranks, mode, tile)  # [N, D]
+            x = x + _o_row_parallel(attn, lw.ranks, mode)  # [N, D]
             hn = ops.rmsnorm(x, lw.post_norm, eps)  # [N, D]
-            x = x + _mlp_tensor_parallel(hn, lw.ranks, mode, tile)  # [N, D]
+            x = x + _mlp_tensor_parallel(hn, lw.ranks, mode)  # [N, D]
             continue
-        x = x + ops.gemm(attn, lw.o, mode, tile)  # [N, H*d] @ [H*d, D] -> [N, D]
+        x = x + ops.gemm(attn, lw.o, mode)  # [N, H*d] @ [H*d, D] -> [N, D]
         hn = ops.rmsnorm(x, lw.post_norm, eps)  # [N, D]
-        gu = ops.gemm(hn, lw.gate_up, mode, tile)  # [N, D] @ [D, 2I] -> [N, 2I]
-        x = x + ops.gemm(ops.swiglu(gu), lw.down, mode, tile)  # [N, I] @ [I, D] -> [N, D]
+        gu = ops.gemm(hn, lw.gate_up, mode)  # [N, D] @ [D, 2I] -> [N, 2I]
+        x = x + ops.gemm(ops.swiglu(gu), lw.down, mode)  # [N, I] @ [I, D] -> [N, D]
     for s in segments:
         s.cache.length = s.start + len(s.tokens)
     rows = [bounds[si + 1] - 1 for si, s in enumerate(segments) if s.want_logits]
     if not rows:
         return np.empty((0, dims.vocab_size), dtype=np.float32)
     hl = ops.rmsnorm(x[rows], wt.final_norm, eps)  # [S_out, D]
-    return ops.gemm(hl, wt.lm_head, mode, tile)  # [S_out, D] @ [D, V] -> [S_out, V]
+    return ops.gemm(hl, wt.lm_head, mode)  # [S_out, D] @ [D, V] -> [S_out, V]
 
 
 # ------------------------------------------------------------------ emulated tensor parallelism
-def _qkv_column_parallel(hn: np.ndarray, ranks: Sequence[RankWeights], mode: str,
-                         tile: int) -> np.ndarray:
+def _qkv_column_parallel(hn: np.ndarray, ranks: Sequence[RankWeights], mode: str) -> np.ndarray:
     """Column-parallel fused Q/K/V: one GEMM per rank, columns put back in head order.
 
     [N, D] -> [N, (H + 2*KVH) * d]: all q heads | all k heads | all v heads, as at ``T == 1``.
     """
-    outs = [ops.gemm(hn, rw.qkv, mode, tile) for rw in ranks]  # T x [N, D] @ [D, qr + 2kr]
+    outs = [ops.gemm(hn, rw.qkv, mode) for rw in ranks]  # T x [N, D] @ [D, qr + 2kr]
     qr = ranks[0].o.shape[0]  # q columns per rank, H*d / T
     kr = (outs[0].shape[1] - qr) // 2  # k (= v) columns per rank, KVH*d / T
     return np.concatenate([o[:, :qr] for o in outs] + [o[:, qr:qr + kr] for o in outs]
                           + [o[:, qr + kr:] for o in outs], axis=1)  # [N, (H + 2KVH)d]
 
 
-def _o_row_parallel(attn: np.ndarray, ranks: Sequence[RankWeights], mode: str,
-                    tile: int) -> np.ndarray:
+def _o_row_parallel(attn: np.ndarray, ranks: Sequence[RankWeights], mode: str) -> np.ndarray:
     """Row-parallel o_proj: rank ``r``'s heads' columns @ its rows of o, then the all-reduce."""
     qr = ranks[0].o.shape[0]  # H*d / T
-    parts = [ops.gemm(np.ascontiguousarray(attn[:, r * qr:(r + 1) * qr]), rw.o, mode, tile)
+    parts = [ops.gemm(np.ascontiguousarray(attn[:, r * qr:(r + 1) * qr]), rw.o, mode)
              for r, rw in enumerate(ranks)]  # T x [N, H*d/T] @ [H*d/T, D] -> [N, D]
     return ops.all_reduce(parts, mode)  # [N, D]
 
 
-def _mlp_tensor_parallel(hn: np.ndarray, ranks: Sequence[RankWeights], mode: str,
-                         tile: int) -> np.ndarray:
+def _mlp_tensor_parallel(hn: np.ndarray, ranks: Sequence[RankWeights], mode: str) -> np.ndarray:
     """Column-parallel gate/up and SwiGLU per rank, row-parallel down, then the all-reduce."""
     parts = []
     for rw in ranks:
-        gu = ops.gemm(hn, rw.gate_up, mode, tile)  # [N, D] @ [D, 2I/T] -> [N, 2I/T]
-        parts.append(ops.gemm(ops.swiglu(gu), rw.down, mode, tile))  # [N, I/T] @ [I/T, D]
+        gu = ops.gemm(hn, rw.gate_up, mode)  # [N, D] @ [D, 2I/T] -> [N, 2I/T]
+        parts.append(ops.gemm(ops.swiglu(gu), rw.down, mode))  # [N, I/T] @ [I/T, D]
     return ops.all_reduce(parts, mode)  # T x [N, D] -> [N, D]

@@ -14,18 +14,34 @@ Two GEMM modes (:func:`gemm`):
     row's float32 result depends on how many other rows share the call, i.e. on the batch.
 
 ``"invariant"``
-    :func:`gemm_invariant`: the rows are cut into tiles of a fixed number of rows (the last one
-    padded with zeros) and BLAS is called once per tile with the *identical* shape
-    ``[tile, K] @ [K, N]``. BLAS therefore always takes the same kernel, blocking and thread
-    partition, and a GEMM never mixes rows. That makes a row independent of the *other* rows, not
-    of *where it sits in its tile*: OpenBLAS 0.3.31's AVX2 (Haswell) SGEMM kernel gives rows 6-15 of
-    a 16-row call other bits than rows 0-5 (measured on a 2-core AMD EPYC; its AVX-512 SkylakeX
-    kernel does not). So the tile's layout is chosen per ``(K, N, tile)`` by a bitwise self-check
-    on this machine's BLAS (:func:`tile_layout`): the rows as BLAS rows, or as BLAS columns
-    (``w.T @ tile.T``), or, if neither is position-independent, one BLAS call per row.
-    Each output row is then the same function of its input row whatever the other rows are and
-    wherever the row sits (checked bitwise by ``tests/test_embedded_invariance.py``). The other
-    reductions are per row or per request already:
+    :func:`gemm_invariant`: bistat's own kernel (``bistat.embedded._rowgemm``, C), in which every
+    output element is one chain of ``K`` fused multiply-adds in the order ``k = 0 .. K-1``,
+    started from ``+0.0``, each rounded once to float32 [6]_::
+
+        out[i, j] = fma(x[i, K-1], w[K-1, j], ... fma(x[i, 0], w[0, j], +0.0))
+
+    No partial sums, no second accumulator, no K-blocking, no alpha/beta scaling: nothing but
+    that chain ever touches the value. So ``out[i, j]`` is a function of ``x[i, :]`` and
+    ``w[:, j]`` alone, and cannot depend on ``M``, on the other rows or on the row's position:
+    whichever kernel computes it (blocks of 1-8 rows, 1-8 panels of 16 columns), in whichever
+    SIMD lane (AVX-512, AVX2, or the portable C ``fmaf`` path, the best this CPU runs), on
+    whichever thread, performs the same ``K`` operations on the same operands in the same order,
+    and vector FMA instructions are lane-wise IEEE fma with one rounding. BLAS is not used at
+    all, so OpenBLAS's kernel choice (``OPENBLAS_CORETYPE``, its GEMV and small-matrix paths, its
+    thread partition) has nothing to act on. The weights are packed once per weight
+    (:func:`packed_weight`: 16-column panels, a copy) so that a kernel streams each panel from
+    memory, and the panels are shared out between threads (:func:`gemm_threads`) in chunks that a
+    thread computes whole. (Why not BLAS on fixed shapes: inside one OpenBLAS call the batch rows
+    are its ``n`` dimension, cut into micro-tiles of several widths, and the kernels sum
+    differently: the AVX2 SGEMM kernel used under ``OPENBLAS_CORETYPE=Haswell`` keeps one chain
+    per element in its 16x6 tile but splits even and odd ``k`` into two accumulators added at
+    the end in its 8x4 and 8x6 tiles (``KERNEL_k2m8n4`` / ``SAVE_m8n4``,
+    OpenMathLib/OpenBLAS ``kernel/x86_64/sgemm_kernel_8x4_haswell_2.c@72461f1c8c11``), so a row's
+    bits follow the tile its position falls in, and other core types have other kernels.)
+    ``tests/test_embedded_ops.py`` checks the bits at every ``M`` in 1..40
+    and every position on SmolLM2's shapes, on every instruction set and thread count, and the
+    chain itself against an exactly rounded reference.
+    The other reductions are per row or per request already:
     RMSNorm and the log-softmax reduce one row at a time (numpy's pairwise sum along the
     contiguous last axis, whose order depends only on the row length), and attention runs per request
     on that request's own KV cache, with shapes that depend on the request alone.
@@ -45,24 +61,40 @@ References
 .. [4] N. Shazeer, "GLU Variants Improve Transformer", 2020, arXiv:2002.05202.
 .. [5] H. He and Thinking Machines Lab, "Defeating Nondeterminism in LLM Inference", 2025
        (batch invariance: fixed reduction order regardless of batch size).
+.. [6] IEEE Std 754-2019, 5.4.1 fusedMultiplyAdd; ISO C11 7.12.13.1 ``fmaf`` ("rounded as one
+       ternary operation"); Intel SDM vol. 2, VFMADD231PS (packed, one rounding per element).
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import weakref
 from collections.abc import Sequence
 
 import numpy as np
 
 GEMM_MODES = ("blas", "invariant")
-# Rows per BLAS call in "invariant" mode. Any fixed value is invariant; it trades small-batch
-# against full-batch speed. Decode throughput invariant / blas, SmolLM2-135M, 48 greedy tokens,
-# median of 2-3 interleaved repeats, 2-core AMD EPYC (OpenBLAS 0.3.31 SkylakeX kernels, 2 threads,
-# OPENBLAS_CORETYPE unset), machine shared (load 0.3-2), `python benchmarks/bench_embedded.py --tile T`:
-#   tile  8: batch 32 -> 0.58, batch 1 -> 0.41
-#   tile 16: batch 32 -> 0.71-0.73, batch 1 -> 0.33-0.35   (default: the middle of both regimes)
-#   tile 32: batch 32 -> 0.96, batch 1 -> 0.25
-DEFAULT_TILE = 16
+#: The ``_rowgemm`` extension this module is written against (its ``VERSION``).
+ROWGEMM_VERSION = 1
+_REBUILD = ("rebuild bistat's C part with `pip install -e .` (or `bash scripts/setup.sh`; "
+            "needs a C compiler)")
+try:
+    from bistat.embedded import _rowgemm
+except ImportError as exc:  # installed without its C part, or built for another Python
+    _rowgemm = None
+    _ROWGEMM_MISSING = f"bistat.embedded._rowgemm cannot be imported ({exc}); {_REBUILD}"
+else:
+    _ROWGEMM_MISSING = (None if getattr(_rowgemm, "VERSION", None) == ROWGEMM_VERSION else
+                        f"bistat.embedded._rowgemm is version {getattr(_rowgemm, 'VERSION', None)}, "
+                        f"this bistat needs {ROWGEMM_VERSION}; {_REBUILD}")
+
+
+def _kernel():
+    """The ``_rowgemm`` extension, or a ``RuntimeError`` that says how to build it."""
+    if _ROWGEMM_MISSING is not None:
+        raise RuntimeError(f"the invariant GEMM: {_ROWGEMM_MISSING}")
+    return _rowgemm
 
 
 def gemm_blas(x: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -70,106 +102,80 @@ def gemm_blas(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     return x @ w  # [M, K] @ [K, N] -> [M, N]
 
 
-#: How :func:`gemm_invariant` hands a row tile to BLAS, in the order :func:`tile_layout` tries them.
-TILE_LAYOUTS = ("rows", "columns", "row-by-row")
-_LAYOUT: dict[tuple[int, int, int], str] = {}      # (K, N, tile) -> the layout chosen here
-_TRANSPOSED: dict[int, np.ndarray] = {}             # id(w) -> w.T contiguous, while w lives
+#: Instruction sets the invariant kernel runs on this CPU, the one it uses last (each gives the
+#: same bits: the same fma chain per element).
+GEMM_ISAS: tuple[str, ...] = tuple(_rowgemm.isas()) if _ROWGEMM_MISSING is None else ()
+_PACKED: dict[int, np.ndarray] = {}  # id(w) -> w packed in 16-column panels, while w lives
 
 
-def _transposed(w: np.ndarray) -> np.ndarray:
-    """``w.T`` as a C-contiguous [N, K] copy, made once per weight and dropped with it."""
-    key = id(w)
-    wt = _TRANSPOSED.get(key)
-    if wt is None:
-        wt = _TRANSPOSED[key] = w.T.copy(order="C")  # [N, K], never a view of w
-        weakref.finalize(w, _TRANSPOSED.pop, key, None)
-    return wt
+@functools.cache
+def gemm_threads() -> int:
+    """Threads :func:`gemm_invariant` shares a GEMM between: the CPUs this process may run on
+    (read once).
 
-
-def _tile_product(xt: np.ndarray, w: np.ndarray, layout: str, out: np.ndarray) -> None:
-    """``out[:] = xt @ w`` for one [tile, K] tile, laid out for BLAS as ``layout`` says."""
-    if layout == "rows":
-        np.matmul(xt, w, out=out)  # [tile, K] @ [K, N] -> [tile, N]
-    elif layout == "columns":
-        out[:] = (_transposed(w) @ np.ascontiguousarray(xt.T)).T  # ([N, K] @ [K, tile]).T
-    else:
-        for r in range(len(xt)):
-            np.matmul(xt[r : r + 1], w, out=out[r : r + 1])  # [1, K] @ [K, N] -> [1, N]
-
-
-def tile_layout(k: int, n: int, tile: int) -> str:
-    """The first of :data:`TILE_LAYOUTS` whose rows are bitwise position-independent here.
-
-    A bitwise self-check on this process's BLAS, once per ``(k, n, tile)``: random rows, each
-    computed in every position of a tile (the tile rotated ``tile`` times) and alone in a
-    zero tile, must give identical bits. ``"row-by-row"`` (one ``[1, K]`` call per row, the
-    same call for every row) is the fallback and is not checked.
+    Any number gives the same bits (a thread computes whole columns); it only sets the speed.
     """
-    key = (k, n, tile)
-    if key not in _LAYOUT:
-        rng = np.random.default_rng(0)
-        x = rng.standard_normal((tile, k), dtype=np.float32)  # [tile, K]
-        w = rng.standard_normal((k, n), dtype=np.float32)     # [K, N]
-        chosen = TILE_LAYOUTS[-1]
-        for layout in TILE_LAYOUTS[:-1]:
-            ref = np.empty((tile, n), dtype=np.float32)
-            _tile_product(x, w, layout, ref)
-            ok = True
-            out = np.empty_like(ref)
-            for shift in range(1, tile):  # row i at position (i - shift) mod tile
-                _tile_product(np.roll(x, -shift, axis=0), w, layout, out)
-                if not np.array_equal(out, np.roll(ref, -shift, axis=0)):
-                    ok = False
-                    break
-            if ok:
-                alone = np.zeros_like(x)
-                alone[0] = x[tile - 1]
-                _tile_product(alone, w, layout, out)
-                ok = np.array_equal(out[0], ref[tile - 1])
-            if ok:
-                chosen = layout
-                break
-        _LAYOUT[key] = chosen
-    return _LAYOUT[key]
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def gemm_invariant(x: np.ndarray, w: np.ndarray, tile: int = DEFAULT_TILE) -> np.ndarray:
-    """Batch-invariant ``x @ w``: one BLAS call of one fixed shape per row tile.
+def packed_weight(w: np.ndarray) -> np.ndarray:
+    """``w`` [K, N] packed for :func:`gemm_invariant`, made once per weight and dropped with it.
+
+    Panels of 16 columns, each ``K`` consecutive rows of 16 floats (the last panel zero-padded):
+    a copy of the values, float32, ``K * 16 * ceil(N / 16)`` of them. The weight must not be
+    modified afterwards (the packed copy would not follow).
+    """
+    key = id(w)
+    wp = _PACKED.get(key)
+    if wp is None:
+        k, n = w.shape
+        kernel = _kernel()
+        wp = np.empty(kernel.packed_size(k, n), dtype=np.float32)  # [ceil(N/16) * K * 16]
+        kernel.pack(np.ascontiguousarray(w, dtype=np.float32), wp)
+        _PACKED[key] = wp
+        weakref.finalize(w, _PACKED.pop, key, None)
+    return wp
+
+
+def packed_bytes() -> int:
+    """Bytes held by the packed weights of :func:`packed_weight` in this process."""
+    return sum(wp.nbytes for wp in _PACKED.values())
+
+
+def gemm_invariant(x: np.ndarray, w: np.ndarray, *, isa: str | None = None,
+                   threads: int | None = None) -> np.ndarray:
+    """Batch-invariant ``x @ w``: one fma chain over ``k = 0 .. K-1`` per output element.
 
     Parameters
     ----------
     x : ndarray, float32, shape [M, K]
-    w : ndarray, float32, shape [K, N], C-contiguous
-    tile : int
-        Rows per BLAS call. Every call has exactly this many rows (the last tile is zero-padded),
-        so BLAS takes the same kernel, blocking and threading for every call and every ``M``; the
-        tile goes to BLAS as rows or as columns, whichever this machine's BLAS computes the same
-        in every position (:func:`tile_layout`).
+    w : ndarray, float32, shape [K, N] (packed once, :func:`packed_weight`)
+    isa : ``"avx512"``, ``"avx2"`` or ``"generic"`` (default: the last of :data:`GEMM_ISAS`);
+        every one gives the same bits.
+    threads : threads to share the columns between (default :func:`gemm_threads`); any number
+        gives the same bits.
 
     Returns
     -------
     ndarray, float32, shape [M, N]
-        Row ``i`` depends on ``x[i]`` and ``w`` only: not on ``M``, the other rows, or ``i``.
+        ``out[i, j] = fma(x[i, K-1], w[K-1, j], ... fma(x[i, 0], w[0, j], +0.0))``, each fma
+        rounded once to float32: a function of ``x[i]`` and ``w`` alone, not of ``M``, the other
+        rows, or ``i``.
     """
     m, k = x.shape  # [M, K]
+    if w.shape[0] != k:
+        raise ValueError(f"gemm_invariant: x is [{m}, {k}] but w is {list(w.shape)}")
     n = w.shape[1]
-    layout = tile_layout(k, n, tile)
-    m_pad = -(-m // tile) * tile
-    if m_pad != m or not x.flags.c_contiguous:
-        xp = np.zeros((m_pad, k), dtype=np.float32)  # [M_pad, K]
-        xp[:m] = x
-    else:
-        xp = x
-    out = np.empty((m_pad, n), dtype=np.float32)  # [M_pad, N]
-    for i in range(0, m_pad, tile):
-        _tile_product(xp[i : i + tile], w, layout, out[i : i + tile])  # [tile, K] -> [tile, N]
-    return out[:m]  # [M, N]
+    out = np.empty((m, n), dtype=np.float32)  # [M, N]
+    _kernel().gemm(np.ascontiguousarray(x, dtype=np.float32), packed_weight(w), n, out,
+                   gemm_threads() if threads is None else threads, isa)
+    return out
 
 
-def gemm(x: np.ndarray, w: np.ndarray, mode: str, tile: int = DEFAULT_TILE) -> np.ndarray:
+def gemm(x: np.ndarray, w: np.ndarray, mode: str) -> np.ndarray:
     """[M, K] @ [K, N] -> [M, N] in the given mode (``"blas"`` or ``"invariant"``)."""
     if mode == "invariant":
-        return gemm_invariant(x, w, tile)
+        return gemm_invariant(x, w)
     return gemm_blas(x, w)
 
 

@@ -4,7 +4,7 @@
 ``smollm2-135m`` from the cache, or a model folder) and starts an
 :class:`bistat.embedded.engine.EmbeddedEngine` with the merged arguments (``engine.args``
 overridden by the arm's ``args``): ``gemm`` (``"blas"`` | ``"invariant"``), ``max_batch_size``,
-``max_model_len``, ``tile``, ``prefill_chunk``, ``max_num_batched_tokens``,
+``max_model_len``, ``prefill_chunk``, ``max_num_batched_tokens``,
 ``tensor_parallel_size`` (emulated tensor parallelism in one process, default 1; reported in the
 engine's arguments always, so findings show it; a value the model cannot be sharded by is refused
 naming the declaration field and the valid values).
@@ -45,7 +45,7 @@ from bistat.engines.base import (
     MetricsSample,
 )
 
-ENGINE_ARGS = ("gemm", "max_batch_size", "max_model_len", "tile", "prefill_chunk",
+ENGINE_ARGS = ("gemm", "max_batch_size", "max_model_len", "prefill_chunk",
                "max_num_batched_tokens", "tensor_parallel_size")
 _DEFAULTS = {"gemm": "blas", "max_batch_size": 32, "max_model_len": 2048, "tensor_parallel_size": 1}
 METRICS_INTERVAL_S = 1.0
@@ -135,6 +135,12 @@ class EmbeddedEngineAdapter:
             order = "rank order" if args["gemm"] == "invariant" else "tree or ring by message size"
             findings += ((f"embedded tensor parallelism: {tp} ranks emulated in one process "
                           f"(per-rank GEMMs, all-reduce in {order}; no communication)"),)
+        if args["gemm"] == "invariant":
+            from bistat.embedded import ops
+
+            findings += ((f"embedded invariant gemm: one fma chain per element (bistat _rowgemm, "
+                          f"{ops.GEMM_ISAS[-1]}, {ops.gemm_threads()} threads; BLAS not used "
+                          "for the GEMMs)"),)
         findings += _blas_findings()
         return EngineInfo(kind=self.kind, version=__version__, commit=None,
                           args={**args, "model": self.model_name,
@@ -238,8 +244,8 @@ class EmbeddedEngineAdapter:
             ids = prompt + [int(t) for t in continuation[:j]]
             cache = KVCache(d.num_hidden_layers, d.num_key_value_heads, d.head_dim,
                             eng.max_model_len, initial=len(ids))
-            logits = forward_step(eng.weights, [Segment(cache, ids, 0, True)], eng.gemm,
-                                  eng.tile)  # [1, V]
+            logits = forward_step(eng.weights, [Segment(cache, ids, 0, True)],
+                                  eng.gemm)  # [1, V]
             lse, _ = ops.log_softmax_rows(logits)  # [1]
             out.append(float(logits[0, token] - lse[0]))
         return out

@@ -1,0 +1,16 @@
+"""The one compiled part of bistat: the embedded engine's batch-invariant GEMM (C).
+
+Everything else is declared in pyproject.toml. Building needs a C compiler (gcc or clang). No
+fast-math and no FMA contraction: the kernels' arithmetic is exactly the fma chain the source
+spells out (src/bistat/embedded/_rowgemm.c), nothing the compiler may regroup.
+"""
+
+from setuptools import Extension, setup
+
+setup(ext_modules=[Extension(
+    "bistat.embedded._rowgemm",
+    sources=["src/bistat/embedded/_rowgemm.c"],
+    extra_compile_args=["-O2", "-std=gnu11", "-fno-fast-math", "-ffp-contract=off", "-pthread"],
+    extra_link_args=["-pthread"],
+    libraries=["m"],
+)])
