@@ -48,6 +48,10 @@ FINDINGS = {
     "h200-cost-qwen3-1_7b-latency-b8": (B8_17, "h200-cost-qwen3-1_7b-latency-b8"),
     "tp1-match": (TP1, "tp1-match"),
 }
+#: the default rule applied to every run as an exploratory analysis (registered after the data;
+#: issue 18): NAME-exploratory for each run's own registration NAME
+FINDINGS.update({f"{run.name}-exploratory": (run, f"{run.name}-exploratory")
+                 for run in (SMOL, B8, THR, SYNTH, KV128, R2, THR2, B32, B8_17, TP1)})
 GPU = "GPU-5a063f7e-dba3-0564-e90e-802315aa3708"
 
 

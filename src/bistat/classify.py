@@ -490,7 +490,9 @@ def _unmet(lr: LabelResult) -> str:
     def value(c: CriterionResult) -> str:
         if isinstance(c.observed, bool):
             return "yes" if c.observed else "no"
-        return f"{c.observed:.4g}" if isinstance(c.observed, float) else str(c.observed)
+        if isinstance(c.observed, float):
+            return c.observed_text.split(" (")[0]   # one rounding: as the criteria table shows it
+        return str(c.observed)
 
     return " and ".join(
         f"{c.description} not evaluable" if c.met is None
