@@ -558,11 +558,12 @@ def _batching(metrics: pd.DataFrame, walls: Mapping[tuple[str, int], float | Non
         running = grp["num_requests_running"].to_numpy(dtype=float)
         waiting = grp["num_requests_waiting"].to_numpy(dtype=float)
         pre = grp["num_preemptions_total"].to_numpy(dtype=float)
+        sources = (grp["source"].tolist() if "source" in grp else [""] * len(grp))
         samples = [MetricsSample(t=a, num_requests_running=b, num_requests_waiting=c,
                                  num_preemptions_total=d, generation_tokens_total=math.nan,
-                                 prompt_tokens_total=math.nan, source="")
-                   for a, b, c, d in zip(t.tolist(), running.tolist(), waiting.tolist(),
-                                         pre.tolist())]
+                                 prompt_tokens_total=math.nan, source=_opt_str(src) or "")
+                   for a, b, c, d, src in zip(t.tolist(), running.tolist(), waiting.tolist(),
+                                              pre.tolist(), sources)]
         wall = walls.get((str(arm), int(seq)))
         summary = batching_summary(samples, -1.0 if wall is None else float(wall))
         out[(str(arm), int(seq))] = {
@@ -857,7 +858,7 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
     passes_df = pass_read.frame
     met_read = records.load_table(run_dir, "metrics", ["arm", "seq", "t", "num_requests_running",
                                                         "num_requests_waiting",
-                                                        "num_preemptions_total"])
+                                                        "num_preemptions_total", "source"])
     gaps.extend(met_read.gaps)
     env_read = records.load_table(run_dir, "environment", ["arm", "block", "fingerprint", "engine",
                                                            "log_findings"])

@@ -14,16 +14,25 @@ from typing import Any, Sequence
 
 from bistat.engines.base import MetricsSample
 
-__all__ = ["batching_summary"]
+__all__ = ["INTERVAL_MEAN_SOURCES", "batching_summary"]
+
+#: Sample sources whose ``num_requests_running`` is the mean over the interval *since the
+#: previous sample* (the embedded adapter's step-log figure), not a reading at the sample's time:
+#: each such sample stands for the time before it.
+INTERVAL_MEAN_SOURCES = frozenset({"embedded"})
 
 
 def batching_summary(samples: Sequence[MetricsSample], wall_s: float) -> dict[str, Any]:
     """Batching evidence of one pass from the engine's metrics samples.
 
-    Each sample stands for the time until the next one (the last for the time until the pass
-    ended, when its ``t`` is on the pass clock, else the mean sampling interval); the mean and
-    the histogram of running requests are weighted by that time, so a burst of samples does not
-    outweigh a long steady stretch. ``preemptions`` is the increase of the engine's cumulative
+    Each sample stands for the time it describes, and the mean and the histogram of running
+    requests are weighted by that time, so a burst of samples does not outweigh a long steady
+    stretch: a reading at its time (vLLM's gauges) stands for the time until the next sample (the
+    last for the time until the pass ended, when its ``t`` is on the pass clock, else the mean
+    sampling interval); a mean since the previous sample (:data:`INTERVAL_MEAN_SOURCES`, the
+    embedded engine's step-log figure) stands for the time since that sample (the first for the
+    time since the pass began), so the embedded engine's reading at the pass's start, before any
+    step, weighs nothing. ``preemptions`` is the increase of the engine's cumulative
     preemption counter over the pass (the counter's maximum minus its minimum). Without samples
     every value is null and the histogram empty.
 
@@ -40,12 +49,15 @@ def batching_summary(samples: Sequence[MetricsSample], wall_s: float) -> dict[st
     if not points:
         return empty
     gaps = [b.t - a.t for a, b in zip(points, points[1:])]
-    last = points[-1].t
-    if 0.0 <= last <= wall_s:
-        tail = wall_s - last
+    if all(s.source in INTERVAL_MEAN_SOURCES for s in points):
+        weights = [max(points[0].t, 0.0)] + gaps
     else:
-        tail = math.fsum(gaps) / len(gaps) if gaps else 0.0
-    weights = gaps + [tail]
+        last = points[-1].t
+        if 0.0 <= last <= wall_s:
+            tail = wall_s - last
+        else:
+            tail = math.fsum(gaps) / len(gaps) if gaps else 0.0
+        weights = gaps + [tail]
     if math.fsum(weights) <= 0.0:
         weights = [1.0] * len(points)
     total = math.fsum(weights)

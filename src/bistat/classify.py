@@ -44,7 +44,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from bistat import stats
+from bistat import design, stats   # design: the passes that would decide an undecidable cost
 from bistat.rule import (
     ACTIVATION_CRITERIA,
     ControlDiverges,
@@ -962,8 +962,6 @@ def classify_cost(cost: CostRule, control: ArmStats, treatment: ArmStats, *,
 
 def _decide_cost(cost: CostRule, iv: stats.Interval, point: float | None, verdict, pooled,
                  n_passes: int | None, shown: str) -> CostVerdict:
-    from bistat import design   # the design analysis, for the passes that would decide
-
     lo, hi = cost.low, cost.high
     bounds = (lo, hi)
     pct = f"{iv.confidence_level * 100:g} %"
