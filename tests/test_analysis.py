@@ -198,7 +198,9 @@ def test_incomplete_pass_is_not_counted_and_duplicates_keep_the_last(tiny):
      "same GPU", "ctl: GPU-aaaa; trt: GPU-bbbb"),
     ({"env_fp": lambda arm: fingerprint(vllm="0.24.0") if arm == "trt" else fingerprint()},
      "same versions", "vllm: 0.24.0 / 0.25.0"),
-    ({"running": lambda arm, p: [1.0, 2.0] if arm == "ctl" else [4.0, 4.0]},
+    # embedded samples (means since the previous one): the one at t = 0 weighs nothing, so the
+    # control's mean is (2 + 1) / 2
+    ({"running": lambda arm, p: [1.0, 2.0, 1.0] if arm == "ctl" else [4.0, 4.0]},
      "mean running requests", 1.5),
 ])
 def test_failed_validity_check_makes_the_verdict_untested(tmp_path, kwargs, check, observed):

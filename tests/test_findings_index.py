@@ -10,24 +10,74 @@ from bistat.findings_index import read_finding
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_index_lists_every_finding_with_its_verdicts(tmp_path):
-    (tmp_path / "a.md").write_text((ROOT / "findings" / "synthetic-example.md").read_text())
+def _finding(name: str, rule: str, analysis: str, rows: list[str], engine: str = "vLLM 0.25.0",
+             gpu: str = "NVIDIA H200", run: str = "r1") -> str:
+    """A finding as bistat.report writes its head, Summary and verdict headings."""
+    title = f"# Finding: {name}" + (" — exploratory analysis, not a test of the hypothesis"
+                                    if analysis == "exploratory" else "")
+    heads = "".join(f"### {r.split(' | ')[0].strip('| ')} (treatment) vs "
+                    f"{r.split(' | ')[1]} (control): **{r.split(' | ')[3].strip('*')}**\n\n"
+                    for r in rows)
+    return (f"{title}\n\nVerdict: ...\n\n## Hypothesis\n\n> It holds.\n\n## Summary\n\n"
+            f"Engine: {engine} · GPU: {gpu} · model: `m` · run: `{run}` · rule: "
+            f"`preregistrations/{rule}.json` ({analysis})\n\n"
+            "| treatment | control | backend | invariant? | matched / compared | 95 % interval | "
+            "cost | ratio | interval |\n|---|---|---|---|---|---|---|---|---|\n"
+            + "\n".join(rows) + f"\n\n## Verdict\n\n{heads}")
+
+
+def test_index_has_one_table_per_engine_and_gpu_with_the_rule_in_each_row(tmp_path):
     sub = tmp_path / "h200"
     sub.mkdir()
+    bi = ("| bi | default | vllm-server, TRITON_ATTN | *{label}* | 541 / 541 | [0.9929, 1.0000] | "
+          "{cost} | {ratio} | {iv} |")
+    (sub / "s.md").write_text(_finding("s", "s", "confirmatory", [bi.format(
+        label="reported as observed", cost="— (no cost rule)", ratio="0.9690",
+        iv="[0.8780, 1.0690]")]))
+    (sub / "s-exploratory.md").write_text(_finding("s-exploratory", "s-exploratory",
+                                                   "exploratory", [bi.format(
+        label="working", cost="undecidable (throughput)", ratio="0.9690",
+        iv="[0.8780, 1.0690]")]))
+    (tmp_path / "q.md").write_text(_finding(
+        "q", "q", "confirmatory", ["| inv | blas | embedded, gemm invariant | *working* | "
+                                   "288 / 288 | [0.9868, 1.0000] | costs (throughput) | 0.7400 | "
+                                   "[0.6900, 0.8000] |"], engine="embedded 0.1.0", gpu="no GPU",
+        run="q1"))
     (sub / "b.md").write_text(
         "# Finding: b\n\n## Hypothesis\n\n> It holds.\n\n## Verdict\n\n"
         "### x (treatment) vs c (control): **untested**\n\n"
         "### y (treatment) vs c (control): **reported as observed**\n")
     result = CliRunner().invoke(cli, ["index", str(tmp_path)], catch_exceptions=False)
     assert result.exit_code == 0
-    assert (tmp_path / "README.md").read_text().splitlines()[4:] == [
+    lines = (tmp_path / "README.md").read_text().splitlines()
+    body = lines[lines.index("## embedded 0.1.0 on no GPU"):]
+    assert body == [
+        "## embedded 0.1.0 on no GPU", "",
+        "| run | model | arm vs control | backend | invariant? | matched / compared | interval | "
+        "cost | ratio | interval | rule |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| `q1` | `m` | inv vs blas | embedded, gemm invariant | *working* | 288 / 288 | "
+        "[0.9868, 1.0000] | costs (throughput) | 0.7400 | [0.6900, 0.8000] | [q](q.md) "
+        "(confirmatory) |", "",
+        "## vLLM 0.25.0 on NVIDIA H200", "",
+        "| run | model | arm vs control | backend | invariant? | matched / compared | interval | "
+        "cost | ratio | interval | rule |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| `r1` | `m` | bi vs default | vllm-server, TRITON_ATTN | *reported as observed* | "
+        "541 / 541 | [0.9929, 1.0000] | — (no cost rule) | 0.9690 | [0.8780, 1.0690] | "
+        "[s](h200/s.md) (confirmatory) |",
+        "|  | `m` | bi vs default | vllm-server, TRITON_ATTN | *working* | 541 / 541 | "
+        "[0.9929, 1.0000] | undecidable (throughput) | 0.9690 | [0.8780, 1.0690] | "
+        "[s-exploratory](h200/s-exploratory.md) (exploratory) |", "",
+        "## Findings without a summary", "",
+        "Written before findings carried a Summary section; their verdicts as headed.", "",
         "| finding | treatment vs control | verdict |",
         "|---|---|---|",
-        "| [synthetic-example](a.md) | batch-invariant vs default | *working* |",
         "| [b](h200/b.md) | x vs c | *untested* |",
-        "|  | y vs c | *reported as observed* |",
-    ]
+        "|  | y vs c | *reported as observed* |"]
     assert read_finding(sub / "b.md").hypothesis == "It holds."
+    assert read_finding(sub / "s-exploratory.md").name == "s-exploratory"
+    assert read_finding(sub / "s-exploratory.md").summary.analysis == "exploratory"
 
 
 def test_a_file_without_verdicts_is_refused(tmp_path):

@@ -82,7 +82,7 @@ def test_published_reported_as_observed():
                  arm("on", "treatment", 541, 541, [97.0]))
     assert v.label is Label.REPORTED_AS_OBSERVED
     assert v.basis == ("no declared label had all its criteria met ('working': throughput ratio "
-                       "(treatment ÷ control), point estimate 0.97 (needs < 0.9); 'doubtful': "
+                       "(treatment ÷ control), point estimate 0.9700 (needs < 0.9); 'doubtful': "
                        "treatment's and control's 95 % Wilson match intervals overlap: no (needs "
                        "yes)); the rule's 'otherwise' label applies")
     assert v.sentence == SENTENCES[Label.REPORTED_AS_OBSERVED]

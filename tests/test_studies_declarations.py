@@ -68,9 +68,43 @@ PROBES = ["h200-plugin-probe-qwen3-8b-synth"]
 MECHANISM = ["h200-fa3-kv128-smollm2"]
 
 
+#: The default rule applied, after the data, to every committed H200 run (issue 18): exploratory.
+EXPLORATORY = [f"{n}-exploratory" for n in (
+    "h200-match-smollm2", "h200-cost-qwen3-8b-latency-b8", "h200-cost-qwen3-8b-throughput",
+    "h200-match-qwen3-8b-synth", "h200-fa3-kv128-smollm2", "h200-match-smollm2-r2",
+    "h200-cost-qwen3-8b-throughput-r2", "h200-cost-qwen3-8b-latency-b32",
+    "h200-cost-qwen3-1_7b-latency-b8", "tp1-match", "h200-fixture-smollm2",
+    "h200-fixture-triton-attn")]
+
+
 def test_the_declarations_are_the_whole_set():
-    names = {p.stem for p in EXP.glob("h200-*.toml")} | {p.stem for p in EXP.glob("tp*-match.toml")}
-    assert names == set(ALL) | set(FIXTURES) | set(PROBES) | set(MECHANISM)
+    names = ({p.stem for p in EXP.glob("h200-*.toml")}
+             | {p.stem for p in EXP.glob("tp*-match*.toml")})
+    assert names == set(ALL) | set(FIXTURES) | set(PROBES) | set(MECHANISM) | set(EXPLORATORY)
+
+
+@pytest.mark.parametrize("name", EXPLORATORY)
+def test_each_exploratory_declaration_is_its_runs_declaration_with_the_default_rule(name):
+    """Sealed after the run's data, a sibling of the registration the run was recorded under:
+    the same resolved declaration but for the name and the rule, which is the default rule."""
+    import json
+
+    from bistat.prereg import load_registration
+    from bistat.template import default_rule
+
+    base = name.removesuffix("-exploratory")
+    mine = load_registration(ROOT / "preregistrations" / f"{name}.json")
+    theirs = load_registration(ROOT / "preregistrations" / f"{base}.json")
+    assert mine.experiment().rule == default_rule()
+    a, b = mine.experiment().resolved(), theirs.experiment().resolved()
+    for data in (a, b):
+        del data["name"], data["rule"]
+    assert a == b
+    runs = [ROOT / "data" / "h200" / base, ROOT / "data" / "h200-tp" / base,
+            ROOT / "tests" / "data" / "vllm-h200" / base]
+    (run,) = [r for r in runs if r.is_dir()]
+    created = json.loads((run / "run.json").read_text())["created_utc"]
+    assert mine.sealed_utc > created > theirs.sealed_utc
 
 
 def test_the_kv128_test_keeps_every_token_within_one_128_key_tile():

@@ -78,3 +78,71 @@ def test_the_check_has_power_a_rule_without_activation_evidence_fails_it():
         {"criterion": "treatment_beats_control", "mcnemar_below": 0.05}]}]})
     got = _false_working(mcnemar, 0.5, 3, 0.05, seed=98)
     assert 0 < got <= UPPER
+
+
+# ---- end to end on the embedded engine ------------------------------------------------------
+
+
+def _study(root, name: str, arms) -> "object":
+    """Register a declaration with the default rule verbatim (288 prompts: enough for its
+    one-sided 0.99 bound) over the near-tie tiny model, record it with the real runner and the
+    real embedded adapter, and analyse it."""
+    from helpers_explain import declaration_toml, save_near_tie
+
+    from bistat.analysis import analyze_run
+    from bistat.prereg import register
+    from bistat.runner import start_run
+    from bistat.template import DEFAULT_RULE_TOML
+
+    model = save_near_tie(root / "model")
+    text = declaration_toml(name, model, arms, n_prompts=288, passes=2)
+    text = text[:text.index("[rule]")] + DEFAULT_RULE_TOML
+    text = text.replace("max_tokens = 24", "max_tokens = 6")
+    decl = root / "experiments" / f"{name}.toml"
+    decl.parent.mkdir(parents=True, exist_ok=True)
+    decl.write_text(text, encoding="utf-8")
+    reg, _ = register(decl, registrations_dir=root / "preregistrations")
+    assert reg.experiment().rule == default_rule()
+    run_dir = root / "runs" / name
+    outcome = start_run(reg.experiment(), reg.reference(), run_dir, command=["bistat", "run"])
+    assert outcome.status == "complete", outcome
+    return analyze_run(run_dir, reg.path)
+
+
+@pytest.fixture(scope="module")
+def studies(tmp_path_factory):
+    root = tmp_path_factory.mktemp("aa")
+    return {
+        "blas vs invariant": _study(root, "ab", (("blas", "control", "blas"),
+                                                 ("invariant", "treatment", "invariant"))),
+        "blas vs blas": _study(root, "aa-blas", (("blas-a", "control", "blas"),
+                                                 ("blas-b", "treatment", "blas"))),
+        "invariant vs invariant": _study(root, "aa-inv", (("inv-a", "control", "invariant"),
+                                                          ("inv-b", "treatment", "invariant"))),
+    }
+
+
+def test_the_mode_that_acts_is_working_end_to_end(studies):
+    """The positive control: the near-tie model's BLAS GEMM flips greedy tokens with the batch,
+    the invariant GEMM never does, so the default rule can say working here."""
+    s = studies["blas vs invariant"]
+    arms = {a.name: a for a in s.arms}
+    assert arms["invariant"].n_matched == arms["invariant"].n_units == 288
+    assert arms["blas"].n_matched < 281   # the control diverged under the same load
+    (c,) = s.comparisons
+    assert c.verdict.label is Label.WORKING
+    assert c.verdict.cost is not None
+
+
+@pytest.mark.parametrize("which, label", [("blas vs blas", Label.DOUBTFUL),
+                                          ("invariant vs invariant", Label.REPORTED_AS_OBSERVED)])
+def test_a_mode_that_does_nothing_is_never_working_end_to_end(studies, which, label):
+    """A/A: the treatment declared with the control's settings. Both BLAS: the treatment
+    diverges (doubtful). Both invariant: the control does not diverge, so nothing shows the
+    mode acting (reported as observed). Never working."""
+    s = studies[which]
+    (c,) = s.comparisons
+    assert c.verdict.label is label
+    assert c.verdict.label is not Label.WORKING
+    working = s.comparisons[0].verdict.labels[0]
+    assert working.label == "working" and not working.met

@@ -201,3 +201,19 @@ def test_activation_and_cost_design_figures_at_the_declared_plan():
     assert "Activation criteria (288 prompts; assumed match rates 1 treatment, 0.96 control):" \
         in text
     assert "Cost rule (throughput ratio" in text
+
+
+def test_a_working_label_whose_activation_thresholds_overlap_is_warned_about():
+    """Treatment lower bound >= 0.99 and control upper bound <= 0.9995 overlap: in an A/A
+    experiment at a match rate of 0.999 both hold together ever more surely as prompts grow."""
+    data = tomllib.loads(declaration_template("t"))
+    data["rule"]["labels"][0]["all"] = [
+        {"criterion": "match_lower_bound", "arm": "treatment", "at_least": 0.99},
+        {"criterion": "control_diverges", "at_most": 0.9995}]
+    (aa,) = analyse_design(validate_experiment(data)).false_positives
+    assert aa.exceeds and aa.match_rate == 0.999
+    assert aa.prob == pytest.approx(
+        design.prob_lower_bound_at_least(288, 0.999, 0.99, alternative="greater")
+        * design.prob_upper_bound_at_most(288, 0.999, 0.9995, alternative="less"))
+    assert aa.fix == ("no number of prompts up to 100000 brings it under alpha; tighten the "
+                      "activation criteria's thresholds")

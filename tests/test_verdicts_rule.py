@@ -99,9 +99,10 @@ def test_a_control_that_does_not_diverge_leaves_the_question_open():
     assert [c.met for c in v.labels[0].criteria] == [True, False, False]
     assert v.basis == (
         "no declared label had all its criteria met ('working': control diverges under the same "
-        "load: control's one-sided 95 % Wilson upper bound 1 (needs <= 0.99) and treatment "
-        "beats control: McNemar p, paired by prompt, treatment ahead 1 (needs < 0.05); "
-        "'doubtful': treatment's one-sided 95 % Wilson upper bound 1 (needs < 0.99)); the "
+        "load: control's one-sided 95 % Wilson upper bound 1.0000 (needs <= 0.99) and "
+        "treatment beats control: McNemar p, paired by prompt, treatment ahead 1 (needs < "
+        "0.05); "
+        "'doubtful': treatment's one-sided 95 % Wilson upper bound 1.0000 (needs < 0.99)); the "
         "rule's 'otherwise' label applies")
 
 

@@ -80,8 +80,14 @@ def test_diagnose_and_inspect_work_on_a_recorded_vllm_run():
 
 
 @pytest.mark.parametrize("name", ["h200-fixture-smollm2", "h200-fixture-triton-attn"])
-def test_committed_h200_findings_regenerate_byte_for_byte(name, tmp_path):
+@pytest.mark.parametrize("suffix", ["", "-exploratory"])
+def test_committed_h200_findings_regenerate_byte_for_byte(name, suffix, tmp_path, monkeypatch):
+    """As scripts/regenerate_findings.sh writes them: under the registration the run was
+    recorded under, and under its exploratory sibling (the default rule, sealed after the data)."""
     from bistat.report import write_finding
 
-    files = write_finding(analyze_run(DATA / name), tmp_path)
-    assert files.markdown.read_text() == (ROOT / "findings" / "h200" / f"{name}.md").read_text()
+    monkeypatch.chdir(ROOT)
+    files = write_finding(analyze_run(DATA.relative_to(ROOT) / name,
+                                      Path("preregistrations") / f"{name}{suffix}.json"), tmp_path)
+    assert files.markdown.read_text() == (ROOT / "findings" / "h200" /
+                                          f"{name}{suffix}.md").read_text()

@@ -46,9 +46,16 @@ over the same counted passes and reference pass as the match count; an arm's ``n
 the anatomy is its number of compared prompts. Its large drifts per arm are what the criterion
 ``large_drifts_at_most`` reads (``ArmStats.large_drifts``).
 
-*Batching evidence* per pass, from ``metrics.jsonl`` samples with ``num_requests_running``:
-mean and max running requests, mean waiting requests, and preemptions (last minus first
-``num_preemptions_total`` of the pass).
+*Batching evidence* per pass, from ``metrics.jsonl`` samples with ``num_requests_running``, by
+:func:`bistat.batching.batching_summary`, the function the runner wrote ``passes.jsonl``'s
+``batching`` with: mean running and waiting requests weighted by the time each sample stands for
+(the last until the pass's recorded wall time ended), max running, and preemptions (the
+increase of ``num_preemptions_total`` over the pass). The validity check ``min_mean_running``
+reads this mean, so the finding's Batching table, the validity table and ``passes.jsonl`` show
+one number.
+
+*First divergence*: :func:`bistat.divergence.first_divergence`, the one definition the anatomy,
+the probe and the trimmed compaction use too.
 """
 
 from __future__ import annotations
@@ -67,9 +74,19 @@ import pandas as pd
 from bistat import activation as act
 from bistat import anatomy as anat
 from bistat import records, stats
-from bistat.classify import ArmStats, RunStatus, ValidityCheck, classify
+from bistat.batching import batching_summary
+from bistat.classify import (
+    ActivationEvidence,
+    ArmStats,
+    PairedCounts,
+    RunStatus,
+    ValidityCheck,
+    classify,
+)
+from bistat.divergence import first_divergence
 from bistat.engine_version import EngineVersionReport, engine_version_report
 from bistat.enginelog import JitCompile, jit_compiles, logged_modes
+from bistat.engines.base import MetricsSample
 from bistat.experiment import DeclarationError, Experiment
 from bistat.fingerprint import same_node, version_differences
 from bistat.prereg import Registration, load_registration, parse_time
@@ -227,6 +244,9 @@ class SiblingVerdict:
     treatment: str
     control: str
     verdict: Any                          # bistat.classify.Verdict
+    #: sealed after the run's first record: an exploratory analysis, not a test
+    exploratory: bool = False
+    sealed_utc: str | None = None
 
 
 @dataclass(frozen=True)
@@ -279,6 +299,11 @@ class RunSummary:
     #: the engine's version against the newest release known and the required one, and each
     #: arm's compilation / CUDA-graph mode (bistat.engine_version)
     engine_version: EngineVersionReport | None = None
+    #: the registration analysed against was sealed after the run's first record (a sibling
+    #: registered later): an exploratory analysis, never a test of the hypothesis
+    exploratory: bool = False
+    #: the registration the run was recorded under, when analysed against a sibling
+    recorded_registration: str | None = None
 
     def arm(self, name: str) -> ArmSummary:
         return next(a for a in self.arms if a.name == name)
@@ -378,31 +403,18 @@ def _match_arm(pid: np.ndarray, key: np.ndarray, failed: np.ndarray, prompt_ids:
     )
 
 
-def _first_difference(a: Sequence[Any], b: Sequence[Any]) -> int | None:
-    """First index where ``a`` and ``b`` differ; the shorter length if one is a prefix; else None."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return min(len(a), len(b)) if len(a) != len(b) else None
-
-
 def divergence_position(ref_ids: Sequence[Any], ids: Sequence[Any],
                         ref_logprobs: Sequence[Any] | None, logprobs: Sequence[Any] | None,
                         unit: str) -> int | None:
-    """The first-divergence position a finding reports for ``ids`` against ``ref_ids``.
-
-    The first differing token id (the shorter length when one is a prefix of the other); for
-    ``token_ids+logprobs`` the earlier of that and the first logprob whose float64 bits differ
-    (a missing list reads as empty). None: identical by ``unit``.
+    """The first-divergence position a finding reports for ``ids`` against ``ref_ids``:
+    :func:`bistat.divergence.first_divergence` (the one definition every reader uses), with the
+    chosen-token logprobs compared bitwise for ``token_ids+logprobs``. None: identical by
+    ``unit`` (for ``text``, the outputs' token ids).
     """
-    pos = _first_difference(ref_ids, ids)
-    if unit == "token_ids+logprobs":
-        lp_pos = _first_difference(  # bitwise: compare the float64s' bit patterns
-            np.asarray(ref_logprobs or [], dtype="<f8").view("<i8").tolist(),
-            np.asarray(logprobs or [], dtype="<f8").view("<i8").tolist())
-        if lp_pos is not None and (pos is None or lp_pos < pos):
-            pos = lp_pos
-    return pos
+    with_lps = unit == "token_ids+logprobs"
+    found = first_divergence(ref_ids, ids, ref_logprobs if with_lps else None,
+                             logprobs if with_lps else None)
+    return None if found is None else found[0]
 
 
 #: Columns read for the mismatching prompts: first divergences and their anatomy.
@@ -533,8 +545,12 @@ def _anatomy(got: pd.DataFrame, run_id: str, unit: str, epsilon: float,
 # --------------------------------------------------------------------------------------------
 
 
-def _batching(metrics: pd.DataFrame) -> tuple[dict[tuple[str, int], dict[str, Any]],
-                                              list[MetricsSeries]]:
+def _batching(metrics: pd.DataFrame, walls: Mapping[tuple[str, int], float | None]
+              ) -> tuple[dict[tuple[str, int], dict[str, Any]], list[MetricsSeries]]:
+    """Per (arm, seq): the batching summary of :func:`bistat.batching.batching_summary` -- the
+    runner's own, time-weighted, recomputed from the metrics samples -- with the sample count,
+    and the running requests over time for the plot. ``walls``: each pass's wall time (the last
+    sample stands for the time until the pass ended)."""
     out: dict[tuple[str, int], dict[str, Any]] = {}
     series: list[MetricsSeries] = []
     if metrics.empty:
@@ -542,19 +558,24 @@ def _batching(metrics: pd.DataFrame) -> tuple[dict[tuple[str, int], dict[str, An
     m = metrics[metrics["num_requests_running"].notna()]
     m = m.sort_values(["arm", "seq", "t"], kind="stable")
     for (arm, seq), grp in m.groupby(["arm", "seq"], sort=True):
+        t = grp["t"].to_numpy(dtype=float)
         running = grp["num_requests_running"].to_numpy(dtype=float)
         waiting = grp["num_requests_waiting"].to_numpy(dtype=float)
-        pre = grp["num_preemptions_total"].dropna().to_numpy(dtype=float)
+        pre = grp["num_preemptions_total"].to_numpy(dtype=float)
+        sources = (grp["source"].tolist() if "source" in grp else [""] * len(grp))
+        samples = [MetricsSample(t=a, num_requests_running=b, num_requests_waiting=c,
+                                 num_preemptions_total=d, generation_tokens_total=math.nan,
+                                 prompt_tokens_total=math.nan, source=_opt_str(src) or "")
+                   for a, b, c, d, src in zip(t.tolist(), running.tolist(), waiting.tolist(),
+                                              pre.tolist(), sources)]
+        wall = walls.get((str(arm), int(seq)))
+        summary = batching_summary(samples, -1.0 if wall is None else float(wall))
         out[(str(arm), int(seq))] = {
-            "mean_running": float(np.mean(running)),
-            "max_running": float(np.max(running)),
-            "mean_waiting": float(np.nanmean(waiting)) if np.isfinite(waiting).any() else None,
-            "preemptions": float(pre[-1] - pre[0]) if pre.size else None,
-            "n": int(running.size),
-        }
-        series.append(MetricsSeries(str(arm), int(seq),
-                                    tuple(float(x) for x in grp["t"].to_numpy(dtype=float)),
-                                    tuple(float(x) for x in running)))
+            "mean_running": summary["mean_running"], "max_running": summary["max_running"],
+            "mean_waiting": summary["mean_waiting"], "preemptions": summary["preemptions"],
+            "n": int(running.size)}
+        series.append(MetricsSeries(str(arm), int(seq), tuple(t.tolist()),
+                                    tuple(running.tolist())))
     return out, series
 
 
@@ -614,11 +635,14 @@ def _strip_pid(line: str) -> str:
 
 def _validity(exp: Experiment, passes: Sequence[PassSummary],
               fps: Mapping[str, list[Mapping[str, Any]]], envs: Mapping[str, ArmEnvironment],
-              registered_utc: str, created_utc: str | None) -> list[ValidityCheck]:
+              registered_utc: str, created_utc: str | None, *, exploratory: bool = False
+              ) -> list[ValidityCheck]:
+    """The declared validity checks. ``exploratory``: the rule was sealed after the data (a
+    sibling registered later): the order is then stated as the analysis's nature, not checked."""
     checks: list[ValidityCheck] = []
     v = exp.validity
     counted = [p for p in passes if p.counted]
-    if created_utc is not None:
+    if created_utc is not None and not exploratory:
         try:
             ok: bool | None = parse_time(registered_utc) <= parse_time(created_utc)
         except (TypeError, ValueError):
@@ -801,7 +825,16 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
     recorded_sha = hdr_reg.get("sha256") if isinstance(hdr_reg, Mapping) else None
     sibling_of = (_sibling_registration(hdr_reg, reg)
                   if recorded_sha is not None and recorded_sha != reg.sha256 else None)
-    if sibling_of is not None:
+    created = header.get("created_utc")
+    exploratory = sibling_of is not None and sealed_after_data(reg, created)
+    if exploratory:
+        deviations.append(
+            f"analysed under {reg.path} ({reg.sha256[:12]}), a sibling of the registration the run "
+            f"was recorded under, {sibling_of.path} ({sibling_of.sha256[:12]}): the two declarations "
+            f"differ only in their name and decision rule, and this one was sealed at "
+            f"{reg.sealed_utc}, after the run's first record ({created}): an exploratory "
+            "analysis, not a test of the hypothesis")
+    elif sibling_of is not None:
         deviations.append(
             f"analysed under {reg.path} ({reg.sha256[:12]}), a sibling of the registration the run "
             f"was recorded under, {sibling_of.path} ({sibling_of.sha256[:12]}): the two declarations "
@@ -829,7 +862,7 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
     passes_df = pass_read.frame
     met_read = records.load_table(run_dir, "metrics", ["arm", "seq", "t", "num_requests_running",
                                                         "num_requests_waiting",
-                                                        "num_preemptions_total"])
+                                                        "num_preemptions_total", "source"])
     gaps.extend(met_read.gaps)
     env_read = records.load_table(run_dir, "environment", ["arm", "block", "fingerprint", "engine",
                                                            "log_findings", "modes"])
@@ -851,7 +884,10 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
                           f"{', '.join(unknown_arms)}")
 
     # --- passes -----------------------------------------------------------------------------
-    batching, series = _batching(met_read.frame)
+    walls = {(str(r["arm"]), int(r["seq"])): _opt_float(r.get("wall_s"))
+             for r in (passes_df.to_dict("records") if not passes_df.empty else [])
+             if _opt_int(r.get("seq")) is not None}
+    batching, series = _batching(met_read.frame, walls)
     in_flight = _client_in_flight(responses)
     counted_keys = responses.loc[responses["kind"] == "counted", ["arm", "pass_index"]]
     with_responses = {(str(a), int(p)) for a, p in counted_keys.drop_duplicates().itertuples(
@@ -960,7 +996,7 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
                 bad_events.append((str(arm), str(event), _opt_str(detail)))
             elif event == "gpu_busy":
                 gpu_busy.append(_opt_str(detail) or "processes not named")
-    validity = _validity(exp, passes, fps, envs, reg.sealed_utc, header.get("created_utc"))
+    validity = _validity(exp, passes, fps, envs, reg.sealed_utc, created, exploratory=exploratory)
 
     # --- deviations and what was not run --------------------------------------------------------
     not_run: list[str] = []
@@ -1032,19 +1068,31 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
     run_status = (RunStatus(False, "; ".join(r for _, r in arm_reasons)) if arm_reasons
                   else RunStatus(True))
 
+    # --- activation evidence (the probe's outcome per arm, the engine logs' markers) -----------
+    probe, probe_files = _probe_report(run_dir)
+    activation = act.arm_activation(
+        [a.model_dump(mode="json") for a in exp.arms],
+        {a: e.log_findings for a, e in envs.items() if e.log_findings is not None},
+        None if probe is None else probe.to_json(),
+        {a.name: (a.n_prompts_diverged, a.n_prompts) for a in arm_summaries})
+    evidence = {a.arm: _evidence(a, probe is not None) for a in activation}
+
     # --- comparisons ----------------------------------------------------------------------------
+    latencies = _pass_latencies(last[~dup], arm_passes)
     control = next(a for a in arm_summaries if a.role == "control")
     comparisons: list[Comparison] = []
-    pairs: list[tuple[ArmStats, ArmStats, RunStatus]] = []
+    pairs: list[tuple[ArmStats, ArmStats, RunStatus, PairedCounts | None, ActivationEvidence]] = []
     for treat in (a for a in arm_summaries if a.role == "treatment"):
         mc, mt = matches[control.name], matches[treat.name]
         paired = mc.ok & mt.ok
         n_paired = int(paired.sum())
         mcn = None
+        counts = None
         if n_paired:
             b = int((paired & mc.matched & ~mt.matched).sum())
             c = int((paired & ~mc.matched & mt.matched).sum())
             mcn = stats.mcnemar_test(b, c)
+            counts = PairedCounts(n_paired, b, c)
         diff = None
         if treat.n_units and control.n_units:
             diff = stats.newcombe_difference(treat.n_matched, treat.n_units, control.n_matched,
@@ -1053,16 +1101,20 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
         point = None
         tt, ct = treat.pass_throughputs, control.pass_throughputs
         if tt and ct and all(x > 0 for x in tt + ct):
-            point = float(np.exp(np.mean(np.log(tt)) - np.mean(np.log(ct))))
+            point = stats.ratio_of_geometric_means(tt, ct)   # the classifier's point, exactly
             if len(tt) >= 2 and len(ct) >= 2:
                 ratio = stats.throughput_ratio(tt, ct, cl)
         pair = (ArmStats(control.name, "control", control.n_units, control.n_matched, ct,
-                         large_drifts=large_drifts.get(control.name)),
+                         large_drifts=large_drifts.get(control.name),
+                         pass_latencies=latencies.get(control.name, ())),
                 ArmStats(treat.name, "treatment", treat.n_units, treat.n_matched, tt,
-                         large_drifts=large_drifts.get(treat.name)),
-                _pair_status(arm_reasons, control.name, treat.name))
+                         large_drifts=large_drifts.get(treat.name),
+                         pass_latencies=latencies.get(treat.name, ())),
+                _pair_status(arm_reasons, control.name, treat.name), counts,
+                evidence[treat.name])
         pairs.append(pair)
-        verdict = classify(rule, pair[0], pair[1], validity=tuple(validity), status=pair[2])
+        verdict = classify(rule, pair[0], pair[1], validity=tuple(validity), status=pair[2],
+                           paired=counts, evidence=pair[4])
         comparisons.append(Comparison(control.name, treat.name, n_paired, mcn, diff, ratio,
                                       point, verdict))
 
@@ -1070,15 +1122,16 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
     siblings: list[SiblingVerdict] = []
     for sib in sibling_registrations(reg):
         sib_exp = sib.experiment()
-        sib_validity = tuple(_validity(sib_exp, passes, fps, envs, sib.sealed_utc,
-                                       header.get("created_utc")))
-        for ctl_stats, trt_stats, pair_status in pairs:
+        sib_later = sealed_after_data(sib, created)
+        sib_validity = tuple(_validity(sib_exp, passes, fps, envs, sib.sealed_utc, created,
+                                       exploratory=sib_later))
+        for ctl_stats, trt_stats, pair_status, counts, ev in pairs:
             siblings.append(SiblingVerdict(
                 _display_path(sib.path), sib_exp.name, trt_stats.name, ctl_stats.name,
                 classify(sib_exp.rule, ctl_stats, trt_stats, validity=sib_validity,
-                         status=pair_status)))
+                         status=pair_status, paired=counts, evidence=ev),
+                exploratory=sib_later, sealed_utc=sib.sealed_utc))
 
-    probe, probe_files = _probe_report(run_dir)
     engine_version = _engine_version(exp, reg, env_read.frame, ev_read.frame, run_dir)
     deviations.extend(engine_version.deviations)
     return RunSummary(
@@ -1101,15 +1154,12 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
         metrics=tuple(series), events=tuple(bad_events), deviations=tuple(deviations),
         not_run=tuple(not_run), gaps=tuple(gaps), n_response_records=n_response_records,
         anatomy=anatomy, operator_notes=_operator_notes(run_dir),
-        activation=act.arm_activation(
-            [a.model_dump(mode="json") for a in exp.arms],
-            {a: e.log_findings for a, e in envs.items() if e.log_findings is not None},
-            None if probe is None else probe.to_json(),
-            {a.name: (a.n_prompts_diverged, a.n_prompts) for a in arm_summaries}),
-        probe_files=probe_files, probe=probe,
+        activation=activation, probe_files=probe_files, probe=probe,
         siblings=tuple(siblings),
         jit_compiles=jit_compiles(run_dir, header.get("created_utc"),
                                   passes_df.to_dict("records") if len(passes_df) else []),
+        exploratory=exploratory, recorded_registration=(
+            _display_path(sibling_of.path) if sibling_of is not None else None),
         engine_version=engine_version)
 
 
@@ -1123,6 +1173,48 @@ def _engine_version(exp: Experiment, reg: Registration, env: pd.DataFrame, event
         exp.engine.kind, reg.declaration, reg.sealed, env_rows,
         events.to_dict("records") if len(events) else [],
         logged_modes(run_dir) if needs_logs else None)
+
+
+def sealed_after_data(reg: Registration, created_utc: str | None) -> bool:
+    """Whether ``reg`` was last sealed after a run's first record (``run.json``'s
+    ``created_utc``): a rule applied to data it had seen, so only an exploratory analysis.
+    False when a time is missing or unreadable (the validity check then reports it)."""
+    if created_utc is None:
+        return False
+    try:
+        return parse_time(reg.sealed_utc) > parse_time(created_utc)
+    except (TypeError, ValueError):
+        return False
+
+
+def _evidence(a: act.ArmActivation, probe_recorded: bool) -> ActivationEvidence:
+    """The classifier's activation evidence for one arm: its probe outcome (through
+    ``bistat.activation``) and the engine log's markers (None without a log)."""
+    markers = (None if a.bi_kernels_logged is None else
+               {"batch_invariant_kernels": bool(a.bi_kernels_logged),
+                "tuned_gemm": bool(a.tuned_gemm_logged)})
+    return ActivationEvidence(probe=a.probe, probe_recorded=probe_recorded, log_markers=markers)
+
+
+def _pass_latencies(counted: pd.DataFrame, arm_passes: Mapping[str, Sequence[int]]
+                    ) -> dict[str, tuple[float, ...]]:
+    """Arm -> each counted pass's mean request latency (``t_done - t_submit``, seconds) over its
+    answered requests, in pass order: what a cost rule on ``latency`` reads. ``counted``: the
+    counted responses, the last recorded per prompt and pass. A pass without a timed answered
+    request is left out."""
+    if counted.empty or not {"t_submit", "t_done"} <= set(counted.columns):
+        return {}
+    frame = counted[["arm", "pass_index", "error", "t_submit", "t_done"]].copy()
+    frame = frame[frame["error"].isna()]
+    frame["latency"] = (pd.to_numeric(frame["t_done"], errors="coerce")
+                        - pd.to_numeric(frame["t_submit"], errors="coerce"))
+    frame = frame[frame["latency"].notna()]
+    means = frame.groupby(["arm", "pass_index"], sort=True)["latency"].mean()
+    out: dict[str, tuple[float, ...]] = {}
+    for arm, plist in arm_passes.items():
+        vals = [float(means[(arm, p)]) for p in sorted(plist) if (arm, p) in means.index]
+        out[arm] = tuple(v for v in vals if v > 0)
+    return out
 
 
 def _pair_status(arm_reasons: Sequence[tuple[str, str]], control: str, treatment: str) -> RunStatus:

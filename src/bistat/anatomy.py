@@ -59,6 +59,7 @@ import numpy as np
 import pandas as pd
 
 from bistat import records
+from bistat.divergence import first_divergence  # the one definition (re-exported here)
 
 __all__ = [
     "ANATOMY_SCHEMA",
@@ -132,41 +133,6 @@ def kv_tile_boundary(kv_lengths: Sequence[int],
         return None
     tile = min(kv_lengths) - 1
     return tile if tile >= 16 and not tile & (tile - 1) else None
-
-
-def first_divergence(ref_ids: Sequence[int], other_ids: Sequence[int],
-                     ref_logprobs: Sequence[float | None] | None = None,
-                     other_logprobs: Sequence[float | None] | None = None,
-                     ) -> tuple[int, str] | None:
-    """The first index where two outputs differ, and how: ``"token"``, ``"length"`` or ``"logprob"``.
-
-    Token ids are compared first. With both logprob lists given, the chosen-token logprobs are
-    compared bitwise (float64 bit patterns) as well, and an earlier logprob difference wins.
-    ``"length"``: one output is a prefix of the other; the index is the shorter length.
-    Returns None when the outputs are identical.
-
-    Examples
-    --------
-    >>> first_divergence([1, 2, 3], [1, 5, 3])
-    (1, 'token')
-    >>> first_divergence([1, 2], [1, 2, 0])
-    (2, 'length')
-    >>> first_divergence([1, 2], [1, 2], [-0.5, -1.0], [-0.5, -1.25])
-    (1, 'logprob')
-    """
-    pos: tuple[int, str] | None = None
-    for i, (x, y) in enumerate(zip(ref_ids, other_ids)):
-        if int(x) != int(y):
-            pos = (i, "token")
-            break
-    if pos is None and len(ref_ids) != len(other_ids):
-        pos = (min(len(ref_ids), len(other_ids)), "length")
-    if ref_logprobs is not None and other_logprobs is not None:
-        n = min(len(ref_logprobs), len(other_logprobs), len(ref_ids), len(other_ids))
-        for i in range(n if pos is None else min(n, pos[0])):
-            if _bits(ref_logprobs[i]) != _bits(other_logprobs[i]):
-                return (i, "logprob")
-    return pos
 
 
 def _top_sorted(top: Iterable[Sequence[Any]] | None) -> tuple[tuple[int, float | None], ...]:
@@ -548,14 +514,13 @@ def anatomy_of_pair(arm: str, ref: PassOutput, other: PassOutput, unit: str, eps
                     ) -> DivergenceAnatomy | None:
     """The anatomy of one pass against the reference pass, or None when they match by ``unit``."""
     with_lps = unit == "token_ids+logprobs"
+    with_text = unit == "text"
     found = first_divergence(ref.token_ids, other.token_ids,
                              ref.logprobs if with_lps else None,
-                             other.logprobs if with_lps else None)
+                             other.logprobs if with_lps else None,
+                             ref.text if with_text else None, other.text if with_text else None)
     if found is None:
-        if unit == "text" and ref.text != other.text:
-            found = (len(ref.token_ids), "text")
-        else:
-            return None
+        return None
     pos, kind = found
     rs, os_ = _side(ref, pos), _side(other, pos)
     margin: float | None = None

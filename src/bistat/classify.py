@@ -44,7 +44,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from bistat import stats
+from bistat import design, stats   # design: the passes that would decide an undecidable cost
 from bistat.rule import (
     ACTIVATION_CRITERIA,
     ControlDiverges,
@@ -490,7 +490,9 @@ def _unmet(lr: LabelResult) -> str:
     def value(c: CriterionResult) -> str:
         if isinstance(c.observed, bool):
             return "yes" if c.observed else "no"
-        return f"{c.observed:.4g}" if isinstance(c.observed, float) else str(c.observed)
+        if isinstance(c.observed, float):
+            return c.observed_text.split(" (")[0]   # one rounding: as the criteria table shows it
+        return str(c.observed)
 
     return " and ".join(
         f"{c.description} not evaluable" if c.met is None
@@ -960,8 +962,6 @@ def classify_cost(cost: CostRule, control: ArmStats, treatment: ArmStats, *,
 
 def _decide_cost(cost: CostRule, iv: stats.Interval, point: float | None, verdict, pooled,
                  n_passes: int | None, shown: str) -> CostVerdict:
-    from bistat import design   # the design analysis, for the passes that would decide
-
     lo, hi = cost.low, cost.high
     bounds = (lo, hi)
     pct = f"{iv.confidence_level * 100:g} %"

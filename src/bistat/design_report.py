@@ -600,15 +600,21 @@ def _false_positives(rule: Rule, n: int, passes: int, cv: float, rate: float,
             out.append(FalsePositive(spec.label, "no slowdown", None, prob, bound, alpha, fix))
         if spec.label != "working":
             continue
-        worst: tuple[float, float] | None = None
-        for p in sorted({*AA_MATCH_RATES, rate, control_rate}):
-            arms = _arm_prob(n, crits, "treatment", rule, p) * _arm_prob(n, crits, "control",
-                                                                          rule, p)
-            prob = min(arms, _pair_bound(crits, n, p, rule)) * (1.0 if p_thr is None else p_thr)
-            if worst is None or prob > worst[1]:
-                worst = (p, prob)
-        assert worst is not None
-        p, prob = worst
+        rates = sorted({*AA_MATCH_RATES, rate, control_rate})
+
+        def aa_worst(k: int) -> tuple[float, float]:
+            """(the worst A/A match rate, the label's bound there) with ``k`` prompts."""
+            out = (rates[0], -1.0)
+            for q in rates:
+                arms = (_arm_prob(k, crits, "treatment", rule, q)
+                        * _arm_prob(k, crits, "control", rule, q))
+                prob = min(arms, _pair_bound(crits, k, q, rule)) * (1.0 if p_thr is None
+                                                                    else p_thr)
+                if prob > out[1]:
+                    out = (q, prob)
+            return out
+
+        p, prob = aa_worst(n)
         fix = None
         if prob > alpha:
             compares = any(isinstance(c, (ControlDiverges, TreatmentBeatsControl)) for c in crits)
@@ -621,9 +627,31 @@ def _false_positives(rule: Rule, n: int, passes: int, cv: float, rate: float,
                 passes_fix = _passes_fix(lambda k: arms_p * _throughput_prob_at_one(
                     crits, k, cv, rule), alpha)
                 fix = "; ".join(x for x in (passes_fix, fix) if x)
-            fix = fix or "the activation criteria's thresholds are too lax; tighten them"
+            if not fix:
+                need = _prompts_under_alpha(lambda k: aa_worst(k)[1], n, alpha)
+                fix = (f"about {need} prompts bring it under alpha (set workload.n_prompts >= "
+                       f"{need})" if need is not None else
+                       "no number of prompts up to 100000 brings it under alpha; tighten the "
+                       "activation criteria's thresholds")
         out.append(FalsePositive(spec.label, "A/A", p, prob, True, alpha, fix))
     return out
+
+
+#: Prompts searched at most when suggesting how many bring a false-positive rate under alpha.
+MAX_PROMPTS_FOR_ALPHA = 100_000
+
+
+def _prompts_under_alpha(prob: Callable[[int], float], start: int, alpha: float) -> int | None:
+    """About how many prompts bring ``prob(prompts)`` under ``alpha`` (doubling from ``start``,
+    then bisection to 1 %: Wilson-bound probabilities saw-tooth in the number of prompts, so
+    the answer is approximate, and the warning says "about")."""
+    lo, hi = start, start * 2
+    while prob(hi) > alpha:
+        lo, hi = hi, hi * 2
+        if hi > MAX_PROMPTS_FOR_ALPHA:
+            return None
+    return design.bisect_power(lambda k: 1.0 if prob(k) <= alpha else 0.0, 0.5, lo, hi,
+                               divisor=100)
 
 
 def _passes_fix(prob: Callable[[int], float], alpha: float) -> str:

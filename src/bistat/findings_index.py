@@ -1,10 +1,19 @@
-"""The findings index: one table listing every finding with its verdicts.
+"""The findings index: one table per engine version and GPU answering the user's question.
 
-The index is generated from the findings themselves (``bistat analyze`` writes each verdict as a
-``### TREATMENT (treatment) vs CONTROL (control): **LABEL**`` heading), so it cannot drift from them,
-and regenerating it from the same findings gives the same bytes. Given the registrations folder it
-also lists every sealed registration that has no finding yet, with the reason stated for it in a
-TOML file (``[not_run]`` table: ``NAME = "why"``), so that what was not run is said plainly.
+For each finding's comparisons: the model, the backend, the arm against its control -> is it
+batch-invariant (the verdict, prompts matched / compared, the Wilson interval) and what does it
+cost (the cost rule's statement, ratio and interval), with the registered rule named in each row
+and whether its analysis is *confirmatory* (the rule sealed before the data) or *exploratory*
+(sealed after: it describes the data and tests nothing). The rows of one run are adjacent, so a
+study's confirmatory verdicts and its exploratory one stand side by side.
+
+The index is generated from the findings themselves -- each finding's ``## Summary`` section
+(``bistat.report``), and its ``### TREATMENT (treatment) vs CONTROL (control): **LABEL**``
+headings -- so it cannot drift from them, and regenerating it from the same findings gives the
+same bytes. A finding written before the Summary section existed is listed by its headings in a
+last table. Given the registrations folder it also lists every sealed registration that has no
+finding yet, with the reason stated for it in a TOML file (``[not_run]`` table: ``NAME = "why"``),
+so that what was not run is said plainly.
 """
 
 from __future__ import annotations
@@ -21,8 +30,39 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10
 
 _VERDICT = re.compile(r"^### (?P<treatment>.+?) \(treatment\) vs (?P<control>.+?) \(control\): "
                       r"\*\*(?P<label>[^*]+)\*\*\s*$")
-_TITLE = re.compile(r"^# Finding: (?P<name>.+?)\s*$")
+_TITLE = re.compile(r"^# Finding: (?P<name>.+?)(?: — exploratory analysis.*)?\s*$")
 _HYPOTHESIS = re.compile(r"^> (?P<text>.+)$")
+_SUMMARY_LINE = re.compile(r"^Engine: (?P<engine>.+?) · GPU: (?P<gpu>.+?) · model: `(?P<model>.*)` · "
+                           r"run: `(?P<run>.*)` · rule: `(?P<rule>.*)` \((?P<analysis>confirmatory|"
+                           r"exploratory)\)\s*$")
+
+
+@dataclass(frozen=True)
+class SummaryRow:
+    """One comparison as a finding's Summary table states it."""
+
+    treatment: str
+    control: str
+    backend: str
+    verdict: str          # as shown, e.g. "*working*"
+    matched: str          # "541 / 541"
+    interval: str         # the treatment's Wilson interval
+    cost: str
+    ratio: str
+    cost_interval: str
+
+
+@dataclass(frozen=True)
+class FindingSummary:
+    """A finding's Summary section: where it ran, under which rule, and its rows."""
+
+    engine: str
+    gpu: str
+    model: str
+    run: str
+    rule: str
+    analysis: str         # "confirmatory" | "exploratory"
+    rows: tuple[SummaryRow, ...]
 
 
 @dataclass(frozen=True)
@@ -31,13 +71,23 @@ class IndexedFinding:
     name: str
     verdicts: tuple[tuple[str, str, str], ...]  # (treatment, control, label)
     hypothesis: str
+    summary: FindingSummary | None = None
+
+
+def _cells(line: str) -> list[str]:
+    """A markdown table row's cells (``\\|`` is a literal bar)."""
+    inner = line.strip()[1:-1]
+    return [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", inner)]
 
 
 def read_finding(path: Path) -> IndexedFinding:
-    """Read a finding's name, verdict headings and the first line of its hypothesis."""
+    """Read a finding's name, verdict headings, the first line of its hypothesis and its
+    Summary section (when it has one)."""
     name, hypothesis = path.stem, ""
     verdicts: list[tuple[str, str, str]] = []
-    in_hypothesis = False
+    in_hypothesis = in_summary = False
+    head: dict[str, str] | None = None
+    rows: list[SummaryRow] = []
     for line in path.read_text(encoding="utf-8").splitlines():
         if (m := _TITLE.match(line)) and name == path.stem:
             name = m["name"]
@@ -45,12 +95,23 @@ def read_finding(path: Path) -> IndexedFinding:
             in_hypothesis = True
         elif in_hypothesis and (m := _HYPOTHESIS.match(line)):
             hypothesis, in_hypothesis = m["text"], False
+        elif line.strip() == "## Summary":
+            in_summary = True
+        elif in_summary and line.startswith("## "):
+            in_summary = False
+        elif in_summary and (m := _SUMMARY_LINE.match(line)):
+            head = m.groupdict()
+        elif in_summary and line.startswith("| ") and not line.startswith("| treatment |"):
+            cells = _cells(line)
+            if len(cells) == 9:
+                rows.append(SummaryRow(*cells))
         elif m := _VERDICT.match(line):
             verdicts.append((m["treatment"], m["control"], m["label"]))
     if not verdicts:
         raise ValueError(f"{path}: no verdict heading found; is it a finding written by "
                          "`bistat analyze`?")
-    return IndexedFinding(path, name, tuple(verdicts), hypothesis)
+    summary = None if head is None else FindingSummary(rows=tuple(rows), **head)
+    return IndexedFinding(path, name, tuple(verdicts), hypothesis, summary)
 
 
 @dataclass(frozen=True)
@@ -113,20 +174,58 @@ def unrun_registrations(findings: list[IndexedFinding], registrations_dir: str |
 def render_index(findings: list[IndexedFinding], base: Path,
                  unrun: list[UnrunRegistration] | None = None,
                  reasons_source: str | None = None) -> str:
-    """The index as markdown, findings sorted by file name; then the registrations without a
+    """The index as markdown: one table per engine version and GPU (findings with a Summary),
+    rows grouped by run; then findings without a Summary; then the registrations without a
     finding when ``unrun`` is given."""
     lines = ["# Findings", "",
              "Generated by `bistat index` from the findings in this folder; each finding is "
              "regenerated from its recorded data by `bistat analyze`.", "",
-             "| finding | treatment vs control | verdict |", "|---|---|---|"]
-    for f in sorted(findings, key=lambda f: f.path.as_posix()):
-        rel = f.path.relative_to(base).as_posix()
-        for i, (treatment, control, label) in enumerate(f.verdicts):
-            cell = f"[{f.name}]({rel})" if i == 0 else ""
-            lines.append(f"| {cell} | {treatment} vs {control} | *{label}* |")
+             "One table per engine version and GPU. Each row is one arm against its control under "
+             "one registered rule: is it batch-invariant (the verdict, prompts matched / compared "
+             "across the counted passes, the Wilson interval) and what does it cost (the cost "
+             "rule's statement; its ratio and interval, or the throughput ratio and its interval "
+             "where the rule has no cost rule). *Confirmatory*: the rule was sealed before the "
+             "run's data, a test of the hypothesis. *Exploratory*: sealed after them (the default "
+             "rule applied to runs recorded before it existed), a description that tests nothing. "
+             "The rows of one run are adjacent.", ""]
+    summarised = [f for f in findings if f.summary is not None]
+    groups: dict[tuple[str, str], list[IndexedFinding]] = {}
+    for f in summarised:
+        groups.setdefault((f.summary.engine, f.summary.gpu), []).append(f)
+    for (engine, gpu) in sorted(groups):
+        lines += [f"## {engine} on {gpu}", "",
+                  "| run | model | arm vs control | backend | invariant? | matched / compared | "
+                  "interval | cost | ratio | interval | rule |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        entries = []
+        for f in groups[(engine, gpu)]:
+            sm = f.summary
+            rel = f.path.relative_to(base).as_posix()
+            for r in sm.rows:
+                key = (sm.run, r.treatment, r.control, sm.analysis != "confirmatory", f.name)
+                entries.append((key, sm, r, f"[{f.name}]({rel}) ({sm.analysis})"))
+        previous = None
+        for key, sm, r, rule in sorted(entries, key=lambda e: e[0]):
+            run = f"`{sm.run}`" if sm.run != previous else ""
+            previous = sm.run
+            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in (
+                run, f"`{sm.model}`", f"{r.treatment} vs {r.control}", r.backend, r.verdict,
+                r.matched, r.interval, r.cost, r.ratio, r.cost_interval, rule)) + " |")
+        lines.append("")
+    rest = [f for f in findings if f.summary is None]
+    if rest:
+        lines += ["## Findings without a summary", "",
+                  "Written before findings carried a Summary section; their verdicts as headed.",
+                  "", "| finding | treatment vs control | verdict |", "|---|---|---|"]
+        for f in sorted(rest, key=lambda f: f.path.as_posix()):
+            rel = f.path.relative_to(base).as_posix()
+            for i, (treatment, control, label) in enumerate(f.verdicts):
+                cell = f"[{f.name}]({rel})" if i == 0 else ""
+                lines.append(f"| {cell} | {treatment} vs {control} | *{label}* |")
+        lines.append("")
     if unrun is not None:
         source = f" (`{reasons_source}`)" if reasons_source else ""
-        lines += ["", "## Registered, no finding yet", "",
+        lines += ["## Registered, no finding yet", "",
                   f"Sealed before any data and not run (or not analysed) so far; the reason as "
                   f"stated by the people running the studies{source}.", ""]
         if not unrun:
@@ -137,8 +236,8 @@ def render_index(findings: list[IndexedFinding], base: Path,
                 rel = Path(os.path.relpath(u.path, base)).as_posix()
                 lines.append(f"| [{u.name}]({rel}) | {u.registered_utc or '—'} | "
                              f"{u.reason or '*no reason stated*'} |")
-    lines.append("")
-    return "\n".join(lines)
+        lines.append("")
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
 def write_index(findings_dir: str | Path, registrations_dir: str | Path | None = None,

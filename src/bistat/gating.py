@@ -174,6 +174,11 @@ def ci_summary(summary: RunSummary, fail_on: Iterable[str] = (), *, width: int =
                              f"(needs {cr.threshold})")
         for r in v.untested_reasons:
             lines.append(f"  untested: {r}")
+        if v.cost is not None:
+            lines.append(f"  cost: {v.cost.statement}")
+    if summary.exploratory:
+        lines.insert(1, "  EXPLORATORY: the rule was sealed after the run's first record; not a "
+                        "test of the hypothesis")
     failed = [x for x in summary.validity if x.passed is False]
     for x in failed:
         lines.append(f"  validity FAILED: {x.name}: observed {x.observed}, limit {x.limit}")

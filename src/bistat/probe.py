@@ -116,6 +116,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence
 
 import numpy as np
 
+from bistat.divergence import first_divergence
 from bistat.engines.base import (
     Engine,
     EngineError,
@@ -252,19 +253,15 @@ def compare_bitwise(a: GenerationResult, b: GenerationResult) -> Comparison:
     >>> compare_bitwise(r([1, 2], [-0.5, -1.0]), r([1, 2], [-0.5, -1.0000000000000002]))
     Comparison(tokens_equal=True, logprobs_equal=False, first_divergence=1)
     """
-    first: int | None = None
     tokens_equal = list(a.token_ids) == list(b.token_ids)
-    if not tokens_equal:
-        n = min(len(a.token_ids), len(b.token_ids))
-        first = next((i for i in range(n) if a.token_ids[i] != b.token_ids[i]), n)
     logprobs_equal: bool | None = None
     if a.logprobs is not None and b.logprobs is not None:
-        la, lb = [_bits(x) for x in a.logprobs], [_bits(x) for x in b.logprobs]
-        logprobs_equal = la == lb
-        if not logprobs_equal:
-            n = min(len(la), len(lb))
-            lp_first = next((i for i in range(n) if la[i] != lb[i]), n)
-            first = lp_first if first is None else min(first, lp_first)
+        logprobs_equal = [_bits(x) for x in a.logprobs] == [_bits(x) for x in b.logprobs]
+    # where they first differ: the one definition the analysis and the anatomy use too
+    found = first_divergence(a.token_ids, b.token_ids, a.logprobs, b.logprobs)
+    first = None if found is None else found[0]
+    if first is None and logprobs_equal is False:   # lists longer than the token ids differ
+        first = min(len(a.token_ids), len(b.token_ids))
     return Comparison(tokens_equal=tokens_equal, logprobs_equal=logprobs_equal, first_divergence=first)
 
 

@@ -16,6 +16,8 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from bistat.analysis import RunSummary
+from bistat.classify import format_decided
+from bistat.rule import CostRule
 from bistat.anatomy import kv_tile_boundary, plot_anatomy, render_anatomy_section
 from bistat.plots import PLOTS, save_plots
 from bistat.probe import filler_line
@@ -61,6 +63,14 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
+def _decided_cell(observed: Any, limit: Any) -> str:
+    """A validity check's observed value, rounded once and never across its limit."""
+    if isinstance(observed, float) and isinstance(limit, (int, float)) \
+            and not isinstance(limit, bool):
+        return format_decided(observed, [float(limit)], 4, significant=True)
+    return _cell(observed)
+
+
 def _met(x: bool | None) -> str:
     return {True: "**met**", False: "not met", None: "not evaluable"}[x]
 
@@ -74,11 +84,40 @@ def _bullets(items: Iterable[str], empty: str) -> str:
 # sections
 
 
+def _title(s: RunSummary) -> str:
+    """The first line: an exploratory analysis says so there."""
+    if s.exploratory:
+        return f"# Finding: {s.name} — exploratory analysis, not a test of the hypothesis"
+    return f"# Finding: {s.name}"
+
+
+def _verdict_line(s: RunSummary) -> str:
+    """Each comparison's label and, with a cost rule, its cost statement (``Verdict.headline``):
+    ``**working** — no measurable cost (ratio 0.97, 95 % interval 0.91–1.04) (t vs c)``."""
+    parts = []
+    for c in s.comparisons:
+        v = c.verdict
+        cost = "" if v.cost is None else f" — {v.cost.statement}"
+        parts.append(f"**{v.label.value}**{cost} ({c.treatment} vs {c.control})")
+    return ("Exploratory verdict: " if s.exploratory else "Verdict: ") + ", ".join(parts) + "."
+
+
+def _exploratory_note(s: RunSummary) -> list[str]:
+    """Why the analysis is exploratory, with the times from the seals that prove the order."""
+    if not s.exploratory:
+        return []
+    recorded = (f"`{s.recorded_registration}`" if s.recorded_registration
+                else "another registration")
+    return [f"**Exploratory.** This rule (`{s.registration_path}`) was sealed at {s.sealed_utc}, "
+            f"after this run's first record ({s.created_utc}); the run was recorded under "
+            f"{recorded}, sealed before it. A rule chosen after the data can describe them, never "
+            "test the hypothesis: the labels below say what the rule finds in data it may have "
+            "been chosen for.", ""]
+
+
 def _head(s: RunSummary) -> list[str]:
-    labels = ", ".join(f"**{c.verdict.label.value}** ({c.treatment} vs {c.control})"
-                       for c in s.comparisons)
-    out = [f"# Finding: {s.name}", "",
-           f"Verdict: {labels}.", "",
+    out = [_title(s), "",
+           _verdict_line(s), "", *_exploratory_note(s),
            _table(("", ""), [
                ("Registration", f"`{s.registration_path or '—'}`"),
                ("Registration SHA-256", f"`{s.registration_sha256}`"),
@@ -115,7 +154,89 @@ def _verdict(s: RunSummary) -> list[str]:
             out += ["Why untested:", "", _bullets(v.untested_reasons, ""), ""]
         if v.notes:
             out += ["Notes:", "", _bullets(v.notes, ""), ""]
+        out += _cost(s, v)
     return out
+
+
+def _cost_rule(s: RunSummary) -> CostRule | None:
+    data = (s.declaration.get("rule") or {}).get("cost")
+    return None if data is None else CostRule.model_validate(data)
+
+
+def _cost(s: RunSummary, v: Any) -> list[str]:
+    """The cost rule's verdict for one comparison: its outcome, statement and fixed sentence."""
+    cv = v.cost
+    rule = _cost_rule(s)
+    if cv is None or rule is None:
+        return []
+    out = [f"Cost (`[rule.cost]`: {rule.describe()}): **{cv.outcome.value}** — {cv.statement}.",
+           "", cv.sentence, ""]
+    if cv.passes_to_decide is not None:
+        out += [f"About {cv.passes_to_decide} counted passes per arm would decide it: "
+                f"`bistat.design.passes_to_decide` at the observed ratio ({cv.ratio:.4f}) and "
+                f"pass-to-pass CV ({cv.cv:.3g}), with 80 % probability.", ""]
+    if cv.reason:
+        out += [f"Why: {cv.reason}.", ""]
+    return out
+
+
+def _summary(s: RunSummary) -> list[str]:
+    """The finding at a glance, one row per comparison: what `bistat index` collects into
+    findings/README.md (engine version, GPU, model, backend, invariant?, cost, the rule)."""
+    envs = dict(s.environments)
+    gpus = sorted({g.split(" (")[0] for e in envs.values() for g in e.gpus}) or ["no GPU"]
+    model = (s.declaration.get("engine") or {}).get("model", "—")
+    kind = "exploratory" if s.exploratory else "confirmatory"
+    arms = {a.name: a for a in s.arms}
+    rule = _cost_rule(s)
+    rows = []
+    for c in s.comparisons:
+        v, t = c.verdict, arms.get(c.treatment)
+        iv = None if t is None else t.match_interval
+        matched = "—" if t is None else f"{t.n_matched} / {t.n_units}"
+        if v.cost is not None and rule is not None:
+            cost = f"{v.cost.outcome.value} ({v.cost.metric})"
+            point, civ, bounds = v.cost.ratio, v.cost.interval, (rule.low, rule.high)
+        else:
+            cost = "— (no cost rule)"
+            point, civ, bounds = c.ratio_point, None if c.ratio is None else c.ratio.interval, ()
+        rows.append((c.treatment, c.control, _backend(s, c.treatment), f"*{v.label.value}*",
+                     matched, "—" if iv is None else f"[{iv.low:.4f}, {iv.high:.4f}]", cost,
+                     "—" if point is None else format_decided(point, bounds),
+                     "—" if civ is None else f"[{format_decided(civ.low, bounds)}, "
+                                             f"{format_decided(civ.high, bounds)}]"))
+    cl = f"{s.confidence_level * 100:g} %"
+    return ["## Summary", "",
+            f"Engine: {_engine_version(s)} · GPU: {', '.join(gpus)} · model: `{model}` · run: "
+            f"`{s.run_id}` · rule: `{s.registration_path or '—'}` ({kind})", "",
+            _table(("treatment", "control", "backend", "invariant?", "matched / compared",
+                    f"{cl} interval", "cost", "ratio", "interval"), rows), ""]
+
+
+def _engine_version(s: RunSummary) -> str:
+    """``vLLM 0.25.0`` for vLLM engines (server or offline alike), else the engine as recorded
+    (``embedded 0.1.0``)."""
+    envs = [e for _, e in s.environments]
+    vllm = sorted({dict(e.versions).get("vllm") for e in envs} - {None})
+    if (s.engine_kind or "").startswith("vllm") and vllm:
+        return "vLLM " + ", ".join(vllm)
+    return ", ".join(sorted({e.engine for e in envs})) or (s.engine_kind or "—")
+
+
+def _backend(s: RunSummary, arm: str) -> str:
+    """The arm's engine kind and what it ran on: the attention backend(s) its engine log named,
+    or the embedded engine's GEMM."""
+    acts = {a.arm: a for a in s.activation}
+    parts = [s.engine_kind or "—"]
+    a = acts.get(arm)
+    if a is not None and a.attention:
+        parts += list(a.attention)
+    decl = {x["name"]: x for x in s.declaration.get("arms", [])}
+    args = {**((s.declaration.get("engine") or {}).get("args") or {}),
+            **(decl.get(arm, {}).get("args") or {})}
+    if s.engine_kind == "embedded" and "gemm" in args:
+        parts.append(f"gemm {args['gemm']}")
+    return ", ".join(parts)
 
 
 def _siblings(s: RunSummary) -> list[str]:
@@ -124,15 +245,28 @@ def _siblings(s: RunSummary) -> list[str]:
         return []
     names = list(dict.fromkeys((v.registration, v.name) for v in s.siblings))
     regs = ", ".join(f"`{path}`" for path, _ in names)
-    rows = [(f"`{v.name}`", f"{v.treatment} vs {v.control}", f"**{v.verdict.label.value}**",
-             v.verdict.basis) for v in s.siblings]
+    later = any(v.exploratory for v in s.siblings)
+    costs = any(v.verdict.cost is not None for v in s.siblings)
+    rows = []
+    for v in s.siblings:
+        row = [f"`{v.name}`"] + (["exploratory" if v.exploratory else "confirmatory"]
+                                 if later else [])
+        row += [f"{v.treatment} vs {v.control}", f"**{v.verdict.label.value}**"]
+        if costs:
+            row.append("—" if v.verdict.cost is None else v.verdict.cost.statement)
+        rows.append(tuple(row + [v.verdict.basis]))
+    header = (("registration",) + (("analysis",) if later else ()) + ("comparison", "verdict")
+              + (("cost",) if costs else ()) + ("basis",))
+    note = [] if not later else [
+        "A rule sealed after this run's first record (exploratory) describes the data; only a "
+        "rule sealed before it (confirmatory) tests the hypothesis.", ""]
     return ["## The same data under the other registered rule" + ("s" if len(names) > 1 else ""),
             "",
             f"{regs} {'was' if len(names) == 1 else 'were'} sealed with this declaration but for "
             "the name and the decision rule, so the same comparisons are classified by "
             f"{'its rule' if len(names) == 1 else 'each rule'} too (each criterion is in "
-            f"{'its' if len(names) == 1 else 'their'} own finding):", "",
-            _table(("registration", "comparison", "verdict", "basis"), rows), ""]
+            f"{'its' if len(names) == 1 else 'their'} own finding):", "", *note,
+            _table(header, rows), ""]
 
 
 def _rule(s: RunSummary) -> list[str]:
@@ -570,7 +704,11 @@ def _batching(s: RunSummary, plot: str) -> list[str]:
 
 def _validity(s: RunSummary) -> list[str]:
     out = ["## Validity checks", ""]
-    rows = [(v.name, _cell(v.observed), _cell(v.limit),
+    if s.exploratory:
+        out += ["Whether the registration precedes the data is not checked here: this rule was "
+                f"sealed at {s.sealed_utc}, after the run's first record ({s.created_utc}), so "
+                "the analysis is exploratory (first line).", ""]
+    rows = [(v.name, _decided_cell(v.observed, v.limit), _cell(v.limit),
              {True: "passed", False: "**failed**", None: "not evaluable"}[v.passed], v.detail)
             for v in s.validity]
     out += [_table(("check", "observed", "limit", "result", "detail"), rows) if rows
@@ -645,7 +783,8 @@ def render_markdown(summary: RunSummary, plot_files: dict[str, str] | None = Non
     """The finding as markdown. ``plot_files`` maps plot suffix -> file name beside it."""
     suffixes = [suffix for suffix, _, _ in PLOTS] + [ANATOMY_PLOT]
     plots = plot_files or {suffix: f"{summary.name}-{suffix}.png" for suffix in suffixes}
-    parts = (_head(summary) + _verdict(summary) + _siblings(summary) + _rule(summary)
+    parts = (_head(summary) + _summary(summary) + _verdict(summary) + _siblings(summary)
+             + _rule(summary)
              + _amendments(summary)
              + _environment(summary) + _engine_version_section(summary)
              + _activation(summary) + _match(summary, plots["match"])

@@ -51,7 +51,7 @@ import shutil
 import sys
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import (
@@ -65,6 +65,7 @@ from typing import (
 )
 
 from bistat import __version__
+from bistat.batching import batching_summary  # one batching mean, the analysis's too
 from bistat.engines.base import (
     Engine,
     EngineError,
@@ -345,55 +346,6 @@ def resolve_engines_concurrent(experiment: "Experiment") -> tuple[bool, str]:
 # --------------------------------------------------------------------------------------------
 # batching evidence
 # --------------------------------------------------------------------------------------------
-
-
-def batching_summary(samples: Sequence[MetricsSample], wall_s: float) -> dict[str, Any]:
-    """Batching evidence of one pass from the engine's metrics samples.
-
-    Each sample stands for the time until the next one (the last for the time until the pass
-    ended, when its ``t`` is on the pass clock, else the mean sampling interval); the mean and
-    the histogram of running requests are weighted by that time, so a burst of samples does not
-    outweigh a long steady stretch. ``preemptions`` is the increase of the engine's cumulative
-    preemption counter over the pass (the counter's maximum minus its minimum). Without samples
-    every value is null and the histogram empty.
-
-    Returns
-    -------
-    dict
-        ``mean_running``, ``max_running``, ``mean_waiting``, ``preemptions`` and
-        ``running_hist`` ({running count (str): seconds}).
-    """
-    empty = {"mean_running": None, "max_running": None, "mean_waiting": None, "preemptions": None, "running_hist": {}}
-    points = sorted(
-        (s for s in samples if math.isfinite(s.t) and math.isfinite(s.num_requests_running)), key=lambda s: s.t
-    )
-    if not points:
-        return empty
-    gaps = [b.t - a.t for a, b in zip(points, points[1:])]
-    last = points[-1].t
-    if 0.0 <= last <= wall_s:
-        tail = wall_s - last
-    else:
-        tail = sum(gaps) / len(gaps) if gaps else 0.0
-    weights = gaps + [tail]
-    if sum(weights) <= 0.0:
-        weights = [1.0] * len(points)
-    total = sum(weights)
-    mean_running = sum(s.num_requests_running * w for s, w in zip(points, weights)) / total
-    waiting = [(s.num_requests_waiting, w) for s, w in zip(points, weights) if math.isfinite(s.num_requests_waiting)]
-    wsum = sum(w for _, w in waiting)
-    mean_waiting = (sum(v * w for v, w in waiting) / wsum) if wsum > 0 else None
-    hist: dict[int, float] = defaultdict(float)
-    for s, w in zip(points, weights):
-        hist[int(round(s.num_requests_running))] += w
-    pre = [s.num_preemptions_total for s in points if math.isfinite(s.num_preemptions_total)]
-    return {
-        "mean_running": mean_running,
-        "max_running": max(s.num_requests_running for s in points),
-        "mean_waiting": mean_waiting,
-        "preemptions": (max(pre) - min(pre)) if pre else None,
-        "running_hist": {str(k): round(v, 6) for k, v in sorted(hist.items())},
-    }
 
 
 # --------------------------------------------------------------------------------------------

@@ -26,8 +26,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from bistat.analysis import divergence_position
-from bistat.anatomy import first_divergence, run_declaration
+from bistat.anatomy import run_declaration
+from bistat.divergence import first_divergence
 from bistat.records import (
     _INT32,
     HEADER_FILE,
@@ -74,21 +74,19 @@ def _trim_unit(run_dir: Path, unit: str | None) -> str:
 
 
 def _divergence_at(ref: tuple, other: tuple, unit: str) -> int | None:
-    """The last first-divergence position any reader computes for ``other`` against ``ref``:
-    ``bistat.analysis.divergence_position`` (the finding's) and ``bistat.anatomy.
-    first_divergence`` (the anatomy's, which compares logprobs only where both are recorded),
-    or None when the two outputs are identical by ``unit`` (for ``text``: by their token ids).
+    """The first-divergence position of ``other`` against ``ref`` by
+    :func:`bistat.divergence.first_divergence`, the one definition the analysis, the anatomy
+    and the probe use (logprobs compared for ``token_ids+logprobs``); None when the two outputs
+    are identical by ``unit`` (for ``text``: by their token ids).
 
     ``ref`` and ``other`` are ``(token ids, logprobs or None)`` as numpy arrays.
     """
     (ref_ids, ref_lps), (ids, lps) = ((a.tolist(), None if b is None else b.tolist())
                                       for a, b in (ref, other))
     with_lps = unit == "token_ids+logprobs"
-    found = [divergence_position(ref_ids, ids, ref_lps, lps, unit),
-             (first_divergence(ref_ids, ids, ref_lps if with_lps else None,
-                               lps if with_lps else None) or (None,))[0]]
-    found = [p for p in found if p is not None]
-    return max(found) if found else None
+    found = first_divergence(ref_ids, ids, ref_lps if with_lps else None,
+                             lps if with_lps else None)
+    return None if found is None else found[0]
 
 
 def _rows(arr: pa.Array | pa.ChunkedArray, dtype: str) -> list[np.ndarray | None]:

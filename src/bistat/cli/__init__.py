@@ -27,6 +27,7 @@ _COMMAND_MODULES = (
     "bistat.cli.cmd_inspect",    # inspect
     "bistat.cli.cmd_doctor",     # doctor
     "bistat.cli.cmd_index",      # index (findings/README.md)
+    "bistat.cli.cmd_classify",   # classify (published summary numbers)
 )
 
 

@@ -87,7 +87,7 @@ def register(group: click.Group) -> None:
         else:
             click.echo(f"wrote {files.markdown} and {len(files.plots)} plots")
             for c in summary.comparisons:
-                click.echo(f"{c.treatment} vs {c.control}: {c.verdict.label.value}")
+                click.echo(f"{c.treatment} vs {c.control}: {c.verdict.headline}")
                 click.echo(f"  {c.verdict.sentence}")
         click.echo(ci_summary(summary, labels), nl=False, err=as_json)
         raise SystemExit(gate([c.verdict.label.value for c in summary.comparisons],

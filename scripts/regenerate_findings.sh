@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Regenerate every committed finding from its recorded data with the real commands, then the
+# index (findings/README.md). Run from the repository root with bistat installed (. .venv/bin/activate).
+# The tests check the results byte for byte (tests/test_h200_studies.py, tests/test_vllm_fixture.py,
+# tests/test_quickstart_record.py, tests/test_report_golden.py, tests/test_findings_decided.py).
+#
+# A committed plot whose regenerated PNG differs only in how this machine's matplotlib / FreeType
+# drew it keeps its committed bytes when KEEP_PLOTS=1 (the tests compare plots by shape only).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# run directory -> the registrations analysed against (the first is the one it was recorded under)
+analyze() {
+  local run="$1" out="$2"; shift 2
+  for reg in "$@"; do
+    bistat analyze "$run" --registration "preregistrations/$reg.json" --out "$out" > /dev/null
+    echo "findings: $out/$reg.md"
+  done
+}
+
+for run in h200-match-smollm2:"h200-match-smollm2 h200-match-smollm2-improved h200-match-smollm2-exploratory" \
+           h200-cost-qwen3-8b-latency-b8:"h200-cost-qwen3-8b-latency-b8 h200-cost-qwen3-8b-latency-b8-exploratory" \
+           h200-cost-qwen3-8b-throughput:"h200-cost-qwen3-8b-throughput h200-cost-qwen3-8b-throughput-goal h200-cost-qwen3-8b-throughput-exploratory" \
+           h200-match-qwen3-8b-synth:"h200-match-qwen3-8b-synth h200-match-qwen3-8b-synth-improved h200-match-qwen3-8b-synth-exploratory" \
+           h200-fa3-kv128-smollm2:"h200-fa3-kv128-smollm2 h200-fa3-kv128-smollm2-exploratory" \
+           h200-match-smollm2-r2:"h200-match-smollm2-r2 h200-match-smollm2-r2-improved h200-match-smollm2-r2-exploratory" \
+           h200-cost-qwen3-8b-throughput-r2:"h200-cost-qwen3-8b-throughput-r2 h200-cost-qwen3-8b-throughput-r2-goal h200-cost-qwen3-8b-throughput-r2-exploratory" \
+           h200-cost-qwen3-8b-latency-b32:"h200-cost-qwen3-8b-latency-b32 h200-cost-qwen3-8b-latency-b32-exploratory" \
+           h200-cost-qwen3-1_7b-latency-b8:"h200-cost-qwen3-1_7b-latency-b8 h200-cost-qwen3-1_7b-latency-b8-exploratory"; do
+  # shellcheck disable=SC2086
+  analyze "data/h200/${run%%:*}" findings/h200 ${run#*:}
+done
+analyze data/h200-tp/tp1-match findings/h200 tp1-match tp1-match-exploratory
+analyze tests/data/vllm-h200/h200-fixture-smollm2 findings/h200 h200-fixture-smollm2 h200-fixture-smollm2-exploratory
+analyze tests/data/vllm-h200/h200-fixture-triton-attn findings/h200 h200-fixture-triton-attn h200-fixture-triton-attn-exploratory
+analyze examples/quickstart/quickstart-20261129T113548Z findings quickstart
+for run in examples/quickstart/quickstart-r2-*; do
+  [ -d "$run" ] && analyze "$run" findings quickstart-r2
+done
+bistat analyze examples/synthetic/run --registration examples/synthetic/synthetic-example.json --out findings > /dev/null
+echo "findings: findings/synthetic-example.md"
+
+if [ "${KEEP_PLOTS:-0}" = 1 ]; then
+  git diff --name-only -- 'findings/*.png' 'findings/h200/*.png' | xargs -r git checkout --
+fi
+bistat index findings --registrations preregistrations --reasons findings/not-run.toml
