@@ -31,6 +31,8 @@ for run in h200-match-smollm2:"h200-match-smollm2 h200-match-smollm2-improved h2
   analyze "data/h200/${run%%:*}" findings/h200 ${run#*:}
 done
 analyze data/h200-tp/tp1-match findings/h200 tp1-match tp1-match-exploratory
+# the newest vLLM (issues 19 and 22)
+analyze data/h200-v033/h200-v033-match-smollm2 findings/h200 h200-v033-match-smollm2
 analyze tests/data/vllm-h200/h200-fixture-smollm2 findings/h200 h200-fixture-smollm2 h200-fixture-smollm2-exploratory
 analyze tests/data/vllm-h200/h200-fixture-triton-attn findings/h200 h200-fixture-triton-attn h200-fixture-triton-attn-exploratory
 analyze examples/quickstart/quickstart-20261129T113548Z findings quickstart

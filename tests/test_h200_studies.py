@@ -29,6 +29,9 @@ B8_17 = DATA / "h200-cost-qwen3-1_7b-latency-b8"
 #: issue 7's runs (tensor parallelism), beside issue 6's and outside its data budget
 DATA_TP = ROOT / "data" / "h200-tp"
 TP1 = DATA_TP / "tp1-match"
+#: the re-runs on the newest vLLM (issues 19 and 22), in their own folder and budget
+DATA_V033 = ROOT / "data" / "h200-v033"
+V033_SMOL = DATA_V033 / "h200-v033-match-smollm2"
 #: every committed finding of findings/h200 -> (its run directory, the registration analysed
 #: against); the first registration of each run is the one it was recorded under
 FINDINGS = {
@@ -47,6 +50,7 @@ FINDINGS = {
     "h200-cost-qwen3-8b-latency-b32": (B32, "h200-cost-qwen3-8b-latency-b32"),
     "h200-cost-qwen3-1_7b-latency-b8": (B8_17, "h200-cost-qwen3-1_7b-latency-b8"),
     "tp1-match": (TP1, "tp1-match"),
+    "h200-v033-match-smollm2": (V033_SMOL, "h200-v033-match-smollm2"),
 }
 #: the default rule applied to every run as an exploratory analysis (registered after the data;
 #: issue 18): NAME-exploratory for each run's own registration NAME
@@ -61,7 +65,8 @@ def _ratios(s):
                                                 c.ratio.interval.high)] for c in s.comparisons}
 
 
-@pytest.mark.parametrize("run", [SMOL, B8, THR, SYNTH, KV128, R2, THR2, B32, B8_17, TP1],
+@pytest.mark.parametrize("run", [SMOL, B8, THR, SYNTH, KV128, R2, THR2, B32, B8_17, TP1,
+                                 V033_SMOL],
                          ids=lambda p: p.name)
 def test_each_run_postdates_the_registration_it_was_recorded_under(run):
     """Each run against its own registration (a sibling sharing the run, -improved or -goal,
@@ -80,10 +85,12 @@ def test_the_committed_data_stays_within_its_budget_and_every_run_is_trimmed():
     run is slim-compacted and trimmed (`bistat compact --trim`: every output only as far as the
     analysis reads it; the untrimmed files are in git history), for the unit of the registration
     it was recorded under."""
-    assert sorted(p.name for p in (ROOT / "data").iterdir()) == ["h200", "h200-tp"]
+    assert sorted(p.name for p in (ROOT / "data").iterdir()) == ["h200", "h200-tp", "h200-v033"]
     assert _bytes(DATA) < 20_000_000, f"data/h200 holds {_bytes(DATA):,} bytes"
     assert _bytes(DATA_TP) < 8_000_000, f"data/h200-tp holds {_bytes(DATA_TP):,} bytes"
-    runs = sorted(p for folder in (DATA, DATA_TP) for p in folder.iterdir() if p.is_dir())
+    assert _bytes(DATA_V033) < 8_000_000, f"data/h200-v033 holds {_bytes(DATA_V033):,} bytes"
+    runs = sorted(p for folder in (DATA, DATA_TP, DATA_V033) for p in folder.iterdir()
+                  if p.is_dir() and p.name != "device")
     assert runs == sorted({run for run, _ in FINDINGS.values()})
     for run in runs:
         info = records.trim_info(run)
@@ -409,3 +416,45 @@ def test_tp1_control_reproduces_study_1b_on_one_gpu():
     assert s.probe.outcome == "confirmed" and s.probe.needle_source is not None
     control = next(a for a in s.probe.arms if a.role == "negative_control")
     assert control.arm == "default" and [t.first_divergence for t in control.trials] == [0, 0, 0]
+
+
+def test_study_1a_on_the_newest_vllm_with_the_fa3_pin():
+    """Issues 19 and 22, session 9 (GPU-02aecaaf, vLLM 0.33.0): FlashAttention 3 still breaks
+    batch-invariant mode at head size 64; TRITON_ATTN and bistat's FA3 pin hold, working by the
+    default rule; the kv-sweep probe flags the FA3 arm at every needle length by itself."""
+    s = analyze_run(V033_SMOL, REG / "h200-v033-match-smollm2.json")
+    matched = {a.name: (a.n_matched, a.n_prompts) for a in s.arms}
+    assert matched == {"default": (82, 541), "batch-invariant": (83, 541),
+                       "bi-triton-attn": (541, 541), "bi-fa3-pin": (541, 541)}
+    verdicts = {c.treatment: c.verdict.label.value for c in s.comparisons}
+    assert verdicts == {"batch-invariant": "doubtful", "bi-triton-attn": "working",
+                        "bi-fa3-pin": "working"}
+    assert {c.treatment: c.verdict.cost.outcome for c in s.comparisons} == {
+        t: "undecidable" for t in verdicts}
+    assert not s.exploratory and s.status.testable
+    assert {v.name: v.passed for v in s.validity} == {v.name: True for v in s.validity}
+    # the version, the gap to the newest release sealed at registration, and every arm compiled
+    ev = s.engine_version
+    assert ev.used[1].newest == "0.33.0" and ev.required == "0.33.0" and not ev.deviations
+    assert ev.comparison == ("vllm 0.33.0 (g4ba787ec9) is the newest release known (0.33.0) "
+                             "(https://pypi.org/pypi, checked 2026-12-02T05:00:14Z at registration).",)
+    modes = [json.loads(line)["modes"] for line in (V033_SMOL / "environment.jsonl").read_text().splitlines()]
+    assert {(m["compilation_mode"], m["cudagraph_mode"]) for m in modes} == {("VLLM_COMPILE", "FULL_AND_PIECEWISE")}
+    # the probe (default design, needle not chosen from the run): batch-invariant violated at every
+    # needle, first differences past the first 128-key tile; the pinned arm identical in every trial
+    probe = json.loads((V033_SMOL / "probe.json").read_text())
+    assert probe["settings"].get("needle_from") is None
+    bi = {n["needle"]: n["kv_first_divergence"] for n in probe["needle_outcomes"]}
+    assert bi == {"chat-0000": 129, "needle-112": 136, "needle-176": 190, "needle-304": 319,
+                  "needle-600": 585}
+    assert {n["outcome"] for n in probe["needle_outcomes"]} == {"violated"}
+    pin = json.loads((V033_SMOL / "probe-bi-fa3-pin.json").read_text())["arms"][0]
+    assert pin["arm"] == "bi-fa3-pin" and not pin["differs"]
+    assert all(not n["differs"] and n["alone_repeat_identical"] for n in pin["needles"])
+    # FA3 itself (scripts/device/fa3_check.py kernel): a decode row beside a prefill, as called and
+    # pinned -- equal within one 128-key tile either way, past it only when pinned
+    kernel = json.loads((DATA_V033 / "device" / "fa3_kernel.json").read_text())
+    rows = {r["kv_length"]: (r["as_called"]["bitwise_equal"], r["pinned"]["bitwise_equal"])
+            for r in kernel["rows"]}
+    assert rows == {64: (True, True), 128: (True, True), 129: (False, True), 192: (False, True),
+                    200: (False, True), 300: (False, True), 640: (False, True)}

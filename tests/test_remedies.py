@@ -24,17 +24,22 @@ def test_every_working_remedy_names_a_finding_whose_arm_showed_it():
         assert "| 541 / 541 prompts |" in row, (r.finding, row)
         assert r.evidence.startswith("541/541 prompts bitwise identical")
         gpu = re.search(r"GPU-[0-9a-f]{8}", r.measured).group(0)
-        assert gpu in text and "vLLM 0.25.0" in r.measured
+        version = re.search(r"vLLM (\d+\.\d+\.\d+)", r.measured).group(1)
+        assert gpu in text and f"vLLM {version}" in text, (r.finding, version)
     r2 = (ROOT / "findings/h200/h200-match-smollm2-r2.md").read_text(encoding="utf-8")
     # "against 83-84/541 for the FlashAttention-3 arms"
     assert {re.search(rf"^\| {arm} \(.*\| (\d+) / 541 prompts \|", r2, re.M).group(1)
             for arm in ("default", "batch-invariant", "bi-tuned-gemm")} == {"83", "84"}
 
 
-def test_the_fa3_pin_is_not_yet_measured_until_its_study_exists():
+def test_the_fa3_pin_is_working_by_its_registered_study_on_the_newest_vllm():
     pin = next(r for r in TABLE.remedies if "BISTAT_FA3_PIN=1" in r.setting)
-    assert (pin.status, pin.finding, pin.backend, pin.head_sizes) == (
-        "not yet measured", "", "FLASH_ATTN (FA3)", (64,))
+    assert (pin.status, pin.finding, pin.arm, pin.backend, pin.head_sizes) == (
+        "working", "findings/h200/h200-v033-match-smollm2.md", "bi-fa3-pin", "FLASH_ATTN (FA3)", (64,))
+    text = (ROOT / pin.finding).read_text(encoding="utf-8")
+    # "against 83/541 for batch-invariant mode without the pin"; the pin's arm working by the rule
+    assert re.search(r"^\| batch-invariant \(.*\| 83 / 541 prompts \|", text, re.M)
+    assert "| bi-fa3-pin | default | vllm-server, FLASH_ATTN (FA3) | *working* | 541 / 541 |" in text
 
 
 def test_the_model_shapes_agree_with_the_configs_bistat_builds():
@@ -70,10 +75,15 @@ def test_a_model_is_found_by_its_path_or_its_folder_name_only():
 
 def test_remedies_are_chosen_by_backend_and_head_size_working_first():
     fa3 = remedies_for("FLASH_ATTN (FA3)", 64, TABLE)
-    assert [r.status for r in fa3] == ["working", "working", "not yet measured"]
+    assert [r.status for r in fa3] == ["working", "working", "working"]
     assert remedies_for("FLASH_ATTN (FA3)", 128, TABLE) == ()
     assert remedies_for("TRITON_ATTN", 64, TABLE) == ()
     assert len(remedies_for("FLASH_ATTN (FA3)", None, TABLE)) == 3
+    # a remedy not yet measured comes after the working ones, whatever the table's order
+    later = Remedy("FLASH_ATTN (FA3)", (64,), "`Y=1`", "not yet measured", plan="a plan")
+    mixed = _table(later, *fa3)
+    assert [r.status for r in remedies_for("FLASH_ATTN (FA3)", 64, mixed)] == [
+        "working", "working", "working", "not yet measured"]
 
 
 def _table(*remedies, models=()):
