@@ -77,10 +77,44 @@ EXPLORATORY = [f"{n}-exploratory" for n in (
     "h200-fixture-triton-attn")]
 
 
+#: The re-runs on the newest vLLM (issues 19 and 22), registered under the default rule before
+#: their data, each with its vLLM 0.25.0 counterpart.
+NEWEST = {"h200-v033-match-smollm2": "h200-match-smollm2-r2",
+          "h200-v033-match-qwen3-8b-synth": "h200-match-qwen3-8b-synth",
+          "h200-v033-cost-qwen3-8b-latency-b8": "h200-cost-qwen3-8b-latency-b8",
+          "h200-v033-cost-qwen3-8b-throughput": "h200-cost-qwen3-8b-throughput-r2"}
+
+
 def test_the_declarations_are_the_whole_set():
     names = ({p.stem for p in EXP.glob("h200-*.toml")}
              | {p.stem for p in EXP.glob("tp*-match*.toml")})
-    assert names == set(ALL) | set(FIXTURES) | set(PROBES) | set(MECHANISM) | set(EXPLORATORY)
+    assert names == (set(ALL) | set(FIXTURES) | set(PROBES) | set(MECHANISM) | set(EXPLORATORY)
+                     | set(NEWEST))
+
+
+@pytest.mark.parametrize("name", sorted(NEWEST))
+def test_each_newest_vllm_rerun_is_its_earlier_study_on_0_33_under_the_default_rule(name):
+    """Same engine, model and workload as the 0.25.0 study (passes aside), vLLM 0.33.0 required,
+    the default rule with its cost rule, registered before any data."""
+    from bistat.prereg import load_registration
+    from bistat.template import default_rule
+
+    mine = load_experiment(EXP / f"{name}.toml")
+    theirs = load_experiment(EXP / f"{NEWEST[name]}.toml")
+    assert mine.engine.required_version == "0.33.0"
+    assert (mine.engine.kind, mine.engine.model, mine.engine.args) == (
+        theirs.engine.kind, theirs.engine.model, theirs.engine.args)
+    w_mine, w_theirs = mine.workload.model_dump(), theirs.workload.model_dump()
+    for w in (w_mine, w_theirs):
+        w.pop("passes"), w.pop("warmup_passes")
+    assert w_mine == w_theirs
+    assert (mine.match, mine.validity) == (theirs.match, theirs.validity)
+    labels = [spec.label for spec in mine.rule.labels]
+    assert labels == [spec.label for spec in default_rule().labels]
+    assert mine.rule.labels == default_rule().labels and mine.rule.cost is not None
+    reg = load_registration(ROOT / "preregistrations" / f"{name}.json")
+    assert reg.experiment().resolved() == mine.resolved()
+    assert reg.sealed["engine_release"]["newest"] == "0.33.0"
 
 
 @pytest.mark.parametrize("name", EXPLORATORY)
