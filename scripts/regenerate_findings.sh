@@ -33,6 +33,11 @@ done
 analyze data/h200-tp/tp1-match findings/h200 tp1-match tp1-match-exploratory
 # the newest vLLM (issues 19 and 22)
 analyze data/h200-v033/h200-v033-match-smollm2 findings/h200 h200-v033-match-smollm2
+# Study 1(a) on two releases, both runs under the default rule (r2's exploratory sibling)
+bistat compare data/h200/h200-match-smollm2-r2 data/h200-v033/h200-v033-match-smollm2 \
+  --earlier-registration preregistrations/h200-match-smollm2-r2-exploratory.json \
+  --out findings/h200/compare-h200-match-smollm2-r2-v033.md > /dev/null
+echo "findings: findings/h200/compare-h200-match-smollm2-r2-v033.md"
 analyze tests/data/vllm-h200/h200-fixture-smollm2 findings/h200 h200-fixture-smollm2 h200-fixture-smollm2-exploratory
 analyze tests/data/vllm-h200/h200-fixture-triton-attn findings/h200 h200-fixture-triton-attn h200-fixture-triton-attn-exploratory
 analyze examples/quickstart/quickstart-20261129T113548Z findings quickstart

@@ -171,9 +171,14 @@ def unrun_registrations(findings: list[IndexedFinding], registrations_dir: str |
     return out
 
 
+#: the first line of a release comparison (``bistat compare``), which the index lists apart
+RELEASE_COMPARISON_TITLE = "# Release comparison: "
+
+
 def render_index(findings: list[IndexedFinding], base: Path,
                  unrun: list[UnrunRegistration] | None = None,
-                 reasons_source: str | None = None) -> str:
+                 reasons_source: str | None = None,
+                 comparisons: list[tuple[Path, str]] | None = None) -> str:
     """The index as markdown: one table per engine version and GPU (findings with a Summary),
     rows grouped by run; then findings without a Summary; then the registrations without a
     finding when ``unrun`` is given."""
@@ -223,6 +228,14 @@ def render_index(findings: list[IndexedFinding], base: Path,
                 cell = f"[{f.name}]({rel})" if i == 0 else ""
                 lines.append(f"| {cell} | {treatment} vs {control} | *{label}* |")
         lines.append("")
+    if comparisons:
+        lines += ["## One study on two releases", "",
+                  "Written by `bistat compare` from the two runs' data: per arm, both releases' "
+                  "match counts, verdicts and cost, what changed by fixed rules, and the upstream "
+                  "changes between the releases.", ""]
+        lines += [f"- [{title}]({path.relative_to(base).as_posix()})"
+                  for path, title in sorted(comparisons)]
+        lines.append("")
     if unrun is not None:
         source = f" (`{reasons_source}`)" if reasons_source else ""
         lines += ["## Registered, no finding yet", "",
@@ -246,7 +259,13 @@ def write_index(findings_dir: str | Path, registrations_dir: str | Path | None =
     ``registrations_dir``, the registrations that have none (why: ``reasons_path``)."""
     base = Path(findings_dir)
     paths = [p for p in sorted(base.rglob("*.md")) if p.name != "README.md"]
-    findings = [read_finding(p) for p in paths]
+    comparisons, findings = [], []
+    for p in paths:
+        first = p.read_text(encoding="utf-8").split("\n", 1)[0]
+        if first.startswith(RELEASE_COMPARISON_TITLE):
+            comparisons.append((p, first.removeprefix(RELEASE_COMPARISON_TITLE)))
+        else:
+            findings.append(read_finding(p))
     unrun = source = None
     if reasons_path is not None and registrations_dir is None:
         raise ValueError("a reasons file needs the registrations folder (--registrations)")
@@ -256,5 +275,5 @@ def write_index(findings_dir: str | Path, registrations_dir: str | Path | None =
         unrun = unrun_registrations(findings, registrations_dir, reasons,
                                     source or "the reasons file")
     out = base / "README.md"
-    out.write_text(render_index(findings, base, unrun, source), encoding="utf-8")
+    out.write_text(render_index(findings, base, unrun, source, comparisons), encoding="utf-8")
     return out

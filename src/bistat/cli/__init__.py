@@ -28,6 +28,7 @@ _COMMAND_MODULES = (
     "bistat.cli.cmd_doctor",     # doctor
     "bistat.cli.cmd_index",      # index (findings/README.md)
     "bistat.cli.cmd_classify",   # classify (published summary numbers)
+    "bistat.cli.cmd_compare",    # compare (one study on two engine releases)
 )
 
 

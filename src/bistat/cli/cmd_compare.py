@@ -1,0 +1,52 @@
+"""``bistat compare``: one study on two engine releases, side by side."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+def _arm_map(values: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for v in values:
+        earlier, sep, later = v.partition("=")
+        if not sep or not earlier or not later:
+            raise click.BadParameter(f"{v!r}: expected EARLIER=LATER (arm names)", param_hint="--arm")
+        out[earlier] = later
+    return out
+
+
+def register(group: click.Group) -> None:
+    @group.command("compare")
+    @click.argument("earlier_run", type=click.Path(exists=True, file_okay=False))
+    @click.argument("later_run", type=click.Path(exists=True, file_okay=False))
+    @click.option("--earlier-registration", type=click.Path(exists=True, dir_okay=False),
+                  help="The registration the earlier run is analysed against (default: the one "
+                       "it was recorded under).")
+    @click.option("--later-registration", type=click.Path(exists=True, dir_okay=False),
+                  help="Likewise for the later run.")
+    @click.option("--arm", "arms", multiple=True, metavar="EARLIER=LATER",
+                  help="Map an arm of the earlier run to one of the later run (repeatable); "
+                       "default: the arms both have, by name.")
+    @click.option("--out", "out_path", type=click.Path(dir_okay=False), required=True,
+                  help="The markdown file to write.")
+    def compare(earlier_run: str, later_run: str, earlier_registration: str | None,
+                later_registration: str | None, arms: tuple[str, ...], out_path: str) -> None:
+        """Set one study's runs on two engine releases side by side: per arm the match counts and
+        intervals, verdicts, cost, the engine's mode, what changed by fixed rules, and the upstream
+        changes between the releases that touch what each arm ran."""
+        from bistat.analysis import AnalysisError, analyze_run
+        from bistat.report import render_version_comparison
+        from bistat.version_compare import VersionCompareError, compare_versions
+
+        try:
+            earlier = analyze_run(earlier_run, earlier_registration)
+            later = analyze_run(later_run, later_registration)
+            vc = compare_versions(earlier, later, _arm_map(arms))
+        except (AnalysisError, VersionCompareError) as exc:
+            raise click.ClickException(str(exc)) from exc
+        out = Path(out_path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(render_version_comparison(vc).encode("utf-8"))
+        click.echo(f"wrote {out}")
