@@ -24,7 +24,7 @@ from bistat.rule import Rule
 ROOT = Path(__file__).resolve().parents[1]
 FINDINGS = sorted(p for p in [*(ROOT / "findings").glob("*.md"),
                               *(ROOT / "findings" / "h200").glob("*.md")]
-                  if p.name != "README.md")
+                  if p.name != "README.md" and not p.name.startswith("compare-"))
 
 
 def _cells(line: str) -> list[str]:

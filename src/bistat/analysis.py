@@ -747,11 +747,12 @@ def _sibling_registration(hdr_reg: Mapping[str, Any], reg: Registration) -> Regi
     path = hdr_reg.get("path")
     if not isinstance(path, str):
         return None
-    # As run.json names it (relative to where `bistat run` ran, or absolute on the machine that
-    # ran it), else beside the sibling: registrations are sealed together in one folder, and a
-    # clone elsewhere (CI, a notebook's folder) still finds it. The seal is checked either way.
+    # Beside the sibling first (registrations are sealed together in one folder, so a clone
+    # elsewhere -- CI, a notebook's folder -- finds it and names it the same way on every
+    # machine), else as run.json names it (relative to where `bistat run` ran, or absolute on
+    # the machine that ran it). The seal is checked either way.
     recorded = None
-    for candidate in dict.fromkeys((Path(path), Path(reg.path).parent / Path(path).name)):
+    for candidate in dict.fromkeys((Path(reg.path).parent / Path(path).name, Path(path))):
         try:
             found = load_registration(candidate)
         except (OSError, ValueError):
