@@ -10,7 +10,7 @@ Target (issue 2): the analysis in under 5 s wall on a 2-core machine with peak m
 
 Setup (not timed): a synthetic run is written as JSONL in bulk (the records' format, without
 the per-line fsync of ``RunWriter``, which only matters for crash safety), then compacted with
-``bistat.records.compact``, as ``bistat run`` does at its end. The control arm diverges for 10 %
+``bistat.store.records.compact``, as ``bistat run`` does at its end. The control arm diverges for 10 %
 of prompts (so first-divergence positions are computed for ~10,000 prompts); the treatment
 arm matches everywhere.
 
@@ -76,8 +76,8 @@ all = [ {{ criterion = "match_lower_bound", arm = "treatment", at_least = 0.99 }
 CHILD = r'''
 import json, resource, sys, time
 t0 = time.perf_counter()
-from bistat.analysis import analyze_run
-from bistat.report import write_finding
+from bistat.analysis.summary import analyze_run
+from bistat.report.finding import write_finding
 t1 = time.perf_counter()
 summary = analyze_run(sys.argv[1], sys.argv[2])
 t2 = time.perf_counter()
@@ -92,8 +92,8 @@ print(json.dumps({"import_s": t1 - t0, "analyze_s": t2 - t1, "finding_s": t3 - t
 
 def generate(run_dir: Path, reg_path: Path) -> None:
     """Write the benchmark run (JSONL in bulk) and compact it."""
-    from bistat import records
-    from bistat.prereg import register
+    from bistat.store import records
+    from bistat.declare.prereg import register
 
     rng = np.random.default_rng(SEED)
     toml = run_dir.parent / "bench-analyze.toml"

@@ -28,8 +28,8 @@ import time
 
 import numpy as np
 
-from bistat.embedded import ops
-from bistat.embedded.engine import EmbeddedEngine
+from bistat.engines.embedded import ops
+from bistat.engines.embedded.engine import EmbeddedEngine
 from bistat.engines.base import GenerationRequest
 
 PROMPTS = ["Write a short poem about the sea.", "Explain how photosynthesis works.",

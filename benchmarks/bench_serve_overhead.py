@@ -2,7 +2,7 @@
 
 Side by side in one process, same engine object, same requests (greedy, ignore_eos, token-id
 prompts): (a) submitted straight to ``EmbeddedEngine.submit``; (b) sent through the HTTP server
-(``bistat.server`` on loopback) by ``OpenAIHTTPEngine`` at concurrency 32. Reports output tokens/s
+(``bistat.engines.serve.server`` on loopback) by ``OpenAIHTTPEngine`` at concurrency 32. Reports output tokens/s
 of each and the overhead; the goal is < 5 %.
 
     python benchmarks/bench_serve_overhead.py [--model smollm2-135m] [--gemm blas]
@@ -20,7 +20,7 @@ import time
 
 from bistat.engines.base import GenerationRequest
 from bistat.engines.openai_http import OpenAIHTTPEngine
-from bistat.server import BackgroundServer, create_app
+from bistat.engines.serve.server import BackgroundServer, create_app
 
 
 def _requests(n: int, max_tokens: int, tag: str) -> list[GenerationRequest]:
@@ -56,7 +56,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
-    from bistat.embedded.engine import EmbeddedEngine
+    from bistat.engines.embedded.engine import EmbeddedEngine
     from bistat.model import load_model
 
     model = load_model(args.model)

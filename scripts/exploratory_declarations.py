@@ -1,8 +1,8 @@
 """Write experiments/NAME-exploratory.toml for every committed H200 run (issue 18, item 4).
 
 Each is the declaration its run was recorded under (experiments/NAME.toml) with its name and its
-decision rule replaced by the default rule (bistat.template.DEFAULT_RULE_TOML), nothing else: a
-*sibling* registration in bistat.analysis's sense. Registered after the run's data, it can be
+decision rule replaced by the default rule (bistat.declare.template.DEFAULT_RULE_TOML), nothing else: a
+*sibling* registration in bistat.analysis.summary's sense. Registered after the run's data, it can be
 applied to the run only as an exploratory analysis (the finding says so in its first line; the
 seal's time and the run's first record prove the order).
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from bistat.experiment import load_experiment
-from bistat.template import DEFAULT_RULE_TOML
+from bistat.declare.experiment import load_experiment
+from bistat.declare.template import DEFAULT_RULE_TOML
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,7 +43,7 @@ def exploratory_text(name: str) -> str:
     header = [
         f"# {name}-exploratory: experiments/{name}.toml, the declaration its run was recorded",
         "# under, with its name and its decision rule replaced by the default rule",
-        "# (bistat.template.DEFAULT_RULE_TOML), nothing else. Registered after the run's data, so",
+        "# (bistat.declare.template.DEFAULT_RULE_TOML), nothing else. Registered after the run's data, so",
         "# the run is analysed under it only as an EXPLORATORY analysis (issue 18), never a test of",
         "# the hypothesis. Written by `python scripts/exploratory_declarations.py`.",
         "#",

@@ -295,7 +295,7 @@ class StepFakeEngine:
     prompt is prefilled in the step it is admitted (its first token comes from it), and every
     running request decodes one token per step. It reports each step's batch size
     (``step_batch_size``) as the embedded engine does, a prompt's tokens as ``len(text) // 4``
-    (:data:`bistat.probe.CHARS_PER_TOKEN`) or its token ids, and ``calls`` keeps every pass's
+    (:data:`bistat.analysis.probe_report.CHARS_PER_TOKEN`) or its token ids, and ``calls`` keeps every pass's
     (submission order, concurrency)."""
 
     kind = "fake-steps"

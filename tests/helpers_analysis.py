@@ -1,6 +1,6 @@
 """Build small recorded runs for the records / analysis / report tests.
 
-``make_run`` registers a declaration (the real ``bistat.prereg.register``, at a fixed time) and
+``make_run`` registers a declaration (the real ``bistat.declare.prereg.register``, at a fixed time) and
 records a run through the real ``RunWriter``, from a compact description of every response.
 """
 
@@ -10,8 +10,8 @@ import datetime as dt
 from pathlib import Path
 from typing import Any, Callable
 
-from bistat.prereg import Registration, register
-from bistat.records import RunWriter, logprob_sha256, token_sha256
+from bistat.declare.prereg import Registration, register
+from bistat.store.records import RunWriter, logprob_sha256, token_sha256
 
 REGISTERED = dt.datetime(2026, 2, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
 

@@ -2,7 +2,7 @@
 independent float64 reference forward pass (no batching, no KV cache).
 
 The reference is written from the Hugging Face LLaMA definition (``modeling_llama.py``) directly,
-sharing no code with :mod:`bistat.embedded`.
+sharing no code with :mod:`bistat.engines.embedded`.
 """
 
 from __future__ import annotations
@@ -102,8 +102,8 @@ def reference_logits(config: Any, weights: dict[str, np.ndarray], ids: list[int]
 def prefilled(wt: Any, mode: str, n: int, seed: int = 0, max_len: int = 256) -> list:
     """``n`` KV caches of different lengths, each prefilled alone, and each one's next token:
     ``(cache, token, position)`` per sequence, for :func:`decode_logits`."""
-    from bistat.embedded.forward import Segment, forward_step
-    from bistat.embedded.kvcache import KVCache
+    from bistat.engines.embedded.forward import Segment, forward_step
+    from bistat.engines.embedded.kvcache import KVCache
 
     rng = np.random.default_rng(seed)
     d = wt.dims
@@ -118,7 +118,7 @@ def prefilled(wt: Any, mode: str, n: int, seed: int = 0, max_len: int = 256) -> 
 
 def decode_logits(wt: Any, mode: str, seqs: list, order: list[int]) -> np.ndarray:
     """One decode step of the :func:`prefilled` sequences ``order`` (in that order): their logits."""
-    from bistat.embedded.forward import Segment, forward_step
+    from bistat.engines.embedded.forward import Segment, forward_step
 
     return forward_step(wt, [Segment(seqs[j][0], [seqs[j][1]], seqs[j][2], True) for j in order],
                         mode)

@@ -1,6 +1,6 @@
 """Shared helpers of the explain-a-divergence tests (anatomy, diagnose, replay, schemas, inspect).
 
-Runs are recorded with the real runner (``bistat.runner.start_run``) and the real embedded
+Runs are recorded with the real runner (``bistat.run.runner.start_run``) and the real embedded
 adapter (``EmbeddedEngineAdapter``, from the engine registry) over a saved near-tie tiny model
 (``helpers_embedded.near_tie_model``): in ``blas`` mode its greedy choices flip with the batch, in
 ``invariant`` mode they never do. The runner asks every request for ``workload.top_logprobs``
@@ -20,8 +20,8 @@ import jsonschema
 from helpers_embedded import near_tie_model
 
 from bistat.model.loader import save_model
-from bistat.prereg import register
-from bistat.runner import start_run
+from bistat.declare.prereg import register
+from bistat.run.runner import start_run
 
 TOP_K = 5  # workload.top_logprobs's default
 SCHEMAS = Path(__file__).resolve().parents[1] / "src" / "bistat" / "schemas"
@@ -121,7 +121,7 @@ def validate(instance: Any, schema_file: str) -> None:
 
 def validate_run_dir(run_dir: Path) -> int:
     """Validate run.json and every line of every JSONL table; return the number of lines checked."""
-    from bistat.records import TABLES, read_jsonl
+    from bistat.store.records import TABLES, read_jsonl
 
     validate(json.loads((run_dir / "run.json").read_text(encoding="utf-8")), "run.schema.json")
     n = 1

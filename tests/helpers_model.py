@@ -129,7 +129,7 @@ def make_fake_model(tmp: Path, *, name: str = "tiny-fake", seed: int = 0) -> Fak
 def reference_logits(model, ids: list[int]) -> np.ndarray:
     """Logits [S, vocab] of a plain numpy LLaMA forward pass (Hugging Face's modeling_llama, fp32).
 
-    Used only to check the conversion of the real model; bistat's engine lives in bistat.embedded.
+    Used only to check the conversion of the real model; bistat's engine lives in bistat.engines.embedded.
     """
     c, W = model.config, model.weights
     S, hd, H, KV = len(ids), c.head_dim, c.num_attention_heads, c.num_key_value_heads

@@ -13,7 +13,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 import fakes
-from bistat.experiment import Experiment, validate_experiment
+from bistat.declare.experiment import Experiment, validate_experiment
 
 BASE_TOML = """
 name = "fakerun"

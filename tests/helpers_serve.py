@@ -5,7 +5,7 @@
   function of the prompt, the position and the seed, so every test can predict its output.
 - ``ByteTokenizer``: token id = byte + 3 (0 pad, 1 bos, 2 eos), with a tiny chat template.
 - Run as a script, this module imitates ``vllm serve MODEL --host H --port P ...``: it prints
-  vLLM-like log lines and serves the fake engine through ``bistat.server``. Environment knobs:
+  vLLM-like log lines and serves the fake engine through ``bistat.engines.serve.server``. Environment knobs:
   ``FAKE_VLLM_REFUSE=1`` (print a refusal and exit 1), ``FAKE_VLLM_HANG=1`` (never get healthy),
   ``FAKE_VLLM_PIDFILE=PATH`` (write its pid), ``FAKE_VLLM_CHILD=1`` (also start a child process
   in its process group, to check that nothing is orphaned).
@@ -167,7 +167,7 @@ class FakeEngine:
 
 
 def fake_app(**engine_kwargs):
-    from bistat.server import create_app
+    from bistat.engines.serve.server import create_app
 
     tok = ByteTokenizer()
     engine = FakeEngine(tok, **engine_kwargs)
@@ -204,7 +204,7 @@ def _main(argv: list[str]) -> int:
     if os.environ.get("VLLM_BATCH_INVARIANT") == "1":
         print("INFO Batch invariant mode enabled: overriding matmul kernels", flush=True)
     print("INFO Using FLASH_ATTN attention backend.", flush=True)
-    from bistat.server import create_app, serve
+    from bistat.engines.serve.server import create_app, serve
 
     tok = ByteTokenizer()
     app = create_app(FakeEngine(tok), tok, model_name=args.served_model_name or args.model,

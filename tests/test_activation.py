@@ -1,4 +1,4 @@
-"""bistat.activation: what an arm requested, what its engine log shows, what a probe confirmed."""
+"""bistat.analysis.activation: what an arm requested, what its engine log shows, what a probe confirmed."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bistat.activation import arm_activation, log_markers
-from bistat.analysis import AnalysisError, analyze_run
+from bistat.analysis.activation import arm_activation, log_markers
+from bistat.analysis.summary import AnalysisError, analyze_run
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOL = ROOT / "data" / "h200" / "h200-match-smollm2"
@@ -99,7 +99,7 @@ def test_the_first_h200_attempt_shows_fa3_on_the_diverging_arms():
 def _probe_json(*arms, seed=0):
     """A bistat.probe/1 report over ``arms`` ((name, role, differs), ...), as `bistat probe
     --output` writes it."""
-    from bistat.probe import ArmProbe, ProbeSettings, ProbeTrial, decide_report
+    from bistat.analysis.probe_report import ArmProbe, ProbeSettings, ProbeTrial, decide_report
 
     trial = {False: ProbeTrial(0, 40, 3, True, True, None, shared_step=True),
              True: ProbeTrial(0, 40, 3, False, False, 0, shared_step=True)}
@@ -148,7 +148,7 @@ def test_handling_keys_are_not_requested_settings():
 def test_a_probe_that_saw_nothing_where_the_study_diverged_is_called_out(tmp_path):
     """h200-match-smollm2-r2: the FA3 batch-invariant arms' needle stayed identical among fillers
     while 457 of 541 prompts diverged in the study; and its two parts had no negative control."""
-    from bistat.report import render_markdown
+    from bistat.report.finding import render_markdown
 
     run = tmp_path / "run"
     shutil.copytree(ROOT / "examples" / "synthetic" / "run", run)
@@ -181,8 +181,8 @@ def test_a_probe_that_saw_nothing_where_the_study_diverged_is_called_out(tmp_pat
 
 
 def test_the_probes_filler_evidence_is_in_the_finding(tmp_path):
-    from bistat.probe import ArmProbe, ProbeSettings, ProbeTrial, decide_report
-    from bistat.report import render_markdown
+    from bistat.analysis.probe_report import ArmProbe, ProbeSettings, ProbeTrial, decide_report
+    from bistat.report.finding import render_markdown
 
     run = tmp_path / "run"
     shutil.copytree(ROOT / "examples" / "synthetic" / "run", run)
@@ -202,8 +202,8 @@ def test_the_probes_filler_evidence_is_in_the_finding(tmp_path):
 
 
 def test_the_finding_says_which_run_chose_the_probes_needle(tmp_path):
-    from bistat.probe import NeedleSource, report_from_json
-    from bistat.report import render_markdown
+    from bistat.analysis.probe_report import NeedleSource, report_from_json
+    from bistat.report.finding import render_markdown
 
     run = tmp_path / "run"
     shutil.copytree(ROOT / "examples" / "synthetic" / "run", run)

@@ -7,10 +7,12 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from bistat import records, stats
-from bistat.analysis import AnalysisError, analyze_run
+from bistat.store import records
+
+from bistat.core import stats
+from bistat.analysis.summary import AnalysisError, analyze_run
 from bistat.cli import cli
-from bistat.report import render_markdown
+from bistat.report.finding import render_markdown
 
 from helpers_analysis import GPU_B, declaration, fingerprint, make_run, register_tiny
 
@@ -122,7 +124,7 @@ def test_sibling_registrations_classify_the_same_comparisons_by_their_rules(tmp_
     """Two rules registered together for one run (the published rule and a stricter one): the
     summary carries the sibling's verdicts; a registration differing in more than name and rule
     is no sibling, and a non-registration JSON in the folder is skipped."""
-    from bistat.analysis import sibling_registrations
+    from bistat.analysis.summary import sibling_registrations
 
     text = declaration()
     reg = register_tiny(tmp_path, text)
@@ -289,7 +291,7 @@ def test_cli_analyze_and_compact(tiny, monkeypatch):
     lines = res.output.splitlines()
     assert lines[:3] == ["wrote out/tiny.md and 5 plots", "trt vs ctl: working",
                          "  Batch invariance is working by the registered rule."]
-    # then the one-screen CI summary (bistat.gating.ci_summary)
+    # then the one-screen CI summary (bistat.report.gating.ci_summary)
     assert lines[3].startswith("bistat: tiny run run (registration ")
     assert lines[4:7] == ["  arm ctl (control): matched 8/10 [0.4902, 0.9433]; 2 divergence(s)",
                           "  arm trt (treatment): matched 10/10 [0.7225, 1.0000]; 0 divergence(s)",
@@ -354,12 +356,12 @@ def test_cli_fail_on_untested_and_a_bad_label(tiny, monkeypatch):
 
 
 def test_anatomy_of_the_summary_equals_bistat_anatomy_and_feeds_large_drifts(tmp_path_factory):
-    """analysis reads only the mismatching prompts' rows, yet gets bistat.anatomy's answer."""
+    """analysis reads only the mismatching prompts' rows, yet gets bistat.analysis.anatomy's answer."""
     from helpers_explain import blas_run
 
-    from bistat.anatomy import LARGE_DRIFT, NEAR_TIE, divergence_anatomy
-    from bistat.classify import classify
-    from bistat.rule import Rule
+    from bistat.analysis.anatomy import LARGE_DRIFT, NEAR_TIE, divergence_anatomy
+    from bistat.core.classify import classify
+    from bistat.core.rule import Rule
 
     run_dir = blas_run(tmp_path_factory)
     summary = analyze_run(run_dir)
@@ -419,7 +421,7 @@ def _sibling(tmp_path, monkeypatch, old: str, new: str):
     import shutil
     from pathlib import Path
 
-    from bistat.prereg import register
+    from bistat.declare.prereg import register
 
     root = Path(__file__).resolve().parents[1]
     monkeypatch.chdir(tmp_path)

@@ -7,7 +7,7 @@ import math
 import pytest
 from helpers_explain import blas_run, invariant_run, validate
 
-from bistat.anatomy import (
+from bistat.analysis.anatomy import (
     DEFAULT_NEAR_TIE_EPSILON,
     LARGE_DRIFT,
     NEAR_TIE,
@@ -19,7 +19,7 @@ from bistat.anatomy import (
     plot_anatomy,
     render_anatomy_section,
 )
-from bistat.records import RunWriter, token_sha256
+from bistat.store.records import RunWriter, token_sha256
 
 
 @pytest.fixture(scope="module")

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from bistat import prereg
+from bistat.declare import prereg
 from bistat.cli import cli
-from bistat.experiment import load_experiment
-from bistat.template import DEFAULT_RULE_TOML, default_rule
+from bistat.declare.experiment import load_experiment
+from bistat.declare.template import DEFAULT_RULE_TOML, default_rule
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from bistat import prereg
+from bistat.declare import prereg
 from bistat.cli import cmd_register
 
 DECL = Path(__file__).resolve().parent / "data" / "declarations"

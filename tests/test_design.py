@@ -1,4 +1,4 @@
-"""bistat.design against brute force (scans with wilson_interval) and seeded simulation."""
+"""bistat.core.design against brute force (scans with wilson_interval) and seeded simulation."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-import bistat.design as bd
-from bistat.design import (
+import bistat.core.design as bd
+from bistat.core.design import (
     POWER_DRAWS,
     expected_ratio_halfwidth,
     expected_ratio_interval_factor,
@@ -25,7 +25,7 @@ from bistat.design import (
     power_tost,
     prob_lower_bound_at_least,
 )
-from bistat.stats import throughput_ratio, wilson_interval
+from bistat.core.stats import throughput_ratio, wilson_interval
 
 
 def test_docstring_examples():
@@ -164,7 +164,7 @@ SIM_REPS = 20_000
 
 def _simulate(true_ratio, n, cv, seed, level):
     """Lognormal per-pass throughput for both arms; Welch interval on logs, vectorised (the
-    scipy call that bistat.stats.throughput_ratio makes, checked against it replicate by
+    scipy call that bistat.core.stats.throughput_ratio makes, checked against it replicate by
     replicate in tests/test_stats_coverage.py)."""
     rng = np.random.default_rng(seed)
     sigma = log_sd_from_cv(cv)
@@ -173,7 +173,7 @@ def _simulate(true_ratio, n, cv, seed, level):
     res = sps.ttest_ind(t, c, axis=1, equal_var=False)
     ci = res.confidence_interval(confidence_level=level)
     point = t.mean(axis=1) - c.mean(axis=1)
-    # spot-check: the same numbers as bistat.stats.throughput_ratio
+    # spot-check: the same numbers as bistat.core.stats.throughput_ratio
     one = throughput_ratio(np.exp(t[0]), np.exp(c[0]), confidence_level=level)
     assert one.interval.low == pytest.approx(math.exp(ci.low[0]), rel=1e-12)
     return point, ci.low, ci.high

@@ -10,8 +10,8 @@ from click.testing import CliRunner
 from helpers_explain import blas_run, invariant_run, validate
 
 from bistat.cli import cmd_diagnose
-from bistat.diagnose import diagnose_run, render_diagnosis
-from bistat.records import RunWriter, token_sha256
+from bistat.explain.diagnose import diagnose_run, render_diagnosis
+from bistat.store.records import RunWriter, token_sha256
 
 
 @pytest.fixture(scope="module")

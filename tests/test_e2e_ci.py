@@ -18,7 +18,7 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from bistat.analysis import analyze_run
+from bistat.analysis.summary import analyze_run
 from bistat.cli import cli
 
 pytestmark = pytest.mark.model

@@ -1,4 +1,4 @@
-"""The ``embedded`` engine kind through the Engine protocol (bistat.engines.embedded)."""
+"""The ``embedded`` engine kind through the Engine protocol (bistat.engines.embedded.adapter)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from bistat.engines.base import Engine, EngineRefused, EngineStartError, GenerationRequest
-from bistat.engines.embedded import EmbeddedEngineAdapter
+from bistat.engines.embedded.adapter import EmbeddedEngineAdapter
 from bistat.engines.registry import adapter_class
 from helpers_embedded import tiny
 

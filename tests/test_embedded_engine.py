@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from bistat.embedded.engine import EmbeddedEngine
+from bistat.engines.embedded.engine import EmbeddedEngine
 from bistat.engines.base import GenerationRequest
 from helpers_embedded import tiny
 

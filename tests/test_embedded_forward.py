@@ -14,9 +14,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bistat.embedded.engine import EmbeddedEngine
-from bistat.embedded.forward import Segment, forward_step, prepare_weights
-from bistat.embedded.kvcache import KVCache
+from bistat.engines.embedded.engine import EmbeddedEngine
+from bistat.engines.embedded.forward import Segment, forward_step, prepare_weights
+from bistat.engines.embedded.kvcache import KVCache
 from bistat.engines.base import GenerationRequest
 from helpers_embedded import real_model_or_skip, reference_logits, tiny
 

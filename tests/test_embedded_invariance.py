@@ -17,9 +17,9 @@ from helpers_embedded import (
     tiny,
 )
 
-from bistat.embedded.engine import EmbeddedEngine
-from bistat.embedded.forward import Segment, forward_step, prepare_weights
-from bistat.embedded.kvcache import KVCache
+from bistat.engines.embedded.engine import EmbeddedEngine
+from bistat.engines.embedded.forward import Segment, forward_step, prepare_weights
+from bistat.engines.embedded.kvcache import KVCache
 from bistat.engines.base import GenerationRequest
 
 PROMPTS = [f"Prompt number {i}: tell me a story about {w}." for i, w in

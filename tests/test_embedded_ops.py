@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from bistat.embedded import ops
-from bistat.embedded.kvcache import KVCache
-from bistat.embedded.sampling import SamplingParams, select_token, top_logprobs
+from bistat.engines.embedded import ops
+from bistat.engines.embedded.kvcache import KVCache
+from bistat.engines.embedded.sampling import SamplingParams, select_token, top_logprobs
 
 # SmolLM2-135M's GEMM shapes (K = in_features, N = out_features): qkv, o, gate_up, down.
 SMOLLM2_SHAPES = [(576, 960), (576, 576), (576, 3072), (1536, 576)]
@@ -290,7 +290,7 @@ def test_a_weight_is_packed_once_and_dropped_with_it():
 
 
 def test_an_unbuilt_or_stale_kernel_says_how_to_rebuild(monkeypatch):
-    monkeypatch.setattr(ops, "_ROWGEMM_MISSING", "bistat.embedded._rowgemm is version 0, this "
+    monkeypatch.setattr(ops, "_ROWGEMM_MISSING", "bistat.engines.embedded._rowgemm is version 0, this "
                         "bistat needs 1; rebuild bistat's C part with `pip install -e .`")
     with pytest.raises(RuntimeError, match=r"the invariant GEMM: .*version 0.*pip install -e \."):
         ops.gemm_invariant(np.zeros((1, 3), np.float32), np.zeros((3, 2), np.float32))

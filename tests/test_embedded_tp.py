@@ -2,7 +2,7 @@
 
 Megatron-style shards computed rank after rank in one process: per-rank GEMMs of the
 column-parallel layers, per-rank partial sums of the row-parallel layers combined by
-``ops.all_reduce`` in the collective's order (``bistat.embedded.forward``, ``bistat.embedded.ops``).
+``ops.all_reduce`` in the collective's order (``bistat.engines.embedded.forward``, ``bistat.engines.embedded.ops``).
 The questions: does ``T == 1`` stay the plain engine bit for bit, and does the ``"invariant"``
 mode's batch invariance survive ``T = 2, 3``?
 
@@ -25,12 +25,12 @@ from helpers_embedded import (
     tiny,
 )
 
-from bistat.embedded import ops
-from bistat.embedded.engine import EmbeddedEngine
-from bistat.embedded.forward import Segment, forward_step, prepare_weights
-from bistat.embedded.kvcache import KVCache
+from bistat.engines.embedded import ops
+from bistat.engines.embedded.engine import EmbeddedEngine
+from bistat.engines.embedded.forward import Segment, forward_step, prepare_weights
+from bistat.engines.embedded.kvcache import KVCache
 from bistat.engines.base import EngineRefused, GenerationRequest
-from bistat.engines.embedded import ENGINE_ARGS, EmbeddedEngineAdapter
+from bistat.engines.embedded.adapter import ENGINE_ARGS, EmbeddedEngineAdapter
 
 #: Heads 12, KV heads 6 (grouped-query, 2 per group), intermediate 192: T = 1, 2, 3, 6 divide all.
 TP_CONFIG = {"hidden_size": 96, "intermediate_size": 192, "num_attention_heads": 12,
@@ -122,7 +122,7 @@ def test_tp2_and_tp1_differ_in_the_last_bits_in_invariant_mode(tp_model):
 def test_invariant_column_parallel_gemms_give_the_unsharded_columns_bitwise(tp_model):
     """A column's fma chain does not depend on the GEMM's N: the ranks' Q/K/V and gate/up columns,
     put back in order, are bitwise the unsharded GEMM's, at T = 2, 3 and 6."""
-    from bistat.embedded.forward import _qkv_column_parallel
+    from bistat.engines.embedded.forward import _qkv_column_parallel
 
     whole = prepare_weights(tp_model.config, tp_model.weights, 64)
     hn = np.random.default_rng(0).standard_normal((7, whole.dims.hidden_size)).astype(np.float32)
@@ -378,9 +378,9 @@ def test_tp3_matching_study_end_to_end(tmp_path, near_tie_tp_model):
     """Register, run (real runner, real adapter, TP=3) and analyse a two-arm study on CPU."""
     from helpers_explain import BLAS_ARMS, record_run
 
-    from bistat.analysis import analyze_run
+    from bistat.analysis.summary import analyze_run
     from bistat.model.loader import save_model
-    from bistat.records import read_jsonl
+    from bistat.store.records import read_jsonl
 
     model_dir = tmp_path / "model"
     save_model(near_tie_tp_model, model_dir)

@@ -10,7 +10,7 @@ import pytest
 from bistat.engines.base import Engine, EngineStartError, GenerationRequest
 from bistat.engines.metrics import parse_vllm_metrics
 from bistat.engines.openai_http import OpenAIHTTPEngine
-from bistat.server import BackgroundServer
+from bistat.engines.serve.server import BackgroundServer
 from helpers_serve import ByteTokenizer, expected_logprob, expected_token, fake_app
 
 TOK = ByteTokenizer()

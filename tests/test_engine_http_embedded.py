@@ -3,11 +3,11 @@ model): the HTTP path returns bitwise the same tokens and logprobs as the engine
 
 from __future__ import annotations
 
-from bistat.embedded.engine import EmbeddedEngine
+from bistat.engines.embedded.engine import EmbeddedEngine
 from bistat.engines.base import GenerationRequest
 from bistat.engines.openai_http import OpenAIHTTPEngine
 from bistat.model.testing import tiny_random_model
-from bistat.server import BackgroundServer, create_app
+from bistat.engines.serve.server import BackgroundServer, create_app
 
 
 def test_http_results_equal_in_process_results_in_invariant_mode():

@@ -23,7 +23,7 @@ from starlette.routing import Route
 
 from bistat.engines.base import GenerationRequest
 from bistat.engines.openai_http import OpenAIHTTPEngine
-from bistat.server import BackgroundServer
+from bistat.engines.serve.server import BackgroundServer
 
 OK, ALWAYS_500, FLAKY, SLOW, TRUNCATED, MALFORMED, BAD_REQUEST, NO_IDS = range(1, 9)
 

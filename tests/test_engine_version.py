@@ -16,17 +16,17 @@ import helpers_runner as h
 import httpx
 import pytest
 
-from bistat import releases
-from bistat.analysis import analyze_run
-from bistat.doctor import doctor, render_doctor
-from bistat.engine_version import compare_versions, engine_version_report, required_specifier
-from bistat.enginelog import EngineModes, engine_modes, logged_modes
+from bistat.declare import releases
+from bistat.analysis.summary import analyze_run
+from bistat.explain.doctor import doctor, render_doctor
+from bistat.declare.engine_version import compare_versions, engine_version_report, required_specifier
+from bistat.store.enginelog import EngineModes, engine_modes, logged_modes
 from bistat.engines import vllm_offline_worker as worker
-from bistat.experiment import DeclarationError, validate_experiment
-from bistat.prereg import register
-from bistat.records import read_jsonl
-from bistat.report import render_markdown
-from bistat.runner import start_run
+from bistat.declare.experiment import DeclarationError, validate_experiment
+from bistat.declare.prereg import register
+from bistat.store.records import read_jsonl
+from bistat.report.finding import render_markdown
+from bistat.run.runner import start_run
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,10 +34,9 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(autouse=True)
 def _no_fake_kind_left_behind(monkeypatch):
     """helpers_runner registers the fake engine kind; later test files must not see it."""
-    from bistat import experiment
     from bistat.engines import registry
 
-    monkeypatch.setitem(vars(experiment), "ENGINE_KINDS", dict(experiment.ENGINE_KINDS))
+    monkeypatch.setitem(vars(registry), "ENGINE_KINDS", dict(registry.ENGINE_KINDS))
     monkeypatch.setitem(vars(registry), "ADAPTERS", dict(registry.ADAPTERS))
 
 
@@ -339,7 +338,7 @@ def test_doctor_says_the_installed_vllm_and_its_gap(tmp_path, monkeypatch):
     (pkg / "_version.py").write_text("__version__ = version = '0.25.0'\n"
                                      "__commit_id__ = commit_id = 'gdd10e03f9'\n")
     spec = types.SimpleNamespace(submodule_search_locations=[str(pkg)])
-    monkeypatch.setattr("bistat.doctor.package_versions",
+    monkeypatch.setattr("bistat.explain.doctor.package_versions",
                         lambda: {"python": "3.12.3", "vllm": "0.25.0"})
     rep = doctor(find_spec=lambda m: spec if m == "vllm" else object(), which=lambda c: None,
                  gpus=list, release_check=lambda p: releases.check_newest_release(

@@ -128,7 +128,7 @@ def test_missing_command_is_a_start_failure_with_the_fix(tmp_path):
 def test_attach_to_url(tmp_path):
     from helpers_serve import fake_app
 
-    from bistat.server import BackgroundServer
+    from bistat.engines.serve.server import BackgroundServer
 
     app, _ = fake_app()
     with BackgroundServer(app) as srv:
@@ -305,7 +305,7 @@ def test_api_server_count_flags():
 DYING_SERVER = """
 import os, sys
 from helpers_serve import ByteTokenizer, FakeEngine, VOCAB
-from bistat.server import create_app, serve
+from bistat.engines.serve.server import create_app, serve
 
 class Dying(FakeEngine):
     def submit(self, req):
@@ -349,7 +349,7 @@ def test_server_dying_mid_pass_is_an_engine_error_not_failed_requests(tmp_path):
 def test_a_per_request_500_on_a_live_server_is_a_failed_result(tmp_path):
     from helpers_serve import fake_app
 
-    from bistat.server import BackgroundServer
+    from bistat.engines.serve.server import BackgroundServer
 
     app, _ = fake_app(fail_prompt="boom")
     results = []
@@ -374,7 +374,7 @@ def test_failed_requests_and_a_server_that_stops_answering_health_are_an_engine_
     from starlette.routing import Route
 
     from bistat.engines.openai_http import OpenAIHTTPEngine
-    from bistat.server import BackgroundServer
+    from bistat.engines.serve.server import BackgroundServer
 
     dead = Starlette(routes=[Route(path, lambda request: Response(status_code=500),
                                    methods=["GET", "POST"])

@@ -1,11 +1,11 @@
-"""bistat.enginelog: vLLM's JIT-compilation warnings in a run's engine logs, placed in passes."""
+"""bistat.store.enginelog: vLLM's JIT-compilation warnings in a run's engine logs, placed in passes."""
 
 from __future__ import annotations
 
 import gzip
 from pathlib import Path
 
-from bistat.enginelog import jit_compiles
+from bistat.store.enginelog import jit_compiles
 
 WARN = ("(EngineCore pid=4574) WARNING {stamp} [jit_monitor.py:129] Triton kernel JIT compilation "
         "during inference: {kernel}. This causes a latency spike; consider extending warmup to "

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from bistat import stats
-from bistat.classify import format_decided
-from bistat.rule import Rule
+from bistat.core import stats
+from bistat.core.classify import format_decided
+from bistat.core.rule import Rule
 
 ROOT = Path(__file__).resolve().parents[1]
 FINDINGS = sorted(p for p in [*(ROOT / "findings").glob("*.md"),

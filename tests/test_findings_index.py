@@ -5,14 +5,14 @@ import pytest
 from click.testing import CliRunner
 
 from bistat.cli import cli
-from bistat.findings_index import read_finding
+from bistat.report.index import read_finding
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _finding(name: str, rule: str, analysis: str, rows: list[str], engine: str = "vLLM 0.25.0",
              gpu: str = "NVIDIA H200", run: str = "r1") -> str:
-    """A finding as bistat.report writes its head, Summary and verdict headings."""
+    """A finding as bistat.report.finding writes its head, Summary and verdict headings."""
     title = f"# Finding: {name}" + (" — exploratory analysis, not a test of the hypothesis"
                                     if analysis == "exploratory" else "")
     heads = "".join(f"### {r.split(' | ')[0].strip('| ')} (treatment) vs "
@@ -93,7 +93,7 @@ def regs(tmp_path_factory):
     """Sealed registrations of the quickstart declaration named done, later and silent."""
     import tomllib
 
-    from bistat.prereg import register
+    from bistat.declare.prereg import register
 
     tmp = tmp_path_factory.mktemp("regs")
     regs = tmp / "preregistrations"
@@ -162,7 +162,7 @@ def test_the_committed_index_is_current(tmp_path, monkeypatch):
     findings/not-run.toml` writes it (from the repository root)."""
     import shutil
 
-    from bistat.findings_index import write_index
+    from bistat.report.index import write_index
 
     monkeypatch.chdir(ROOT)
     copy = tmp_path / "findings"

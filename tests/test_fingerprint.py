@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 import platform
 
-from bistat.fingerprint import (
+from bistat.run.fingerprint import (
     _package_digest,
     _parse_nvidia_smi,
     code_digests,
@@ -102,7 +102,7 @@ def test_same_versions():
 
 def test_version_differences_name_what_differs():
     """The phrases the findings' "same versions" check prints."""
-    from bistat.fingerprint import version_differences
+    from bistat.run.fingerprint import version_differences
 
     assert version_differences([_fp("GPU-1"), _fp("GPU-2")]) == []
     a, b = _fp("GPU-1", vllm="0.24.0", driver="575", commit="def"), _fp("GPU-1")
@@ -136,7 +136,7 @@ def test_code_digests_cover_the_installed_files_and_change_with_them(tmp_path, m
 def test_gpu_processes_from_nvidia_smi(monkeypatch):
     import subprocess
 
-    import bistat.fingerprint as fpmod
+    import bistat.run.fingerprint as fpmod
 
     calls = []
 

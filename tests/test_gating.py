@@ -7,9 +7,9 @@ import pytest
 from click.testing import CliRunner
 from helpers_explain import blas_run, validate
 
-from bistat.analysis import analyze_run
+from bistat.analysis.summary import analyze_run
 from bistat.cli.exitcodes import VERDICT_CODES
-from bistat.gating import (
+from bistat.report.gating import (
     FAILABLE_LABELS,
     FailOnError,
     GateResult,

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from bistat import records
-from bistat.analysis import analyze_run
-from bistat.prereg import verify
-from bistat.report import write_finding
+from bistat.store import records
+from bistat.analysis.summary import analyze_run
+from bistat.declare.prereg import verify
+from bistat.report.finding import write_finding
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data" / "h200"

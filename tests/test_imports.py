@@ -1,8 +1,8 @@
 """Every bistat module imports first, in a fresh interpreter.
 
 A cycle can hide in the suite, where another test has already imported one side of it:
-``import bistat.gating`` first once failed (gating -> bistat.cli.exitcodes -> the CLI package's
-``__init__`` -> cmd_analyze -> bistat.gating, partially initialised).
+``import bistat.report.gating`` first once failed (gating -> bistat.cli.exitcodes -> the CLI package's
+``__init__`` -> cmd_analyze -> bistat.report.gating, partially initialised).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ MODULES = sorted(m.name for m in pkgutil.walk_packages(bistat.__path__, "bistat.
 
 
 def test_the_walk_found_the_package():
-    assert {"bistat.gating", "bistat.cli", "bistat.cli.cmd_analyze", "bistat.analysis",
+    assert {"bistat.report.gating", "bistat.cli", "bistat.cli.cmd_analyze", "bistat.analysis.summary",
             "bistat.engines.vllm_offline"} <= set(MODULES)
 
 

@@ -10,9 +10,9 @@ from click.testing import CliRunner
 from helpers_explain import blas_run, validate
 
 from bistat.cli import cmd_doctor, cmd_inspect
-from bistat.doctor import doctor, render_doctor
-from bistat.inspect_run import inspect_run, render_inspection
-from bistat.records import RunWriter, token_sha256
+from bistat.explain.doctor import doctor, render_doctor
+from bistat.explain.inspect_run import inspect_run, render_inspection
+from bistat.store.records import RunWriter, token_sha256
 
 
 @pytest.fixture()
@@ -146,7 +146,7 @@ def test_doctor_says_whether_the_invariant_gemm_kernel_is_built(tmp_path, monkey
     monkeypatch.setenv("BISTAT_HOME", str(tmp_path))
     details = [doctor(find_spec=lambda m: object() if m in found else None, which=lambda c: None,
                       gpus=list).engines[0].detail
-               for found in ({"numpy", "bistat.embedded._rowgemm"}, {"numpy"})]
+               for found in ({"numpy", "bistat.engines.embedded._rowgemm"}, {"numpy"})]
     assert details == [
         "in-process numpy engine (needs a model: `bistat model fetch`); its invariant GEMM kernel "
         "is built",

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from bistat.analysis import Divergence, analyze_run
-from bistat.anatomy import MIN_DIVERGENCES_FOR_KV_BOUNDARY
-from bistat.report import _kv_tile_boundary
+from bistat.analysis.summary import Divergence, analyze_run
+from bistat.analysis.anatomy import MIN_DIVERGENCES_FOR_KV_BOUNDARY
+from bistat.report.finding import _kv_tile_boundary
 
 ROOT = Path(__file__).resolve().parents[1]
 FA3 = ROOT / "tests" / "data" / "vllm-h200" / "h200-fixture-triton-attn"

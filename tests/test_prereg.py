@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from bistat import __version__
-from bistat.experiment import DeclarationError
-from bistat.prereg import (
+from bistat.declare.experiment import DeclarationError
+from bistat.declare.prereg import (
     SCHEMA,
     RegistrationError,
     amend,

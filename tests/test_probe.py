@@ -12,8 +12,8 @@ import struct
 from dataclasses import replace
 
 from bistat.engines.base import GenerationResult, MetricsSample
-from bistat.probe import (ProbeSettings, compare_bitwise, merge_reports, report_from_json, run_probe,
-                          shared_step_evidence)
+from bistat.analysis.probe_report import (ProbeSettings, compare_bitwise, merge_reports, report_from_json)
+from bistat.explain.probe import run_probe, shared_step_evidence
 
 SMALL = ProbeSettings(trials=3, min_fillers=32, max_fillers=40, max_tokens=6, seed=1, design="single")
 
@@ -119,7 +119,7 @@ def _result(pid, ids, lps=None, error=None):
 def test_fillers_are_compared_across_the_trials_they_ran_in():
     """The same filler among other neighbours in another trial: a difference there is a
     difference (h200-match-smollm2-r2's needle stayed identical on arms whose prompts diverged)."""
-    from bistat.probe import _compare_fillers
+    from bistat.explain.probe import _compare_fillers
 
     trials = [{"f1": _result("f1", [1, 2, 3], [-0.5, -1.0, -2.0]), "f2": _result("f2", [4, 5])},
               {"f1": _result("f1", [1, 2, 3], [-0.5, -1.0000000000000002, -2.0]),
@@ -133,7 +133,7 @@ def test_fillers_are_compared_across_the_trials_they_ran_in():
 
 
 def test_a_filler_difference_alone_makes_the_arm_differ_and_old_reports_still_read():
-    from bistat.probe import ArmProbe, ProbeSettings, ProbeTrial, decide_report
+    from bistat.analysis.probe_report import ArmProbe, ProbeSettings, ProbeTrial, decide_report
 
     same = ProbeTrial(0, 40, 3, True, True, None, shared_step=True)
     quiet = ArmProbe("bi", "probed", True, (same,), 164, n_fillers_compared=120)
@@ -202,7 +202,7 @@ def test_vacuous_when_the_needle_never_shared_a_step():
         "batch size (trial 0: running requests from 1 metrics sample(s) around the needle: max 1")
     assert [t.shared_step for t in report.arms[0].trials] == [False, False, False]
     assert "; needle shared a step in 0/3 trial(s); " in report.summary_lines()[1]
-    from bistat.gating import gate
+    from bistat.report.gating import gate
 
     assert gate(["untested"], {"untested"}).exit_code == 12
 
@@ -347,7 +347,7 @@ def test_prefill_decode_on_the_embedded_engine(tmp_path):
 
     from helpers_explain import BLAS_ARMS, declaration_toml, save_near_tie
 
-    from bistat.experiment import validate_experiment
+    from bistat.declare.experiment import validate_experiment
 
     exp = validate_experiment(tomllib.loads(declaration_toml("pd", save_near_tie(tmp_path / "m"),
                                                              BLAS_ARMS)))
@@ -496,8 +496,8 @@ def test_an_interrupt_while_an_engine_starts_stops_that_engine():
 def _hand_run(path, outputs, *, workload_sha256="auto"):
     """A run written record by record: ``outputs`` maps (arm, pass_index, prompt_index) to
     (token ids, logprobs); passes 0, 1, 2 of every arm are counted and complete."""
-    from bistat.records import RunWriter, token_sha256
-    from bistat.workload import load_prompts, prompts_sha256
+    from bistat.store.records import RunWriter, token_sha256
+    from bistat.run.workload import load_prompts, prompts_sha256
 
     exp = h.experiment()
     wl = exp.workload
@@ -542,7 +542,7 @@ def _outputs(**changed):
 
 
 def test_needle_from_run_picks_the_earliest_first_divergence_ties_to_the_lowest_index(tmp_path):
-    from bistat.probe import needle_from_run
+    from bistat.explain.probe import needle_from_run
 
     lps = list(SAME[1])
     lps[2] = math.nextafter(lps[2], 0.0)                                 # one ulp at token 2
@@ -574,7 +574,7 @@ def test_needle_from_run_picks_the_earliest_first_divergence_ties_to_the_lowest_
 
 
 def test_needle_from_run_refuses_a_run_where_nothing_diverged(tmp_path):
-    from bistat.probe import NeedleError, needle_from_run
+    from bistat.explain.probe import NeedleError, needle_from_run
 
     exp = _hand_run(tmp_path / "run", _outputs())
     with pytest.raises(NeedleError, match=(
@@ -585,9 +585,9 @@ def test_needle_from_run_refuses_a_run_where_nothing_diverged(tmp_path):
 
 
 def test_needle_from_run_refuses_a_run_of_other_prompts(tmp_path):
-    from bistat.prereg import register
-    from bistat.probe import NeedleError, needle_from_run
-    from bistat.runner import start_run
+    from bistat.declare.prereg import register
+    from bistat.explain.probe import NeedleError, needle_from_run
+    from bistat.run.runner import start_run
 
     (tmp_path / "experiments").mkdir()
     decl = h.write_toml(tmp_path / "experiments" / "fakerun.toml", h.declaration(
@@ -625,9 +625,9 @@ def test_needle_from_a_real_embedded_run_is_its_earliest_divergence(tmp_path_fac
     from responses.jsonl; a run where nothing diverged chooses none."""
     from helpers_explain import blas_run, invariant_run
 
-    from bistat.prereg import load_registration
-    from bistat.probe import NeedleError, needle_from_run
-    from bistat.records import read_header, read_jsonl
+    from bistat.declare.prereg import load_registration
+    from bistat.explain.probe import NeedleError, needle_from_run
+    from bistat.store.records import read_header, read_jsonl
 
     run = blas_run(tmp_path_factory)
     exp = load_registration(read_header(run)["registration"]["path"]).experiment()
@@ -664,7 +664,7 @@ def test_needle_from_a_real_embedded_run_is_its_earliest_divergence(tmp_path_fac
 
 
 def test_the_report_keeps_where_the_needle_came_from_and_old_reports_still_read():
-    from bistat.probe import NeedleSource
+    from bistat.analysis.probe_report import NeedleSource
 
     src = NeedleSource(run="runs/r", run_id="r", prompt_id="chat-0003", prompt_index=3, arm="blas",
                        pass_index=2, reference_pass=1, position=0, kind="token",

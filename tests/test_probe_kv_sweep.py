@@ -13,9 +13,9 @@ import fakes
 import helpers_runner as h
 from helpers_explain import validate
 
-from bistat.probe import (LONG_NEEDLES, ProbeSettings, filler_tokens_of, fillers_in_flight,
-                          long_needle, needle_verdicts, report_from_json, run_probe)
-from bistat.workload import Prompt, load_prompts
+from bistat.analysis.probe_report import (LONG_NEEDLES, ProbeSettings, needle_verdicts, report_from_json)
+from bistat.explain.probe import filler_tokens_of, fillers_in_flight, long_needle, run_probe
+from bistat.run.workload import Prompt, load_prompts
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -208,8 +208,8 @@ def test_the_embedded_engine_end_to_end_through_the_cli(tmp_path, monkeypatch):
 def test_a_finding_shows_the_outcome_per_needle_and_old_reports_render_as_before():
     import dataclasses
 
-    from bistat.analysis import analyze_run
-    from bistat.report import _probe_detail, _probe_needles
+    from bistat.analysis.summary import analyze_run
+    from bistat.report.finding import _probe_detail, _probe_needles
 
     summary = analyze_run(REPO / "data" / "h200" / "h200-match-smollm2-r2")
     assert summary.probe is not None and not summary.probe.settings.sweep

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from bistat.analysis import analyze_run
-from bistat.prereg import verify
-from bistat.report import write_finding
+from bistat.analysis.summary import analyze_run
+from bistat.declare.prereg import verify
+from bistat.report.finding import write_finding
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ROOT / "examples" / "quickstart" / "quickstart-20261129T113548Z"

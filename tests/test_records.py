@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bistat import records
-from bistat.records import RecordsError, RunWriter
+from bistat.store import records
+from bistat.store.records import RecordsError, RunWriter
 
 
 def _resp(i: int, **kw) -> dict:
@@ -188,7 +188,7 @@ def test_concurrent_appends_never_interleave(tmp_path):
 
 
 def test_strict_jsonl_ignores_only_a_truncated_last_line(tmp_path):
-    from bistat.records import RecordsError, iter_jsonl_strict
+    from bistat.store.records import RecordsError, iter_jsonl_strict
 
     path = tmp_path / "passes.jsonl"
     path.write_text('{"a": 1}\n\n{"a": 2}\n{"a": 3, "b"')
@@ -204,8 +204,7 @@ def test_writer_fsyncs_at_most_every_interval_and_on_sync(tmp_path, monkeypatch)
     FSYNC_INTERVAL_S, and every written table is fsync'ed by sync() and close()."""
     import os as _os
 
-    from bistat import records as rec
-
+    from bistat.store import records as rec
     synced = []
     real_fsync = _os.fsync
     monkeypatch.setattr(rec.os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))

@@ -10,9 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from bistat import records
+from bistat.store import records
 from bistat.cli import cli
-from bistat.records import OUTPUTS_FILE, RecordsError, RunWriter
+from bistat.store.records import OUTPUTS_FILE, RecordsError, RunWriter
 
 F32 = [-0.5, -0.25, -1.125, 0.0, -3.0]          # exact in float32
 NOT_F32 = [-0.1, -0.2, -0.30000000000000004]     # not exact in float32

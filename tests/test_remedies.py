@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bistat.remedies import (ModelShape, Remedy, RemedyTable, RemedyTableError, advice_lines,
+from bistat.explain.remedies import (ModelShape, Remedy, RemedyTable, RemedyTableError, advice_lines,
                              load_table, model_shape, parse_table, remedies_for, remedy_words)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,7 +43,7 @@ def test_the_fa3_pin_is_working_by_its_registered_study_on_the_newest_vllm():
 
 
 def test_the_model_shapes_agree_with_the_configs_bistat_builds():
-    from bistat.synth_model import ARCHITECTURES
+    from bistat.model.synth import ARCHITECTURES
 
     by_path = {m.engine_model: m for m in TABLE.models}
     smol = by_path["/tmp/model/smollm2"]

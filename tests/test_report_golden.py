@@ -7,11 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import matplotlib
 import matplotlib.image
+import numpy as np
 import pytest
 
-from bistat.analysis import analyze_run
-from bistat.report import write_finding
+from bistat.analysis.summary import analyze_run
+from bistat.report.finding import write_finding
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "synthetic"
@@ -39,15 +41,41 @@ def test_committed_finding_is_regenerated_byte_for_byte(regenerated):
         "`bistat analyze examples/synthetic/run --out findings` and review the diff")
 
 
+#: the matplotlib release that drew the committed plots: with it they regenerate byte for byte
+DRAWN_WITH = "3.11.2"
+#: with another release, glyph edges and antialiasing may move (matplotlib bundles its own
+#: FreeType build and hinting, which change between releases): at most this share of the pixels
+#: may differ by more than PIXEL_STEP, and the images must have the same size. Two of these plots
+#: of other data differ in about 10 % of their pixels (the test below), 20 times this share.
+MAX_CHANGED_SHARE = 0.005
+PIXEL_STEP = 16 / 255
+
+
 def test_plots_are_byte_identical_when_regenerated(regenerated):
     _, out1, out2 = regenerated
     for plot in PLOTS:
         name = f"{NAME}-{plot}.png"
-        assert (out1 / name).read_bytes() == (out2 / name).read_bytes(), name
-        # the committed PNG exists and has the regenerated size (its pixels depend on the
-        # matplotlib / FreeType version that drew it, so only the markdown is compared exactly)
-        assert (matplotlib.image.imread(FINDINGS / name).shape
-                == matplotlib.image.imread(out1 / name).shape), name
+        fresh = (out1 / name).read_bytes()
+        assert fresh == (out2 / name).read_bytes(), name
+        if matplotlib.__version__ == DRAWN_WITH:
+            assert fresh == (FINDINGS / name).read_bytes(), (
+                f"findings/{name} is stale: regenerate it with "
+                "`bistat analyze examples/synthetic/run --out findings`")
+            continue
+        committed = matplotlib.image.imread(FINDINGS / name)
+        drawn = matplotlib.image.imread(out1 / name)
+        assert committed.shape == drawn.shape, name
+        changed = float((np.abs(committed - drawn).max(axis=-1) > PIXEL_STEP).mean())
+        assert changed <= MAX_CHANGED_SHARE, (name, changed)
+
+
+def test_the_pixel_tolerance_tells_another_plot_apart(regenerated):
+    """The tolerance used with another matplotlib release still fails a plot of other data."""
+    _, out, _ = regenerated
+    a = matplotlib.image.imread(out / f"{NAME}-match.png")
+    b = matplotlib.image.imread(out / f"{NAME}-throughput.png")
+    assert a.shape == b.shape
+    assert float((np.abs(a - b).max(axis=-1) > PIXEL_STEP).mean()) > 10 * MAX_CHANGED_SHARE
 
 
 def test_finding_states_what_the_issue_requires(regenerated):
@@ -82,8 +110,8 @@ def test_operator_notes_are_quoted_in_the_finding(tmp_path):
     """NOTES.md in a run directory appears, quoted line by line, after "Not run"; absent, no section."""
     import shutil
 
-    from bistat.analysis import analyze_run
-    from bistat.report import render_markdown
+    from bistat.analysis.summary import analyze_run
+    from bistat.report.finding import render_markdown
 
     run = tmp_path / "run"
     shutil.copytree(ROOT / "examples" / "synthetic" / "run", run)
@@ -102,7 +130,7 @@ def test_operator_notes_are_quoted_in_the_finding(tmp_path):
 def test_client_in_flight_is_the_time_weighted_mean_of_submitted_requests():
     import pandas as pd
 
-    from bistat.analysis import _client_in_flight
+    from bistat.analysis.summary import _client_in_flight
 
     frame = pd.DataFrame({"arm": ["a", "a", "a", "b"], "pass_index": [0, 0, 0, 0],
                           "t_submit": [0.0, 0.0, 1.0, 0.0], "t_done": [2.0, 1.0, 2.0, None]})
@@ -135,8 +163,8 @@ def test_offline_engine_runs_get_no_front_end_diagnosis():
 def test_too_few_metric_samples_are_not_compared_with_requests_in_flight():
     import dataclasses
 
-    from bistat.analysis import analyze_run
-    from bistat.report import MIN_SAMPLES_FOR_SHARE, _batching
+    from bistat.analysis.summary import analyze_run
+    from bistat.report.finding import MIN_SAMPLES_FOR_SHARE, _batching
 
     s = analyze_run(ROOT / "examples" / "synthetic" / "run",
                     ROOT / "examples" / "synthetic" / "synthetic-example.json")

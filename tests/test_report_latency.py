@@ -2,8 +2,8 @@
 
 from types import SimpleNamespace
 
-from bistat.report import _latency
-from bistat.stats import throughput_ratio
+from bistat.report.finding import _latency
+from bistat.core.stats import throughput_ratio
 
 
 def _pass(arm, wall, counted=True, n_failed=0):

@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats as sps
 
-from bistat.classify import SENTENCES, ArmStats, RunStatus, ValidityCheck, classify
-from bistat.experiment import load_experiment
-from bistat.rule import Label, Rule
+from bistat.core.classify import SENTENCES, ArmStats, RunTestable, ValidityCheck, classify
+from bistat.declare.experiment import load_experiment
+from bistat.core.rule import Label, Rule
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -191,7 +191,7 @@ def test_one_sided_alternative_uses_one_sided_bounds():
 def test_untested_when_run_not_testable():
     v = classify(PUBLISHED, arm("c", "control", 78, 541, [100.0]),
                  arm("t", "treatment", 541, 541, [50.0]),
-                 status=RunStatus(False, "engine refused VLLM_BATCH_INVARIANT=1"))
+                 status=RunTestable(False, "engine refused VLLM_BATCH_INVARIANT=1"))
     assert v.label is Label.UNTESTED
     assert v.sentence == ("The hypothesis was not tested: the run could not test it, so its "
                           "results are evidence neither way.")
@@ -218,7 +218,7 @@ def test_untested_when_a_validity_check_fails_and_noted_when_unknown():
 
 def test_every_request_failed_gives_not_evaluable_criteria():
     v = classify(PUBLISHED, arm("c", "control", 0, 0, []), arm("t", "treatment", 0, 0, []),
-                 status=RunStatus(False, "every request failed"))
+                 status=RunTestable(False, "every request failed"))
     assert v.label is Label.UNTESTED
     assert all(c.met is None for lr in v.labels for c in lr.criteria)
     assert v.labels[0].criteria[0].reason == "treatment arm 't' compared no prompts"
@@ -291,7 +291,7 @@ def test_untested_whenever_not_testable_or_a_check_failed(pair, rule, testable, 
     n, k, kc, t_passes, c_passes = pair
     checks = [ValidityCheck(f"check{i}", p, 0, 0, "") for i, p in enumerate(passed)]
     v = classify(rule, arm("c", "control", kc, n, c_passes), arm("t", "treatment", k, n, t_passes),
-                 checks, RunStatus(testable, None if testable else "engine failed to start"))
+                 checks, RunTestable(testable, None if testable else "engine failed to start"))
     if not testable or False in passed:
         assert v.label is Label.UNTESTED
         assert v.untested_reasons
@@ -309,8 +309,9 @@ def test_label_is_the_first_whose_criteria_all_hold(pair, rule):
     assert v.label.value == (met[0] if met else rule.otherwise)
     for lr in v.labels:
         for c in lr.criteria:
-            assert c.met in (True, False, None)
-            assert (c.met is None) == (c.observed is None)
+            # not evaluable (met None) exactly when the data gave no observation, and then the
+            # criterion says why; an evaluated criterion gives no such reason
+            assert (c.met is None) == (c.observed is None) == (c.reason is not None), c
 
 
 # ---- the false-"working" rate at the boundary, by simulation

@@ -11,8 +11,8 @@ from click.testing import CliRunner
 import fakes
 import helpers_runner as h
 from bistat.cli import cli
-from bistat.prereg import register
-from bistat.records import read_jsonl
+from bistat.declare.prereg import register
+from bistat.store.records import read_jsonl
 
 
 @pytest.fixture
@@ -197,20 +197,20 @@ def test_probe_cli_confirmed_json_and_exit_codes(workdir):
 
 
 def test_an_interrupted_probe_keeps_its_finished_arms(workdir, monkeypatch):
-    import bistat.probe
+    import bistat.explain.probe
 
     data = h.declaration(arms=[{"name": "blas", "role": "control", "args": {"fake": {"divergence": 0.9}}},
                                {"name": "inv-a", "role": "treatment"}, {"name": "inv-b", "role": "treatment"}])
     (workdir / "experiments").mkdir()
     decl = h.write_toml(workdir / "experiments" / "p.toml", data)
-    real = bistat.probe.probe_arm
+    real = bistat.explain.probe.probe_arm
 
     def stopped_at_inv_b(engine, name, role, *args):
         if name == "inv-b":   # what `timeout -s INT` does to a probe past its budget
             raise KeyboardInterrupt
         return real(engine, name, role, *args)
 
-    monkeypatch.setattr(bistat.probe, "probe_arm", stopped_at_inv_b)
+    monkeypatch.setattr(bistat.explain.probe, "probe_arm", stopped_at_inv_b)
     result = _invoke("probe", str(decl), "--max-fillers", "40", "--max-tokens", "5", "--output",
                      "run/probe.json")
     assert result.exit_code == 130
@@ -227,7 +227,7 @@ def test_an_interrupted_probe_keeps_its_finished_arms(workdir, monkeypatch):
     part = json.loads((workdir / "run" / "probe-2.json").read_text())
     assert [a["arm"] for a in part["arms"]] == ["blas"] and part["pending"] == ["inv-b"]
     assert part["outcome"] == "untested"
-    monkeypatch.setattr(bistat.probe, "probe_arm", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
+    monkeypatch.setattr(bistat.explain.probe, "probe_arm", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
     none = _invoke("probe", str(decl), "--max-fillers", "40", "--output", "run/probe-3.json")
     assert none.exit_code == 130 and not (workdir / "run" / "probe-3.json").exists()
     assert none.stderr.splitlines()[-1] == "interrupted: no arm had finished, nothing was written"
@@ -341,11 +341,11 @@ def test_run_refuses_a_busy_gpu_with_its_own_message(workdir, monkeypatch):
                "(and a leftover run's engines are among them). Stop them, or record the run "
                "anyway with --allow-busy-gpu (its finding will list this as a deviation)\n")
     path = _register(workdir, engine={"kind": "vllm-server", "model": "/tmp/m"})
-    monkeypatch.setattr("bistat.fingerprint.gpu_processes", lambda: busy)
+    monkeypatch.setattr("bistat.run.fingerprint.gpu_processes", lambda: busy)
     result = _invoke("run", str(path), "--run-dir", "runs/busy", "--no-progress")
     assert (result.exit_code, result.output) == (1, message)
     looks = iter([[], busy])
-    monkeypatch.setattr("bistat.fingerprint.gpu_processes", lambda: next(looks))
+    monkeypatch.setattr("bistat.run.fingerprint.gpu_processes", lambda: next(looks))
     result = _invoke("run", str(path), "--run-dir", "runs/busy", "--no-progress")
     assert (result.exit_code, result.output) == (1, "running fakerun into runs/busy\n" + message)
     assert not (workdir / "runs").exists()

@@ -7,8 +7,8 @@ from collections import Counter
 import fakes
 import helpers_runner as h
 
-from bistat.records import read_jsonl
-from bistat.runner import start_run
+from bistat.store.records import read_jsonl
+from bistat.run.runner import start_run
 
 REG = {"path": "p.json", "sha256": "0" * 64, "registered_utc": "2026-01-01T00:00:00Z", "name": "fakerun"}
 
@@ -118,7 +118,7 @@ def test_a_vllm_offline_worker_dying_mid_pass_interrupts_the_run_and_resume_fini
     pass ends interrupted with the results received kept, the engines are stopped, the run is
     incomplete (not 8 more passes of '12 failed'), and a resume completes the schedule."""
     from bistat.engines.vllm_offline import VLLMOfflineEngine
-    from bistat.runner import resume_run
+    from bistat.run.runner import resume_run
 
     site = fakes.fake_vllm_site(tmp_path)
     flag = tmp_path / "crash-once"
@@ -165,7 +165,7 @@ def test_a_vllm_offline_worker_dying_mid_pass_interrupts_the_run_and_resume_fini
 def test_auto_concurrency_leaves_headroom_per_gpu_engine():
     """h200-cost-qwen3-8b-throughput: three vLLM engines at 0.32 (0.96 <= 1) were kept up
     together and one ran out of GPU memory; each held 1.0-3.0 GiB over its fraction."""
-    from bistat.runner import ENGINE_HEADROOM_FRACTION, resolve_engines_concurrent
+    from bistat.engines.concurrency import ENGINE_HEADROOM_FRACTION, resolve_engines_concurrent
 
     def exp(kind, fraction, n=3):
         return h.experiment(engine={"kind": kind, "model": "m",

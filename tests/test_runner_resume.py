@@ -13,8 +13,8 @@ import pytest
 
 import fakes
 import helpers_runner as h
-from bistat.records import read_jsonl
-from bistat.runner import GpuBusyError, ResumeError, read_resume_state, resume_run, start_run
+from bistat.store.records import read_jsonl
+from bistat.run.runner import GpuBusyError, ResumeError, read_resume_state, resume_run, start_run
 
 REG = {"path": "p.json", "sha256": "0" * 64, "registered_utc": "2026-01-01T00:00:00Z", "name": "fakerun"}
 TESTS = Path(__file__).resolve().parent
@@ -99,7 +99,7 @@ KILL_SCRIPT = """
 import sys
 sys.path.insert(0, {tests!r})
 import fakes, helpers_runner as h
-from bistat.runner import start_run
+from bistat.run.runner import start_run
 ALL = ["chat-%04d" % i for i in range(12)]
 arms = [{{"name": "blas", "role": "control"}},
         {{"name": "invariant", "role": "treatment", "args": {{"fake": {{"exit_on_call": 2, "crash_after": 6,
@@ -143,11 +143,11 @@ def test_resume_refuses_a_busy_gpu_before_writing_anything_unless_allowed(tmp_pa
                        arms=[{"name": "blas", "role": "control", "args": {"fake": {"crash_on_call": 1}}},
                              {"name": "invariant", "role": "treatment"}])
     d = tmp_path / "run"
-    monkeypatch.setattr("bistat.fingerprint.gpu_processes", lambda: [])
+    monkeypatch.setattr("bistat.run.fingerprint.gpu_processes", lambda: [])
     assert start_run(exp, REG, d, engine_factory=script.factory).status == "incomplete"
     before = {p.name: p.read_bytes() for p in d.iterdir() if p.is_file()}
     busy = [{"gpu_uuid": "GPU-x", "pid": 1105, "name": "VLLM::EngineCore", "used_memory_mib": 28930}]
-    monkeypatch.setattr("bistat.fingerprint.gpu_processes", lambda: busy)
+    monkeypatch.setattr("bistat.run.fingerprint.gpu_processes", lambda: busy)
     with pytest.raises(GpuBusyError, match=r"^other processes hold the GPU: pid 1105 "
                                            r"VLLM::EngineCore \(28930 MiB on GPU-x\)\. "):
         resume_run(exp, d, engine_factory=script.factory)

@@ -10,8 +10,8 @@ import pytest
 import fakes
 import helpers_runner as h
 from bistat.engines.base import MetricsSample
-from bistat.records import logprob_sha256, read_jsonl, read_table, token_sha256
-from bistat.runner import (GpuBusyError, PlainReporter, batching_summary, new_run_dir,
+from bistat.store.records import logprob_sha256, read_jsonl, read_table, token_sha256
+from bistat.run.runner import (GpuBusyError, PlainReporter, batching_summary, new_run_dir,
                            resolve_engines_concurrent, start_run)
 
 REG = {"path": "preregistrations/fakerun.json", "sha256": "ab" * 32, "registered_utc": "2026-01-01T00:00:00Z",
@@ -111,7 +111,7 @@ def test_restart_mode_when_memory_does_not_allow(tmp_path, monkeypatch):
     assert resolve_engines_concurrent(h.experiment())[0] is True
 
     script = fakes.FakeScript()
-    monkeypatch.setattr("bistat.runner.resolve_engines_concurrent", lambda e: (False, "declared"))
+    monkeypatch.setattr("bistat.run.runner.resolve_engines_concurrent", lambda e: (False, "declared"))
     outcome = start_run(h.experiment(), REG, tmp_path / "r2", engine_factory=script.factory)
     assert outcome.status == "complete"
     assert script.max_running_engines == 1
@@ -158,7 +158,7 @@ def test_rich_progress_reports_each_pass(tmp_path):
 
     from rich.console import Console
 
-    from bistat.runner import RichReporter
+    from bistat.run.runner import RichReporter
 
     buf = io.StringIO()
     console = Console(file=buf, force_terminal=True, width=120, color_system=None)
@@ -229,7 +229,7 @@ def test_bistat_run_refuses_a_vllm_run_on_a_busy_gpu_unless_allowed(monkeypatch)
 
     procs = [{"gpu_uuid": "GPU-x", "pid": 1105, "name": "VLLM::EngineCore",
               "used_memory_mib": 28930}]
-    monkeypatch.setattr("bistat.fingerprint.gpu_processes", lambda: procs)
+    monkeypatch.setattr("bistat.run.fingerprint.gpu_processes", lambda: procs)
     served = h.experiment(engine={"kind": "vllm-server", "model": "/tmp/m"})
     with pytest.raises(click.ClickException, match=r"other processes hold the GPU: pid 1105 "
                        r"VLLM::EngineCore \(28930 MiB on GPU-x\)\..*--allow-busy-gpu"):
@@ -237,7 +237,7 @@ def test_bistat_run_refuses_a_vllm_run_on_a_busy_gpu_unless_allowed(monkeypatch)
     assert cmd_run._gpu_busy(served, allow=True) == "pid 1105 VLLM::EngineCore (28930 MiB on GPU-x)"
     # the embedded engine and a remote server start nothing on this GPU: not checked
     assert cmd_run._gpu_busy(h.experiment(), allow=False) is None
-    monkeypatch.setattr("bistat.fingerprint.gpu_processes", lambda: None)  # no nvidia-smi
+    monkeypatch.setattr("bistat.run.fingerprint.gpu_processes", lambda: None)  # no nvidia-smi
     assert cmd_run._gpu_busy(served, allow=False) is None
 
 
@@ -246,7 +246,7 @@ BUSY = [{"gpu_uuid": "GPU-x", "pid": 1105, "name": "VLLM::EngineCore", "used_mem
 
 def test_start_run_refuses_a_vllm_run_on_a_busy_gpu_unless_allowed(tmp_path, monkeypatch):
     """The refusal is the runner's, not only the CLI's: a library caller gets it too."""
-    monkeypatch.setattr("bistat.fingerprint.gpu_processes", lambda: BUSY)
+    monkeypatch.setattr("bistat.run.fingerprint.gpu_processes", lambda: BUSY)
     served = h.experiment(engine={"kind": "vllm-server", "model": "/tmp/m"})
     script = fakes.FakeScript()
     with pytest.raises(GpuBusyError, match=r"^other processes hold the GPU: pid 1105 "
@@ -273,19 +273,19 @@ def test_start_run_refuses_a_vllm_run_on_a_busy_gpu_unless_allowed(tmp_path, mon
 
 
 def test_start_run_checks_the_gpu_only_for_engines_it_starts_there(tmp_path, monkeypatch):
-    monkeypatch.setattr("bistat.fingerprint.gpu_processes", lambda: BUSY)
+    monkeypatch.setattr("bistat.run.fingerprint.gpu_processes", lambda: BUSY)
     # the fake (like the embedded engine and an attached server) starts nothing on this GPU
     assert start_run(h.experiment(), REG, tmp_path / "fake",
                      engine_factory=fakes.FakeScript().factory).status == "complete"
     served = h.experiment(engine={"kind": "vllm-offline", "model": "/tmp/m"})
     for name, procs in (("free", []), ("no-smi", None)):   # nothing there; no nvidia-smi to ask
-        monkeypatch.setattr("bistat.fingerprint.gpu_processes", lambda procs=procs: procs)
+        monkeypatch.setattr("bistat.run.fingerprint.gpu_processes", lambda procs=procs: procs)
         outcome = start_run(served, REG, tmp_path / name, engine_factory=fakes.FakeScript().factory)
         assert outcome.status == "complete"
         events, _ = read_jsonl(tmp_path / name / "events.jsonl")
         assert "gpu_busy" not in {e["event"] for e in events}
     # a caller that checked the GPU itself and allowed what it found: recorded, not checked again
-    monkeypatch.setattr("bistat.fingerprint.gpu_processes", lambda: BUSY)
+    monkeypatch.setattr("bistat.run.fingerprint.gpu_processes", lambda: BUSY)
     outcome = start_run(served, REG, tmp_path / "checked", engine_factory=fakes.FakeScript().factory,
                         gpu_busy="pid 7 python3 (100 MiB on GPU-x)")
     events, _ = read_jsonl(tmp_path / "checked" / "events.jsonl")

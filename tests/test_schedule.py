@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from bistat.schedule import counted_order, plan_schedule
+from bistat.core.schedule import counted_order, plan_schedule
 
 
 def _flat(blocks):

@@ -12,15 +12,16 @@ import jsonschema
 import pytest
 from helpers_explain import SCHEMAS, blas_run, invariant_run, validate, validate_run_dir
 
-from bistat.analysis import analyze_run, summary_to_dict
-from bistat.anatomy import divergence_anatomy
-from bistat.diagnose import diagnose_run
-from bistat.doctor import doctor
+from bistat.analysis.summary import analyze_run, summary_to_dict
+from bistat.analysis.anatomy import divergence_anatomy
+from bistat.explain.diagnose import diagnose_run
+from bistat.explain.doctor import doctor
 from bistat.engines.registry import create_engine
-from bistat.inspect_run import inspect_run
-from bistat.prereg import load_registration
-from bistat.probe import ProbeSettings, run_probe
-from bistat.records import read_header, read_jsonl
+from bistat.explain.inspect_run import inspect_run
+from bistat.declare.prereg import load_registration
+from bistat.analysis.probe_report import ProbeSettings
+from bistat.explain.probe import run_probe
+from bistat.store.records import read_header, read_jsonl
 
 EXPECTED = {"anatomy", "diagnosis", "doctor", "environment", "events", "inspect", "metrics",
             "passes", "probe", "repro", "repro-environment", "repro-outputs", "repro-probes",

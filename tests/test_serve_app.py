@@ -9,7 +9,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bistat.server import BackgroundServer
+from bistat.engines.serve.server import BackgroundServer
 from helpers_serve import EOS, ByteTokenizer, expected_logprob, expected_token, fake_app
 
 TOK = ByteTokenizer()

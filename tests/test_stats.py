@@ -1,4 +1,4 @@
-"""bistat.stats against published values, libraries' reference values, and its error messages."""
+"""bistat.core.stats against published values, libraries' reference values, and its error messages."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-import bistat.stats as bs
-from bistat.stats import (
+import bistat.core.stats as bs
+from bistat.core.stats import (
     Interval,
     intervals_overlap,
     match_fraction,

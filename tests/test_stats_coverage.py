@@ -1,7 +1,7 @@
-"""Simulation coverage of bistat.stats' intervals (issue 2: "every interval's coverage within
+"""Simulation coverage of bistat.core.stats' intervals (issue 2: "every interval's coverage within
 +-1.5 points of nominal over a documented grid (fixed seeds; fast enough for CI)").
 
-Each test draws seeded samples at known parameters, computes the intervals with bistat.stats
+Each test draws seeded samples at known parameters, computes the intervals with bistat.core.stats
 and counts how often they contain the truth. Two assertions per grid:
 
 1. **Against nominal.** Empirical coverage is within +-1.5 percentage points of the nominal level.
@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from bistat.stats import newcombe_difference, throughput_ratio, wilson_interval
+from bistat.core.stats import newcombe_difference, throughput_ratio, wilson_interval
 
 BAND_FALSE_ALARM = 0.001  # family-wise false-alarm rate of the acceptance bands in a test
 TOLERANCE = 0.015  # +-1.5 percentage points (issue 2)

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from bistat.design_report import analyse_design
-from bistat.experiment import DeclarationError, load_experiment, validate_experiment
-from bistat.fingerprint import same_node
-from bistat.workload import load_prompts
+from bistat.declare.design_report import analyse_design
+from bistat.declare.experiment import DeclarationError, load_experiment, validate_experiment
+from bistat.run.fingerprint import same_node
+from bistat.run.workload import load_prompts
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -96,8 +96,8 @@ def test_the_declarations_are_the_whole_set():
 def test_each_newest_vllm_rerun_is_its_earlier_study_on_0_33_under_the_default_rule(name):
     """Same engine, model and workload as the 0.25.0 study (passes aside), vLLM 0.33.0 required,
     the default rule with its cost rule, registered before any data."""
-    from bistat.prereg import load_registration
-    from bistat.template import default_rule
+    from bistat.declare.prereg import load_registration
+    from bistat.declare.template import default_rule
 
     mine = load_experiment(EXP / f"{name}.toml")
     theirs = load_experiment(EXP / f"{NEWEST[name]}.toml")
@@ -123,8 +123,8 @@ def test_each_exploratory_declaration_is_its_runs_declaration_with_the_default_r
     the same resolved declaration but for the name and the rule, which is the default rule."""
     import json
 
-    from bistat.prereg import load_registration
-    from bistat.template import default_rule
+    from bistat.declare.prereg import load_registration
+    from bistat.declare.template import default_rule
 
     base = name.removesuffix("-exploratory")
     mine = load_registration(ROOT / "preregistrations" / f"{name}.json")
@@ -145,7 +145,7 @@ def test_the_kv128_test_keeps_every_token_within_one_128_key_tile():
     """The longest chat prompt SmolLM2's template made in the pilot (52 tokens) plus the last of
     max_tokens outputs reads at most 128 keys; the arms are the pilot's FlashAttention-3 pair
     against the TRITON_ATTN reference, on the r2 study's engine settings."""
-    from bistat.records import read_table
+    from bistat.store.records import read_table
 
     exp = _validated("h200-fa3-kv128-smollm2")
     pilot = read_table(ROOT / "data" / "h200" / "h200-match-smollm2", "responses", ["n_prompt_tokens"])
@@ -317,7 +317,7 @@ OUT_OF_MEMORY = ["h200-cost-qwen3-8b-throughput", "h200-cost-qwen3-8b-throughput
 
 
 def test_engines_of_every_study_fit_one_gpu_together():
-    from bistat.runner import resolve_engines_concurrent
+    from bistat.engines.concurrency import resolve_engines_concurrent
 
     for name in ALL:
         together, why = resolve_engines_concurrent(_validated(name))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from bistat import synth_model as sm
+from bistat.model import synth as sm
 from bistat.cli import cli
 
 TINY = {

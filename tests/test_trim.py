@@ -1,4 +1,4 @@
-"""Trimmed compaction (``bistat.trim.trim`` / ``bistat compact --trim``): of a slim run's outputs
+"""Trimmed compaction (``bistat.store.trim.trim`` / ``bistat compact --trim``): of a slim run's outputs
 only what the registered analysis reads, and findings that regenerate unchanged."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import pytest
 from click.testing import CliRunner
 from helpers_analysis import declaration, make_run, register_tiny
 
-from bistat import records
-from bistat.analysis import analyze_run, summary_to_dict
-from bistat.anatomy import divergence_anatomy
+from bistat.store import records
+from bistat.analysis.summary import analyze_run, summary_to_dict
+from bistat.analysis.anatomy import divergence_anatomy
 from bistat.cli import cli
-from bistat.records import OUTPUT_LENGTH, OUTPUTS_FILE, RecordsError
-from bistat.report import write_finding
-from bistat.trim import trim
+from bistat.store.records import OUTPUT_LENGTH, OUTPUTS_FILE, RecordsError
+from bistat.report.finding import write_finding
+from bistat.store.trim import trim
 
 ROOT = Path(__file__).resolve().parents[1]
 N_PROMPTS, PASSES, WARMUP, LENGTH = 8, 3, 1, 8

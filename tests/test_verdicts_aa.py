@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from bistat.classify import ArmStats, PairedCounts, classify
-from bistat.rule import Label, Rule
-from bistat.template import default_rule
+from bistat.core.classify import ArmStats, PairedCounts, classify
+from bistat.core.rule import Label, Rule
+from bistat.declare.template import default_rule
 
 #: The default rule's labels without its cost rule: the label reads no throughput, and the cost
 #: rule's search for the passes that would decide an undecidable cost is slow to repeat.
@@ -89,10 +89,10 @@ def _study(root, name: str, arms) -> "object":
     real embedded adapter, and analyse it."""
     from helpers_explain import declaration_toml, save_near_tie
 
-    from bistat.analysis import analyze_run
-    from bistat.prereg import register
-    from bistat.runner import start_run
-    from bistat.template import DEFAULT_RULE_TOML
+    from bistat.analysis.summary import analyze_run
+    from bistat.declare.prereg import register
+    from bistat.run.runner import start_run
+    from bistat.declare.template import DEFAULT_RULE_TOML
 
     model = save_near_tie(root / "model")
     text = declaration_toml(name, model, arms, n_prompts=288, passes=2)

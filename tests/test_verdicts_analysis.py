@@ -15,15 +15,16 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bistat import records
-from bistat.analysis import analyze_run, divergence_position
-from bistat.batching import batching_summary
+from bistat.store import records
+from bistat.analysis.summary import analyze_run
+from bistat.core.divergence import divergence_position
+from bistat.run.batching import batching_summary
 from bistat.cli import cli
-from bistat.divergence import first_divergence
+from bistat.core.divergence import first_divergence
 from bistat.engines.base import GenerationResult, MetricsSample
-from bistat.probe import compare_bitwise
-from bistat.report import render_markdown
-from bistat.rule import Label
+from bistat.analysis.probe_report import compare_bitwise
+from bistat.report.finding import render_markdown
+from bistat.core.rule import Label
 
 ROOT = Path(__file__).resolve().parents[1]
 TP1 = ROOT / "data" / "h200-tp" / "tp1-match"
@@ -150,7 +151,7 @@ def _samples(rows) -> list[MetricsSample]:
 @pytest.mark.parametrize("run", COMMITTED_RUNS, ids=lambda p: p.name)
 def test_the_batching_mean_the_validity_check_reads_is_the_runners(run):
     """The analysis's mean running batch per pass (the Batching table, the min_mean_running
-    check) is bistat.batching.batching_summary over the pass's metrics samples, the function the
+    check) is bistat.run.batching.batching_summary over the pass's metrics samples, the function the
     runner writes passes.jsonl with. For vLLM's readings it equals the recorded figure: exactly for
     runs recorded under Python >= 3.12 (whose sum() compensates, as math.fsum does), to rounding
     for 3.11's. The embedded engine's samples are means since the previous sample and now stand
@@ -225,20 +226,19 @@ def test_every_reader_uses_the_one_first_divergence(a, b, data):
     r = lambda ids, lps: GenerationResult("n", list(ids), "", list(lps), None, None, None,  # noqa
                                           0.0, None, 0.0)
     assert compare_bitwise(r(a, la), r(b, lb)).first_divergence == pos
-    from bistat.trim import _divergence_at
-    assert _divergence_at((np.asarray(a, dtype=np.int64), np.asarray(la)),
-                          (np.asarray(b, dtype=np.int64), np.asarray(lb)),
-                          "token_ids+logprobs") == pos
+    # the trimmed compaction hands it the recorded arrays as lists
+    assert divergence_position(np.asarray(a, dtype=np.int64).tolist(),
+                               np.asarray(b, dtype=np.int64).tolist(), np.asarray(la).tolist(),
+                               np.asarray(lb).tolist(), "token_ids+logprobs") == pos
     tok = _reference(a, b, [], [])
     assert divergence_position(a, b, la, lb, "token_ids") == (None if tok is None else tok[0])
 
 
 def test_the_point_ratio_a_finding_shows_is_the_one_the_classifier_decided_on():
     """A one-pass ratio of 90 to 100: 0.9 in the summary, the criterion and the finding."""
-    from bistat.classify import ArmStats, classify
-    from bistat.experiment import load_experiment
-    from bistat import stats
-
+    from bistat.core.classify import ArmStats, classify
+    from bistat.declare.experiment import load_experiment
+    from bistat.core import stats
     rule = load_experiment(ROOT / "experiments" / "published-protocol.toml").rule
     assert stats.ratio_of_geometric_means([90.0], [100.0]) == 0.9
     v = classify(rule, ArmStats("c", "control", 541, 78, (100.0,)),

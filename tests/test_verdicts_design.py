@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from bistat import design, stats
-from bistat.classify import ArmStats, CostOutcome, classify_cost
-from bistat.design_report import analyse_design, format_design
-from bistat.experiment import validate_experiment
-from bistat.rule import CostRule
-from bistat.template import declaration_template
+from bistat.core import design, stats
+from bistat.core.classify import ArmStats, CostOutcome, classify_cost
+from bistat.declare.design_report import analyse_design, format_design
+from bistat.declare.experiment import validate_experiment
+from bistat.core.rule import CostRule
+from bistat.declare.template import declaration_template
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,7 +47,7 @@ def test_max_matches_below_upper_against_a_scan(n, threshold, alternative):
 @pytest.mark.parametrize("n, pt, pc, d", [(30, 0.9, 0.6, 0.0), (40, 0.8, 0.8, 0.0),
                                           (25, 1.0, 0.7, 0.1)])
 def test_power_newcombe_equals_the_exact_sum_over_statsmodels_intervals(n, pt, pc, d):
-    """Every (k_t, k_c) through bistat.stats.newcombe_difference (statsmodels), weighted by the
+    """Every (k_t, k_c) through bistat.core.stats.newcombe_difference (statsmodels), weighted by the
     binomial pmfs."""
     exact = sum(sps.binom.pmf(kt, n, pt) * sps.binom.pmf(kc, n, pc)
                 for kt in range(n + 1) for kc in range(n + 1)
@@ -57,7 +57,7 @@ def test_power_newcombe_equals_the_exact_sum_over_statsmodels_intervals(n, pt, p
 
 @pytest.mark.parametrize("n, pt, pc", [(60, 1.0, 0.9), (200, 0.95, 0.9), (100, 0.9, 0.9)])
 def test_power_mcnemar_against_seeded_simulation_through_stats(n, pt, pc):
-    """Prompts matching independently per arm, tested by bistat.stats.mcnemar_test; the
+    """Prompts matching independently per arm, tested by bistat.core.stats.mcnemar_test; the
     simulated rate must fall in the binomial acceptance band of the exact figure."""
     rng = np.random.default_rng(20261202)
     reps = 3000
@@ -84,7 +84,7 @@ def test_mcnemar_under_a_a_is_at_most_half_its_level():
 
 @pytest.mark.parametrize("true_ratio", [1.0, 0.8, 0.93])
 def test_cost_outcome_probabilities_against_the_classifier(true_ratio):
-    """Seeded lognormal passes classified by bistat.classify.classify_cost: each outcome's rate
+    """Seeded lognormal passes classified by bistat.core.classify.classify_cost: each outcome's rate
     inside the acceptance band of the design's figure."""
     rng = np.random.default_rng(7)
     reps, n, cv = 600, 5, 0.06

@@ -2,7 +2,7 @@
 rule, published summaries, one rounding, and the refusal of criteria a run could never evaluate.
 
 Expected values are computed here from their definitions (scipy's binomial and chi-square,
-statsmodels' TOST through ``bistat.stats.tost_ratio``), never copied from the classifier.
+statsmodels' TOST through ``bistat.core.stats.tost_ratio``), never copied from the classifier.
 """
 
 from __future__ import annotations
@@ -16,23 +16,23 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats as sps
 
-from bistat import design, stats
-from bistat.classify import (
+from bistat.core import design, stats
+from bistat.core.classify import (
     COST_SENTENCES,
     ActivationEvidence,
     ArmStats,
     CostOutcome,
     PairedCounts,
     RatioSummary,
-    RunStatus,
+    RunTestable,
     ValidityCheck,
     classify,
     classify_cost,
     format_decided,
 )
-from bistat.experiment import DeclarationError, load_experiment, validate_experiment
-from bistat.rule import CostRule, Label, Rule
-from bistat.template import DEFAULT_RULE_TOML, declaration_template, default_rule
+from bistat.declare.experiment import DeclarationError, load_experiment, validate_experiment
+from bistat.core.rule import CostRule, Label, Rule
+from bistat.declare.template import DEFAULT_RULE_TOML, declaration_template, default_rule
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = default_rule()
@@ -402,7 +402,7 @@ def test_bad_activation_criteria_fields_are_named():
 def test_a_sealed_rule_without_the_new_fields_still_resolves():
     """Additive: registrations sealed before issue 18 lack rule.cost and the control's assumed
     rate; the current schema fills in None and the default, and verifies them."""
-    from bistat.prereg import load_registration
+    from bistat.declare.prereg import load_registration
     reg = load_registration(ROOT / "preregistrations" / "quickstart.json")
     assert "cost" not in reg.declaration["rule"]
     exp = reg.experiment()

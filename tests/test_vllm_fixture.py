@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from bistat.analysis import analyze_run
-from bistat.prereg import verify
+from bistat.analysis.summary import analyze_run
+from bistat.declare.prereg import verify
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "vllm-h200"
@@ -69,8 +69,8 @@ def test_a_run_whose_engines_failed_to_start_is_untested():
 
 
 def test_diagnose_and_inspect_work_on_a_recorded_vllm_run():
-    from bistat.diagnose import diagnose_run, render_diagnosis
-    from bistat.inspect_run import inspect_run, render_inspection
+    from bistat.explain.diagnose import diagnose_run, render_diagnosis
+    from bistat.explain.inspect_run import inspect_run, render_inspection
 
     d = diagnose_run(TRITON)
     text = render_diagnosis(d)
@@ -84,7 +84,7 @@ def test_diagnose_and_inspect_work_on_a_recorded_vllm_run():
 def test_committed_h200_findings_regenerate_byte_for_byte(name, suffix, tmp_path, monkeypatch):
     """As scripts/regenerate_findings.sh writes them: under the registration the run was
     recorded under, and under its exploratory sibling (the default rule, sealed after the data)."""
-    from bistat.report import write_finding
+    from bistat.report.finding import write_finding
 
     monkeypatch.chdir(ROOT)
     files = write_finding(analyze_run(DATA.relative_to(ROOT) / name,

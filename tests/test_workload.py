@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bistat.workload import (
+from bistat.run.workload import (
     CHAT_CAPACITY,
     WorkloadError,
     load_prompts,
@@ -131,7 +131,7 @@ def test_requests_carry_explicit_sampling_settings_and_per_prompt_seeds():
 
 
 def test_output_lengths_uniform_in_the_declared_range_and_the_same_in_every_pass_and_arm():
-    from bistat.workload import load_prompts, requests_for_pass
+    from bistat.run.workload import load_prompts, requests_for_pass
 
     prompts = load_prompts("builtin:token-ids", 400, 0)
     common = dict(seed=0, shuffle=True, max_tokens=110, temperature=0.0, top_p=1.0, top_k=-1,

@@ -134,7 +134,7 @@ def check(paths: list[str], models: Path | None) -> int:
 
     from bistat.engines.vllm_offline import VLLMOfflineEngine
     from bistat.engines.vllm_server import VLLMServerEngine
-    from bistat.experiment import load_experiment
+    from bistat.declare.experiment import load_experiment
 
     parser, serve = _serve_parser()
     fields = {f.name for f in dataclasses.fields(EngineArgs)}

@@ -22,7 +22,7 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRAC
 export VLLM_USE_FLASHINFER_SAMPLER=0      # flashinfer is not carried; the sampler would import it
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 # this machine reaches no package index: runs record "not checked" instead of waiting on DNS; the
-# newest release is the one sealed at registration (bistat.releases)
+# newest release is the one sealed at registration (bistat.declare.releases)
 export BISTAT_PACKAGE_INDEX=off
 export OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"

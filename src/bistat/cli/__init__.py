@@ -10,9 +10,7 @@ import importlib
 
 import click
 
-from bistat import __version__
-
-# Each module in this list defines ``register(group: click.Group) -> None``.
+from bistat import __version__   # Each module in this list defines ``register(group: click.Group) -> None``.
 _COMMAND_MODULES = (
     "bistat.cli.cmd_new",        # new (a declaration with the default rule)
     "bistat.cli.cmd_register",   # register, verify, design

@@ -1,9 +1,9 @@
 """``bistat analyze`` (recorded run -> finding) and ``bistat compact`` (JSONL -> Parquet).
 
-Thin commands: ``analyze`` calls ``bistat.analysis.analyze_run`` then
-``bistat.report.write_finding``, prints ``bistat.gating.ci_summary`` and exits with
-``bistat.gating.gate``'s code (``--fail-on``); ``compact`` calls ``bistat.records.compact``
-(``--slim``/``--top-k``: its ``slim``/``top_k``) and, with ``--trim``, ``bistat.trim.trim``
+Thin commands: ``analyze`` calls ``bistat.analysis.summary.analyze_run`` then
+``bistat.report.finding.write_finding``, prints ``bistat.report.gating.ci_summary`` and exits with
+``bistat.report.gating.gate``'s code (``--fail-on``); ``compact`` calls ``bistat.store.records.compact``
+(``--slim``/``--top-k``: its ``slim``/``top_k``) and, with ``--trim``, ``bistat.store.trim.trim``
 (``--unit``: its ``unit``).
 Library errors reach the user as ``Error: <message>`` with exit code 1.
 """
@@ -15,13 +15,13 @@ from pathlib import Path
 
 import click
 
-from bistat.analysis import AnalysisError, analyze_run, summary_to_dict
-from bistat.gating import FailOnError, ci_summary, gate, parse_fail_on
-from bistat.experiment import DeclarationError
-from bistat.prereg import RegistrationError
-from bistat.records import TRIM_SERVES, RecordsError, compact, trim_info
-from bistat.report import write_finding
-from bistat.trim import trim
+from bistat.analysis.summary import AnalysisError, analyze_run, summary_to_dict
+from bistat.report.gating import FailOnError, ci_summary, gate, parse_fail_on
+from bistat.declare.experiment import DeclarationError
+from bistat.declare.prereg import RegistrationError
+from bistat.store.records import TRIM_SERVES, RecordsError, compact, trim_info
+from bistat.report.finding import write_finding
+from bistat.store.trim import trim
 
 _ERRORS = (AnalysisError, RecordsError, RegistrationError, DeclarationError)
 

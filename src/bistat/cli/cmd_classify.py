@@ -7,9 +7,9 @@ from pathlib import Path
 
 import click
 
-from bistat.experiment import DeclarationError, load_experiment
-from bistat.prereg import RegistrationError, load_registration
-from bistat.published import SummaryError, classify_summary, parse_counts, parse_named
+from bistat.declare.experiment import DeclarationError, load_experiment
+from bistat.declare.prereg import RegistrationError, load_registration
+from bistat.analysis.published import SummaryError, classify_summary, parse_counts, parse_named
 
 
 def register(group: click.Group) -> None:

@@ -36,9 +36,9 @@ def register(group: click.Group) -> None:
         """Set one study's runs on two engine releases side by side: per arm the match counts and
         intervals, verdicts, cost, the engine's mode, what changed by fixed rules, and the upstream
         changes between the releases that touch what each arm ran."""
-        from bistat.analysis import AnalysisError, analyze_run
-        from bistat.report import render_version_comparison
-        from bistat.version_compare import VersionCompareError, compare_versions
+        from bistat.analysis.summary import AnalysisError, analyze_run
+        from bistat.report.finding import render_version_comparison
+        from bistat.analysis.version_compare import VersionCompareError, compare_versions
 
         try:
             earlier = analyze_run(earlier_run, earlier_registration)

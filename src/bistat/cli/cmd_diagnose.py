@@ -1,6 +1,6 @@
 """``bistat diagnose RUN_DIR``: rank the likely causes of a run's divergences, with evidence.
 
-Thin command over :func:`bistat.diagnose.diagnose_run`. Exit code 0 (also when there is nothing
+Thin command over :func:`bistat.explain.diagnose.diagnose_run`. Exit code 0 (also when there is nothing
 to diagnose); 1 when the run cannot be read.
 """
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from bistat.records import RecordsError
+from bistat.store.records import RecordsError
 
 __all__ = ["register"]
 
@@ -40,7 +40,7 @@ def register(group: click.Group) -> None:
         batch (first divergences all one key past a power-of-two KV length). A run in which
         nothing diverged has nothing to diagnose, and the command says so.
         """
-        from bistat.diagnose import diagnose_run, render_diagnosis
+        from bistat.explain.diagnose import diagnose_run, render_diagnosis
 
         try:
             result = diagnose_run(run_dir, probe_reports=probes, epsilon=epsilon)

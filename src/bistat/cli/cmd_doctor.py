@@ -1,6 +1,6 @@
 """``bistat doctor``: which engines are usable here, GPU and driver, versions, cache, models.
 
-Thin command over :func:`bistat.doctor.doctor`. Exit code 0 (the report is informational).
+Thin command over :func:`bistat.explain.doctor.doctor`. Exit code 0 (the report is informational).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def register(group: click.Group) -> None:
     def doctor_cmd(as_json: bool) -> None:
         """Check this machine: usable engines (vLLM is looked up, never imported), GPUs and
         driver, package versions, the model cache and which registered models it holds."""
-        from bistat.doctor import doctor, render_doctor
+        from bistat.explain.doctor import doctor, render_doctor
 
         rep = doctor()
         if as_json:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from bistat.findings_index import write_index
+from bistat.report.index import write_index
 
 
 def register(group: click.Group) -> None:

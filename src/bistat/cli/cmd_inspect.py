@@ -1,6 +1,6 @@
 """``bistat inspect RUN_DIR``: what a run holds, its schema version, its registration, its gaps.
 
-Thin command over :func:`bistat.inspect_run.inspect_run`. Exit code 0; 1 when RUN_DIR is not a
+Thin command over :func:`bistat.explain.inspect_run.inspect_run`. Exit code 0; 1 when RUN_DIR is not a
 readable run directory.
 """
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from bistat.records import RecordsError
+from bistat.store.records import RecordsError
 
 __all__ = ["register"]
 
@@ -24,7 +24,7 @@ def register(group: click.Group) -> None:
     @click.option("--json", "as_json", is_flag=True, help="Print the inspection as JSON.")
     def inspect_cmd(run_dir: Path, as_json: bool) -> None:
         """Show what the run RUN_DIR holds: tables, passes, registration, gaps, failed requests."""
-        from bistat.inspect_run import inspect_run, render_inspection
+        from bistat.explain.inspect_run import inspect_run, render_inspection
 
         try:
             ins = inspect_run(run_dir)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from bistat.template import write_declaration
+from bistat.declare.template import write_declaration
 
 
 def register(group: click.Group) -> None:

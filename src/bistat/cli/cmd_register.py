@@ -1,7 +1,7 @@
 """``bistat register``, ``bistat verify`` and ``bistat design``: sealed pre-registration.
 
-Thin commands: each parses its arguments, calls one function of ``bistat.prereg`` or
-``bistat.design_report`` and formats the result. Library errors reach the user as
+Thin commands: each parses its arguments, calls one function of ``bistat.declare.prereg`` or
+``bistat.declare.design_report`` and formats the result. Library errors reach the user as
 ``Error: <message>`` with exit code 1 (``bistat.cli.exitcodes.ERROR``).
 """
 
@@ -13,9 +13,9 @@ from typing import Any
 
 import click
 
-from bistat import prereg
-from bistat.design_report import DesignError, DesignReport, analyse_design, format_design
-from bistat.experiment import DeclarationError, load_experiment
+from bistat.declare import prereg
+from bistat.declare.design_report import DesignError, DesignReport, analyse_design, format_design
+from bistat.declare.experiment import DeclarationError, load_experiment
 
 
 def _fail(exc: Exception) -> click.ClickException:

@@ -1,6 +1,6 @@
 """``bistat replay RUN_DIR --prompt ID`` (probes + repro pack) and ``bistat reproduce PACK``.
 
-Thin commands over :func:`bistat.replay.replay_prompt` and :func:`bistat.replay.reproduce_pack`.
+Thin commands over :func:`bistat.explain.replay.replay_prompt` and :func:`bistat.explain.replay.reproduce_pack`.
 ``replay`` exits 0 once the pack is written; ``reproduce`` exits 0 when every condition of the
 pack reproduced bit for bit, 1 when one did not (a failed check) or the pack cannot be read.
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from bistat.cli.exitcodes import ERROR
-from bistat.records import RecordsError
+from bistat.store.records import RecordsError
 
 __all__ = ["register"]
 
@@ -37,7 +37,7 @@ def register(group: click.Group) -> None:
                max_fillers: int, top_k: int | None, as_json: bool) -> None:
         """Re-run one prompt of RUN_DIR alone, in a batch-size sweep, prefill vs decode and
         prefix cache cold vs warm, and write a repro pack with the commands to reproduce it."""
-        from bistat.replay import ReplayError, replay_prompt
+        from bistat.explain.replay import ReplayError, replay_prompt
 
         try:
             rep = replay_prompt(run_dir, prompt_id, arm=arm, out_dir=out_dir,
@@ -53,7 +53,7 @@ def register(group: click.Group) -> None:
     @click.argument("pack_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
     def reproduce(pack_dir: Path) -> None:
         """Re-run the conditions of the repro pack PACK_DIR and check the outputs bit for bit."""
-        from bistat.replay import ReplayError, reproduce_pack
+        from bistat.explain.replay import ReplayError, reproduce_pack
 
         try:
             res = reproduce_pack(pack_dir)

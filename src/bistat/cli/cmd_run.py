@@ -31,16 +31,16 @@ evidence does not show the needle sharing a step with other requests)
 and untested (an engine could not run, or the mode is unsupported)
 -> untested (12)."""
 
-#: Probe outcome -> verdict label (``bistat.gating.PROBE_OUTCOME_LABELS`` plus ``vacuous``).
-from bistat.gating import PROBE_OUTCOME_LABELS as PROBE_LABELS  # probe outcome -> verdict label
-from bistat.probe import FILLER_TOKENS, LONG_NEEDLES, NEEDLE_TOKENS
+#: Probe outcome -> verdict label (``bistat.report.gating.PROBE_OUTCOME_LABELS`` plus ``vacuous``).
+from bistat.report.gating import PROBE_OUTCOME_LABELS as PROBE_LABELS  # probe outcome -> verdict label
+from bistat.analysis.probe_report import FILLER_TOKENS, LONG_NEEDLES, NEEDLE_TOKENS
 
 FAIL_ON_HELP = ("Exit non-zero when the outcome has one of these verdict labels (comma-separated, "
                 "or repeated; 'any' for all): doubtful, reported-as-observed, untested.")
 
 
 def _fail_on(values: tuple[str, ...]) -> frozenset[str]:
-    from bistat.gating import FailOnError, parse_fail_on
+    from bistat.report.gating import FailOnError, parse_fail_on
 
     try:
         return parse_fail_on(values)
@@ -50,7 +50,7 @@ def _fail_on(values: tuple[str, ...]) -> frozenset[str]:
 
 def _load_sealed(path: Path, runs_dir: Path):
     """The registration at ``path``, verified (seal intact, precedes all recorded data)."""
-    from bistat.prereg import RegistrationError, load_registration, verify
+    from bistat.declare.prereg import RegistrationError, load_registration, verify
 
     report = verify(path, runs_dirs=(runs_dir,))
     if not report.ok:
@@ -67,7 +67,7 @@ def _load_sealed(path: Path, runs_dir: Path):
 def _reporter(no_progress: bool):
     from rich.console import Console
 
-    from bistat.runner import PlainReporter, RichReporter
+    from bistat.run.runner import PlainReporter, RichReporter
 
     console = Console(stderr=True)
     if no_progress or not console.is_terminal:
@@ -81,11 +81,11 @@ def _summarise(run_dir: Path, registration, fail_on: frozenset[str]) -> int:
     An analysis that cannot be made is reported (the data is kept) and exits 1 when --fail-on
     was given (a gate that cannot be evaluated must not pass), else 0.
     """
-    from bistat.analysis import AnalysisError, analyze_run
-    from bistat.experiment import DeclarationError
-    from bistat.gating import ci_summary, gate
-    from bistat.prereg import RegistrationError
-    from bistat.records import RecordsError
+    from bistat.analysis.summary import AnalysisError, analyze_run
+    from bistat.declare.experiment import DeclarationError
+    from bistat.report.gating import ci_summary, gate
+    from bistat.declare.prereg import RegistrationError
+    from bistat.store.records import RecordsError
 
     try:
         summary = analyze_run(run_dir, registration)
@@ -120,10 +120,10 @@ def _finish(outcome, registration, fail_on: frozenset[str]) -> None:
 
 
 def _gpu_busy(experiment: Any, allow: bool) -> str | None:
-    """The runner's busy-GPU check (:func:`bistat.runner.check_gpu`) in the CLI's words, before
+    """The runner's busy-GPU check (:func:`bistat.run.runner.check_gpu`) in the CLI's words, before
     the run says it starts: refused (--allow-busy-gpu not given), or warned about and returned
     for the run's records. None: nothing there, or not a local GPU run."""
-    from bistat.runner import GpuBusyError, check_gpu
+    from bistat.run.runner import GpuBusyError, check_gpu
 
     try:
         what = check_gpu(experiment, allow_busy_gpu=allow)
@@ -155,9 +155,9 @@ def run_command(registration: Path | None, resume_dir: Path | None, runs_dir: Pa
     Warm-up passes, then the declared passes per arm in the declared order; every response is
     written as it arrives, so a killed run loses nothing and --resume continues it.
     """
-    from bistat.records import RecordsError, read_header
-    from bistat.runner import GpuBusyError, ResumeError, new_run_dir, resume_run, start_run
-    from bistat.workload import WorkloadError
+    from bistat.store.records import RecordsError, read_header
+    from bistat.run.runner import GpuBusyError, ResumeError, new_run_dir, resume_run, start_run
+    from bistat.run.workload import WorkloadError
 
     if (registration is None) == (resume_dir is None):
         raise click.UsageError("give either REGISTRATION or --resume RUN_DIR")
@@ -268,10 +268,11 @@ def probe_command(declaration: Path, arms: tuple[str, ...], control: str | None,
     """
     from click.core import ParameterSource
 
-    from bistat.experiment import DeclarationError, load_experiment
-    from bistat.probe import ProbeReport, ProbeSettings, needle_from_run, run_probe
-    from bistat.records import RecordsError
-    from bistat.workload import WorkloadError
+    from bistat.declare.experiment import DeclarationError, load_experiment
+    from bistat.analysis.probe_report import ProbeReport, ProbeSettings
+    from bistat.explain.probe import needle_from_run, run_probe
+    from bistat.store.records import RecordsError
+    from bistat.run.workload import WorkloadError
 
     if no_control and control is not None:
         raise click.UsageError("--control and --no-control exclude each other")
@@ -282,7 +283,7 @@ def probe_command(declaration: Path, arms: tuple[str, ...], control: str | None,
     fail_labels = _fail_on(fail_on)
     try:
         if declaration.suffix == ".json":
-            from bistat.prereg import RegistrationError, load_registration
+            from bistat.declare.prereg import RegistrationError, load_registration
 
             try:
                 experiment = load_registration(declaration).experiment()
@@ -342,7 +343,7 @@ def probe_command(declaration: Path, arms: tuple[str, ...], control: str | None,
     else:
         for line in report.summary_lines():
             click.echo(line)
-    from bistat.gating import gate
+    from bistat.report.gating import gate
 
     result = gate([PROBE_LABELS[report.outcome]], fail_labels)
     click.echo(f"exit {result.exit_code}: {result.reason}", err=as_json)

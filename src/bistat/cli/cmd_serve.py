@@ -26,10 +26,10 @@ def serve_command(model_name: str, gemm: str, max_batch_size: int, max_model_len
                   port: int, log_level: str) -> None:
     """Serve the embedded engine over an OpenAI-compatible API (/v1/completions,
     /v1/chat/completions, /v1/models, /health, /metrics with vLLM's metric names)."""
-    from bistat.embedded.engine import EmbeddedEngine
+    from bistat.engines.embedded.engine import EmbeddedEngine
     from bistat.model import load_model
     from bistat.model.errors import ModelError
-    from bistat.server import create_app, serve
+    from bistat.engines.serve.server import create_app, serve
 
     try:
         model = load_model(model_name)

@@ -1,6 +1,6 @@
 """``bistat synth-model``: a Hugging Face folder with random weights of a real architecture.
 
-Thin command over :func:`bistat.synth_model.write_synthetic_model`. Library errors reach the user
+Thin command over :func:`bistat.model.synth.write_synthetic_model`. Library errors reach the user
 as ``Error: <message>`` with exit code 1.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-from bistat.synth_model import ARCHITECTURES, SynthModelError, write_synthetic_model
+from bistat.model.synth import ARCHITECTURES, SynthModelError, write_synthetic_model
 
 
 @click.command("synth-model")

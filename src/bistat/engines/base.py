@@ -7,7 +7,7 @@ are adapters; the runner never special-cases one. See docs/CONTRACTS.md.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, ContextManager, Protocol, Sequence, runtime_checkable
 
 
 class EngineError(Exception):
@@ -84,9 +84,47 @@ class EngineInfo:
     args: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     log_findings: tuple[str, ...] = ()
-    #: the execution mode vLLM configured (``bistat.enginelog.EngineModes.to_dict``); empty when
+    #: the execution mode vLLM configured (``bistat.store.enginelog.EngineModes.to_dict``); empty when
     #: the engine has none to tell
     modes: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EngineCapabilities:
+    """What an engine kind can do, declared once on its adapter class (``capabilities``).
+
+    Code above the engines asks these fields (through
+    :func:`bistat.engines.registry.capabilities`) instead of comparing kind names.
+    """
+
+    #: it starts its engines on this machine's GPU: the run checks that the GPU is free first
+    local_gpu: bool = False
+    #: the GPU memory fraction an arm's engine takes when it declares no ``gpu_memory_utilization``
+    #: (0: it holds no GPU memory, e.g. the embedded engine on the CPU, an attached server)
+    default_memory_fraction: float = 0.0
+    #: the arms' engines may start at the same time. vLLM sizes its KV cache by profiling the GPU
+    #: memory free at start-up, so two vLLM engines starting together on one GPU each count the
+    #: other's allocations and fail ("No available memory for the cache blocks").
+    parallel_start: bool = False
+    #: requests pass through an HTTP front end in the engine's process (vllm-offline has none)
+    front_end: bool = True
+    #: it can score a given continuation (:class:`PromptLogprobs`)
+    prompt_logprobs: bool = False
+    #: it can empty its prefix cache on request (:class:`PrefixCacheReset`)
+    prefix_cache_reset: bool = False
+    #: its arms may name a GEMM mode (``gemm``: the embedded engine's ``blas`` or ``invariant``)
+    gemm_modes: bool = False
+    #: it keeps the engine's log lines at every start (``environment.jsonl`` ``log_findings``), so
+    #: a rule can evaluate ``engine_log`` on it
+    engine_log: bool = False
+    #: it recomputes every prompt from scratch (no prefix cache to share across requests)
+    recomputes_prompts: bool = False
+    #: its forward pass runs in bistat's process, so ``bistat replay`` steps it token by token
+    in_process_replay: bool = False
+
+
+#: the capabilities of a kind whose adapter declares none
+NO_CAPABILITIES = EngineCapabilities()
 
 
 @runtime_checkable
@@ -107,3 +145,35 @@ class Engine(Protocol):
     def fingerprint(self) -> dict[str, Any]: ...
 
     def stop(self) -> None: ...
+
+
+# Optional abilities: an engine offers one by having the method (checked with ``isinstance``).
+
+
+@runtime_checkable
+class PromptLogprobs(Protocol):
+    """Scores ``continuation`` after the request's prompt in one prefill: its logprobs."""
+
+    def prompt_logprobs(self, request: GenerationRequest, continuation: Sequence[int]
+                        ) -> list[float]: ...
+
+
+@runtime_checkable
+class PrefixCacheReset(Protocol):
+    """Empties the engine's prefix cache; False when the server refused."""
+
+    def reset_prefix_cache(self) -> bool: ...
+
+
+@runtime_checkable
+class PrefixCaching(Protocol):
+    """Runs with a prefix cache that can be on or off (``enable_prefix_caching``)."""
+
+    enable_prefix_caching: bool
+
+
+@runtime_checkable
+class EveryStepMetrics(Protocol):
+    """Can sample its metrics after every engine step while the context is open."""
+
+    def every_step_metrics(self) -> ContextManager[None]: ...

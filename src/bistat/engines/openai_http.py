@@ -30,6 +30,7 @@ from typing import Any, Callable, Sequence
 import httpx
 
 from bistat.engines.base import (
+    EngineCapabilities,
     EngineError,
     EngineInfo,
     EngineStartError,
@@ -168,6 +169,8 @@ class OpenAIHTTPEngine:
     """
 
     kind = "openai"
+    capabilities = EngineCapabilities(parallel_start=True, prompt_logprobs=True,
+                                      prefix_cache_reset=True)
 
     def __init__(self, base_url: str, *, model: str | None = None, retries: int = 3,
                  backoff_s: float = 0.5, request_timeout_s: float = 600.0,

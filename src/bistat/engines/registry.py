@@ -1,30 +1,40 @@
 """Engine kind -> adapter class, imported lazily.
 
 Adding an engine is one new module with a class implementing :class:`bistat.engines.base.Engine`
-whose constructor takes ``(experiment, arm)``, plus one line in :data:`ADAPTERS` (or a call to
-:func:`register_adapter`, which also makes the kind valid in declarations). Adapters are imported
-only when used: ``bistat --help`` never imports vLLM, and a kind whose optional dependencies are
-missing fails with an error naming the extra to install.
+whose constructor takes ``(experiment, arm)`` and whose ``capabilities`` say what it can do, plus
+one line in :data:`ADAPTERS` and :data:`ENGINE_KINDS` (or a call to :func:`register_adapter`).
+The kinds a declaration accepts are :data:`ENGINE_KINDS`'s. Adapters are imported only when used:
+``bistat --help`` never imports vLLM, and a kind whose optional dependencies are missing fails
+with an error naming the extra to install.
 """
 
 from __future__ import annotations
 
 import importlib
+import re
 from typing import TYPE_CHECKING, Any
 
-from bistat.engines.base import Engine, EngineStartError
+from bistat.engines.base import NO_CAPABILITIES, Engine, EngineCapabilities, EngineStartError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from bistat.experiment import Arm, Experiment
+    from bistat.declare.experiment import Arm, Experiment
 
-__all__ = ["ADAPTERS", "adapter_class", "create_engine", "register_adapter"]
+__all__ = ["ADAPTERS", "ENGINE_KINDS", "adapter_class", "capabilities", "create_engine", "register_adapter"]
 
 #: kind -> "module:Class" (imported on first use)
 ADAPTERS: dict[str, str] = {
-    "embedded": "bistat.engines.embedded:EmbeddedEngineAdapter",
+    "embedded": "bistat.engines.embedded.adapter:EmbeddedEngineAdapter",
     "openai": "bistat.engines.openai_http:OpenAIHTTPEngine",
     "vllm-server": "bistat.engines.vllm_server:VLLMServerEngine",
     "vllm-offline": "bistat.engines.vllm_offline:VLLMOfflineEngine",
+}
+
+#: kind -> what it is, in words; the engine kinds a declaration accepts (``engine.kind``)
+ENGINE_KINDS: dict[str, str] = {
+    "embedded": "bistat's in-process numpy engine",
+    "vllm-server": "vLLM started as `vllm serve` per arm, driven over HTTP",
+    "vllm-offline": "vllm.LLM in a child process per arm",
+    "openai": "any OpenAI-compatible server, started elsewhere",
 }
 
 _EXTRAS = {"vllm-server": "bistat[vllm]", "vllm-offline": "bistat[vllm]"}
@@ -35,10 +45,23 @@ def register_adapter(kind: str, target: str, description: str | None = None) -> 
     module, sep, cls = target.partition(":")
     if not sep or not module or not cls:
         raise ValueError(f"adapter target {target!r} must read 'module:Class'")
-    from bistat.experiment import register_engine_kind
-
-    register_engine_kind(kind, description or f"adapter {target}")
+    if not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", kind):
+        raise ValueError(f"engine kind {kind!r} must match [a-z0-9][a-z0-9_-]*")
+    ENGINE_KINDS[kind] = description or f"adapter {target}"
     ADAPTERS[kind] = target
+
+
+def capabilities(kind: str) -> EngineCapabilities:
+    """What engines of ``kind`` can do: their adapter's ``capabilities`` (none declared: none).
+
+    A kind that is not registered here (a run recorded with an adapter this installation lacks),
+    or whose adapter cannot be imported, has :data:`~bistat.engines.base.NO_CAPABILITIES`.
+    """
+    try:
+        cls = adapter_class(kind)
+    except (ValueError, EngineStartError):
+        return NO_CAPABILITIES
+    return getattr(cls, "capabilities", NO_CAPABILITIES)
 
 
 def adapter_class(kind: str) -> type:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from bistat.engines.base import (
+    EngineCapabilities,
     EngineError,
     EngineInfo,
     EngineRefused,
@@ -41,7 +42,7 @@ from bistat.engines.base import (
     GenerationResult,
     MetricsSample,
 )
-from bistat.enginelog import engine_modes
+from bistat.store.enginelog import engine_modes
 from bistat.engines.vllm_server import (
     DEFAULT_ENV,
     FORCED_ENV,
@@ -91,6 +92,8 @@ class VLLMOfflineEngine:
     """
 
     kind = "vllm-offline"
+    capabilities = EngineCapabilities(local_gpu=True, default_memory_fraction=0.9, engine_log=True,
+                                      front_end=False)
 
     def __init__(self, model: str, *, args: Mapping[str, Any] | None = None,
                  env: Mapping[str, str] | None = None, python: str = sys.executable,

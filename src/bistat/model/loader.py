@@ -165,7 +165,6 @@ def save_model(model: Model, dest: str | Path, *, source: Mapping[str, Any] | No
     `model_files` / `cache.content_sha256` from the same contents.
     """
     from bistat import __version__
-
     return cache.write_model_dir(dest, name=model.name, config=model.config, weights=model.weights,
                                  tokenizer_json=model.tokenizer.backend.to_str(),
                                  chat_template=model.tokenizer.chat_template,

@@ -1,0 +1,199 @@
+"""Was the mode an arm asked for actually on? Evidence from the engine's log and from a probe.
+
+vLLM prints no line saying "batch-invariant mode is on" (FIELD-NOTES, "Activation is not confirmed
+by the engine"): an arm that set ``VLLM_BATCH_INVARIANT=1`` has *requested* the mode, and only a
+behavioural probe (a needle alone vs inside a batch, bitwise; :mod:`bistat.explain.probe`) with a negative
+control that shows the probe has power can *confirm* it. What the engine's log does show is
+circumstantial and worth stating beside the verdict: the batch-invariant kernels registering
+themselves (vLLM 0.25.0 registers aten overrides from
+``vllm/model_executor/layers/batch_invariant.py``, which torch reports as "new kernel: registered
+at .../batch_invariant.py"), bistat's tuned GEMM installing itself (``bistat_kernels: tuned GEMM
+installed``), and the attention backend chosen ("Using FLASH_ATTN attention backend",
+"Using FlashAttention version 3", "Using AttentionBackendEnum.TRITON_ATTN backend"). The runner
+keeps those lines per engine start (``environment.jsonl``, ``log_findings``; see
+:data:`bistat.engines.vllm_server.LOG_FINDING_RE`).
+
+This module is pure: it turns those lines, the declaration's arms and an optional probe report
+(``bistat probe --output RUN_DIR/probe.json``) into one :class:`ArmActivation` per arm.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+#: vLLM 0.25.0: torch's "new kernel: registered at .../layers/batch_invariant.py" as the aten
+#: overrides register; 0.33.0 (``determinism/batch_invariant.py``): the same where it still
+#: overrides an aten kernel, Dynamo's warning naming ``batch_invariant.py`` when it compiles, and,
+#: where it switches to breakable CUDA graphs instead of compiling, "VLLM_BATCH_INVARIANT=1:
+#: auto-enabling VLLM_USE_BREAKABLE_CUDAGRAPH=1" (vllm/config/vllm.py).
+_BI_REGISTERED = re.compile(r"batch_invariant\.py|batch[ _-]invariant (mode|kernels?) (is )?"
+                            r"(on|enabled|active)|VLLM_BATCH_INVARIANT=1: auto-enabling", re.I)
+_TUNED = re.compile(r"bistat_kernels: tuned GEMM installed")
+_BACKENDS = (
+    (re.compile(r"Using FlashAttention version (\d)"), lambda m: f"FLASH_ATTN (FA{m.group(1)})"),
+    (re.compile(r"Using (?:AttentionBackendEnum\.)?([A-Z][A-Z0-9_]+) (?:attention )?backend"),
+     lambda m: m.group(1)),
+)
+
+
+@dataclass(frozen=True)
+class ArmActivation:
+    """What an arm asked for and what the evidence says.
+
+    Attributes
+    ----------
+    arm, role : str
+    requested : tuple of str
+        The arm's settings that differ from the control arm's (``KEY=value`` of its environment,
+        ``key=value`` of its engine arguments); empty for the control.
+    bi_requested : bool
+        The arm set ``VLLM_BATCH_INVARIANT=1``.
+    bi_kernels_logged : bool or None
+        The engine log showed the batch-invariant kernels registering; None without engine logs.
+    tuned_gemm_logged : bool or None
+        The engine log showed bistat's tuned GEMM installing itself; None without engine logs.
+    attention : tuple of str
+        Attention backends named in the engine log (in order of first appearance).
+    probe : str or None
+        The probe's outcome for this arm (``confirmed``, ``violated``, ``no_power``, ``untested``,
+        ``vacuous``) when a probe report is in the run directory.
+    status : str
+        One line: ``confirmed by the probe``, ``requested; logged, not confirmed by a probe``,
+        ``requested; NOT seen in the engine log``, ``requested; no engine log to check`` ... .
+    """
+
+    arm: str
+    role: str
+    requested: tuple[str, ...]
+    bi_requested: bool
+    bi_kernels_logged: bool | None
+    tuned_gemm_logged: bool | None
+    attention: tuple[str, ...]
+    probe: str | None
+    status: str
+
+
+def log_markers(lines: Iterable[str]) -> dict[str, Any]:
+    """``{"bi_kernels": bool, "tuned_gemm": bool, "attention": (backend, ...)}`` from log lines.
+
+    >>> log_markers(["INFO [cuda.py:416] Using AttentionBackendEnum.TRITON_ATTN backend.",
+    ...              "new kernel: registered at /x/vllm/model_executor/layers/batch_invariant.py:905"])
+    {'bi_kernels': True, 'tuned_gemm': False, 'attention': ('TRITON_ATTN',)}
+    """
+    bi = tuned = False
+    attention: dict[str, None] = {}
+    for line in lines:
+        bi = bi or bool(_BI_REGISTERED.search(line))
+        tuned = tuned or bool(_TUNED.search(line))
+        for pattern, name in _BACKENDS:
+            m = pattern.search(line)
+            if m:
+                attention.setdefault(name(m))
+    # "Using FLASH_ATTN attention backend" and "Using FlashAttention version 3" name one backend
+    if "FLASH_ATTN" in attention and any(a.startswith("FLASH_ATTN (") for a in attention):
+        del attention["FLASH_ATTN"]
+    return {"bi_kernels": bi, "tuned_gemm": tuned, "attention": tuple(attention)}
+
+
+def _probe_outcome(entry: Mapping[str, Any] | None, entries: Iterable[Mapping[str, Any]],
+                   overall: Any) -> str | None:
+    """This arm's probe outcome: ``violated`` if its needle differed; else the report's outcome,
+    except that another arm's violation leaves this one ``confirmed`` when a negative control
+    differed (the probe had power) and ``no_power`` when none did."""
+    if entry is None or entry.get("role") != "probed" or overall is None:
+        return None
+    if entry.get("differs"):
+        return "violated"
+    if overall == "violated":
+        controls = [e for e in entries if e.get("role") == "negative_control"]
+        return "confirmed" if any(e.get("differs") for e in controls) else "no_power"
+    return str(overall)
+
+
+#: Engine arguments that configure bistat's handling of an engine (where its log goes, how long to
+#: wait, retries), not the engine: never a "requested setting".
+HANDLING_KEYS = frozenset({"log_path", "url", "command", "python", "health_timeout_s",
+                           "stop_grace_s", "start_timeout_s", "pass_idle_timeout_s",
+                           "metrics_interval_s", "retries", "backoff_s", "request_timeout_s",
+                           "stream_outputs"})
+
+
+def _requested(arm: Mapping[str, Any], control: Mapping[str, Any]) -> tuple[str, ...]:
+    env, cenv = arm.get("env") or {}, control.get("env") or {}
+    args, cargs = arm.get("args") or {}, control.get("args") or {}
+    out = [f"{k}={env[k]}" for k in sorted(env) if cenv.get(k) != env[k]]
+    out += [f"{k}={args[k]}" for k in sorted(args)
+            if k not in HANDLING_KEYS and cargs.get(k) != args[k]]
+    # what the control sets and this arm leaves to the engine's default is a difference too
+    # (a control on TRITON_ATTN, a treatment on the engine's own attention backend)
+    out += [f"{k} unset (control: {cenv[k]})" for k in sorted(cenv) if k not in env]
+    out += [f"{k} unset (control: {cargs[k]})" for k in sorted(cargs)
+            if k not in HANDLING_KEYS and k not in args]
+    return tuple(out)
+
+
+def _status(role: str, bi: bool, requested: Sequence[str], logged: bool | None,
+            probe: str | None, diverged: tuple[int, int] | None = None) -> str:
+    if probe == "confirmed" and diverged is not None and diverged[0] > 0:
+        # the probe's one needle is weaker evidence than the study's every prompt
+        return (f"the probe saw no difference, but {diverged[0]} of {diverged[1]} prompts "
+                "diverged across the study's counted passes: the probe missed it")
+    if probe == "confirmed":
+        return "confirmed by the probe (invariant, with a negative control that shows power)"
+    if probe == "violated":
+        return "the probe found it NOT batch-invariant"
+    if role == "control":
+        return "control: nothing requested"
+    if not requested:
+        return "same settings as the control"
+    suffix = "" if probe is None else f"; probe: {probe.replace('_', ' ')}"
+    if not bi:
+        return ("requested; not confirmed by a probe" if probe is None else "requested" + suffix)
+    if logged is None:
+        return "requested; no engine log to check" + suffix
+    if not logged:
+        return "requested; NOT seen in the engine log" + suffix
+    return "requested; kernels registered in the engine log, not confirmed by a probe" + suffix
+
+
+def arm_activation(arms: Sequence[Mapping[str, Any]],
+                   log_findings: Mapping[str, Sequence[str]],
+                   probe_report: Mapping[str, Any] | None = None,
+                   diverged: Mapping[str, tuple[int, int]] | None = None,
+                   ) -> tuple[ArmActivation, ...]:
+    """One :class:`ArmActivation` per declared arm.
+
+    Parameters
+    ----------
+    arms : sequence of mapping
+        The declaration's arms (``name``, ``role``, ``env``, ``args``).
+    log_findings : mapping
+        Arm name -> the engine-log lines kept for it (every start); an arm without an entry has no
+        engine log (the embedded engine, a remote server).
+    probe_report : mapping, optional
+        A ``bistat.probe/1`` report (:mod:`bistat.explain.probe`).
+    diverged : mapping, optional
+        Arm name -> (prompts that diverged across the study's counted passes, prompts compared):
+        a probe that confirms an arm the study saw diverge is reported as having missed it.
+    """
+    control = next((a for a in arms if a.get("role") == "control"), {})
+    probed = {str(a.get("arm")): a for a in (probe_report or {}).get("arms") or []}
+    overall = (probe_report or {}).get("outcome")
+    out = []
+    for a in arms:
+        name, role = str(a.get("name")), str(a.get("role"))
+        requested = _requested(a, control) if role != "control" else ()
+        bi = str((a.get("env") or {}).get("VLLM_BATCH_INVARIANT", "0")) == "1"
+        lines = log_findings.get(name)
+        marks = log_markers(lines) if lines is not None else None
+        probe = _probe_outcome(probed.get(name), probed.values(), overall)
+        out.append(ArmActivation(
+            arm=name, role=role, requested=requested, bi_requested=bi,
+            bi_kernels_logged=None if marks is None else marks["bi_kernels"],
+            tuned_gemm_logged=None if marks is None else marks["tuned_gemm"],
+            attention=() if marks is None else marks["attention"], probe=probe,
+            status=_status(role, bi, requested, None if marks is None else marks["bi_kernels"],
+                           probe, (diverged or {}).get(name))))
+    return tuple(out)

@@ -1,0 +1,4 @@
+"""Declaration time: an experiment declared in ``experiments/NAME.toml`` (``experiment``), its sealed
+registration (``prereg``), the design report printed at registration (``design_report``), the engine
+release checks sealed with it (``engine_version``, ``releases``) and ``bistat new``'s template.
+"""

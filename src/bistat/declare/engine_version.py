@@ -1,0 +1,205 @@
+"""The engine version a run measured, set against the newest release known and the version its
+registration requires; and the execution mode each arm's engine ran in.
+
+Everything here is read from what was recorded (no clock, no network), so a finding regenerates
+byte for byte: the engine's version and commit and its compilation / CUDA-graph modes from
+``environment.jsonl`` (the modes of runs recorded before they were, from the kept engine logs:
+:func:`bistat.store.enginelog.logged_modes`), the newest-release checks from the registration's seal
+(``engine_release``, made at ``bistat register``) and from the run's events (``release_check``,
+made when the run started on a machine that reaches the package index), and the required version
+from the declaration (``engine.required_version``). :mod:`bistat.declare.releases` makes the checks.
+
+The comparison uses the latest check that found a release; a run with no recorded check says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from bistat.store.enginelog import EngineModes
+from bistat.declare.releases import ReleaseCheck
+
+__all__ = ["ArmEngine", "EngineVersionReport", "ENGINE_PACKAGES", "compare_versions",
+           "engine_version_report", "required_specifier"]
+
+#: The package whose releases an engine kind's version is compared with.
+ENGINE_PACKAGES = {"vllm-server": "vllm", "vllm-offline": "vllm"}
+
+
+@dataclass(frozen=True)
+class ArmEngine:
+    """One arm's engine as recorded at its last start."""
+
+    arm: str
+    version: str | None
+    commit: str | None
+    modes: EngineModes | None
+
+
+@dataclass(frozen=True)
+class EngineVersionReport:
+    """What a finding says about the engine's version (see the module docstring).
+
+    Attributes
+    ----------
+    package : str or None
+        The engine's package (``vllm``); None for engines without releases to compare with.
+    arms : tuple of ArmEngine
+    checks : tuple of (str, ReleaseCheck)
+        Every recorded newest-release check: ``registration`` (the seal) and ``run`` (events).
+    used : (str, ReleaseCheck) or None
+        The check the comparison rests on: the latest that found a release, else the latest.
+    comparison : tuple of str
+        One sentence per distinct recorded engine version.
+    required : str or None
+        The version specifier the declaration requires (``engine.required_version``).
+    deviations : tuple of str
+        Arms whose recorded version the requirement excludes (or that recorded none).
+    """
+
+    package: str | None
+    arms: tuple[ArmEngine, ...]
+    checks: tuple[tuple[str, ReleaseCheck], ...]
+    used: tuple[str, ReleaseCheck] | None
+    comparison: tuple[str, ...]
+    required: str | None
+    deviations: tuple[str, ...]
+
+
+def required_specifier(text: str) -> SpecifierSet:
+    """``engine.required_version`` as a PEP 440 specifier set: a bare version means exactly it.
+
+    >>> str(required_specifier("0.33.0")), str(required_specifier(">=0.33,<0.34"))
+    ('==0.33.0', '<0.34,>=0.33')
+
+    Raises
+    ------
+    ValueError
+        Neither a version nor a specifier set.
+    """
+    text = text.strip()
+    try:
+        return SpecifierSet(f"=={Version(text)}")
+    except InvalidVersion:
+        pass
+    try:
+        spec = SpecifierSet(text)
+    except InvalidSpecifier as exc:
+        raise ValueError(f"{text!r} is neither a version nor a version specifier (PEP 440); "
+                         "write e.g. \"0.33.0\" or \">=0.33,<0.34\"") from exc
+    if not str(spec):
+        raise ValueError("an empty version requirement; write e.g. \"0.33.0\" or \">=0.33,<0.34\"")
+    return spec
+
+
+def compare_versions(version: str, newest: str) -> str:
+    """``newest``, ``older`` or ``newer`` (a development build), or ``incomparable``.
+
+    >>> compare_versions("0.25.0", "0.33.0"), compare_versions("0.33.0", "0.33.0")
+    ('older', 'newest')
+    """
+    try:
+        v, n = Version(version), Version(newest)
+    except InvalidVersion:
+        return "incomparable"
+    return "newest" if v == n else "older" if v < n else "newer"
+
+
+def _where(where: str, check: ReleaseCheck) -> str:
+    at = "at registration" if where == "registration" else "when the run started"
+    return f"{check.index}, checked {check.checked_utc} {at}"
+
+
+def _sentence(package: str, version: str | None, commit: str | None,
+              used: tuple[str, ReleaseCheck] | None) -> str:
+    label = f"{package} {version}" + (f" ({commit})" if commit else "") if version else None
+    if label is None:
+        return f"The engine's {package} version was not recorded: it cannot be compared."
+    if used is None:
+        return (f"{label}: no check of the newest {package} release was recorded with this run "
+                "or its registration, so how it compares with the newest release is unknown.")
+    where, check = used
+    if check.newest is None:
+        return (f"{label}: the newest {package} release is unknown ({check.error}; "
+                f"{_where(where, check)}).")
+    how = compare_versions(version, check.newest)
+    text = {"newest": f"the newest release known ({check.newest})",
+            "older": f"older than the newest release known, {check.newest}",
+            "newer": f"newer than the newest release known, {check.newest} (a pre-release or "
+                     "development build)",
+            "incomparable": f"not comparable with the newest release known, {check.newest}"}[how]
+    return f"{label} is {text} ({_where(where, check)})."
+
+
+def engine_version_report(engine_kind: str | None, declaration: Mapping[str, Any],
+                          sealed: Mapping[str, Any], environment: Iterable[Mapping[str, Any]],
+                          events: Iterable[Mapping[str, Any]],
+                          logged: Mapping[str, Sequence[EngineModes | None]] | None = None,
+                          ) -> EngineVersionReport:
+    """The report for one run (pure: the caller reads the records).
+
+    Parameters
+    ----------
+    engine_kind : str or None
+        ``run.json``'s ``engine_kind``.
+    declaration : mapping
+        The sealed declaration (``engine.required_version``, arm names in order).
+    sealed : mapping
+        The registration's sealed content (``engine_release``: the check made at registration).
+    environment : iterable of mapping
+        ``environment.jsonl`` rows (``arm``, ``engine``: kind/version/commit, ``modes``).
+    events : iterable of mapping
+        ``events.jsonl`` rows (``release_check`` events carry the run's check).
+    logged : mapping, optional
+        Arm -> modes per engine start from the kept engine logs, for rows without ``modes``.
+    """
+    package = ENGINE_PACKAGES.get(engine_kind or "")
+    last: dict[str, Mapping[str, Any]] = {}
+    starts: dict[str, int] = {}
+    for row in environment:
+        arm = str(row.get("arm"))
+        last[arm] = row
+        starts[arm] = starts.get(arm, 0) + 1
+    arms = []
+    for a in declaration.get("arms") or []:
+        name = str(a.get("name"))
+        row = last.get(name)
+        if row is None:
+            continue
+        engine = row.get("engine") if isinstance(row.get("engine"), Mapping) else {}
+        modes = None
+        if isinstance(row.get("modes"), Mapping) and row.get("modes"):
+            modes = EngineModes.from_dict(dict(row["modes"]))
+        elif logged and logged.get(name) and len(logged[name]) >= starts[name]:
+            modes = logged[name][starts[name] - 1]
+        arms.append(ArmEngine(name, engine.get("version"), engine.get("commit"), modes))
+    checks: list[tuple[str, ReleaseCheck]] = []
+    if isinstance(sealed.get("engine_release"), Mapping):
+        checks.append(("registration", ReleaseCheck.from_dict(sealed["engine_release"])))
+    for ev in events:
+        if ev.get("event") == "release_check" and isinstance(ev.get("release_check"), Mapping):
+            checks.append(("run", ReleaseCheck.from_dict(ev["release_check"])))
+    found = [c for c in checks if c[1].newest is not None]
+    used = (found or checks or [None])[-1]
+    comparison: tuple[str, ...] = ()
+    if package is not None:
+        seen = dict.fromkeys((a.version, a.commit) for a in arms)
+        comparison = tuple(_sentence(package, v, c, used) for v, c in seen) or (
+            _sentence(package, None, None, used),)
+    required = (declaration.get("engine") or {}).get("required_version")
+    deviations = []
+    if required:
+        spec = required_specifier(str(required))
+        for a in arms:
+            if a.version is None:
+                deviations.append(f"arm {a.arm}: the engine's version was not recorded; the "
+                                  f"registration requires {spec}")
+            elif not spec.contains(a.version, prereleases=True):
+                deviations.append(f"arm {a.arm}: the engine ran version {a.version}, which the "
+                                  f"registration's required version ({spec}) excludes")
+    return EngineVersionReport(package, tuple(arms), tuple(checks), used, comparison,
+                               str(required) if required else None, tuple(deviations))

@@ -1,0 +1,627 @@
+"""Sealed pre-registrations: register, amend and verify (``preregistrations/NAME.json``).
+
+A registration holds the fully resolved declaration, its design analysis and provenance (UTC
+time, bistat version, git commit and the declaration file's clean/dirty state), sealed by the
+SHA-256 of a canonical JSON serialization of all of it (``sort_keys``, fixed separators, UTF-8;
+pyperf's ``json.dump(data, fp, sort_keys=True)`` made canonical). The file layout::
+
+    {"schema": "bistat.registration/1",
+     "sealed": {"name", "source", "declaration", "declaration_sha256", "registered_utc",
+                "sealed_utc", "bistat_version", "git", "design", "amendments",
+                "engine_release"},                # vLLM engines only (since issue 19)
+     "sha256": "<sha256 of canonical_json(sealed)>"}
+
+``engine_release`` is the newest release of the engine's package that the package index knew as
+the study was registered (:class:`bistat.declare.releases.ReleaseCheck`: ``newest`` or the ``error`` that
+left it unknown); findings compare the version each run measured with it.
+
+A registration is written once and never overwritten. ``amend`` replaces the declaration only
+while no data has been recorded for it (no run directory names it), appending an entry to the
+append-only amendment log inside the seal: ``time_utc``, ``reason``, ``old_declaration_sha256``,
+``new_declaration_sha256``, ``previous_sha256`` (the seal before the amendment) and ``git``.
+
+``verify`` recomputes the seal, checks the declaration and the amendment log, and checks that
+the registration (its last sealing) precedes every recorded datum of the runs recorded against
+it: ``run.json``'s ``created_utc``, ``time_utc`` of ``schedule.jsonl`` and ``events.jsonl`` lines
+and ``started_utc`` of ``passes.jsonl`` lines (``responses.jsonl`` times are relative to the
+pass start, so the pass's ``schedule.jsonl`` start event dates them).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+from bistat import __version__
+from bistat.declare.design_report import DesignReport, analyse_design
+from bistat.declare.experiment import DeclarationError, Experiment, load_experiment, validate_experiment
+from bistat.store.records import RecordsError, iter_jsonl_strict, parse_time
+
+__all__ = [
+    "SCHEMA",
+    "RegistrationError",
+    "Registration",
+    "VerifyReport",
+    "canonical_json",
+    "sha256_hex",
+    "git_state",
+    "registration_path",
+    "register",
+    "amend",
+    "load_registration",
+    "find_recorded_runs",
+    "verify",
+    "format_time",
+    "parse_time",
+]
+
+SCHEMA = "bistat.registration/1"
+DEFAULT_REGISTRATIONS_DIR = "preregistrations"
+DEFAULT_RUNS_DIR = "runs"
+
+
+class RegistrationError(ValueError):
+    """A registration could not be written, amended or read."""
+
+
+# --------------------------------------------------------------------------------------------
+# canonical form and time
+
+
+def canonical_json(obj: Any) -> bytes:
+    """The canonical serialization that is hashed: sorted keys, no whitespace, UTF-8, no NaN."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False).encode("utf-8")
+
+
+def sha256_hex(obj: Any) -> str:
+    """SHA-256 (hex) of ``canonical_json(obj)``."""
+    return hashlib.sha256(canonical_json(obj)).hexdigest()
+
+
+def _utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def format_time(t: dt.datetime) -> str:
+    """ISO 8601 UTC with microseconds and a ``Z``: ``2026-11-29T10:14:01.123456Z``."""
+    return t.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+# --------------------------------------------------------------------------------------------
+# git
+
+
+def git_state(path: str | Path) -> dict[str, Any]:
+    """Git commit of the repository holding ``path`` and the file's state there.
+
+    Returns ``{"commit": sha or None, "declaration_state": "clean" | "dirty" | "untracked" |
+    None}``; both None outside a git repository or without git.
+    """
+    p = Path(path).resolve()
+    none = {"commit": None, "declaration_state": None}
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(p.parent), *args], capture_output=True,
+                              text=True, check=False)
+
+    try:
+        head = git("rev-parse", "HEAD")
+    except OSError:  # git is not installed
+        return none
+    if head.returncode != 0:
+        inside = git("rev-parse", "--is-inside-work-tree")
+        if inside.returncode != 0:
+            return none
+        commit = None  # a repository without commits yet
+    else:
+        commit = head.stdout.strip()
+    status = git("status", "--porcelain", "--", p.name)
+    if status.returncode != 0:
+        return {"commit": commit, "declaration_state": None}
+    out = status.stdout.strip()
+    state = "clean" if not out else ("untracked" if out.startswith("??") else "dirty")
+    return {"commit": commit, "declaration_state": state}
+
+
+# --------------------------------------------------------------------------------------------
+# the registration
+
+
+@dataclass(frozen=True)
+class Registration:
+    """A registration file's content (``data``) and where it lives."""
+
+    path: Path
+    data: dict[str, Any]
+
+    @property
+    def sealed(self) -> dict[str, Any]:
+        return self.data["sealed"]
+
+    @property
+    def sha256(self) -> str:
+        return self.data["sha256"]
+
+    @property
+    def name(self) -> str:
+        return self.sealed["name"]
+
+    @property
+    def registered_utc(self) -> str:
+        return self.sealed["registered_utc"]
+
+    @property
+    def sealed_utc(self) -> str:
+        """When the declaration now in force was sealed (registration or last amendment)."""
+        return self.sealed["sealed_utc"]
+
+    @property
+    def declaration(self) -> dict[str, Any]:
+        return self.sealed["declaration"]
+
+    @property
+    def declaration_sha256(self) -> str:
+        return self.sealed["declaration_sha256"]
+
+    @property
+    def amendments(self) -> list[dict[str, Any]]:
+        return list(self.sealed["amendments"])
+
+    @property
+    def design(self) -> dict[str, Any]:
+        return self.sealed["design"]
+
+    @property
+    def previous_sha256s(self) -> list[str]:
+        """Seals this registration had before its amendments."""
+        return [a["previous_sha256"] for a in self.sealed["amendments"]]
+
+    def experiment(self) -> Experiment:
+        """The registered declaration, validated."""
+        return validate_experiment(self.declaration, source=f"{self.path}: declaration")
+
+    def reference(self) -> dict[str, Any]:
+        """What a run records in ``run.json`` under ``registration``."""
+        return {"path": str(self.path), "sha256": self.sha256,
+                "registered_utc": self.registered_utc, "name": self.name}
+
+
+def registration_path(name: str, registrations_dir: str | Path = DEFAULT_REGISTRATIONS_DIR) -> Path:
+    return Path(registrations_dir) / f"{name}.json"
+
+
+def _load_declaration(declaration_path: str | Path) -> Experiment:
+    exp = load_experiment(declaration_path)
+    stem = Path(declaration_path).stem
+    if exp.name != stem:
+        raise DeclarationError([f"{declaration_path}: name: {exp.name!r} differs from the file "
+                                f"name {stem!r}; rename the file to {exp.name}.toml or set "
+                                f"name = \"{stem}\""])
+    return exp
+
+
+def _dump(data: dict[str, Any]) -> str:
+    return json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n"
+
+
+def _seal(sealed: dict[str, Any]) -> dict[str, Any]:
+    return {"schema": SCHEMA, "sealed": sealed, "sha256": sha256_hex(sealed)}
+
+
+def register(
+    declaration_path: str | Path,
+    *,
+    registrations_dir: str | Path = DEFAULT_REGISTRATIONS_DIR,
+    base_dir: str | Path | None = None,
+    now: dt.datetime | None = None,
+    release_check: Callable[[str], Any] | None = None,
+) -> tuple[Registration, DesignReport]:
+    """Seal a declaration into ``registrations_dir/NAME.json``; never overwrites.
+
+    For a vLLM engine the seal also records the newest release the package index knows as the
+    study is registered (``engine_release``; :func:`bistat.declare.releases.check_newest_release`, or
+    ``release_check(package)``): its finding compares the version the run measured with it.
+
+    Raises
+    ------
+    DeclarationError
+        The declaration does not validate.
+    RegistrationError
+        A registration of that name exists already.
+    bistat.declare.design_report.DesignError
+        ``design.cv_from`` names no usable run.
+    """
+    exp = _load_declaration(declaration_path)
+    path = registration_path(exp.name, registrations_dir)
+    if path.exists():
+        raise RegistrationError(
+            f"{path} already exists; a registration is never overwritten. To change the "
+            f"declaration before any data is recorded: bistat register {declaration_path} "
+            "--amend --reason \"...\"; otherwise register it under a new name")
+    report = analyse_design(exp, base_dir=base_dir)
+    when = format_time(now or _utcnow())
+    declaration = exp.resolved()
+    sealed = {
+        "name": exp.name,
+        "source": str(declaration_path),
+        "declaration": declaration,
+        "declaration_sha256": sha256_hex(declaration),
+        "registered_utc": when,
+        "sealed_utc": when,
+        "bistat_version": __version__,
+        "git": git_state(declaration_path),
+        "design": report.to_dict(),
+        "amendments": [],
+    }
+    from bistat.declare.engine_version import ENGINE_PACKAGES
+    from bistat.declare.releases import check_newest_release
+
+    package = ENGINE_PACKAGES.get(exp.engine.kind)
+    if package is not None:
+        check = (release_check or check_newest_release)(package)
+        sealed["engine_release"] = check.to_dict()
+    data = _seal(sealed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with open(path, "x", encoding="utf-8") as fh:
+            fh.write(_dump(data))
+            fh.flush()
+            os.fsync(fh.fileno())
+    except FileExistsError as exc:  # lost a race with another writer
+        raise RegistrationError(f"{path} already exists; a registration is never "
+                                "overwritten") from exc
+    return Registration(path, data), report
+
+
+def amend(
+    declaration_path: str | Path,
+    reason: str,
+    *,
+    registrations_dir: str | Path = DEFAULT_REGISTRATIONS_DIR,
+    runs_dirs: Sequence[str | Path] = (DEFAULT_RUNS_DIR,),
+    base_dir: str | Path | None = None,
+    now: dt.datetime | None = None,
+) -> tuple[Registration, DesignReport]:
+    """Replace a registration's declaration, while no data has been recorded for it.
+
+    The amendment (time, reason, old and new declaration hashes, the seal it replaces) is
+    appended to the registration's amendment log and sealed with it.
+
+    Raises
+    ------
+    RegistrationError
+        No reason given, no registration to amend, its seal is broken, the declaration is
+        unchanged, or data has been recorded for it.
+    """
+    if not reason or not reason.strip():
+        raise RegistrationError("an amendment needs a reason: --reason \"why the declaration "
+                                "changes\"")
+    exp = _load_declaration(declaration_path)
+    path = registration_path(exp.name, registrations_dir)
+    if not path.exists():
+        raise RegistrationError(f"{path} does not exist; there is nothing to amend. Register "
+                                f"it first: bistat register {declaration_path}")
+    old = load_registration(path)
+    runs = find_recorded_runs(old, runs_dirs)
+    if runs:
+        shown = ", ".join(str(r) for r in runs[:3]) + (" ..." if len(runs) > 3 else "")
+        raise RegistrationError(
+            f"cannot amend {path}: data has been recorded for it ({shown}); a registration "
+            "cannot change after data exists. Register the changed declaration under a new name")
+    declaration = exp.resolved()
+    new_sha = sha256_hex(declaration)
+    if new_sha == old.declaration_sha256:
+        raise RegistrationError(f"{declaration_path} is unchanged since {path} was sealed "
+                                f"(declaration sha256 {new_sha}); nothing to amend")
+    report = analyse_design(exp, base_dir=base_dir)
+    when = format_time(now or _utcnow())
+    if parse_time(when) < parse_time(old.sealed_utc):
+        raise RegistrationError(f"the clock reads {when}, before {path} was last sealed "
+                                f"({old.sealed_utc}); fix the system clock")
+    git = git_state(declaration_path)
+    sealed = dict(old.sealed)
+    sealed.update({
+        "source": str(declaration_path),
+        "declaration": declaration,
+        "declaration_sha256": new_sha,
+        "sealed_utc": when,
+        "bistat_version": __version__,
+        "git": git,
+        "design": report.to_dict(),
+        "amendments": old.amendments + [{
+            "time_utc": when,
+            "reason": reason.strip(),
+            "old_declaration_sha256": old.declaration_sha256,
+            "new_declaration_sha256": new_sha,
+            "previous_sha256": old.sha256,
+            "git": git,
+        }],
+    })
+    data = _seal(sealed)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(_dump(data))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return Registration(path, data), report
+
+
+def _read(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise RegistrationError(f"{path}: no such registration") from exc
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RegistrationError(f"{path}: not a readable registration ({exc})") from exc
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        got = data.get("schema") if isinstance(data, dict) else None
+        raise RegistrationError(f"{path}: schema {got!r} is not {SCHEMA!r}; not a bistat "
+                                "registration, or written by an incompatible version")
+    if not isinstance(data.get("sealed"), dict) or not isinstance(data.get("sha256"), str):
+        raise RegistrationError(f"{path}: 'sealed' or 'sha256' is missing; the file is damaged")
+    return data
+
+
+def _seal_problems(path: Path, data: dict[str, Any]) -> list[str]:
+    problems: list[str] = []
+    sealed = data["sealed"]
+    try:
+        actual = sha256_hex(sealed)
+    except ValueError as exc:  # NaN or similar: cannot have been written by register
+        return [f"{path}: seal broken: the content cannot be serialized canonically ({exc})"]
+    if actual != data["sha256"]:
+        problems.append(f"{path}: seal broken: the sealed content hashes to {actual}, but the "
+                        f"seal is {data['sha256']}; the registration was changed after it was "
+                        "sealed")
+    required = ("name", "declaration", "declaration_sha256", "registered_utc", "sealed_utc",
+                "amendments")
+    missing = [k for k in required if k not in sealed]
+    if missing:
+        problems.append(f"{path}: sealed content lacks {', '.join(missing)}; the file is damaged")
+        return problems
+    if sha256_hex(sealed["declaration"]) != sealed["declaration_sha256"]:
+        problems.append(f"{path}: declaration_sha256 does not match the declaration; the "
+                        "declaration was changed after it was sealed")
+    try:
+        exp = validate_experiment(sealed["declaration"], source=f"{path}: declaration")
+        if not _sealed_within(sealed["declaration"], exp.resolved()):
+            problems.append(f"{path}: the declaration is not in resolved form; it was not "
+                            "written by bistat register")
+    except DeclarationError as exc:
+        problems.extend(exc.messages)
+    amendments = sealed["amendments"]
+    if not isinstance(amendments, list) or not all(isinstance(a, dict) for a in amendments):
+        problems.append(f"{path}: the amendment log is not a list of amendments; the file is "
+                        "damaged")
+        return problems
+    times = [sealed["registered_utc"]] + [a.get("time_utc") for a in amendments]
+    try:
+        parsed = [parse_time(t) for t in times]
+        if any(b < a for a, b in zip(parsed, parsed[1:])):
+            problems.append(f"{path}: amendment times are not in order; the log was edited")
+        if parse_time(sealed["sealed_utc"]) != parsed[-1]:
+            problems.append(f"{path}: sealed_utc {sealed['sealed_utc']} is not the time of the "
+                            f"last sealing ({times[-1]})")
+    except (TypeError, ValueError) as exc:
+        problems.append(f"{path}: a registration time is not an ISO 8601 time ({exc})")
+    for i, a in enumerate(amendments):
+        nxt = (amendments[i + 1]["old_declaration_sha256"] if i + 1 < len(amendments)
+               else None)
+        if nxt is not None and a.get("new_declaration_sha256") != nxt:
+            problems.append(f"{path}: amendments[{i}] and amendments[{i + 1}] do not chain; "
+                            "the log was edited")
+    if amendments and amendments[-1].get("new_declaration_sha256") != sealed["declaration_sha256"]:
+        problems.append(f"{path}: the last amendment does not produce the sealed declaration; "
+                        "the log was edited")
+    return problems
+
+
+def _sealed_within(sealed: Any, resolved: Any) -> bool:
+    """True when every value the seal holds is what the current schema resolves it to.
+
+    Fields added to the schema after a registration was sealed appear in ``resolved`` with their
+    defaults and are tolerated, so old registrations stay readable (additive schema changes only);
+    any sealed field the schema resolves differently is not.
+    """
+    if isinstance(sealed, dict):
+        return (isinstance(resolved, dict)
+                and all(k in resolved and _sealed_within(v, resolved[k]) for k, v in sealed.items()))
+    if isinstance(sealed, list):
+        return (isinstance(resolved, list) and len(sealed) == len(resolved)
+                and all(_sealed_within(a, b) for a, b in zip(sealed, resolved)))
+    return sealed == resolved
+
+
+def load_registration(path: str | Path) -> Registration:
+    """Read a registration and check its seal; raise ``RegistrationError`` if it is broken."""
+    data = _read(path)
+    problems = _seal_problems(Path(path), data)
+    if problems:
+        raise RegistrationError("\n".join(problems))
+    return Registration(Path(path), data)
+
+
+# --------------------------------------------------------------------------------------------
+# recorded data
+
+
+def _run_json(run_dir: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _names_registration(run: dict[str, Any], reg: Registration) -> bool:
+    ref = run.get("registration")
+    if not isinstance(ref, dict):
+        return False
+    return (ref.get("sha256") in {reg.sha256, *reg.previous_sha256s}
+            or ref.get("name") == reg.name)
+
+
+def find_recorded_runs(reg: Registration, runs_dirs: Iterable[str | Path]) -> list[Path]:
+    """Run directories (children of ``runs_dirs``, or those directories themselves) whose
+    ``run.json`` names this registration: its seal, an earlier seal, or its name."""
+    found: list[Path] = []
+    for base in runs_dirs:
+        base = Path(base)
+        if not base.is_dir():
+            continue
+        candidates = [base] + sorted(p for p in base.iterdir() if p.is_dir())
+        for d in candidates:
+            run = _run_json(d)
+            if run is not None and _names_registration(run, reg):
+                found.append(d)
+    return found
+
+
+def _jsonl(path: Path) -> Iterable[tuple[int, dict[str, Any]]]:
+    try:
+        yield from iter_jsonl_strict(path)
+    except RecordsError as exc:
+        raise RegistrationError(str(exc)) from None
+
+
+def _data_times(run_dir: Path, run: dict[str, Any]) -> list[tuple[str, str]]:
+    """``(where, time)`` of every datum of a run that carries a wall-clock time."""
+    out: list[tuple[str, str]] = []
+    if "created_utc" in run:
+        out.append((f"{run_dir / 'run.json'} created_utc", run["created_utc"]))
+    for fname, key in (("schedule.jsonl", "time_utc"), ("events.jsonl", "time_utc"),
+                       ("passes.jsonl", "started_utc")):
+        for lineno, rec in _jsonl(run_dir / fname):
+            if rec.get(key) is not None:
+                out.append((f"{run_dir / fname}:{lineno} {key}", rec[key]))
+    return out
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """The outcome of ``verify``; ``ok`` when ``problems`` is empty."""
+
+    path: str
+    sha256: str | None
+    name: str | None
+    registered_utc: str | None
+    sealed_utc: str | None
+    amendments: int
+    runs: tuple[str, ...]
+    n_data: int
+    earliest_datum: str | None
+    problems: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "ok": self.ok, "sha256": self.sha256, "name": self.name,
+                "registered_utc": self.registered_utc, "sealed_utc": self.sealed_utc,
+                "amendments": self.amendments, "runs": list(self.runs), "n_data": self.n_data,
+                "earliest_datum": self.earliest_datum, "problems": list(self.problems)}
+
+
+def verify(
+    path: str | Path,
+    run_dirs: Sequence[str | Path] = (),
+    *,
+    runs_dirs: Sequence[str | Path] = (DEFAULT_RUNS_DIR,),
+    now: dt.datetime | None = None,
+) -> VerifyReport:
+    """Re-check a registration's seal and that it precedes every recorded datum.
+
+    Parameters
+    ----------
+    path : path
+        The registration file.
+    run_dirs : sequence of paths
+        Run directories to check. When empty, every run under ``runs_dirs`` whose ``run.json``
+        names this registration is checked.
+    now : datetime, optional
+        The current time (a registration dated in the future is refused).
+
+    Returns
+    -------
+    VerifyReport
+        ``problems`` lists every failure (a broken seal, an edited amendment log, a run
+        recorded against another registration, a datum older than the registration).
+    """
+    p = Path(path)
+    try:
+        data = _read(p)
+    except RegistrationError as exc:
+        return VerifyReport(str(p), None, None, None, None, 0, (), 0, None, (str(exc),))
+    problems = _seal_problems(p, data)
+    reg = Registration(p, data)
+    sealed = data["sealed"]
+    sealed_at: dt.datetime | None
+    try:
+        sealed_at = parse_time(sealed.get("sealed_utc"))
+    except (TypeError, ValueError):
+        sealed_at = None
+    if sealed_at is not None and sealed_at > (now or _utcnow()):
+        problems.append(f"{p}: sealed at {sealed['sealed_utc']}, which is in the future; the "
+                        "registration is forward-dated or the clock is wrong")
+
+    dirs = [Path(d) for d in run_dirs] if run_dirs else find_recorded_runs(reg, runs_dirs)
+    n_data = 0
+    earliest: tuple[dt.datetime, str, str] | None = None
+    for d in dirs:
+        run = _run_json(d)
+        if run is None:
+            problems.append(f"{d}: no readable run.json; not a run directory")
+            continue
+        ref = run.get("registration") if isinstance(run.get("registration"), dict) else {}
+        got = ref.get("sha256")
+        if got != data["sha256"]:
+            if got in reg.previous_sha256s:
+                problems.append(f"{d}: recorded against {p} as sealed before an amendment "
+                                f"(sha256 {got}); data recorded before an amendment voids it")
+            else:
+                problems.append(f"{d}: recorded against registration sha256 {got!r}, not "
+                                f"{data['sha256']} ({p})")
+        try:
+            times = _data_times(d, run)
+        except RegistrationError as exc:
+            problems.append(str(exc))
+            continue
+        late: list[str] = []
+        for where, text in times:
+            n_data += 1
+            try:
+                t = parse_time(text)
+            except (TypeError, ValueError):
+                problems.append(f"{where}: {text!r} is not an ISO 8601 time")
+                continue
+            if earliest is None or t < earliest[0]:
+                earliest = (t, text, where)
+            if sealed_at is not None and t <= sealed_at:
+                late.append(f"{where} = {text}")
+        if late:
+            problems.append(f"{d}: {len(late)} recorded datum(s) are not later than the "
+                            f"registration (sealed {sealed.get('sealed_utc')}), e.g. {late[0]}; "
+                            "the registration does not precede the data (back-dated data or a "
+                            "registration made after the run)")
+    return VerifyReport(
+        path=str(p), sha256=data["sha256"], name=sealed.get("name"),
+        registered_utc=sealed.get("registered_utc"), sealed_utc=sealed.get("sealed_utc"),
+        amendments=len(sealed.get("amendments") or []), runs=tuple(str(d) for d in dirs),
+        n_data=n_data, earliest_datum=None if earliest is None else earliest[1],
+        problems=tuple(problems),
+    )

@@ -1,0 +1,183 @@
+"""``bistat doctor``: which engines are usable here, the GPU and driver, versions, cache, models.
+
+Nothing heavy is imported: optional engines are looked up with ``importlib.util.find_spec``
+(vLLM is never imported), versions come from package metadata, the GPU from ``nvidia-smi``
+(``bistat.run.fingerprint.gpu_info``), and a model counts as cached when its cache folder holds a
+manifest (``bistat model fetch`` writes it last).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bistat.run.fingerprint import gpu_info, package_versions
+
+__all__ = ["DOCTOR_SCHEMA", "DoctorReport", "EngineCheck", "ModelCheck", "doctor",
+           "render_doctor"]
+
+DOCTOR_SCHEMA = "bistat.doctor/1"
+
+
+@dataclass(frozen=True)
+class EngineCheck:
+    kind: str
+    usable: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class ModelCheck:
+    name: str
+    cached: bool
+    path: str
+
+
+@dataclass(frozen=True)
+class DoctorReport:
+    engines: tuple[EngineCheck, ...]
+    gpus: tuple[dict[str, Any], ...]
+    nvidia_smi: str | None
+    versions: dict[str, str | None]
+    cache_dir: str
+    models: tuple[ModelCheck, ...]
+    #: vLLM's version and commit against the newest release known (:func:`vllm_release`);
+    #: None when vLLM is not installed
+    vllm_release: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": DOCTOR_SCHEMA,
+                "engines": [{"kind": e.kind, "usable": e.usable, "detail": e.detail}
+                            for e in self.engines],
+                "gpus": [dict(g) for g in self.gpus], "nvidia_smi": self.nvidia_smi,
+                "versions": dict(self.versions), "cache_dir": self.cache_dir,
+                "models": [{"name": m.name, "cached": m.cached, "path": m.path}
+                           for m in self.models],
+                "vllm_release": self.vllm_release}
+
+
+def _has(module: str, find_spec: Callable[[str], Any]) -> bool:
+    try:
+        return find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def vllm_commit(find_spec: Callable[[str], Any] = importlib.util.find_spec) -> str | None:
+    """vLLM's git commit from ``vllm/_version.py`` (``__commit_id__``), read with ``ast``
+    without importing vLLM; None when it cannot be read."""
+    try:
+        spec = find_spec("vllm")
+    except (ImportError, ValueError):
+        return None
+    locations = getattr(spec, "submodule_search_locations", None)
+    if not locations:
+        return None
+    path = Path(next(iter(locations))) / "_version.py"
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__commit_id__"
+                                                for t in ast.walk(node)):
+            try:
+                value = ast.literal_eval(node.value)
+            except ValueError:
+                return None
+            return str(value) if value is not None else None
+    return None
+
+
+def vllm_release(version: str | None, commit: str | None,
+                 check: Callable[[str], Any]) -> dict[str, Any] | None:
+    """The installed vLLM against the newest release the package index knows (``check``:
+    :func:`bistat.declare.releases.check_newest_release`); None without vLLM."""
+    if version is None:
+        return None
+    from bistat.declare.engine_version import compare_versions
+
+    found = check("vllm")
+    return {"version": version, "commit": commit, "newest": found.newest,
+            "comparison": (compare_versions(version, found.newest) if found.newest
+                           else "unknown"),
+            "checked_utc": found.checked_utc, "index": found.index, "error": found.error}
+
+
+def doctor(*, find_spec: Callable[[str], Any] = importlib.util.find_spec,
+           which: Callable[[str], str | None] = shutil.which,
+           gpus: Callable[[], list[dict[str, Any]]] = gpu_info,
+           release_check: Callable[[str], Any] | None = None) -> DoctorReport:
+    """Check this machine. The lookups are parameters so tests can fake a GPU host;
+    ``release_check`` asks the package index for vLLM's newest release
+    (:func:`bistat.declare.releases.check_newest_release` by default)."""
+    from bistat.declare.releases import check_newest_release
+
+    from bistat.model.cache import cache_root, model_dir
+    from bistat.model.registry import REGISTRY
+
+    kernel = ("its invariant GEMM kernel is built" if _has("bistat.engines.embedded._rowgemm", find_spec)
+              else "its invariant GEMM kernel is not built, so gemm = 'invariant' fails: "
+                   "`pip install -e .` with a C compiler")
+    engines = [EngineCheck("embedded", _has("numpy", find_spec),
+                           f"in-process numpy engine (needs a model: `bistat model fetch`); {kernel}")]
+    engines.append(EngineCheck("openai", _has("httpx", find_spec),
+                               "attaches to an OpenAI-compatible server URL" if
+                               _has("httpx", find_spec) else "httpx is not installed"))
+    has_vllm = _has("vllm", find_spec)
+    vllm_cli = which("vllm")
+    found = gpus()
+    no_vllm = "vllm is not installed: pip install 'bistat[vllm]'"
+    if not has_vllm:
+        server = offline = no_vllm
+    else:
+        server = (f"vllm importable, `vllm` at {vllm_cli}" if vllm_cli else
+                  "vllm importable but no `vllm` command on PATH")
+        offline = "vllm importable"
+        if not found:
+            server += "; no NVIDIA GPU found"
+            offline += "; no NVIDIA GPU found"
+    engines.append(EngineCheck("vllm-server", bool(has_vllm and vllm_cli and found), server))
+    engines.append(EngineCheck("vllm-offline", bool(has_vllm and found), offline))
+    models = tuple(ModelCheck(name, (model_dir(name) / "manifest.json").exists(),
+                              str(model_dir(name))) for name in sorted(REGISTRY))
+    versions = package_versions()
+    return DoctorReport(engines=tuple(engines), gpus=tuple(found), nvidia_smi=which("nvidia-smi"),
+                        versions=versions, cache_dir=str(Path(cache_root())), models=models,
+                        vllm_release=vllm_release(versions.get("vllm") if has_vllm else None,
+                                                  vllm_commit(find_spec) if has_vllm else None,
+                                                  release_check or check_newest_release))
+
+
+def render_doctor(rep: DoctorReport) -> str:
+    """Plain text for the terminal."""
+    lines = ["engines:"]
+    lines += [f"  {e.kind}: {'usable' if e.usable else 'not usable'} ({e.detail})"
+              for e in rep.engines]
+    if rep.gpus:
+        lines.append("GPUs:")
+        lines += [f"  {g.get('name')} {g.get('uuid')} driver {g.get('driver')}" for g in rep.gpus]
+    else:
+        lines.append("GPUs: none found" + ("" if rep.nvidia_smi else " (no nvidia-smi on PATH)"))
+    lines.append("versions: " + ", ".join(f"{k} {v if v is not None else '-'}"
+                                          for k, v in rep.versions.items()))
+    r = rep.vllm_release
+    if r is not None:
+        label = f"vllm {r['version']}" + (f" ({r['commit']})" if r.get("commit") else "")
+        if r.get("newest") is None:
+            lines.append(f"{label}: newest release unknown ({r.get('error')})")
+        else:
+            how = {"newest": "the newest release", "older": f"older than the newest release, "
+                   f"{r['newest']}", "newer": f"newer than the newest release, {r['newest']}",
+                   "incomparable": f"not comparable with the newest release, {r['newest']}"}
+            lines.append(f"{label}: {how[r['comparison']]} ({r['index']}, "
+                         f"checked {r['checked_utc']})")
+    lines.append(f"cache: {rep.cache_dir}")
+    lines += [f"  model {m.name}: {'cached' if m.cached else 'not cached'} ({m.path})"
+              for m in rep.models]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,880 @@
+"""``RunSummary`` + verdicts -> the markdown finding ``findings/NAME.md`` and its PNG plots.
+
+This layer formats finished results and computes no statistic (criterion.rs' ``Report``, STYLE.md
+§6). The output is a function of the summary alone: no clock is read, no absolute path is
+printed, numbers have fixed formats and plots are saved deterministically (``bistat.report.plots``),
+so regenerating a finding from the same records gives byte-identical files.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from bistat.engines.registry import capabilities
+from bistat.analysis.summary import RunSummary
+from bistat.core.classify import format_decided
+from bistat.report.index import RELEASE_COMPARISON_TITLE
+from bistat.core.rule import CostRule
+from bistat.analysis.anatomy import kv_tile_boundary, plot_anatomy, render_anatomy_section
+from bistat.report.plots import PLOTS, save_plots
+from bistat.analysis.probe_report import filler_line
+
+#: Suffix of the divergence-anatomy plot (``NAME-anatomy.png``), drawn by ``bistat.analysis.anatomy``.
+ANATOMY_PLOT = "anatomy"
+
+__all__ = ["FindingFiles", "render_markdown", "write_finding", "render_version_comparison"]
+
+
+@dataclass(frozen=True)
+class FindingFiles:
+    """The files a finding consists of."""
+
+    markdown: Path
+    plots: tuple[Path, ...]
+
+
+# --------------------------------------------------------------------------------------------
+# formatting helpers
+
+
+def _f(x: float | None, digits: int = 4) -> str:
+    return "—" if x is None else f"{x:.{digits}f}"
+
+
+def _cell(x: Any) -> str:
+    if x is None:
+        return "—"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, float):
+        return f"{x:.4g}"
+    return str(x).replace("|", "\\|").replace("\n", " ")
+
+
+def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for row in rows:
+        lines.append("| " + " | ".join(_cell(c) if not isinstance(c, str) else
+                                       c.replace("|", "\\|").replace("\n", " ")
+                                       for c in row) + " |")
+    return "\n".join(lines)
+
+
+def _decided_cell(observed: Any, limit: Any) -> str:
+    """A validity check's observed value, rounded once and never across its limit."""
+    if isinstance(observed, float) and isinstance(limit, (int, float)) \
+            and not isinstance(limit, bool):
+        return format_decided(observed, [float(limit)], 4, significant=True)
+    return _cell(observed)
+
+
+def _met(x: bool | None) -> str:
+    return {True: "**met**", False: "not met", None: "not evaluable"}[x]
+
+
+def _bullets(items: Iterable[str], empty: str) -> str:
+    items = list(items)
+    return "\n".join(f"- {x}" for x in items) if items else empty
+
+
+# --------------------------------------------------------------------------------------------
+# sections
+
+
+def _title(s: RunSummary) -> str:
+    """The first line: an exploratory analysis says so there."""
+    if s.exploratory:
+        return f"# Finding: {s.name} — exploratory analysis, not a test of the hypothesis"
+    return f"# Finding: {s.name}"
+
+
+def _verdict_line(s: RunSummary) -> str:
+    """Each comparison's label and, with a cost rule, its cost statement (``Verdict.headline``):
+    ``**working** — no measurable cost (ratio 0.97, 95 % interval 0.91–1.04) (t vs c)``."""
+    parts = []
+    for c in s.comparisons:
+        v = c.verdict
+        cost = "" if v.cost is None else f" — {v.cost.statement}"
+        parts.append(f"**{v.label.value}**{cost} ({c.treatment} vs {c.control})")
+    return ("Exploratory verdict: " if s.exploratory else "Verdict: ") + ", ".join(parts) + "."
+
+
+def _exploratory_note(s: RunSummary) -> list[str]:
+    """Why the analysis is exploratory, with the times from the seals that prove the order."""
+    if not s.exploratory:
+        return []
+    recorded = (f"`{s.recorded_registration}`" if s.recorded_registration
+                else "another registration")
+    return [f"**Exploratory.** This rule (`{s.registration_path}`) was sealed at {s.sealed_utc}, "
+            f"after this run's first record ({s.created_utc}); the run was recorded under "
+            f"{recorded}, sealed before it. A rule chosen after the data can describe them, never "
+            "test the hypothesis: the labels below say what the rule finds in data it may have "
+            "been chosen for.", ""]
+
+
+def _head(s: RunSummary) -> list[str]:
+    out = [_title(s), "",
+           _verdict_line(s), "", *_exploratory_note(s),
+           _table(("", ""), [
+               ("Registration", f"`{s.registration_path or '—'}`"),
+               ("Registration SHA-256", f"`{s.registration_sha256}`"),
+               ("Registered (UTC)", s.registered_utc),
+               ("Last sealed (UTC)", s.sealed_utc),
+               ("Registered with bistat", s.registration_bistat_version or "—"),
+               ("Run", f"`{s.run_id}`"),
+               ("Run created (UTC)", s.created_utc or "—"),
+               ("Engine", s.engine_kind or "—"),
+               ("Command", f"`{' '.join(s.command)}`" if s.command else "—"),
+               ("Response records read", str(s.n_response_records)),
+           ]), "",
+           "## Hypothesis", "", *[f"> {line}" if line else ">"
+                                  for line in s.hypothesis.splitlines()], ""]
+    return out
+
+
+def _verdict(s: RunSummary) -> list[str]:
+    out = ["## Verdict", ""]
+    for c in s.comparisons:
+        v = c.verdict
+        out += [f"### {c.treatment} (treatment) vs {c.control} (control): "
+                f"**{v.label.value}**", "", v.sentence, "", f"Basis: {v.basis}.", ""]
+        rows = []
+        for lr in v.labels:
+            for cr in lr.criteria:
+                rows.append((lr.label, cr.description, cr.observed_text, cr.threshold,
+                             _met(cr.met) + (f" ({cr.reason})" if cr.reason else "")))
+        out += [_table(("label", "criterion", "observed", "threshold", "met"), rows), ""]
+        label_rows = [(lr.label, "all criteria met" if lr.met else "not met")
+                      for lr in v.labels]
+        out += [_table(("label (in rule order)", "outcome"), label_rows), ""]
+        if v.untested_reasons:
+            out += ["Why untested:", "", _bullets(v.untested_reasons, ""), ""]
+        if v.notes:
+            out += ["Notes:", "", _bullets(v.notes, ""), ""]
+        out += _cost(s, v)
+    return out
+
+
+def _cost_rule(s: RunSummary) -> CostRule | None:
+    data = (s.declaration.get("rule") or {}).get("cost")
+    return None if data is None else CostRule.model_validate(data)
+
+
+def _cost(s: RunSummary, v: Any) -> list[str]:
+    """The cost rule's verdict for one comparison: its outcome, statement and fixed sentence."""
+    cv = v.cost
+    rule = _cost_rule(s)
+    if cv is None or rule is None:
+        return []
+    out = [f"Cost (`[rule.cost]`: {rule.describe()}): **{cv.outcome.value}** — {cv.statement}.",
+           "", cv.sentence, ""]
+    if cv.passes_to_decide is not None:
+        # the committed findings name the function by its module's old path (now
+        # bistat.core.design); new words here change every finding that has this line
+        out += [f"About {cv.passes_to_decide} counted passes per arm would decide it: "
+                f"`bistat.design.passes_to_decide` at the observed ratio ({cv.ratio:.4f}) and "
+                f"pass-to-pass CV ({cv.cv:.3g}), with 80 % probability.", ""]
+    if cv.reason:
+        out += [f"Why: {cv.reason}.", ""]
+    return out
+
+
+def _summary(s: RunSummary) -> list[str]:
+    """The finding at a glance, one row per comparison: what `bistat index` collects into
+    findings/README.md (engine version, GPU, model, backend, invariant?, cost, the rule)."""
+    envs = dict(s.environments)
+    gpus = sorted({g.split(" (")[0] for e in envs.values() for g in e.gpus}) or ["no GPU"]
+    model = (s.declaration.get("engine") or {}).get("model", "—")
+    kind = "exploratory" if s.exploratory else "confirmatory"
+    arms = {a.name: a for a in s.arms}
+    rule = _cost_rule(s)
+    rows = []
+    for c in s.comparisons:
+        v, t = c.verdict, arms.get(c.treatment)
+        iv = None if t is None else t.match_interval
+        matched = "—" if t is None else f"{t.n_matched} / {t.n_units}"
+        if v.cost is not None and rule is not None:
+            cost = f"{v.cost.outcome.value} ({v.cost.metric})"
+            point, civ, bounds = v.cost.ratio, v.cost.interval, (rule.low, rule.high)
+        else:
+            cost = "— (no cost rule)"
+            point, civ, bounds = c.ratio_point, None if c.ratio is None else c.ratio.interval, ()
+        rows.append((c.treatment, c.control, _backend(s, c.treatment), f"*{v.label.value}*",
+                     matched, "—" if iv is None else f"[{iv.low:.4f}, {iv.high:.4f}]", cost,
+                     "—" if point is None else format_decided(point, bounds),
+                     "—" if civ is None else f"[{format_decided(civ.low, bounds)}, "
+                                             f"{format_decided(civ.high, bounds)}]"))
+    cl = f"{s.confidence_level * 100:g} %"
+    return ["## Summary", "",
+            f"Engine: {_engine_version(s)} · GPU: {', '.join(gpus)} · model: `{model}` · run: "
+            f"`{s.run_id}` · rule: `{s.registration_path or '—'}` ({kind})", "",
+            _table(("treatment", "control", "backend", "invariant?", "matched / compared",
+                    f"{cl} interval", "cost", "ratio", "interval"), rows), ""]
+
+
+def _engine_version(s: RunSummary) -> str:
+    """``vLLM 0.25.0`` for vLLM engines (server or offline alike), else the engine as recorded
+    (``embedded 0.1.0``)."""
+    envs = [e for _, e in s.environments]
+    vllm = sorted({dict(e.versions).get("vllm") for e in envs} - {None})
+    if (s.engine_kind or "").startswith("vllm") and vllm:
+        return "vLLM " + ", ".join(vllm)
+    return ", ".join(sorted({e.engine for e in envs})) or (s.engine_kind or "—")
+
+
+def _backend(s: RunSummary, arm: str) -> str:
+    """The arm's engine kind and what it ran on: the attention backend(s) its engine log named,
+    or the embedded engine's GEMM."""
+    acts = {a.arm: a for a in s.activation}
+    parts = [s.engine_kind or "—"]
+    a = acts.get(arm)
+    if a is not None and a.attention:
+        parts += list(a.attention)
+    decl = {x["name"]: x for x in s.declaration.get("arms", [])}
+    args = {**((s.declaration.get("engine") or {}).get("args") or {}),
+            **(decl.get(arm, {}).get("args") or {})}
+    if capabilities(s.engine_kind or "").gemm_modes and "gemm" in args:
+        parts.append(f"gemm {args['gemm']}")
+    return ", ".join(parts)
+
+
+def _siblings(s: RunSummary) -> list[str]:
+    """What the other rules registered for the same declaration conclude from the same data."""
+    if not s.siblings:
+        return []
+    names = list(dict.fromkeys((v.registration, v.name) for v in s.siblings))
+    regs = ", ".join(f"`{path}`" for path, _ in names)
+    later = any(v.exploratory for v in s.siblings)
+    costs = any(v.verdict.cost is not None for v in s.siblings)
+    rows = []
+    for v in s.siblings:
+        row = [f"`{v.name}`"] + (["exploratory" if v.exploratory else "confirmatory"]
+                                 if later else [])
+        row += [f"{v.treatment} vs {v.control}", f"**{v.verdict.label.value}**"]
+        if costs:
+            row.append("—" if v.verdict.cost is None else v.verdict.cost.statement)
+        rows.append(tuple(row + [v.verdict.basis]))
+    header = (("registration",) + (("analysis",) if later else ()) + ("comparison", "verdict")
+              + (("cost",) if costs else ()) + ("basis",))
+    note = [] if not later else [
+        "A rule sealed after this run's first record (exploratory) describes the data; only a "
+        "rule sealed before it (confirmatory) tests the hypothesis.", ""]
+    return ["## The same data under the other registered rule" + ("s" if len(names) > 1 else ""),
+            "",
+            f"{regs} {'was' if len(names) == 1 else 'were'} sealed with this declaration but for "
+            "the name and the decision rule, so the same comparisons are classified by "
+            f"{'its rule' if len(names) == 1 else 'each rule'} too (each criterion is in "
+            f"{'its' if len(names) == 1 else 'their'} own finding):", "", *note,
+            _table(header, rows), ""]
+
+
+def _rule(s: RunSummary) -> list[str]:
+    rule = s.declaration.get("rule", {})
+    return ["## Decision rule (as registered)", "",
+            "The rule exactly as sealed in the registration:", "",
+            "```json", json.dumps(rule, indent=2, ensure_ascii=False), "```", "",
+            f"Match unit: `{s.match_unit}`; multiple passes: `{s.multi_pass}`.", ""]
+
+
+def _amendments(s: RunSummary) -> list[str]:
+    out = ["## Amendments", ""]
+    if not s.amendments:
+        return out + ["None: the registration was not amended.", ""]
+    rows = []
+    for i, a in enumerate(s.amendments, start=1):
+        rows.append((str(i), str(a.get("time_utc", "—")), str(a.get("reason", "—")),
+                     f"`{a.get('old_declaration_sha256', '—')}`",
+                     f"`{a.get('new_declaration_sha256', '—')}`",
+                     f"`{a.get('previous_sha256', '—')}`"))
+    return out + [_table(("#", "time (UTC)", "reason", "declaration before (SHA-256)",
+                          "declaration after (SHA-256)", "seal replaced"), rows), ""]
+
+
+def _environment(s: RunSummary) -> list[str]:
+    out = ["## Environment", ""]
+    if not s.environments:
+        return out + ["No environment fingerprint was recorded.", ""]
+    names = [a for a, _ in s.environments]
+    envs = dict(s.environments)
+    rows = [("engine", *[envs[a].engine for a in names]),
+            ("engine starts", *[str(envs[a].n_starts) for a in names]),
+            ("GPU", *[", ".join(envs[a].gpus) or "none" for a in names]),
+            ("host", *[envs[a].host or "—" for a in names])]
+    keys = [k for k, _ in envs[names[0]].versions]
+    for k in keys:
+        rows.append((k, *[dict(envs[a].versions).get(k) or "not installed" for a in names]))
+    rows += _engine_rows(s, names)
+    arm_env = {a["name"]: a.get("env") or {} for a in s.declaration.get("arms", [])}
+    rows.append(("declared env", *[", ".join(f"`{k}={v}`" for k, v in sorted(
+        arm_env.get(a, {}).items())) or "—" for a in names]))
+    return out + [_table(("", *names), rows), ""]
+
+
+def _engine_rows(s: RunSummary, names: Sequence[str]) -> list[tuple[str, ...]]:
+    """The environment table's rows for the engine's commit and each arm's compilation and
+    CUDA-graph modes (vLLM engines; bistat.declare.engine_version)."""
+    ev = s.engine_version
+    if ev is None or ev.package is None:
+        return []
+    by_arm = {a.arm: a for a in ev.arms}
+    modes = {a: by_arm[a].modes.describe() if a in by_arm and by_arm[a].modes else None
+             for a in names}
+    return [("engine commit", *[(by_arm[a].commit if a in by_arm else None) or "—" for a in names]),
+            ("compilation", *[m[0] if m else "not recorded" for m in modes.values()]),
+            ("CUDA graphs", *[m[1] if m else "not recorded" for m in modes.values()])]
+
+
+def _engine_version_section(s: RunSummary) -> list[str]:
+    """How the engine version measured compares with the newest release known and with the
+    version the registration requires (vLLM engines; bistat.declare.engine_version)."""
+    ev = s.engine_version
+    if ev is None or ev.package is None:
+        return []
+    rows = [(where, c.newest or "unknown", c.checked_utc, c.index, c.error or "—")
+            for where, c in ev.checks]
+    out = ["## Engine version", "", *[f"{line}" for line in ev.comparison], ""]
+    if rows:
+        out += [f"Newest {ev.package} release, as recorded (the comparison uses the latest check "
+                "that found one):", "",
+                _table(("checked", "newest release", "time (UTC)", "index", "why unknown"), rows),
+                ""]
+    out += [f"Required version (`engine.required_version`): `{ev.required}`; "
+            + ("every arm ran a version it allows." if not ev.deviations
+               else "arms ran versions it excludes (see Deviations).")
+            if ev.required else "The registration requires no engine version.", ""]
+    return out
+
+
+def _activation(s: RunSummary) -> list[str]:
+    """What each arm asked for and the evidence that it was on (bistat.analysis.activation)."""
+    if not s.activation:
+        return []
+    probe_cmd = "`bistat probe REGISTRATION --output RUN_DIR/probe.json`"
+    parts = []
+    if len(s.probe_files) > 1:
+        controls = [a.arm for a in s.probe.arms if a.role == "negative_control"] if s.probe else []
+        power = ("so one part's negative control gives the others their power" if controls else
+                 "but no part ran a negative control (`--control`), so an arm's needle staying "
+                 "identical confirms nothing, whatever another probed arm showed")
+        parts = [f"The probe ran in {len(s.probe_files)} parts ("
+                 + ", ".join(f"`{f}`" for f in s.probe_files)
+                 + f"): the same needle and settings on different arms, judged together, {power}.",
+                 ""]
+    if not (s.engine_kind or "").startswith("vllm"):
+        rows = [(a.arm, a.role, ", ".join(f"`{r}`" for r in a.requested) or "—",
+                 (a.probe or "not run").replace("_", " "), a.status) for a in s.activation]
+        return ["## Activation", "",
+                f"A setting is *requested* until a behavioural probe with a negative control "
+                f"confirms it ({probe_cmd}).", "", *parts,
+                _table(("arm", "role", "requested (vs control)", "probe", "status"), rows), "",
+                *_probe_detail(s)]
+    flag = {True: "yes", False: "no", None: "—"}
+    rows = [(a.arm, a.role, ", ".join(f"`{r}`" for r in a.requested) or "—",
+             "**no**" if a.bi_requested and a.bi_kernels_logged is False
+             else flag[a.bi_kernels_logged],
+             flag[a.tuned_gemm_logged], ", ".join(a.attention) or "—",
+             (a.probe or "not run").replace("_", " "), a.status)
+            for a in s.activation]
+    return ["## Activation", "",
+            "vLLM prints no line saying that batch-invariant mode is on, so a setting is "
+            f"*requested* until a behavioural probe with a negative control confirms it "
+            f"({probe_cmd}). The engine's log, kept at every start, gives circumstantial "
+            "evidence: the batch-invariant kernels registering, bistat's tuned GEMM installing "
+            "itself, the attention backend chosen.", "", *parts,
+            _table(("arm", "role", "requested (vs control)", "batch-invariant kernels in log",
+                    "tuned GEMM in log", "attention backend (log)", "probe", "status"), rows), "",
+            *_probe_detail(s)]
+
+
+def _probe_detail(s: RunSummary) -> list[str]:
+    """The probe's trials per arm (batch mode: the needle alone twice, then among fillers), and
+    where the probe and the study disagree."""
+    probe = s.probe
+    if probe is None or probe.settings.mode != "batch":
+        return []
+    st = probe.settings
+    rows = []
+    for a in probe.arms:
+        role = a.role.replace("_", " ")
+        if a.error:
+            rows.append((a.arm, role, "—", "—", "—", "—", f"could not run: {a.error}"))
+            continue
+        n = len(a.trials)
+        firsts = sorted({t.first_divergence for t in a.trials if t.first_divergence is not None})
+        rows.append((a.arm, role,
+                     {True: "identical", False: "**different**", None: "—"}[a.alone_repeat_identical],
+                     f"{sum(t.identical for t in a.trials)} / {n}",
+                     ", ".join(str(t.n_fillers) for t in a.trials), f"{a.n_shared} / {n}",
+                     ", ".join(map(str, firsts)) or "—"))
+    pending = (f" Not probed: {', '.join(probe.pending)}." if probe.pending else "")
+    fillers = [f"{a.arm}: {filler_line(a)}" for a in probe.arms if a.n_fillers_compared is not None]
+    filler_note = [] if not fillers else [
+        "The fillers too: each that ran in two or more trials (among other neighbours, at another "
+        "place) compared bitwise with its first trial — " + "; ".join(fillers) + ".", ""]
+    study = {a.name: a for a in s.arms}
+    missed = [(a, study[a.arm]) for a in probe.arms
+              if not a.error and a.trials and not a.differs and a.arm in study
+              and study[a.arm].n_prompts_diverged]
+    disagree = [] if not missed else [
+        "**The probe and the study disagree** on " + ", ".join(
+            f"{pa.arm} (needle {pa.n_needle_tokens} tokens; {sa.n_prompts_diverged} "
+            f"of {sa.n_prompts} prompts diverged across the counted passes)" for pa, sa in missed)
+        + ": the probe saw no difference there. A needle"
+        + (" and its fillers" if any(pa.n_fillers_compared for pa, _ in missed) else "")
+        + f" of {st.max_tokens} tokens at most in {st.trials} trial(s) "
+        + ("are" if any(pa.n_fillers_compared for pa, _ in missed) else "is")
+        + " weaker evidence than every prompt of every pass; the study's match counts decide."
+        + (" To aim the probe at what the study saw, `bistat probe --needle-from` with this "
+           "run's directory takes as its needle the prompt that diverged first here."
+           if probe.needle_source is None else ""), ""]
+    src = probe.needle_source
+    chosen = ("" if src is None else
+              f", chosen from run `{src.run_id}` where it first diverged earliest (token "
+              f"{src.position}, arm {src.arm}, pass {src.pass_index})")
+    return [f"Probe (needle `{probe.needle_prompt_id}`{chosen}, {st.trials} trial(s) among "
+            f"{st.min_fillers}-{st.max_fillers} fillers, {st.max_tokens} tokens, bitwise token ids "
+            f"and logprobs): **{probe.outcome.replace('_', ' ')}** — {probe.reason}.{pending}", "",
+            _table(("arm", "role", "needle alone, twice", "identical among fillers",
+                    "fillers per trial", "needle shared an engine step", "first divergence (token)"),
+                   rows), "", *filler_note, *_probe_needles(s), *disagree]
+
+
+def _probe_needles(s: RunSummary) -> list[str]:
+    """A kv-sweep probe's outcome per needle (:func:`bistat.analysis.probe_report.needle_verdicts`) and what each
+    arm showed at it; nothing for the single design (reports written before designs)."""
+    from bistat.analysis.probe_report import needle_verdicts
+
+    probe = s.probe
+    if probe is None or not probe.settings.sweep:
+        return []
+    st = probe.settings
+    by_arm = {a.arm: {n.needle: n for n in a.needles} for a in probe.arms if not a.error}
+    rows = []
+    for v in needle_verdicts(probe.arms):
+        cells = []
+        for arm in by_arm:
+            n = by_arm[arm].get(v.needle)
+            if n is None:
+                cells.append("—")
+                continue
+            same = sum(t.identical for t in n.trials)
+            where = ("" if n.kv_first_divergence is None
+                     else f", first at KV length {n.kv_first_divergence}")
+            repeat = "" if n.alone_repeat_identical is not False else "; alone twice **different**"
+            cells.append(f"{'identical' if not n.differs else '**different**'} "
+                         f"{same} / {len(n.trials)}{where}{repeat}")
+        keys = "—" if v.kv_low is None else f"{v.kv_low}-{v.kv_high}"
+        rows.append((v.needle, "—" if v.target_tokens is None else str(v.target_tokens),
+                     _cell(v.n_prompt_tokens), keys, *cells,
+                     f"**{v.outcome.replace('_', ' ')}** — {v.reason}"))
+    left = ("" if not probe.left_out else
+            " Left out: " + "; ".join(probe.left_out) + ".")
+    return [f"Per needle (the kv-sweep design: the needle prompt and needles of about "
+            f"{', '.join(map(str, st.long_needles))} prompt tokens, {st.max_tokens} tokens each, "
+            f"among fillers of {st.filler_tokens} tokens arriving while they decode; identical "
+            f"in how many trials, bitwise).{left}", "",
+            _table(("needle", "design tokens", "prompt tokens", "keys decoded",
+                    *[f"{arm}: in batch" for arm in by_arm], "outcome"), rows), ""]
+
+
+def _match(s: RunSummary, plot: str) -> list[str]:
+    out = ["## Match", ""]
+    rows = []
+    for a in s.arms:
+        iv = a.match_interval
+        rows.append((f"{a.name} ({a.role})", ", ".join(str(p) for p in a.counted_passes) or "—",
+                     str(a.n_prompts_recorded), str(a.n_prompts), str(a.n_excluded_failed),
+                     str(a.n_excluded_missing), str(a.n_excluded_no_logprobs),
+                     str(a.n_prompts_matched), f"{a.n_matched} / {a.n_units} {a.unit}s",
+                     _f(a.match_rate),
+                     "—" if iv is None else f"[{iv.low:.4f}, {iv.high:.4f}]"))
+    cl = f"{s.confidence_level * 100:g} %"
+    out += [_table(("arm", "counted passes", "prompts recorded", "prompts compared",
+                    "excluded: failed request", "excluded: missing", "excluded: no logprobs",
+                    "prompts identical in all passes", "matched units", "match rate",
+                    f"{cl} Wilson interval"), rows), ""]
+    comp_rows = []
+    for c in s.comparisons:
+        mc = c.mcnemar
+        d = c.difference
+        comp_rows.append((f"{c.treatment} vs {c.control}", str(c.n_paired),
+                          "—" if mc is None else f"{mc.b} / {mc.c}",
+                          "—" if mc is None else f"{mc.pvalue:.4g} ({mc.method})",
+                          "—" if d is None else f"[{d.low:+.4f}, {d.high:+.4f}]"))
+    out += ["Between arms (paired by prompt; McNemar on prompts identical in all passes; "
+            f"Newcombe {cl} interval for treatment − control match rate):", "",
+            _table(("comparison", "paired prompts", "discordant: control only / treatment only",
+                    "McNemar p", f"Newcombe {cl} difference"), comp_rows), "",
+            f"![Match intervals per arm]({plot})", ""]
+    return out
+
+
+def _throughput(s: RunSummary, plot: str) -> list[str]:
+    out = ["## Throughput", ""]
+    rows = []
+    for p in s.passes:
+        rows.append((str(p.seq), p.arm, str(p.pass_index), p.kind, p.status,
+                     "yes" if p.counted else "no", _f(p.wall_s, 3),
+                     _cell(p.n_requests), _cell(p.n_failed), _cell(p.output_tokens),
+                     _f(p.output_tokens_per_s, 2), _f(p.requests_per_s, 3)))
+    out += [_table(("schedule position", "arm", "pass", "kind", "status", "counted", "wall s",
+                    "requests", "failed", "output tokens", "output tokens/s", "requests/s"),
+                   rows), ""]
+    cl = f"{s.confidence_level * 100:g} %"
+    ratio_rows = []
+    for c in s.comparisons:
+        r = c.ratio
+        ratio_rows.append((f"{c.treatment} ÷ {c.control}", _f(c.ratio_point),
+                           "—" if r is None else f"[{r.interval.low:.4f}, {r.interval.high:.4f}]",
+                           "—" if r is None else f"{r.df:.2f}",
+                           "—" if r is None else f"{r.n_treatment} / {r.n_control}"))
+    out += ["Ratio of per-pass output tokens/s (geometric means; Welch interval on log "
+            "throughput):", "",
+            _table(("ratio", "point", f"{cl} interval", "Welch df", "passes (treatment / control)"),
+                   ratio_rows), "",
+            "Wall time and requests/s are whole-pass figures; output tokens/s is what the rule "
+            "compares.", "", *_jit_note(s), f"![Per-pass throughput]({plot})", ""]
+    return out
+
+
+def _jit_note(s: RunSummary) -> list[str]:
+    """The kernels an engine JIT-compiled while serving, and in which passes (nothing when the
+    logs show none): a counted pass that compiled measures the compilation too."""
+    if not s.jit_compiles:
+        return []
+    seq = {(p.arm, p.pass_index): p.seq for p in s.passes}
+
+    def where(j) -> str:
+        if not j.passes:
+            return "outside every pass of its arm"
+        named = [(f"**counted pass {i}**" if kind == "counted" else
+                  f"{kind.replace('warmup', 'warm-up')} pass {i}")
+                 + (f" (schedule position {seq[(j.arm, i)]})" if (j.arm, i) in seq else "")
+                 for i, kind in j.passes]
+        return "in " + " or ".join(named)
+
+    items = [f"{j.arm} `{j.kernel}` at {j.time_utc[11:19]} UTC, {where(j)}" for j in s.jit_compiles]
+    counted = [j for j in s.jit_compiles if j.in_counted_pass]
+    tail = (f" {len(counted)} of them fell in a counted pass, whose time then includes a "
+            "compilation, not only the arm's steady state (warm up longer, or compile every "
+            "bucket at start-up)." if counted else
+            " None fell in a counted pass.")
+    return ["Kernels compiled during inference (vLLM's JIT-monitor warnings in the engine logs, "
+            "placed by the second they were logged): " + "; ".join(items) + "." + tail, ""]
+
+
+def _divergence(s: RunSummary, plot: str) -> list[str]:
+    out = ["## First divergences", "",
+           "For each compared prompt that did not match, every counted pass whose output differs "
+           "from the arm's first counted pass gives the token index where they first differ.", ""]
+    rows = []
+    with_kv = any(d.kv_length is not None for a in s.arms for d in a.divergences)
+    for a in s.arms:
+        pos = sorted(d.position for d in a.divergences)
+        n = len(pos)
+        row = [a.name, str(len({d.prompt_id for d in a.divergences})), str(n),
+               str(pos[0]) if n else "—", str(pos[(n - 1) // 2]) if n else "—",
+               str(pos[-1]) if n else "—"]
+        if with_kv:
+            kv = sorted(d.kv_length for d in a.divergences if d.kv_length is not None)
+            row += [str(kv[0]) if kv else "—", str(kv[(len(kv) - 1) // 2]) if kv else "—"]
+        rows.append(tuple(row))
+    head = ("arm", "prompts", "diverging passes", "earliest", "median (lower)", "latest")
+    if with_kv:
+        head += ("KV length at first divergence: earliest", "median (lower)")
+        out += ["The KV length is the prompt's tokens plus the index: the keys the first "
+                "differing token's attention read.", ""]
+    out += [_table(head, rows), "", *_kv_tile_boundary(s)]
+    detail = [(d.arm, d.prompt_id, str(d.reference_pass), str(d.pass_index), str(d.position))
+              for a in s.arms for d in a.divergences]
+    if detail and len(detail) <= 200:
+        out += ["<details><summary>Every divergence</summary>", "",
+                _table(("arm", "prompt", "reference pass", "pass", "first differing index"),
+                       detail), "", "</details>", ""]
+    elif detail:
+        out += [f"{len(detail)} divergences: too many to list here; "
+                "`bistat analyze --json` prints them.", ""]
+    out += [f"![First-divergence positions]({plot})", ""]
+    return out
+
+
+def _kv_tile_boundary(s: RunSummary) -> list[str]:
+    """Arms whose every first divergence lies just past a power-of-two KV length: below one KV
+    tile of the attention kernel, any tile width reduces a row the same way, so divergences that
+    start exactly at tile + 1 point at the attention kernel's KV tile changing with the batch
+    (FlashAttention 3 on Hopper picks its tile from the batch's longest query)."""
+    by_tile: dict[int, list[tuple[str, int, int, int, int]]] = {}
+    for a in s.arms:
+        kv = [d.kv_length for d in a.divergences if d.kv_length is not None]
+        tile = kv_tile_boundary(kv)
+        if tile is None:
+            continue
+        prompts = [d.n_prompt_tokens for d in a.divergences if d.n_prompt_tokens is not None]
+        by_tile.setdefault(tile, []).append(
+            (a.name, len(kv), sum(k == tile + 1 for k in kv), min(prompts), max(prompts)))
+    out = []
+    for tile, arms in sorted(by_tile.items()):
+        which = "; ".join(f"{name} (all {n}, {at} exactly at {tile + 1})"
+                          for name, n, at, _, _ in arms)
+        lo, hi = min(a[3] for a in arms), max(a[4] for a in arms)
+        out += [f"Every first divergence lies at a KV length of {tile + 1} or more in arm(s) "
+                f"{which}, although every output began at {lo}-{hi} keys. {tile} keys is one "
+                f"attention tile of {tile}: up to it, any tile width reduces a row in the same "
+                f"order; past it, a kernel whose KV tile width changes with the batch does not "
+                f"(FlashAttention 3 on Hopper picks 128 or 192 keys per tile at head size 64 "
+                f"from the batch's longest query). An attention backend with a fixed tile "
+                f"(TRITON_ATTN in batch-invariant mode) is the test.", ""]
+    if by_tile:
+        out += _kv_tile_advice(s, [a[0] for arms in by_tile.values() for a in arms])
+    return out
+
+
+def _kv_tile_advice(s: RunSummary, arms: Sequence[str]) -> list[str]:
+    """The attention backend and head size of ``arms`` (whose divergences start past a KV tile)
+    and the remedies bistat has measured against it (:mod:`bistat.explain.remedies`)."""
+    from bistat.explain.remedies import TABLE_PATH, advice_lines, load_table
+
+    logged = {a.arm: a.attention for a in s.activation}
+    model = (s.declaration.get("engine") or {}).get("model")
+    lines = advice_lines({arm: logged.get(arm, ()) for arm in arms}, model, load_table())
+    return [f"What those arms ran and what bistat has measured against it (`{TABLE_PATH}`):", "",
+            *[f"- {x}" for x in lines], ""]
+
+
+#: Below this share of the client's in-flight requests running in the engine, the finding says
+#: that the front end, not the engine, set the batch.
+FRONT_END_BOUND_SHARE = 0.75
+
+#: Fewest engine metric samples a counted pass needs before its mean running batch is compared
+#: with the requests in flight. vLLM's gauges lag: the offline engine's first sample of a pass,
+#: read after its first step, says 0 running, and so does the last, read after the pass; a pass
+#: shorter than two sampling periods (h200-cost-qwen3-8b-latency-b8: 0.75 s passes, 1 s
+#: sampling) has only those two, and its "mean running" of 0 says nothing about the batch.
+MIN_SAMPLES_FOR_SHARE = 4
+
+def _batching(s: RunSummary, plot: str) -> list[str]:
+    out = ["## Batching", "",
+           "From the engine's metrics samples of each pass; *in flight* is what bistat had "
+           "submitted and not yet received back (time-weighted, from the responses' times).", ""]
+    rows = [(str(p.seq), p.arm, str(p.pass_index), p.kind, str(p.n_metric_samples),
+             _f(p.client_in_flight, 2), _f(p.mean_running, 2), _f(p.max_running, 0),
+             _f(p.mean_waiting, 2), _f(p.preemptions, 0)) for p in s.passes]
+    out += [_table(("schedule position", "arm", "pass", "kind", "samples", "mean in flight",
+                    "mean running", "max running", "mean waiting", "preemptions"), rows), ""]
+    counted = [p for p in s.passes if p.counted and p.mean_running is not None
+               and p.client_in_flight]
+    shares = [(p.mean_running / p.client_in_flight, p) for p in counted
+              if p.n_metric_samples >= MIN_SAMPLES_FOR_SHARE]
+    if counted and not shares:
+        most = max(p.n_metric_samples for p in counted)
+        out += [f"Too few engine metric samples to tell how the engine batched: every counted "
+                f"pass has at most {most} (at least {MIN_SAMPLES_FOR_SHARE} are needed; the "
+                "first and last samples of a pass read the engine's gauges before and after "
+                "its work), so the running batch is not compared with the requests in flight.",
+                ""]
+    # an engine without a front end takes requests straight into its scheduler: the front-end
+    # diagnosis does not apply to it
+    if shares and not capabilities(s.engine_kind or "").front_end:
+        out += [f"Engine kind {s.engine_kind}: bistat hands requests straight to the engine "
+                "(no API server), so no front end stands between the requests in flight and "
+                "the running batch; the gauges are read between engine steps and lag them.", ""]
+    elif shares:
+        low, at = min(shares, key=lambda x: (x[0], x[1].seq))
+        high = max(x[0] for x in shares)
+        where = f"{at.arm} pass {at.pass_index} (schedule position {at.seq})"
+        if low < FRONT_END_BOUND_SHARE:
+            waiting = max((p.mean_waiting or 0.0) for _, p in shares)
+            out += [f"**The front end, not the engine, set the batch:** in counted passes the "
+                    f"engine's running batch was {low:.0%}–{high:.0%} of the requests in flight "
+                    f"(lowest: {where})"
+                    + (", with none waiting in its scheduler, so the others sat in the server's "
+                       "front end (API server, tokenization, output processing) or the client."
+                       if waiting < 0.5 else "; the rest waited in its scheduler.")
+                    + " The throughput ratios then compare front ends as much as engines.", ""]
+        else:
+            out += [f"In counted passes the engine's running batch was {low:.0%}–{high:.0%} of "
+                    f"the requests in flight (lowest: {where}).", ""]
+    out += [f"![Running requests over time]({plot})", ""]
+    return out
+
+
+def _validity(s: RunSummary) -> list[str]:
+    out = ["## Validity checks", ""]
+    if s.exploratory:
+        out += ["Whether the registration precedes the data is not checked here: this rule was "
+                f"sealed at {s.sealed_utc}, after the run's first record ({s.created_utc}), so "
+                "the analysis is exploratory (first line).", ""]
+    rows = [(v.name, _decided_cell(v.observed, v.limit), _cell(v.limit),
+             {True: "passed", False: "**failed**", None: "not evaluable"}[v.passed], v.detail)
+            for v in s.validity]
+    out += [_table(("check", "observed", "limit", "result", "detail"), rows) if rows
+            else "No validity check was declared.", ""]
+    out += [f"Run status: {'testable' if s.status.testable else 'not testable'}"
+            + (f" ({s.status.reason})." if s.status.reason else "."), ""]
+    return out
+
+
+def _notes(s: RunSummary) -> list[str]:
+    """The operator's ``NOTES.md``, quoted: stated by whoever ran it, not computed."""
+    if not s.operator_notes:
+        return []
+    quoted = "\n".join(("> " + line).rstrip() for line in s.operator_notes.splitlines())
+    return ["## Operator's notes", "",
+            "Quoted from `NOTES.md` in the run directory: what the person who ran it states "
+            "(why something was not run, what happened on the machine). Not computed from the "
+            "records.", "", quoted, ""]
+
+
+def _tail(s: RunSummary) -> list[str]:
+    return ["## Deviations", "", _bullets(s.deviations, "None recorded."), "",
+            "## Not run", "", _bullets(s.not_run, "Everything declared was run."), "",
+            *_notes(s),
+            "## Data gaps", "", _bullets(s.gaps, "None: every record line was readable."), "",
+            "---", "",
+            "Generated by `bistat analyze` from the recorded data; every number above is "
+            "recomputed from the records, and regenerating gives the same bytes.", ""]
+
+
+def _anatomy(s: RunSummary, plot: str | None) -> list[str]:
+    if s.anatomy is None:
+        return []
+    return [render_anatomy_section(s.anatomy, plot)]
+
+
+def _latency(s: RunSummary) -> list[str]:
+    """Batch latency, for workloads of one batch per pass (``n_prompts == concurrency``: the
+    published latency workload, as ``vllm bench latency --batch-size`` measures it)."""
+    wl = s.declaration.get("workload", {})
+    if wl.get("n_prompts") != wl.get("concurrency"):
+        return []
+    rows = []
+    for arm in dict.fromkeys(p.arm for p in s.passes):
+        # a pass is a batch latency only when every request of the batch was answered
+        whole = [p for p in s.passes if p.arm == arm and p.counted and p.wall_s and not p.n_failed]
+        walls = [p.wall_s for p in whole]
+        per_token = [p.wall_s / (p.output_tokens / p.n_requests) for p in whole
+                     if p.output_tokens and p.n_requests]
+        if not walls:
+            rows.append((arm, "0", "—", "—", "—"))
+            continue
+        rows.append((arm, str(len(walls)), _f(float(np.median(walls)), 4),
+                     _f(float(np.percentile(walls, 90)), 4),
+                     _f(float(np.median(per_token)) * 1e3, 3) if per_token else "—"))
+    cl = f"{s.confidence_level * 100:g} %"
+    ratio_rows = [(f"{c.treatment} ÷ {c.control}", _f(1.0 / c.ratio_point),
+                   f"[{1.0 / c.ratio.interval.high:.4f}, {1.0 / c.ratio.interval.low:.4f}]")
+                  for c in s.comparisons if c.ratio is not None and c.ratio_point]
+    return ["## Batch latency", "",
+            f"One batch of {wl.get('n_prompts')} requests per pass: a pass's wall time is the "
+            "batch latency; time per output token is that latency divided by the tokens each "
+            "request generated. Counted passes with a failed request are left out (their wall "
+            "time is not a batch's latency).", "",
+            _table(("arm", "counted passes", "median latency s", "p90 latency s",
+                    "median ms per output token"), rows), "",
+            "Latency ratio (the inverse of the throughput ratio and of its interval):", "",
+            _table(("ratio", "point", f"{cl} interval"), ratio_rows), ""]
+
+
+def render_markdown(summary: RunSummary, plot_files: dict[str, str] | None = None) -> str:
+    """The finding as markdown. ``plot_files`` maps plot suffix -> file name beside it."""
+    suffixes = [suffix for suffix, _, _ in PLOTS] + [ANATOMY_PLOT]
+    plots = plot_files or {suffix: f"{summary.name}-{suffix}.png" for suffix in suffixes}
+    parts = (_head(summary) + _summary(summary) + _verdict(summary) + _siblings(summary)
+             + _rule(summary)
+             + _amendments(summary)
+             + _environment(summary) + _engine_version_section(summary)
+             + _activation(summary) + _match(summary, plots["match"])
+             + _throughput(summary, plots["throughput"]) + _latency(summary)
+             + _divergence(summary, plots["divergence"])
+             + _anatomy(summary, plots.get(ANATOMY_PLOT))
+             + _batching(summary, plots["running"]) + _validity(summary) + _tail(summary))
+    return "\n".join(parts).rstrip("\n") + "\n"
+
+
+def write_finding(summary: RunSummary, out_dir: str | Path) -> FindingFiles:
+    """Write ``out_dir/NAME.md`` and its plots ``out_dir/NAME-*.png``; return the paths.
+
+    The plots are :data:`bistat.report.plots.PLOTS` and, with an anatomy, ``NAME-anatomy.png``
+    (``bistat.analysis.anatomy.plot_anatomy``).
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = save_plots(summary, out, summary.name)
+    if summary.anatomy is not None:
+        paths[ANATOMY_PLOT] = plot_anatomy(summary.anatomy,
+                                           out / f"{summary.name}-{ANATOMY_PLOT}.png")
+    md = out / f"{summary.name}.md"
+    text = render_markdown(summary, {k: p.name for k, p in paths.items()})
+    md.write_bytes(text.encode("utf-8"))
+    return FindingFiles(md, tuple(paths.values()))
+
+
+def render_version_comparison(vc: Any) -> str:
+    """Markdown for a ``bistat.analysis.version_compare.VersionComparison``: the two releases side by side."""
+    def iv(x):
+        return "—" if x is None else f"[{x.low:.4f}, {x.high:.4f}]"
+
+    def num(x):
+        return "—" if x is None else f"{x:.4f}"
+
+    def yes(b: bool | None) -> str:
+        return "not compared (rules differ)" if b is None else "**yes**" if b else "no"
+
+    cl = f"{vc.confidence_level * 100:g} %"
+    e, l = f"vLLM {vc.earlier_version or '?'}", f"vLLM {vc.later_version or '?'}"
+    # `bistat.version_compare` is the module's path when the committed comparisons were written
+    # (now bistat.analysis.version_compare); new words change them
+    lines = [f"{RELEASE_COMPARISON_TITLE}{vc.earlier_run} ({e}) → {vc.later_run} ({l})", "",
+             "Generated by `bistat compare` from the two runs' recorded data, each analysed "
+             "against the registration it was recorded under; the numbers are those of the two "
+             "findings. A change is called by fixed rules (`bistat.version_compare`): the "
+             f"match rate's {cl} Newcombe interval of (later − earlier) excludes 0; the verdict's "
+             "label differs; the two cost-ratio intervals do not overlap; the engine's recorded "
+             "mode differs.", "",
+             _table(("", vc.earlier_run, vc.later_run), [
+                 ("engine", e, l),
+                 ("registration", f"`{vc.earlier_registration or '—'}`",
+                  f"`{vc.later_registration or '—'}`"),
+                 ("GPU", ", ".join(vc.earlier_gpus) or "—", ", ".join(vc.later_gpus) or "—")]),
+             "", "## Per arm", "",
+             _table(("arm", "release", "backend", "mode", "matched / compared",
+                     f"{cl} interval", "invariant?", "cost", "ratio", "ratio interval"),
+                    [row for c in vc.arms for row in (
+                        (c.earlier.arm, e, c.earlier.backend, c.earlier.modes or "—",
+                         f"{c.earlier.n_matched} / {c.earlier.n_units}",
+                         iv(c.earlier.match_interval), f"*{c.earlier.verdict}*"
+                         if c.earlier.verdict else "(control)", c.earlier.cost or "—",
+                         num(c.earlier.ratio), iv(c.earlier.ratio_interval)),
+                        (c.later.arm, l, c.later.backend, c.later.modes or "—",
+                         f"{c.later.n_matched} / {c.later.n_units}",
+                         iv(c.later.match_interval), f"*{c.later.verdict}*"
+                         if c.later.verdict else "(control)", c.later.cost or "—",
+                         num(c.later.ratio), iv(c.later.ratio_interval)))]),
+             "", "## What changed", "",
+             _table(("arm", f"match rate, later − earlier ({cl} Newcombe)", "match changed",
+                     "verdict changed", "cost changed", "mode changed", "upstream"),
+                    [(c.later.arm if c.later.arm == c.earlier.arm
+                      else f"{c.earlier.arm} → {c.later.arm}",
+                      iv(c.match_difference), yes(c.match_changed), yes(c.verdict_changed),
+                      yes(c.cost_changed), yes(c.mode_changed), c.explanation())
+                     for c in vc.arms]), ""]
+    if vc.only_earlier or vc.only_later:
+        lines += [f"Arms in one run only: {', '.join(vc.only_earlier) or 'none'} "
+                  f"({vc.earlier_run}); {', '.join(vc.only_later) or 'none'} ({vc.later_run}). "
+                  "Their results are in that run's finding.", ""]
+    lines += ["## Upstream changes between the two releases", "",
+              f"From `src/bistat/data/vllm_changes.toml` (each read in the released wheels): "
+              f"{len(vc.upstream)} between {e} and {l}." if vc.upstream else
+              f"`src/bistat/data/vllm_changes.toml` holds no change between {e} and {l}.", ""]
+    if vc.upstream:
+        lines += [_table(("change", "kind", "touches", "what", "source"),
+                         [(u.reference, u.kind, ", ".join(u.components), u.summary, u.source)
+                          for u in vc.upstream]), ""]
+    lines += ["## Differences of design", "",
+              _bullets(vc.notes, "None: the same workload, on GPUs of the same model."), ""]
+    return "\n".join(lines)

@@ -1,0 +1,4 @@
+"""Recording a run: the run loop with resume and GPU checks (``runner``), the prompts it sends
+(``workload``), the environment fingerprint (``fingerprint``) and the batching summary the runner
+writes and analysis recomputes with the same function (``batching``).
+"""

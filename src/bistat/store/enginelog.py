@@ -1,0 +1,193 @@
+"""Kernel compilations during inference, and each engine start's compilation / CUDA-graph mode,
+read from the engine logs a run kept.
+
+Field lesson: warm-up is not steady state. An M-bucketed Triton kernel compiles again for each new
+configuration, and a compilation inside a counted pass makes that pass slow for a reason that is
+not the arm's steady-state cost. vLLM 0.25.0 watches for it and warns in its log
+(``jit_monitor.py``: ``Triton kernel JIT compilation during inference: NAME. This causes a latency
+spike; ...``). bistat keeps every engine start's log (``engine-logs/ARM-N.log.gz``); this module
+finds those warnings and places each in the passes of its arm that were running in that second,
+so that a finding can say which pass (warm-up or counted) paid for a compilation.
+
+vLLM stamps its log lines with the host's clock to the second and without a year
+(``12-01 16:56:08``): the year is the run's (``run.json`` ``created_utc``, the next one when the
+month is earlier than the run's), the clock is taken as UTC (the GPU machines bistat's runs came
+from keep UTC), and a second can overlap two passes of the same arm, which are then both named.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import gzip
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from bistat.store.records import ENGINE_LOGS_DIR, parse_time
+
+__all__ = ["JIT_WARNING", "EngineModes", "JitCompile", "engine_modes", "jit_compiles",
+           "logged_modes"]
+
+#: vLLM's warning (``vllm/.../jit_monitor.py``), with its log stamp ``MM-DD HH:MM:SS``
+JIT_WARNING = re.compile(
+    r"(?P<month>\d\d)-(?P<day>\d\d) (?P<time>\d\d:\d\d:\d\d)(?:[.,]\d+)? \[jit_monitor\.py:\d+\] "
+    r"Triton kernel JIT compilation during inference: (?P<kernel>[\w.]+?)\.?(?:\s|$)")
+
+
+@dataclass(frozen=True)
+class JitCompile:
+    """One warning: which arm's engine compiled which kernel, when, and during which passes."""
+
+    arm: str
+    start: int                             # the arm's engine start (``ARM-N.log.gz``)
+    time_utc: str                          # the log's second, ``YYYY-MM-DDTHH:MM:SSZ``
+    kernel: str
+    passes: tuple[tuple[int, str], ...]    # (pass_index, kind) of the arm's passes in that second
+
+    @property
+    def in_counted_pass(self) -> bool:
+        return any(kind == "counted" for _, kind in self.passes)
+
+
+def jit_compiles(run_dir: str | Path, created_utc: str | None,
+                 passes: list[dict]) -> tuple[JitCompile, ...]:
+    """The JIT-compilation warnings in ``run_dir``'s engine logs, in time order.
+
+    Parameters
+    ----------
+    run_dir : path
+        The recorded run (its ``engine-logs/`` folder; none: no warnings).
+    created_utc : str or None
+        ``run.json``'s ``created_utc``, for the year the log stamps leave out (None: none found).
+    passes : list of dict
+        The run's passes (``passes.jsonl`` rows: ``arm``, ``pass_index``, ``kind``,
+        ``started_utc``, ``wall_s``).
+    """
+    logs = Path(run_dir) / ENGINE_LOGS_DIR
+    if created_utc is None or not logs.is_dir():
+        return ()
+    created = parse_time(created_utc)
+    spans: dict[str, list[tuple[_dt.datetime, _dt.datetime, int, str]]] = {}
+    for p in passes:
+        started, wall = p.get("started_utc"), p.get("wall_s")
+        if isinstance(started, str) and isinstance(wall, (int, float)) and math.isfinite(wall):
+            t0 = parse_time(started)
+            spans.setdefault(str(p["arm"]), []).append(
+                (t0, t0 + _dt.timedelta(seconds=float(wall)), int(p["pass_index"]),
+                 str(p["kind"])))
+    found: list[JitCompile] = []
+    for path in sorted(logs.glob("*.log.gz")):
+        arm, _, start = path.name[: -len(".log.gz")].rpartition("-")
+        if not arm or not start.isdigit():
+            continue
+        with gzip.open(path, "rt", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                m = JIT_WARNING.search(line)
+                if m is None:
+                    continue
+                month = int(m["month"])
+                year = created.year + (1 if month < created.month else 0)
+                second = _dt.datetime.fromisoformat(
+                    f"{year:04d}-{month:02d}-{m['day']}T{m['time']}+00:00")
+                during = tuple((i, kind) for t0, t1, i, kind in spans.get(arm, ())
+                               if t0 < second + _dt.timedelta(seconds=1) and t1 >= second)
+                found.append(JitCompile(arm, int(start), second.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                                        m["kernel"], during))
+    return tuple(sorted(found, key=lambda j: (j.time_utc, j.arm, j.kernel)))
+
+
+# --------------------------------------------------------------------------------------------
+# Compilation and CUDA-graph modes (which execution mode each engine start ran in)
+
+#: vLLM's engine core logs its whole configuration once per start ("Initializing a V1 LLM engine
+#: (vX) with config: ... compilation_config={'mode': <CompilationMode.VLLM_COMPILE: 3>, ...,
+#: 'cudagraph_mode': <CUDAGraphMode.FULL_AND_PIECEWISE: (2, 1)>, ...}"; 0.25.0 and 0.33.0 alike).
+_CONFIG_MODE = re.compile(r"compilation_config=\{.*?'mode': <CompilationMode\.(?P<mode>\w+): \d+>")
+_CONFIG_GRAPHS = re.compile(r"'cudagraph_mode': <CUDAGraphMode\.(?P<graphs>\w+)")
+#: vLLM 0.33's breakable CUDA graphs (no torch.compile): switched on by batch-invariant mode for
+#: models in its tuned table ("VLLM_BATCH_INVARIANT=1: auto-enabling VLLM_USE_BREAKABLE_CUDAGRAPH=1"),
+#: by architecture, or by hand; the engine core then logs "Breakable CUDA graph enabled".
+_BREAKABLE = re.compile(r"Breakable CUDA graph enabled|auto-enabling VLLM_USE_BREAKABLE_CUDAGRAPH=1",
+                        re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class EngineModes:
+    """The execution mode of one engine start, as vLLM configured it.
+
+    Attributes
+    ----------
+    compilation_mode : str or None
+        vLLM's ``CompilationMode`` name: ``VLLM_COMPILE`` (torch.compile), ``NONE`` (no
+        torch.compile: eager, or 0.33's breakable CUDA graphs), ...; None: not found.
+    cudagraph_mode : str or None
+        vLLM's ``CUDAGraphMode`` name (``FULL_AND_PIECEWISE``, ``PIECEWISE``, ``NONE``, ...).
+    breakable_cudagraph : bool or None
+        vLLM 0.33's breakable CUDA graphs were on; None where the source cannot tell.
+    source : str
+        ``engine config`` (read from the live ``vllm_config`` by the offline worker) or
+        ``engine log`` (the configuration line vLLM logs at start).
+    """
+
+    compilation_mode: str | None
+    cudagraph_mode: str | None
+    breakable_cudagraph: bool | None
+    source: str
+
+    def to_dict(self) -> dict[str, object]:
+        return {"compilation_mode": self.compilation_mode, "cudagraph_mode": self.cudagraph_mode,
+                "breakable_cudagraph": self.breakable_cudagraph, "source": self.source}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "EngineModes":
+        return cls(data.get("compilation_mode"), data.get("cudagraph_mode"),
+                   data.get("breakable_cudagraph"), str(data.get("source") or "engine config"))
+
+    def describe(self) -> tuple[str, str]:
+        """(compilation, CUDA graphs) in words, for a finding's environment table."""
+        compiled = {"VLLM_COMPILE": "torch.compile (VLLM_COMPILE)",
+                    "NONE": "no torch.compile (NONE)"}.get(self.compilation_mode or "",
+                                                          self.compilation_mode or "unknown")
+        graphs = self.cudagraph_mode or "unknown"
+        if self.breakable_cudagraph:
+            graphs += ", breakable"
+        return compiled, graphs
+
+
+def engine_modes(log_text: str) -> EngineModes | None:
+    """The modes one engine start's log states; None when it holds no configuration line.
+
+    >>> engine_modes("INFO [core.py:114] Initializing a V1 LLM engine (v0.25.0) with config: "
+    ...     "model='m', compilation_config={'mode': <CompilationMode.VLLM_COMPILE: 3>, "
+    ...     "'cudagraph_mode': <CUDAGraphMode.FULL_AND_PIECEWISE: (2, 1)>}").describe()
+    ('torch.compile (VLLM_COMPILE)', 'FULL_AND_PIECEWISE')
+    """
+    mode = graphs = None
+    for line in log_text.splitlines():
+        if "compilation_config=" not in line:
+            continue
+        m = _CONFIG_MODE.search(line)
+        g = _CONFIG_GRAPHS.search(line)
+        if m or g:
+            mode = m["mode"] if m else mode
+            graphs = g["graphs"] if g else graphs
+    if mode is None and graphs is None:
+        return None
+    return EngineModes(mode, graphs, bool(_BREAKABLE.search(log_text)), "engine log")
+
+
+def logged_modes(run_dir: str | Path) -> dict[str, list[EngineModes | None]]:
+    """Arm -> the modes of each engine start (``engine-logs/ARM-N.log.gz``, N in order) for runs
+    whose environment records predate recording them."""
+    logs = Path(run_dir) / ENGINE_LOGS_DIR
+    found: dict[str, dict[int, EngineModes | None]] = {}
+    if not logs.is_dir():
+        return {}
+    for path in sorted(logs.glob("*.log.gz")):
+        arm, _, start = path.name[: -len(".log.gz")].rpartition("-")
+        if not arm or not start.isdigit():
+            continue
+        with gzip.open(path, "rt", encoding="utf-8", errors="replace") as fh:
+            found.setdefault(arm, {})[int(start)] = engine_modes(fh.read())
+    return {arm: [starts[i] for i in sorted(starts)] for arm, starts in found.items()}

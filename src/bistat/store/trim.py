@@ -1,0 +1,276 @@
+"""Trimmed compaction (``bistat compact --trim``): of a slim run's outputs, only what the
+registered analysis reads (lossy, opt-in).
+
+:func:`trim` rewrites the :data:`OUTPUTS_FILE` of a run compacted with ``slim=True``, keeping
+each arm's reference pass in full and every other output up to its first divergence from it,
+and records what it did in both Parquet footers (``bistat.store.trim``); findings regenerate byte for
+byte from a trimmed run (``docs/RECORDS.md``, "Trimmed compaction").
+
+Where an output first diverges is what ``bistat.analysis.summary`` and ``bistat.analysis.anatomy`` compute, and
+the match unit to trim for is the registration's, so this module sits above them and above
+``bistat.store.records``, which they import. The storage layer keeps only what readers of a trimmed run
+need: ``records.trim_info`` (whether, and for what, a run is trimmed), ``records.check_trim``
+(whether that serves a reader) and the constants :data:`OUTPUT_LENGTH`, :data:`TRIM_RULE` and
+:data:`TRIM_SERVES`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from bistat.core.divergence import divergence_position
+from bistat.store.records import (
+    _INT32,
+    HEADER_FILE,
+    OUTPUT_LENGTH,
+    OUTPUTS_FILE,
+    TRIM_RULE,
+    TRIM_SERVES,
+    RecordsError,
+    run_declaration,
+    _fsync_dir,
+    _parquet_is_complete,
+    _parquet_meta,
+    _slim_outputs,
+    _trim_of,
+    _write_slim,
+    counted_passes,
+    read_header,
+)
+
+__all__ = ["trim"]
+
+_UNITS = tuple(TRIM_SERVES)
+
+
+def _listed(values: np.ndarray | None) -> list | None:
+    return None if values is None else values.tolist()
+
+
+def _trim_unit(run_dir: Path, unit: str | None) -> str:
+    """The match unit to trim for: ``unit``, else the registration's that ``run.json`` names."""
+    if unit is not None:
+        if unit not in _UNITS:
+            raise RecordsError(f"{run_dir}: unit {unit!r} is not a match unit; expected one of "
+                               f"{', '.join(repr(u) for u in _UNITS)}")
+        return unit
+    decl = run_declaration(run_dir)
+    if decl is None:
+        raise RecordsError(
+            f"{run_dir / HEADER_FILE}: registration.path does not name a readable registration "
+            f"here (relative paths are tried from the working directory, then from the run "
+            f"directory), so the match unit to trim for is unknown; run from where the "
+            f"registration is found, or pass it (bistat compact --trim --unit UNIT)")
+    match = decl.get("match") if isinstance(decl.get("match"), Mapping) else {}
+    found = match.get("unit", "token_ids")   # the declaration's default (bistat.declare.experiment)
+    if found not in _UNITS:
+        raise RecordsError(f"{run_dir / HEADER_FILE}: the registration's match.unit {found!r} "
+                           f"is not known; pass it (bistat compact --trim --unit UNIT)")
+    return found
+
+
+def _rows(arr: pa.Array | pa.ChunkedArray, dtype: str) -> list[np.ndarray | None]:
+    """Each row of a list column as a numpy array (a view), or None for a null row."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    arr = arr.cast(pa.list_(pa.float64() if dtype == "<f8" else pa.int64()))
+    offsets = arr.offsets.to_numpy()
+    values = arr.values.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
+    valid = arr.is_valid().to_numpy(zero_copy_only=False)
+    return [values[a:b] if ok else None for a, b, ok in zip(offsets[:-1], offsets[1:], valid)]
+
+
+def _cut_lists(arr: pa.Array | pa.ChunkedArray, keep: np.ndarray) -> pa.Array:
+    """A list column (of any depth) with row ``i`` cut to its first ``keep[i]`` elements, or null
+    where ``keep[i] < 0`` (or the row is null); type and inner lists unchanged."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    offsets = arr.offsets.to_numpy().astype(np.int64)
+    valid = arr.is_valid().to_numpy(zero_copy_only=False) & (keep >= 0)
+    k = np.where(valid, np.minimum(np.diff(offsets), np.maximum(keep, 0)), 0)
+    new_offsets = np.concatenate([[0], np.cumsum(k)])
+    take = np.repeat(offsets[:-1] - new_offsets[:-1], k) + np.arange(new_offsets[-1])
+    offset_type = pa.int64() if pa.types.is_large_list(arr.type) else pa.int32()
+    return pa.ListArray.from_arrays(pa.array(new_offsets, type=offset_type),
+                                    arr.values.take(pa.array(take, type=pa.int64())),
+                                    type=arr.type, mask=pa.array(~valid))
+
+
+def trim(run_dir: str | os.PathLike, *, unit: str | None = None) -> list[Path]:
+    """Trim a slim-compacted run to what its registered analysis reads (lossy; opt-in).
+
+    Rewrites :data:`OUTPUTS_FILE` (and ``responses.parquet``'s footer) keeping, of every output:
+
+    - in full, every output of a response in its arm's reference pass (the arm's first counted
+      pass, as ``bistat.analysis.summary`` chooses it);
+    - nothing (``token_ids``, ``text``, ``logprobs``, ``top_logprobs`` null) of an output only
+      warm-up responses gave: their hashes in ``responses.parquet`` still decide the matches;
+    - of every other output (a response of another counted pass), its tokens, logprobs and
+      top-k up to and including the first position where it differs from its arm's reference
+      output for the prompt by ``unit`` (the latest position the analysis or the anatomy
+      computes there; the shorter length when one is a prefix of the other), and further to its
+      first position with the most alternatives; the most any of its responses needs when one
+      output serves several. ``text`` is dropped where an output is cut (kept for unit
+      ``text``).
+
+    Each output's full length is kept in the column :data:`OUTPUT_LENGTH`; both footers get
+    ``bistat.store.trim`` (``records.trim_info``). The hashes are never recomputed. Findings regenerate
+    byte for byte; what is lost is every comparison between two non-reference passes beyond
+    where they first differ from the reference (see ``docs/RECORDS.md``, "Trimmed compaction").
+
+    Parameters
+    ----------
+    run_dir : path
+        The run directory, compacted with ``slim=True`` (``bistat compact --slim``).
+    unit : str, optional
+        The match unit to keep divergences for (``token_ids``, ``token_ids+logprobs`` or
+        ``text``; :data:`TRIM_SERVES` lists what each still serves). Default: the unit of the
+        registration ``run.json`` names.
+
+    Returns
+    -------
+    list of Path
+        ``responses.parquet`` and :data:`OUTPUTS_FILE`, rewritten (each to a temporary name,
+        then renamed into place); empty when the run is already trimmed for ``unit``.
+
+    Raises
+    ------
+    RecordsError
+        The run is not slim-compacted (or its JSONL grew since), the unit is unknown or cannot
+        be read from the registration, or the run was already trimmed for a unit that keeps
+        less than ``unit`` needs.
+    """
+    run_dir = Path(run_dir)
+    read_header(run_dir)
+    resp_path = run_dir / "responses.parquet"
+    slim_fix = f"run `bistat compact --slim {run_dir}` first (it needs responses.jsonl)"
+    if not resp_path.is_file():
+        raise RecordsError(f"{resp_path}: not found; trimming works on a slim compaction: "
+                           f"{slim_fix}")
+    meta = _parquet_meta(resp_path)
+    if meta.get("layout") != "slim":
+        raise RecordsError(f"{resp_path}: compacted without --slim; trimming works on a slim "
+                           f"compaction (each distinct output once in {OUTPUTS_FILE}): "
+                           f"{slim_fix}")
+    if not _parquet_is_complete(run_dir, "responses"):
+        raise RecordsError(f"{resp_path}: responses.jsonl has grown since compaction, so the "
+                           f"Parquet file is not what is read; {slim_fix}")
+    out_path, out_meta = _slim_outputs(run_dir, meta)
+    unit = _trim_unit(run_dir, unit)
+    done = _trim_of(out_meta, out_path)
+    if done is not None:
+        if unit in TRIM_SERVES[done["unit"]]:
+            return []
+        raise RecordsError(
+            f"{out_path}: already trimmed for match unit {done['unit']!r}, which keeps too "
+            f"little for {unit!r}; restore the untrimmed file (e.g. from git history) or "
+            f"re-create it from responses.jsonl with `bistat compact --slim {run_dir}`")
+    logical = json.loads(meta["columns"])
+    if "token_ids" not in logical:
+        raise RecordsError(f"{resp_path}: the responses record no token_ids; there is nothing "
+                           f"to trim by")
+    light_cols = [c for c in ("arm", "kind", "pass_index", "prompt_id", "error")
+                  if c in logical] + ["output_index"]
+    light = pq.read_table(resp_path, columns=light_cols).to_pandas()
+    for c in ("arm", "kind", "prompt_id", "error"):
+        if c not in light:
+            light[c] = None
+    # each arm's reference pass as the analysis chooses it: its first counted pass
+    references = {arm: ps[0] for arm, ps in counted_passes(run_dir).items() if ps}
+
+    out = pq.read_table(out_path)
+    encoding = json.loads(out_meta.get("encoding", "{}"))
+    n_out = out.num_rows
+    toks = _rows(out.column("token_ids"), "<i8")
+    lps = (_rows(out.column("logprobs"), "<f8") if "logprobs" in out.column_names
+           else [None] * n_out)
+    alts: list[np.ndarray | None] = [None] * n_out   # alternatives per position, per output
+    if encoding.get("top_logprobs") == "parallel":
+        top = out.column("top_token_ids").combine_chunks()
+        counts = top.values.value_lengths().fill_null(0).to_numpy(zero_copy_only=False)
+        offsets = top.offsets.to_numpy()
+        alts = [counts[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
+    elif "top_logprobs" in out.column_names:
+        alts = [None if r is None else np.array([len(p) if isinstance(p, list) else 0
+                                                 for p in json.loads(r)], dtype=np.int64)
+                for r in out.column("top_logprobs").to_pylist()]
+    full = [None if t is None else len(t) for t in toks]
+    keep = np.full(n_out, -1, dtype=np.int64)   # positions kept per output; -1: none (null)
+
+    def need(row: int, k: int | None) -> None:
+        n = full[row] or 0
+        k = n if k is None else min(k, n)
+        a = alts[row]
+        if a is not None and k < len(a) and a[k:].max() > (a[:k].max() if k else -1):
+            k = int(np.argmax(a)) + 1     # the anatomy's top-k: the most alternatives recorded
+        keep[row] = max(int(keep[row]), k)
+
+    arm_l, kind_l = light["arm"].tolist(), light["kind"].tolist()
+    pass_l, pid_l = light["pass_index"].tolist(), light["prompt_id"].tolist()
+    err_l, idx_l = light["error"].tolist(), light["output_index"].tolist()
+    reference: dict[tuple[str, str], int | None] = {}
+    for arm, kind, p, pid, err, row in zip(arm_l, kind_l, pass_l, pid_l, err_l, idx_l):
+        if kind == "counted" and references.get(str(arm)) == int(p):
+            need(row, None)
+            # the last response recorded for a prompt and pass counts, as in the analysis
+            reference[(str(arm), str(pid))] = None if isinstance(err, str) else row
+    for arm, kind, p, pid, row in zip(arm_l, kind_l, pass_l, pid_l, idx_l):
+        if kind != "counted" or references.get(str(arm)) == int(p):
+            continue
+        ref = reference.get((str(arm), str(pid)))
+        if ref is None or toks[ref] is None or toks[row] is None:
+            need(row, None)               # nothing to compare with: kept in full
+            continue
+        pos = divergence_position(toks[ref].tolist(), toks[row].tolist(), _listed(lps[ref]),
+                                  _listed(lps[row]), unit)
+        need(row, None if pos is None else pos + 1)
+
+    whole = np.array([k >= 0 and k == (n or 0) for k, n in zip(keep, full)], dtype=bool)
+    columns: dict[str, pa.Array] = {}
+    for name in out.column_names:
+        col = out.column(name).combine_chunks()
+        if name in ("token_ids", "logprobs", "top_token_ids", "top_logprob_values"):
+            col = _cut_lists(col, keep)
+        elif name == "top_logprobs":    # JSON text
+            col = pa.array([None if k < 0 or v is None else
+                            json.dumps(json.loads(v)[:k], sort_keys=True, ensure_ascii=False)
+                            for v, k in zip(col.to_pylist(), keep)], type=col.type)
+        elif name == "text":
+            kept = whole | ((keep >= 0) & (unit == "text"))
+            col = pc.if_else(pa.array(kept), col, pa.nulls(len(col), col.type))
+        columns[name] = col
+    length_type = pa.int32() if max((n for n in full if n is not None), default=0) \
+        <= _INT32[1] else pa.int64()
+    columns[OUTPUT_LENGTH] = pa.array(full, type=length_type)
+    n_full, n_dropped = int(whole.sum()), int((keep < 0).sum())
+    info = {
+        "rule": TRIM_RULE,
+        "unit": unit,
+        "reference_passes": references,
+        "text": "kept" if unit == "text" else "dropped where an output is cut",
+        "outputs": {"full": n_full, "cut": n_out - n_full - n_dropped, "emptied": n_dropped},
+    }
+    trim_meta = {"bistat.trim": json.dumps(info, sort_keys=True)}
+    outputs = pa.table(columns).replace_schema_metadata(
+        {**(out.schema.metadata or {}), **trim_meta})
+    responses = pq.read_table(resp_path)
+    responses = responses.replace_schema_metadata(
+        {**(responses.schema.metadata or {}), **trim_meta})
+
+    out_tmp, resp_tmp = run_dir / f".{out_path.name}.tmp", run_dir / ".responses.parquet.tmp"
+    _write_slim(outputs, out_tmp)
+    _write_slim(responses, resp_tmp)
+    # the outputs first: their footer is the one readers check, so a crash in between leaves
+    # trimmed outputs marked as such beside an unchanged responses.parquet
+    os.replace(out_tmp, out_path)
+    os.replace(resp_tmp, resp_path)
+    _fsync_dir(run_dir)
+    return [resp_path, out_path]
