@@ -4,9 +4,9 @@ The order, lowest first (a folder may import itself and any folder before it, ne
 
     core -> model -> store -> engines -> declare -> run -> analysis -> explain -> report -> cli
 
-``bistat`` itself (``__init__``: the version) may be imported from anywhere. Imports made only for
-type annotations (under ``if TYPE_CHECKING:``) are exempt: an engine adapter is handed the
-declaration it runs (``Experiment``, ``Arm``) and reads it, without importing its module.
+``bistat`` itself (``__init__``: the version) may be imported from anywhere. Every import counts,
+those made only for type annotations (under ``if TYPE_CHECKING:``) too, and those inside
+functions.
 
 The graph is derived from the source with :mod:`ast` (nothing is imported), so the same check runs
 from a shell: ``python tests/test_layers.py [SRC]`` prints the folder order, the module graph's size
@@ -22,24 +22,16 @@ import sys
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-LAYERS = ("core", "model", "store", "engines", "declare", "run", "analysis", "explain", "report", "cli")
+LAYERS = ("core", "model", "store", "engines", "declare", "run", "analysis", "explain", "report",
+          "cli")
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
-def _runtime_imports(tree: ast.AST):
-    """Every ``bistat.*`` module imported outside ``if TYPE_CHECKING:`` blocks, with its line."""
+def _imports(tree: ast.AST):
+    """Every ``bistat.*`` name imported anywhere in ``tree``, with its line."""
     stack = [tree]
     while stack:
         node = stack.pop()
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _is_type_checking(child):
-                stack.extend(child.orelse)
-                continue
             if isinstance(child, ast.ImportFrom) and child.level == 0 and child.module:
                 if child.module == "bistat":
                     for alias in child.names:
@@ -117,18 +109,19 @@ def _layer(module: str) -> str | None:
 
 
 def module_graph(src: Path = SRC) -> dict[str, list[tuple[str, int]]]:
-    """``bistat.x.y`` -> the ``bistat`` modules it imports at run time (with line numbers)."""
+    """``bistat.x.y`` -> the ``bistat`` modules it imports (with line numbers)."""
     paths = {".".join(p.relative_to(src).with_suffix("").parts).removesuffix(".__init__"): p
              for p in sorted((src / "bistat").rglob("*.py"))}
 
-    extensions = {".".join(c.relative_to(src).with_suffix("").parts) for c in (src / "bistat").rglob("*.c")}
+    extensions = {".".join(c.relative_to(src).with_suffix("").parts)
+                  for c in (src / "bistat").rglob("*.c")}
 
     def target(name: str) -> str:   # ``from pkg import name``: the module pkg.name, else pkg
         known = name in paths or name in extensions
         return name if known or "." not in name else name.rpartition(".")[0]
 
     graph = {module: sorted({(target(name), line) for name, line in
-                             _runtime_imports(ast.parse(path.read_text(encoding="utf-8")))})
+                             _imports(ast.parse(path.read_text(encoding="utf-8")))})
              for module, path in paths.items()}
     for c_source in (src / "bistat").rglob("*.c"):   # a compiled extension imports nothing here
         graph[".".join(c_source.relative_to(src).with_suffix("").parts)] = []
@@ -148,7 +141,8 @@ def climbs() -> list[str]:
 
 
 def test_every_module_lives_in_a_stage_folder():
-    loose = [m for m in module_graph() if _layer(m) is None and m not in ("bistat", "bistat.__main__")]
+    loose = [m for m in module_graph()
+             if _layer(m) is None and m not in ("bistat", "bistat.__main__")]
     assert loose == []
 
 
@@ -156,11 +150,12 @@ def test_imports_only_run_downward():
     assert climbs() == []
 
 
-def test_the_check_sees_a_climb(tmp_path):
-    # the walker itself: an import in a function body counts, one under TYPE_CHECKING does not
-    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from bistat.cli import x\n"
+def test_the_check_sees_every_import():
+    # the walker itself: an import in a function body counts, and one under TYPE_CHECKING
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                     "    from bistat.cli import x\n"
                      "def f():\n    from bistat.report.finding import y\n")
-    assert list(_runtime_imports(tree)) == [("bistat.report.finding.y", 5)]
+    assert sorted(_imports(tree)) == [("bistat.cli.x", 3), ("bistat.report.finding.y", 5)]
 
 
 def test_structure_counts_floors_and_loops():

@@ -165,7 +165,7 @@ def test_a_vllm_offline_worker_dying_mid_pass_interrupts_the_run_and_resume_fini
 def test_auto_concurrency_leaves_headroom_per_gpu_engine():
     """h200-cost-qwen3-8b-throughput: three vLLM engines at 0.32 (0.96 <= 1) were kept up
     together and one ran out of GPU memory; each held 1.0-3.0 GiB over its fraction."""
-    from bistat.engines.concurrency import ENGINE_HEADROOM_FRACTION, resolve_engines_concurrent
+    from bistat.declare.concurrency import ENGINE_HEADROOM_FRACTION, resolve_engines_concurrent
 
     def exp(kind, fraction, n=3):
         return h.experiment(engine={"kind": kind, "model": "m",

@@ -317,7 +317,7 @@ OUT_OF_MEMORY = ["h200-cost-qwen3-8b-throughput", "h200-cost-qwen3-8b-throughput
 
 
 def test_engines_of_every_study_fit_one_gpu_together():
-    from bistat.engines.concurrency import resolve_engines_concurrent
+    from bistat.declare.concurrency import resolve_engines_concurrent
 
     for name in ALL:
         together, why = resolve_engines_concurrent(_validated(name))

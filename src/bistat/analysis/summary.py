@@ -319,6 +319,491 @@ class RunSummary:
 _opt_float = anat.optional_float
 
 
+# --- analyze_run and its phases ---------------------------------------------------------------
+
+
+def analyze_run(run_dir: str | Path, registration: str | Path | Registration | None = None
+                ) -> RunSummary:
+    """Analyse a recorded run against its sealed registration.
+
+    In phases, each a function of this module: the registration (:func:`_registered`) and the
+    tables (:func:`_load_tables`) are loaded; the passes are summarised (:func:`_pass_summaries`);
+    each arm's outputs are matched over its counted passes (:func:`_match`); the run's validity,
+    what was not run and why an arm cannot be tested are found (:func:`_validity`,
+    :func:`_not_run`, :func:`_untestable`); the probe's and the engine logs' activation evidence
+    is read; every treatment is compared with the control and classified (:func:`_comparisons`),
+    and again under each sibling registration's rule (:func:`_sibling_verdicts`).
+
+    Parameters
+    ----------
+    run_dir : path
+        The run directory (``run.json`` and the JSONL / Parquet tables).
+    registration : path or Registration, optional
+        The registration (``preregistrations/NAME.json``); default: the path ``run.json`` names
+        in ``registration.path``. Its seal is checked (``bistat.declare.prereg.load_registration``).
+
+    Returns
+    -------
+    RunSummary
+
+    Raises
+    ------
+    AnalysisError, bistat.store.records.RecordsError, bistat.declare.prereg.RegistrationError
+        With the file and field that is wrong.
+    """
+    run_dir = Path(run_dir)
+    header = records.read_header(run_dir)
+    deviations: list[str] = []   # every phase adds its departures from the declaration, in order
+    registered = _registered(run_dir, header, registration, deviations)
+    reg, exp, hdr_reg, sibling_of = (registered.reg, registered.exp,
+                                     registered.header_registration, registered.sibling_of)
+    created = header.get("created_utc")
+    arm_names = [a.name for a in exp.arms]
+
+    tables = _load_tables(run_dir, exp.match.unit)
+    responses = tables.responses
+    unknown_arms = sorted(set(responses["arm"].dropna().unique().tolist()) - set(arm_names))
+    if unknown_arms:
+        deviations.append(f"responses recorded for arm(s) not in the registration, ignored: "
+                          f"{', '.join(unknown_arms)}")
+
+    passes, series = _pass_summaries(tables, {a.name: a.role for a in exp.arms}, deviations)
+    run_id = str(header.get("run_id") or run_dir.name)
+    matching = _match(run_dir, run_id, exp, responses, passes, deviations)
+    arm_summaries = matching.arms
+
+    envs, fps = _environments(tables.environment, arm_names)
+    bad_events, gpu_busy = _bad_events(tables.events)
+    validity = _validity(exp, passes, fps, envs, reg.sealed_utc, created,
+                         exploratory=registered.exploratory)
+    not_run = _not_run(exp, arm_summaries, passes, envs, bad_events, gpu_busy, tables.gaps,
+                       deviations)
+    arm_reasons = _untestable(bad_events, arm_summaries)
+    run_status = (RunTestable(False, "; ".join(r for _, r in arm_reasons)) if arm_reasons
+                  else RunTestable(True))
+
+    # activation evidence: the probe's outcome per arm, the engine logs' markers
+    probe, probe_files = _probe_report(run_dir)
+    activation = act.arm_activation(
+        [a.model_dump(mode="json") for a in exp.arms],
+        {a: e.log_findings for a, e in envs.items() if e.log_findings is not None},
+        None if probe is None else probe.to_json(),
+        {a.name: (a.n_prompts_diverged, a.n_prompts) for a in arm_summaries})
+    evidence = {a.arm: _evidence(a, probe is not None) for a in activation}
+
+    comparisons, pairs = _comparisons(exp, matching, validity, arm_reasons, evidence)
+    siblings = _sibling_verdicts(reg, created, passes, fps, envs, pairs)
+
+    engine_version = _engine_version(exp, reg, tables.environment, tables.events, run_dir)
+    deviations.extend(engine_version.deviations)
+    passes_df = tables.passes
+    return RunSummary(
+        name=exp.name, run_id=run_id,
+        created_utc=header.get("created_utc"), engine_kind=header.get("engine_kind"),
+        command=tuple(str(x) for x in header.get("command") or ()),
+        # the registration analysed against: the run's own as run.json names it, or the sibling
+        # named on the command line (relative to the working directory when inside it; the
+        # run's own is then named in the deviations)
+        registration_path=(_display_path(reg.path) if sibling_of is not None else
+                           hdr_reg.get("path") if isinstance(hdr_reg, Mapping) else None),
+        registration_sha256=reg.sha256, registered_utc=reg.registered_utc,
+        sealed_utc=reg.sealed_utc, registration_bistat_version=reg.sealed.get("bistat_version"),
+        hypothesis=exp.hypothesis,
+        declaration=reg.declaration, amendments=tuple(reg.amendments),
+        match_unit=exp.match.unit, multi_pass=exp.match.multi_pass,
+        confidence_level=exp.rule.confidence_level,
+        arms=tuple(arm_summaries), passes=tuple(passes),
+        environments=tuple((a, envs[a]) for a in arm_names if a in envs),
+        validity=tuple(validity), status=run_status, comparisons=tuple(comparisons),
+        metrics=tuple(series), events=tuple(bad_events), deviations=tuple(deviations),
+        not_run=tuple(not_run), gaps=tuple(tables.gaps), n_response_records=len(responses),
+        anatomy=matching.anatomy, operator_notes=_operator_notes(run_dir),
+        activation=activation, probe_files=probe_files, probe=probe,
+        siblings=tuple(siblings),
+        jit_compiles=jit_compiles(run_dir, header.get("created_utc"),
+                                  passes_df.to_dict("records") if len(passes_df) else []),
+        exploratory=registered.exploratory, recorded_registration=(
+            _display_path(sibling_of.path) if sibling_of is not None else None),
+        engine_version=engine_version)
+
+
+@dataclass(frozen=True)
+class _Registered:
+    """Phase 1 (registration): the registration analysed against and how it relates to the run's."""
+
+    reg: Registration
+    exp: Experiment
+    header_registration: Mapping[str, Any]   # ``run.json``'s ``registration``
+    sibling_of: Registration | None          # the run's own registration, when ``reg`` is a sibling
+    exploratory: bool   # ``reg`` is a sibling sealed after the first record of the run
+
+
+@dataclass(frozen=True)
+class _Tables:
+    """Phase 1 (load): the run's tables as read, with the lines that could not be read."""
+
+    schedule: pd.DataFrame
+    passes: pd.DataFrame
+    metrics: pd.DataFrame
+    environment: pd.DataFrame
+    events: pd.DataFrame
+    responses: pd.DataFrame
+    gaps: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _Matching:
+    """Phase 3 (matching): the arms' match counts, their first divergences and anatomy."""
+
+    arms: tuple[ArmSummary, ...]
+    matches: Mapping[str, _ArmMatch]
+    arm_passes: Mapping[str, list[int]]
+    anatomy: anat.Anatomy
+    last: pd.DataFrame          # the counted passes' responses
+    duplicated: np.ndarray      # rows of ``last`` recorded again later (a resumed run)
+
+
+#: one control-treatment pair as the classifier takes it: the statistics of both arms, whether
+#: the pair can be tested, the paired counts (McNemar) and the activation evidence of the treatment
+_Pair = tuple[ArmStats, ArmStats, RunTestable, PairedCounts | None, ActivationEvidence]
+
+
+def _registered(run_dir: Path, header: Mapping[str, Any],
+                registration: str | Path | Registration | None,
+                deviations: list[str]) -> _Registered:
+    if not isinstance(registration, Registration):
+        registration = load_registration(resolve_registration(run_dir, header, registration))
+    reg = registration
+    hdr_reg = header.get("registration") or {}
+    recorded_sha = hdr_reg.get("sha256") if isinstance(hdr_reg, Mapping) else None
+    sibling_of = (_sibling_registration(hdr_reg, reg)
+                  if recorded_sha is not None and recorded_sha != reg.sha256 else None)
+    created = header.get("created_utc")
+    exploratory = sibling_of is not None and sealed_after_data(reg, created)
+    if exploratory:
+        deviations.append(
+            f"analysed under {reg.path} ({reg.sha256[:12]}), a sibling of the registration the run "
+            f"was recorded under, {sibling_of.path} ({sibling_of.sha256[:12]}): the two declarations "
+            f"differ only in their name and decision rule, and this one was sealed at "
+            f"{reg.sealed_utc}, after the run's first record ({created}): an exploratory "
+            "analysis, not a test of the hypothesis")
+    elif sibling_of is not None:
+        deviations.append(
+            f"analysed under {reg.path} ({reg.sha256[:12]}), a sibling of the registration the run "
+            f"was recorded under, {sibling_of.path} ({sibling_of.sha256[:12]}): the two declarations "
+            "differ only in their name and decision rule, and both were sealed before the run")
+    elif recorded_sha is not None and recorded_sha != reg.sha256:
+        earlier = recorded_sha in reg.previous_sha256s
+        raise AnalysisError(
+            f"{run_dir / 'run.json'}: registration.sha256 {recorded_sha} is not the seal of "
+            f"{reg.path} ({reg.sha256})"
+            + ("; the run was recorded under an earlier seal, before an amendment"
+               if earlier else "; the run was recorded under another registration"))
+    return _Registered(reg, reg.experiment(), hdr_reg, sibling_of, exploratory)
+
+
+def _load_tables(run_dir: Path, unit: str) -> _Tables:
+    gaps: list[str] = []
+    sched_read = records.load_table(run_dir, "schedule")
+    gaps.extend(sched_read.gaps)
+    pass_read = records.load_table(run_dir, "passes")
+    gaps.extend(pass_read.gaps)
+    met_read = records.load_table(run_dir, "metrics", ["arm", "seq", "t", "num_requests_running",
+                                                        "num_requests_waiting",
+                                                        "num_preemptions_total", "source"])
+    gaps.extend(met_read.gaps)
+    env_read = records.load_table(run_dir, "environment", ["arm", "block", "fingerprint", "engine",
+                                                           "log_findings", "modes"])
+    gaps.extend(env_read.gaps)
+    ev_read = records.load_table(run_dir, "events", ["arm", "event", "time_utc", "detail",
+                                                     "release_check"])
+    gaps.extend(ev_read.gaps)
+    resp_cols = ["arm", "kind", "pass_index", "prompt_id", "error", "t_submit", "t_done"]
+    resp_cols += {"token_ids": ["token_sha256"], "text": ["text"],
+                  "token_ids+logprobs": ["token_sha256", "logprob_sha256"]}[unit]
+    resp_read = records.load_table(run_dir, "responses", resp_cols)
+    gaps.extend(resp_read.gaps)
+    return _Tables(sched_read.frame, pass_read.frame, met_read.frame, env_read.frame,
+                   ev_read.frame, resp_read.frame, tuple(gaps))
+
+
+def _pass_summaries(tables: _Tables, roles: Mapping[str, str],
+                    deviations: list[str]) -> tuple[list[PassSummary], list[MetricsSeries]]:
+    """Phase 2 (passes): every recorded pass, whether it counts, and its batching evidence."""
+    passes_df, schedule, responses = tables.passes, tables.schedule, tables.responses
+    walls = {(str(r["arm"]), int(r["seq"])): _opt_float(r.get("wall_s"))
+             for r in (passes_df.to_dict("records") if not passes_df.empty else [])
+             if _opt_int(r.get("seq")) is not None}
+    batching, series = _batching(tables.metrics, walls)
+    in_flight = _client_in_flight(responses)
+    counted_keys = responses.loc[responses["kind"] == "counted", ["arm", "pass_index"]]
+    with_responses = {(str(a), int(p)) for a, p in counted_keys.drop_duplicates().itertuples(
+        index=False)}
+    states = records.pass_states(passes_df, schedule, with_responses)   # kind, end status
+    pass_rows: dict[tuple[str, int], dict[str, Any]] = {}
+    for rec in passes_df.to_dict("records") if not passes_df.empty else []:
+        pass_rows[(str(rec["arm"]), int(rec["pass_index"]))] = rec
+    starts: dict[tuple[str, int], dict[str, Any]] = {}
+    if not schedule.empty:
+        for rec in schedule[schedule["event"] == "start"].to_dict("records"):
+            starts[(str(rec["arm"]), int(rec["pass_index"]))] = rec
+    all_keys = sorted(states,
+                      key=lambda k: (int((pass_rows.get(k) or starts.get(k) or {"seq": 10**9})
+                                         .get("seq", 10**9)), k))
+    passes: list[PassSummary] = []
+    for arm, pidx in all_keys:
+        rec = pass_rows.get((arm, pidx), {})
+        st = starts.get((arm, pidx), {})
+        kind, end = states[(arm, pidx)]
+        seq = _opt_int(rec.get("seq", st.get("seq")))
+        stat = end or "no end event"
+        # "failed" = the pass ran to its end with some requests failed: it counts, and its failed
+        # prompts are excluded from matching below; "interrupted" passes were re-run in full.
+        counted = arm in roles and records.pass_counts(kind, end, (arm, pidx) in with_responses)
+        b = batching.get((arm, seq if seq is not None else -1), {})
+        batch_rec = rec.get("batching") if isinstance(rec.get("batching"), Mapping) else {}
+        passes.append(PassSummary(
+            arm=arm, seq=seq if seq is not None else -1, pass_index=pidx, kind=kind, status=stat,
+            counted=counted, wall_s=_opt_float(rec.get("wall_s")),
+            n_requests=_opt_int(rec.get("n_requests")), n_failed=_opt_int(rec.get("n_failed")),
+            output_tokens=_opt_int(rec.get("output_tokens")),
+            output_tokens_per_s=_opt_float(rec.get("output_tokens_per_s")),
+            requests_per_s=_opt_float(rec.get("requests_per_s")),
+            mean_running=b.get("mean_running", _opt_float(batch_rec.get("mean_running"))),
+            max_running=b.get("max_running", _opt_float(batch_rec.get("max_running"))),
+            mean_waiting=b.get("mean_waiting", _opt_float(batch_rec.get("mean_waiting"))),
+            preemptions=b.get("preemptions", _opt_float(batch_rec.get("preemptions"))),
+            n_metric_samples=int(b.get("n", 0)), client_in_flight=in_flight.get((arm, pidx))))
+        if kind == "counted" and not counted and arm in roles:
+            deviations.append(f"{arm} counted pass {pidx} (schedule position {seq}) ended "
+                              f"'{stat}'; not counted")
+    return passes, series
+
+
+def _match(run_dir: Path, run_id: str, exp: Experiment, responses: pd.DataFrame,
+           passes: Sequence[PassSummary], deviations: list[str]) -> _Matching:
+    """Phase 3 (matching): each arm's outputs over its counted passes, compared by the unit."""
+    unit, multi = exp.match.unit, exp.match.multi_pass
+    cl = exp.rule.confidence_level
+    arm_names = [a.name for a in exp.arms]
+    roles = {a.name: a.role for a in exp.arms}
+    counted_rows = (responses["kind"] == "counted").to_numpy()
+    last = responses[counted_rows]
+    prompt_codes, prompt_ids = pd.factorize(last["prompt_id"], sort=True)
+    arm_codes, arm_uniques = pd.factorize(last["arm"])
+    arm_code = {str(a): i for i, a in enumerate(arm_uniques)}
+    pass_idx = last["pass_index"].to_numpy(dtype=np.int64)
+    row_key = ((arm_codes.astype(np.int64) * (int(pass_idx.max(initial=0)) + 1) + pass_idx)
+               * (len(prompt_ids) + 1) + prompt_codes)
+    dup = pd.Series(row_key).duplicated(keep="last").to_numpy()
+    if dup.any():
+        deviations.append(f"{int(dup.sum())} response(s) recorded twice for one prompt and pass "
+                          "(resumed run); the last recorded counts")
+    key_codes, _ = pd.factorize(_match_key(last, unit))
+    failed_rows = last["error"].notna().to_numpy()
+    prompt_ids = np.asarray(prompt_ids, dtype=object)
+    arm_summaries: list[ArmSummary] = []
+    matches: dict[str, _ArmMatch] = {}
+    arm_passes: dict[str, list[int]] = {}
+    for arm in arm_names:
+        cpasses = sorted(p.pass_index for p in passes if p.arm == arm and p.counted)
+        sel = (arm_codes == arm_code.get(arm, -2)) & np.isin(pass_idx, cpasses) & ~dup
+        matches[arm] = _match_arm(prompt_codes[sel], key_codes[sel], failed_rows[sel],
+                                  prompt_ids, len(cpasses), multi)
+        arm_passes[arm] = cpasses
+    # a trimmed run keeps other passes' outputs only to their first divergence from the
+    # reference pass it assumed: refuse another reference or a unit that needs more
+    records.check_trim(run_dir, {a: ps[0] if ps else None for a, ps in arm_passes.items()},
+                       unit)
+    outputs = _load_outputs(run_dir, {a: m.mismatched for a, m in matches.items()}, unit)
+    anatomy = _anatomy(outputs, run_id, unit, exp.match.near_tie_epsilon, arm_passes,
+                       {a: m.mismatched for a, m in matches.items()},
+                       {a: int(m.ok.sum()) for a, m in matches.items()})
+    for arm in arm_names:
+        m, cpasses = matches[arm], arm_passes[arm]
+        divs = _divergences(outputs, arm, m.mismatched, cpasses, unit)
+        interval = None
+        if m.n_units > 0:
+            interval = stats.wilson_interval(m.n_matched, m.n_units, cl, "two-sided")
+        thr = tuple(float(p.output_tokens_per_s) for p in passes
+                    if p.arm == arm and p.counted and p.output_tokens_per_s is not None)
+        arm_summaries.append(ArmSummary(
+            name=arm, role=roles[arm], counted_passes=tuple(cpasses),
+            reference_pass=cpasses[0] if cpasses else None, n_prompts_recorded=m.n_recorded,
+            n_prompts=int(m.ok.sum()), n_excluded_failed=m.n_failed_prompts,
+            n_excluded_missing=m.n_missing, n_excluded_no_logprobs=m.n_no_logprobs,
+            n_prompts_matched=int(m.matched.sum()),
+            unit="prompt" if multi == "all" else "prompt pair",
+            n_units=m.n_units, n_matched=m.n_matched, match_interval=interval,
+            pass_throughputs=thr, n_failed_requests=m.n_failed_requests,
+            divergences=tuple(divs)))
+    return _Matching(tuple(arm_summaries), matches, arm_passes, anatomy, last, dup)
+
+
+def _bad_events(events: pd.DataFrame) -> tuple[list[tuple[str, str, str | None]], list[str]]:
+    """The engines' refusals and failed starts, and what else held the GPU, from the events."""
+    bad_events: list[tuple[str, str, str | None]] = []
+    gpu_busy: list[str] = []
+    if not events.empty:
+        for arm, event, detail in zip(events["arm"], events["event"], events["detail"]):
+            if event in ("refused", "start_failed"):
+                bad_events.append((str(arm), str(event), _opt_str(detail)))
+            elif event == "gpu_busy":
+                gpu_busy.append(_opt_str(detail) or "processes not named")
+    return bad_events, gpu_busy
+
+
+def _not_run(exp: Experiment, arms: Sequence[ArmSummary], passes: Sequence[PassSummary],
+             envs: Mapping[str, ArmEnvironment], bad_events: Sequence[tuple[str, str, str | None]],
+             gpu_busy: Sequence[str], gaps: Sequence[str], deviations: list[str]) -> list[str]:
+    """Phase 4 (validity): what the declaration asked for and the run did not do; the
+    departures from it go into ``deviations``."""
+    not_run: list[str] = []
+    wl = exp.workload
+    for a in arms:
+        n_counted = len(a.counted_passes)
+        if n_counted == 0:
+            not_run.append(f"arm {a.name}: no counted pass recorded (declared {wl.passes})")
+        elif n_counted < wl.passes:
+            not_run.append(f"arm {a.name}: {wl.passes - n_counted} of {wl.passes} declared "
+                           "counted passes not recorded")
+        elif n_counted > wl.passes:
+            deviations.append(f"arm {a.name}: {n_counted} counted passes recorded, "
+                              f"{wl.passes} declared")
+        mine = [p for p in passes if p.arm == a.name and p.counted]
+        if mine and all(p.n_requests and p.n_failed == p.n_requests for p in mine):
+            not_run.append(f"arm {a.name}: its {len(mine)} counted pass(es) ran, but the engine "
+                           "answered none of their requests (every request failed)")
+        # Warm-ups run after every engine start (restarts per block, resumes), so the declared
+        # count applies per start of the arm's engine.
+        n_warm = len({p.pass_index for p in passes if p.arm == a.name and p.kind == "warmup"
+                      and p.status != "interrupted"})
+        n_starts = envs[a.name].n_starts if a.name in envs else 1
+        if n_warm != wl.warmup_passes * max(n_starts, 1):
+            deviations.append(f"arm {a.name}: {n_warm} warm-up pass(es) recorded, "
+                              f"{wl.warmup_passes} declared per engine start "
+                              f"({max(n_starts, 1)} start(s))")
+        if a.n_excluded_failed:
+            deviations.append(f"arm {a.name}: {a.n_failed_requests} failed request(s) in counted "
+                              f"passes; {a.n_excluded_failed} prompt(s) excluded from matching")
+        if a.n_excluded_missing:
+            deviations.append(f"arm {a.name}: {a.n_excluded_missing} prompt(s) missing from a "
+                              "counted pass; excluded from matching")
+        if a.n_excluded_no_logprobs:
+            deviations.append(f"arm {a.name}: {a.n_excluded_no_logprobs} prompt(s) without "
+                              "logprobs; excluded from matching")
+        if a.n_prompts_recorded and a.n_prompts_recorded != wl.n_prompts:
+            deviations.append(f"arm {a.name}: {a.n_prompts_recorded} prompts recorded, "
+                              f"{wl.n_prompts} declared")
+    for p in passes:
+        if p.counted and p.n_requests is not None and p.n_requests != wl.n_prompts:
+            deviations.append(f"{p.arm} pass {p.pass_index}: {p.n_requests} requests, "
+                              f"{wl.n_prompts} declared")
+    for arm, event, detail in bad_events:
+        not_run.append(f"arm {arm}: engine {event.replace('_', ' ')}" +
+                       (f" ({detail})" if detail else ""))
+    for detail in gpu_busy:
+        deviations.append(f"other processes held the GPU when the run (or a resume) started, "
+                          f"allowed with --allow-busy-gpu: {detail}; they shared its memory and "
+                          f"time with the arms' engines")
+    if gaps:
+        deviations.append(f"{len(gaps)} unreadable record line(s) ignored (see Data gaps)")
+    return not_run
+
+
+def _untestable(bad_events: Sequence[tuple[str, str, str | None]],
+                arms: Sequence[ArmSummary]) -> list[tuple[str, str]]:
+    """Phase 4 (validity): why an arm cannot be tested, each reason with its arm (a comparison is
+    untested only for reasons of its own two arms: an arm whose engine died does not make the
+    comparisons of the other arms untestable)."""
+    arm_reasons: list[tuple[str, str]] = []
+    for arm, event, detail in bad_events:
+        arm_reasons.append((arm, f"arm {arm}: engine {event.replace('_', ' ')}"
+                            + (f": {detail}" if detail else "")))
+    for a in arms:
+        if not a.counted_passes:
+            arm_reasons.append((a.name, f"arm {a.name}: no counted pass recorded"))
+        elif a.n_prompts_recorded and a.n_prompts == 0 and a.n_excluded_failed == \
+                a.n_prompts_recorded:
+            arm_reasons.append((a.name, f"arm {a.name}: every prompt had a failed request"))
+        elif a.n_units == 0:
+            arm_reasons.append((a.name, f"arm {a.name}: no prompt could be compared"))
+    return arm_reasons
+
+
+def _comparisons(exp: Experiment, matching: _Matching, validity: Sequence[ValidityCheck],
+                 arm_reasons: Sequence[tuple[str, str]],
+                 evidence: Mapping[str, ActivationEvidence],
+                 ) -> tuple[list[ArmComparison], list[_Pair]]:
+    """Phase 5 (comparisons): every treatment against the control, classified under the rule."""
+    rule = exp.rule
+    cl = rule.confidence_level
+    arm_summaries, matches = matching.arms, matching.matches
+    large_drifts = matching.anatomy.large_drifts()
+    latencies = _pass_latencies(matching.last[~matching.duplicated], matching.arm_passes)
+    control = next(a for a in arm_summaries if a.role == "control")
+    comparisons: list[ArmComparison] = []
+    pairs: list[_Pair] = []
+    for treat in (a for a in arm_summaries if a.role == "treatment"):
+        mc, mt = matches[control.name], matches[treat.name]
+        paired = mc.ok & mt.ok
+        n_paired = int(paired.sum())
+        mcn = None
+        counts = None
+        if n_paired:
+            b = int((paired & mc.matched & ~mt.matched).sum())
+            c = int((paired & ~mc.matched & mt.matched).sum())
+            mcn = stats.mcnemar_test(b, c)
+            counts = PairedCounts(n_paired, b, c)
+        diff = None
+        if treat.n_units and control.n_units:
+            diff = stats.newcombe_difference(treat.n_matched, treat.n_units, control.n_matched,
+                                             control.n_units, cl)
+        ratio = None
+        point = None
+        tt, ct = treat.pass_throughputs, control.pass_throughputs
+        if tt and ct and all(x > 0 for x in tt + ct):
+            point = stats.ratio_of_geometric_means(tt, ct)   # the classifier's point, exactly
+            if len(tt) >= 2 and len(ct) >= 2:
+                ratio = stats.throughput_ratio(tt, ct, cl)
+        pair = (ArmStats(control.name, "control", control.n_units, control.n_matched, ct,
+                         large_drifts=large_drifts.get(control.name),
+                         pass_latencies=latencies.get(control.name, ())),
+                ArmStats(treat.name, "treatment", treat.n_units, treat.n_matched, tt,
+                         large_drifts=large_drifts.get(treat.name),
+                         pass_latencies=latencies.get(treat.name, ())),
+                _pair_status(arm_reasons, control.name, treat.name), counts,
+                evidence[treat.name])
+        pairs.append(pair)
+        verdict = classify(rule, pair[0], pair[1], validity=tuple(validity), status=pair[2],
+                           paired=counts, evidence=pair[4])
+        comparisons.append(ArmComparison(control.name, treat.name, n_paired, mcn, diff, ratio,
+                                         point, verdict))
+    return comparisons, pairs
+
+
+def _sibling_verdicts(reg: Registration, created: str | None, passes: Sequence[PassSummary],
+                      fps: Any, envs: Mapping[str, ArmEnvironment],
+                      pairs: Sequence[_Pair]) -> list[SiblingVerdict]:
+    """Phase 6 (siblings): the same comparisons under the sibling registrations' rules."""
+    siblings: list[SiblingVerdict] = []
+    for sib in sibling_registrations(reg):
+        sib_exp = sib.experiment()
+        sib_later = sealed_after_data(sib, created)
+        sib_validity = tuple(_validity(sib_exp, passes, fps, envs, sib.sealed_utc, created,
+                                       exploratory=sib_later))
+        for ctl_stats, trt_stats, pair_status, counts, ev in pairs:
+            siblings.append(SiblingVerdict(
+                _display_path(sib.path), sib_exp.name, trt_stats.name, ctl_stats.name,
+                classify(sib_exp.rule, ctl_stats, trt_stats, validity=sib_validity,
+                         status=pair_status, paired=counts, evidence=ev),
+                exploratory=sib_later, sealed_utc=sib.sealed_utc))
+    return siblings
+
+
+# --- the phases' helpers ----------------------------------------------------------------------
+
+
 def _opt_str(x: Any) -> str | None:
     """A string field as read (pandas gives NaN / NA for a missing string), or None."""
     if x is None or (not isinstance(x, str) and pd.isna(x)):
@@ -780,485 +1265,6 @@ def sibling_registrations(reg: Registration) -> list[Registration]:
         except (OSError, ValueError, DeclarationError):
             continue
     return found
-
-
-@dataclass(frozen=True)
-class _Registered:
-    """Phase 1 (registration): the registration analysed against and how it relates to the run's."""
-
-    reg: Registration
-    exp: Experiment
-    header_registration: Mapping[str, Any]   # ``run.json``'s ``registration``
-    sibling_of: Registration | None          # the run's own registration, when ``reg`` is a sibling
-    exploratory: bool                        # ``reg`` is a sibling sealed after the run's first record
-
-
-@dataclass(frozen=True)
-class _Tables:
-    """Phase 1 (load): the run's tables as read, with the lines that could not be read."""
-
-    schedule: pd.DataFrame
-    passes: pd.DataFrame
-    metrics: pd.DataFrame
-    environment: pd.DataFrame
-    events: pd.DataFrame
-    responses: pd.DataFrame
-    gaps: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class _Matching:
-    """Phase 3 (matching): the arms' match counts, their first divergences and anatomy."""
-
-    arms: tuple[ArmSummary, ...]
-    matches: Mapping[str, _ArmMatch]
-    arm_passes: Mapping[str, list[int]]
-    anatomy: anat.Anatomy
-    last: pd.DataFrame          # the counted passes' responses
-    duplicated: np.ndarray      # rows of ``last`` recorded again later (a resumed run)
-
-
-def _registered(run_dir: Path, header: Mapping[str, Any],
-                registration: str | Path | Registration | None,
-                deviations: list[str]) -> _Registered:
-    if not isinstance(registration, Registration):
-        registration = load_registration(resolve_registration(run_dir, header, registration))
-    reg = registration
-    hdr_reg = header.get("registration") or {}
-    recorded_sha = hdr_reg.get("sha256") if isinstance(hdr_reg, Mapping) else None
-    sibling_of = (_sibling_registration(hdr_reg, reg)
-                  if recorded_sha is not None and recorded_sha != reg.sha256 else None)
-    created = header.get("created_utc")
-    exploratory = sibling_of is not None and sealed_after_data(reg, created)
-    if exploratory:
-        deviations.append(
-            f"analysed under {reg.path} ({reg.sha256[:12]}), a sibling of the registration the run "
-            f"was recorded under, {sibling_of.path} ({sibling_of.sha256[:12]}): the two declarations "
-            f"differ only in their name and decision rule, and this one was sealed at "
-            f"{reg.sealed_utc}, after the run's first record ({created}): an exploratory "
-            "analysis, not a test of the hypothesis")
-    elif sibling_of is not None:
-        deviations.append(
-            f"analysed under {reg.path} ({reg.sha256[:12]}), a sibling of the registration the run "
-            f"was recorded under, {sibling_of.path} ({sibling_of.sha256[:12]}): the two declarations "
-            "differ only in their name and decision rule, and both were sealed before the run")
-    elif recorded_sha is not None and recorded_sha != reg.sha256:
-        earlier = recorded_sha in reg.previous_sha256s
-        raise AnalysisError(
-            f"{run_dir / 'run.json'}: registration.sha256 {recorded_sha} is not the seal of "
-            f"{reg.path} ({reg.sha256})"
-            + ("; the run was recorded under an earlier seal, before an amendment"
-               if earlier else "; the run was recorded under another registration"))
-    return _Registered(reg, reg.experiment(), hdr_reg, sibling_of, exploratory)
-
-
-def _load_tables(run_dir: Path, unit: str) -> _Tables:
-    gaps: list[str] = []
-    sched_read = records.load_table(run_dir, "schedule")
-    gaps.extend(sched_read.gaps)
-    pass_read = records.load_table(run_dir, "passes")
-    gaps.extend(pass_read.gaps)
-    met_read = records.load_table(run_dir, "metrics", ["arm", "seq", "t", "num_requests_running",
-                                                        "num_requests_waiting",
-                                                        "num_preemptions_total", "source"])
-    gaps.extend(met_read.gaps)
-    env_read = records.load_table(run_dir, "environment", ["arm", "block", "fingerprint", "engine",
-                                                           "log_findings", "modes"])
-    gaps.extend(env_read.gaps)
-    ev_read = records.load_table(run_dir, "events", ["arm", "event", "time_utc", "detail",
-                                                     "release_check"])
-    gaps.extend(ev_read.gaps)
-    resp_cols = ["arm", "kind", "pass_index", "prompt_id", "error", "t_submit", "t_done"]
-    resp_cols += {"token_ids": ["token_sha256"], "text": ["text"],
-                  "token_ids+logprobs": ["token_sha256", "logprob_sha256"]}[unit]
-    resp_read = records.load_table(run_dir, "responses", resp_cols)
-    gaps.extend(resp_read.gaps)
-    return _Tables(sched_read.frame, pass_read.frame, met_read.frame, env_read.frame,
-                   ev_read.frame, resp_read.frame, tuple(gaps))
-
-
-def _pass_summaries(tables: _Tables, roles: Mapping[str, str],
-                    deviations: list[str]) -> tuple[list[PassSummary], list[MetricsSeries]]:
-    """Phase 2 (passes): every recorded pass, whether it counts, and its batching evidence."""
-    passes_df, schedule, responses = tables.passes, tables.schedule, tables.responses
-    walls = {(str(r["arm"]), int(r["seq"])): _opt_float(r.get("wall_s"))
-             for r in (passes_df.to_dict("records") if not passes_df.empty else [])
-             if _opt_int(r.get("seq")) is not None}
-    batching, series = _batching(tables.metrics, walls)
-    in_flight = _client_in_flight(responses)
-    counted_keys = responses.loc[responses["kind"] == "counted", ["arm", "pass_index"]]
-    with_responses = {(str(a), int(p)) for a, p in counted_keys.drop_duplicates().itertuples(
-        index=False)}
-    states = records.pass_states(passes_df, schedule, with_responses)   # kind, end status
-    pass_rows: dict[tuple[str, int], dict[str, Any]] = {}
-    for rec in passes_df.to_dict("records") if not passes_df.empty else []:
-        pass_rows[(str(rec["arm"]), int(rec["pass_index"]))] = rec
-    starts: dict[tuple[str, int], dict[str, Any]] = {}
-    if not schedule.empty:
-        for rec in schedule[schedule["event"] == "start"].to_dict("records"):
-            starts[(str(rec["arm"]), int(rec["pass_index"]))] = rec
-    all_keys = sorted(states,
-                      key=lambda k: (int((pass_rows.get(k) or starts.get(k) or {"seq": 10**9})
-                                         .get("seq", 10**9)), k))
-    passes: list[PassSummary] = []
-    for arm, pidx in all_keys:
-        rec = pass_rows.get((arm, pidx), {})
-        st = starts.get((arm, pidx), {})
-        kind, end = states[(arm, pidx)]
-        seq = _opt_int(rec.get("seq", st.get("seq")))
-        stat = end or "no end event"
-        # "failed" = the pass ran to its end with some requests failed: it counts, and its failed
-        # prompts are excluded from matching below; "interrupted" passes were re-run in full.
-        counted = arm in roles and records.pass_counts(kind, end, (arm, pidx) in with_responses)
-        b = batching.get((arm, seq if seq is not None else -1), {})
-        batch_rec = rec.get("batching") if isinstance(rec.get("batching"), Mapping) else {}
-        passes.append(PassSummary(
-            arm=arm, seq=seq if seq is not None else -1, pass_index=pidx, kind=kind, status=stat,
-            counted=counted, wall_s=_opt_float(rec.get("wall_s")),
-            n_requests=_opt_int(rec.get("n_requests")), n_failed=_opt_int(rec.get("n_failed")),
-            output_tokens=_opt_int(rec.get("output_tokens")),
-            output_tokens_per_s=_opt_float(rec.get("output_tokens_per_s")),
-            requests_per_s=_opt_float(rec.get("requests_per_s")),
-            mean_running=b.get("mean_running", _opt_float(batch_rec.get("mean_running"))),
-            max_running=b.get("max_running", _opt_float(batch_rec.get("max_running"))),
-            mean_waiting=b.get("mean_waiting", _opt_float(batch_rec.get("mean_waiting"))),
-            preemptions=b.get("preemptions", _opt_float(batch_rec.get("preemptions"))),
-            n_metric_samples=int(b.get("n", 0)), client_in_flight=in_flight.get((arm, pidx))))
-        if kind == "counted" and not counted and arm in roles:
-            deviations.append(f"{arm} counted pass {pidx} (schedule position {seq}) ended "
-                              f"'{stat}'; not counted")
-    return passes, series
-
-
-def _match(run_dir: Path, run_id: str, exp: Experiment, responses: pd.DataFrame,
-           passes: Sequence[PassSummary], deviations: list[str]) -> _Matching:
-    """Phase 3 (matching): each arm's outputs over its counted passes, compared by the unit."""
-    unit, multi = exp.match.unit, exp.match.multi_pass
-    cl = exp.rule.confidence_level
-    arm_names = [a.name for a in exp.arms]
-    roles = {a.name: a.role for a in exp.arms}
-    counted_rows = (responses["kind"] == "counted").to_numpy()
-    last = responses[counted_rows]
-    prompt_codes, prompt_ids = pd.factorize(last["prompt_id"], sort=True)
-    arm_codes, arm_uniques = pd.factorize(last["arm"])
-    arm_code = {str(a): i for i, a in enumerate(arm_uniques)}
-    pass_idx = last["pass_index"].to_numpy(dtype=np.int64)
-    row_key = ((arm_codes.astype(np.int64) * (int(pass_idx.max(initial=0)) + 1) + pass_idx)
-               * (len(prompt_ids) + 1) + prompt_codes)
-    dup = pd.Series(row_key).duplicated(keep="last").to_numpy()
-    if dup.any():
-        deviations.append(f"{int(dup.sum())} response(s) recorded twice for one prompt and pass "
-                          "(resumed run); the last recorded counts")
-    key_codes, _ = pd.factorize(_match_key(last, unit))
-    failed_rows = last["error"].notna().to_numpy()
-    prompt_ids = np.asarray(prompt_ids, dtype=object)
-    arm_summaries: list[ArmSummary] = []
-    matches: dict[str, _ArmMatch] = {}
-    arm_passes: dict[str, list[int]] = {}
-    for arm in arm_names:
-        cpasses = sorted(p.pass_index for p in passes if p.arm == arm and p.counted)
-        sel = (arm_codes == arm_code.get(arm, -2)) & np.isin(pass_idx, cpasses) & ~dup
-        matches[arm] = _match_arm(prompt_codes[sel], key_codes[sel], failed_rows[sel],
-                                  prompt_ids, len(cpasses), multi)
-        arm_passes[arm] = cpasses
-    # a trimmed run keeps other passes' outputs only to their first divergence from the
-    # reference pass it assumed: refuse another reference or a unit that needs more
-    records.check_trim(run_dir, {a: ps[0] if ps else None for a, ps in arm_passes.items()},
-                       unit)
-    outputs = _load_outputs(run_dir, {a: m.mismatched for a, m in matches.items()}, unit)
-    anatomy = _anatomy(outputs, run_id, unit, exp.match.near_tie_epsilon, arm_passes,
-                       {a: m.mismatched for a, m in matches.items()},
-                       {a: int(m.ok.sum()) for a, m in matches.items()})
-    for arm in arm_names:
-        m, cpasses = matches[arm], arm_passes[arm]
-        divs = _divergences(outputs, arm, m.mismatched, cpasses, unit)
-        interval = None
-        if m.n_units > 0:
-            interval = stats.wilson_interval(m.n_matched, m.n_units, cl, "two-sided")
-        thr = tuple(float(p.output_tokens_per_s) for p in passes
-                    if p.arm == arm and p.counted and p.output_tokens_per_s is not None)
-        arm_summaries.append(ArmSummary(
-            name=arm, role=roles[arm], counted_passes=tuple(cpasses),
-            reference_pass=cpasses[0] if cpasses else None, n_prompts_recorded=m.n_recorded,
-            n_prompts=int(m.ok.sum()), n_excluded_failed=m.n_failed_prompts,
-            n_excluded_missing=m.n_missing, n_excluded_no_logprobs=m.n_no_logprobs,
-            n_prompts_matched=int(m.matched.sum()),
-            unit="prompt" if multi == "all" else "prompt pair",
-            n_units=m.n_units, n_matched=m.n_matched, match_interval=interval,
-            pass_throughputs=thr, n_failed_requests=m.n_failed_requests,
-            divergences=tuple(divs)))
-    return _Matching(tuple(arm_summaries), matches, arm_passes, anatomy, last, dup)
-
-
-def _bad_events(events: pd.DataFrame) -> tuple[list[tuple[str, str, str | None]], list[str]]:
-    """The engines' refusals and failed starts, and what else held the GPU, from the events."""
-    bad_events: list[tuple[str, str, str | None]] = []
-    gpu_busy: list[str] = []
-    if not events.empty:
-        for arm, event, detail in zip(events["arm"], events["event"], events["detail"]):
-            if event in ("refused", "start_failed"):
-                bad_events.append((str(arm), str(event), _opt_str(detail)))
-            elif event == "gpu_busy":
-                gpu_busy.append(_opt_str(detail) or "processes not named")
-    return bad_events, gpu_busy
-
-
-def _not_run(exp: Experiment, arms: Sequence[ArmSummary], passes: Sequence[PassSummary],
-             envs: Mapping[str, ArmEnvironment], bad_events: Sequence[tuple[str, str, str | None]],
-             gpu_busy: Sequence[str], gaps: Sequence[str], deviations: list[str]) -> list[str]:
-    """Phase 4 (validity): what the declaration asked for and the run did not do; the
-    departures from it go into ``deviations``."""
-    not_run: list[str] = []
-    wl = exp.workload
-    for a in arms:
-        n_counted = len(a.counted_passes)
-        if n_counted == 0:
-            not_run.append(f"arm {a.name}: no counted pass recorded (declared {wl.passes})")
-        elif n_counted < wl.passes:
-            not_run.append(f"arm {a.name}: {wl.passes - n_counted} of {wl.passes} declared "
-                           "counted passes not recorded")
-        elif n_counted > wl.passes:
-            deviations.append(f"arm {a.name}: {n_counted} counted passes recorded, "
-                              f"{wl.passes} declared")
-        mine = [p for p in passes if p.arm == a.name and p.counted]
-        if mine and all(p.n_requests and p.n_failed == p.n_requests for p in mine):
-            not_run.append(f"arm {a.name}: its {len(mine)} counted pass(es) ran, but the engine "
-                           "answered none of their requests (every request failed)")
-        # Warm-ups run after every engine start (restarts per block, resumes), so the declared
-        # count applies per start of the arm's engine.
-        n_warm = len({p.pass_index for p in passes if p.arm == a.name and p.kind == "warmup"
-                      and p.status != "interrupted"})
-        n_starts = envs[a.name].n_starts if a.name in envs else 1
-        if n_warm != wl.warmup_passes * max(n_starts, 1):
-            deviations.append(f"arm {a.name}: {n_warm} warm-up pass(es) recorded, "
-                              f"{wl.warmup_passes} declared per engine start "
-                              f"({max(n_starts, 1)} start(s))")
-        if a.n_excluded_failed:
-            deviations.append(f"arm {a.name}: {a.n_failed_requests} failed request(s) in counted "
-                              f"passes; {a.n_excluded_failed} prompt(s) excluded from matching")
-        if a.n_excluded_missing:
-            deviations.append(f"arm {a.name}: {a.n_excluded_missing} prompt(s) missing from a "
-                              "counted pass; excluded from matching")
-        if a.n_excluded_no_logprobs:
-            deviations.append(f"arm {a.name}: {a.n_excluded_no_logprobs} prompt(s) without "
-                              "logprobs; excluded from matching")
-        if a.n_prompts_recorded and a.n_prompts_recorded != wl.n_prompts:
-            deviations.append(f"arm {a.name}: {a.n_prompts_recorded} prompts recorded, "
-                              f"{wl.n_prompts} declared")
-    for p in passes:
-        if p.counted and p.n_requests is not None and p.n_requests != wl.n_prompts:
-            deviations.append(f"{p.arm} pass {p.pass_index}: {p.n_requests} requests, "
-                              f"{wl.n_prompts} declared")
-    for arm, event, detail in bad_events:
-        not_run.append(f"arm {arm}: engine {event.replace('_', ' ')}" +
-                       (f" ({detail})" if detail else ""))
-    for detail in gpu_busy:
-        deviations.append(f"other processes held the GPU when the run (or a resume) started, "
-                          f"allowed with --allow-busy-gpu: {detail}; they shared its memory and "
-                          f"time with the arms' engines")
-    if gaps:
-        deviations.append(f"{len(gaps)} unreadable record line(s) ignored (see Data gaps)")
-    return not_run
-
-
-def _untestable(bad_events: Sequence[tuple[str, str, str | None]],
-                arms: Sequence[ArmSummary]) -> list[tuple[str, str]]:
-    """Phase 4 (validity): why an arm cannot be tested, each reason with its arm (a comparison is
-    untested only for reasons of its own two arms: an arm whose engine died does not make the
-    other arms' comparisons untestable)."""
-    arm_reasons: list[tuple[str, str]] = []
-    for arm, event, detail in bad_events:
-        arm_reasons.append((arm, f"arm {arm}: engine {event.replace('_', ' ')}"
-                            + (f": {detail}" if detail else "")))
-    for a in arms:
-        if not a.counted_passes:
-            arm_reasons.append((a.name, f"arm {a.name}: no counted pass recorded"))
-        elif a.n_prompts_recorded and a.n_prompts == 0 and a.n_excluded_failed == \
-                a.n_prompts_recorded:
-            arm_reasons.append((a.name, f"arm {a.name}: every prompt had a failed request"))
-        elif a.n_units == 0:
-            arm_reasons.append((a.name, f"arm {a.name}: no prompt could be compared"))
-    return arm_reasons
-
-
-#: one control-treatment pair as the classifier takes it: both arms' statistics, the pair's
-#: testability, the paired counts (McNemar) and the treatment's activation evidence
-_Pair = tuple[ArmStats, ArmStats, RunTestable, "PairedCounts | None", ActivationEvidence]
-
-
-def _comparisons(exp: Experiment, matching: _Matching, validity: Sequence[ValidityCheck],
-                 arm_reasons: Sequence[tuple[str, str]],
-                 evidence: Mapping[str, ActivationEvidence]
-                 ) -> tuple[list[ArmComparison], list[_Pair]]:
-    """Phase 5 (comparisons): every treatment against the control, classified under the rule."""
-    rule = exp.rule
-    cl = rule.confidence_level
-    arm_summaries, matches = matching.arms, matching.matches
-    large_drifts = matching.anatomy.large_drifts()
-    latencies = _pass_latencies(matching.last[~matching.duplicated], matching.arm_passes)
-    control = next(a for a in arm_summaries if a.role == "control")
-    comparisons: list[ArmComparison] = []
-    pairs: list[_Pair] = []
-    for treat in (a for a in arm_summaries if a.role == "treatment"):
-        mc, mt = matches[control.name], matches[treat.name]
-        paired = mc.ok & mt.ok
-        n_paired = int(paired.sum())
-        mcn = None
-        counts = None
-        if n_paired:
-            b = int((paired & mc.matched & ~mt.matched).sum())
-            c = int((paired & ~mc.matched & mt.matched).sum())
-            mcn = stats.mcnemar_test(b, c)
-            counts = PairedCounts(n_paired, b, c)
-        diff = None
-        if treat.n_units and control.n_units:
-            diff = stats.newcombe_difference(treat.n_matched, treat.n_units, control.n_matched,
-                                             control.n_units, cl)
-        ratio = None
-        point = None
-        tt, ct = treat.pass_throughputs, control.pass_throughputs
-        if tt and ct and all(x > 0 for x in tt + ct):
-            point = stats.ratio_of_geometric_means(tt, ct)   # the classifier's point, exactly
-            if len(tt) >= 2 and len(ct) >= 2:
-                ratio = stats.throughput_ratio(tt, ct, cl)
-        pair = (ArmStats(control.name, "control", control.n_units, control.n_matched, ct,
-                         large_drifts=large_drifts.get(control.name),
-                         pass_latencies=latencies.get(control.name, ())),
-                ArmStats(treat.name, "treatment", treat.n_units, treat.n_matched, tt,
-                         large_drifts=large_drifts.get(treat.name),
-                         pass_latencies=latencies.get(treat.name, ())),
-                _pair_status(arm_reasons, control.name, treat.name), counts,
-                evidence[treat.name])
-        pairs.append(pair)
-        verdict = classify(rule, pair[0], pair[1], validity=tuple(validity), status=pair[2],
-                           paired=counts, evidence=pair[4])
-        comparisons.append(ArmComparison(control.name, treat.name, n_paired, mcn, diff, ratio,
-                                         point, verdict))
-    return comparisons, pairs
-
-
-def _sibling_verdicts(reg: Registration, created: str | None, passes: Sequence[PassSummary],
-                      fps: Any, envs: Mapping[str, ArmEnvironment],
-                      pairs: Sequence[_Pair]) -> list[SiblingVerdict]:
-    """Phase 6 (siblings): the same comparisons under the sibling registrations' rules."""
-    siblings: list[SiblingVerdict] = []
-    for sib in sibling_registrations(reg):
-        sib_exp = sib.experiment()
-        sib_later = sealed_after_data(sib, created)
-        sib_validity = tuple(_validity(sib_exp, passes, fps, envs, sib.sealed_utc, created,
-                                       exploratory=sib_later))
-        for ctl_stats, trt_stats, pair_status, counts, ev in pairs:
-            siblings.append(SiblingVerdict(
-                _display_path(sib.path), sib_exp.name, trt_stats.name, ctl_stats.name,
-                classify(sib_exp.rule, ctl_stats, trt_stats, validity=sib_validity,
-                         status=pair_status, paired=counts, evidence=ev),
-                exploratory=sib_later, sealed_utc=sib.sealed_utc))
-    return siblings
-
-
-def analyze_run(run_dir: str | Path, registration: str | Path | Registration | None = None
-                ) -> RunSummary:
-    """Analyse a recorded run against its sealed registration.
-
-    In phases, each a function of this module: the registration (:func:`_registered`) and the
-    tables (:func:`_load_tables`) are loaded; the passes are summarised (:func:`_pass_summaries`);
-    each arm's outputs are matched over its counted passes (:func:`_match`); the run's validity,
-    what was not run and why an arm cannot be tested are found (:func:`_validity`,
-    :func:`_not_run`, :func:`_untestable`); the probe's and the engine logs' activation evidence
-    is read; every treatment is compared with the control and classified (:func:`_comparisons`),
-    and again under each sibling registration's rule (:func:`_sibling_verdicts`).
-
-    Parameters
-    ----------
-    run_dir : path
-        The run directory (``run.json`` and the JSONL / Parquet tables).
-    registration : path or Registration, optional
-        The registration (``preregistrations/NAME.json``); default: the path ``run.json`` names
-        in ``registration.path``. Its seal is checked (``bistat.declare.prereg.load_registration``).
-
-    Returns
-    -------
-    RunSummary
-
-    Raises
-    ------
-    AnalysisError, bistat.store.records.RecordsError, bistat.declare.prereg.RegistrationError
-        With the file and field that is wrong.
-    """
-    run_dir = Path(run_dir)
-    header = records.read_header(run_dir)
-    deviations: list[str] = []   # every phase adds its departures from the declaration, in order
-    registered = _registered(run_dir, header, registration, deviations)
-    reg, exp, hdr_reg, sibling_of = (registered.reg, registered.exp,
-                                     registered.header_registration, registered.sibling_of)
-    created = header.get("created_utc")
-    arm_names = [a.name for a in exp.arms]
-
-    tables = _load_tables(run_dir, exp.match.unit)
-    responses = tables.responses
-    unknown_arms = sorted(set(responses["arm"].dropna().unique().tolist()) - set(arm_names))
-    if unknown_arms:
-        deviations.append(f"responses recorded for arm(s) not in the registration, ignored: "
-                          f"{', '.join(unknown_arms)}")
-
-    passes, series = _pass_summaries(tables, {a.name: a.role for a in exp.arms}, deviations)
-    run_id = str(header.get("run_id") or run_dir.name)
-    matching = _match(run_dir, run_id, exp, responses, passes, deviations)
-    arm_summaries = matching.arms
-
-    envs, fps = _environments(tables.environment, arm_names)
-    bad_events, gpu_busy = _bad_events(tables.events)
-    validity = _validity(exp, passes, fps, envs, reg.sealed_utc, created,
-                         exploratory=registered.exploratory)
-    not_run = _not_run(exp, arm_summaries, passes, envs, bad_events, gpu_busy, tables.gaps,
-                       deviations)
-    arm_reasons = _untestable(bad_events, arm_summaries)
-    run_status = (RunTestable(False, "; ".join(r for _, r in arm_reasons)) if arm_reasons
-                  else RunTestable(True))
-
-    # activation evidence: the probe's outcome per arm, the engine logs' markers
-    probe, probe_files = _probe_report(run_dir)
-    activation = act.arm_activation(
-        [a.model_dump(mode="json") for a in exp.arms],
-        {a: e.log_findings for a, e in envs.items() if e.log_findings is not None},
-        None if probe is None else probe.to_json(),
-        {a.name: (a.n_prompts_diverged, a.n_prompts) for a in arm_summaries})
-    evidence = {a.arm: _evidence(a, probe is not None) for a in activation}
-
-    comparisons, pairs = _comparisons(exp, matching, validity, arm_reasons, evidence)
-    siblings = _sibling_verdicts(reg, created, passes, fps, envs, pairs)
-
-    engine_version = _engine_version(exp, reg, tables.environment, tables.events, run_dir)
-    deviations.extend(engine_version.deviations)
-    passes_df = tables.passes
-    return RunSummary(
-        name=exp.name, run_id=run_id,
-        created_utc=header.get("created_utc"), engine_kind=header.get("engine_kind"),
-        command=tuple(str(x) for x in header.get("command") or ()),
-        # the registration analysed against: the run's own as run.json names it, or the sibling
-        # named on the command line (relative to the working directory when inside it; the
-        # run's own is then named in the deviations)
-        registration_path=(_display_path(reg.path) if sibling_of is not None else
-                           hdr_reg.get("path") if isinstance(hdr_reg, Mapping) else None),
-        registration_sha256=reg.sha256, registered_utc=reg.registered_utc,
-        sealed_utc=reg.sealed_utc, registration_bistat_version=reg.sealed.get("bistat_version"),
-        hypothesis=exp.hypothesis,
-        declaration=reg.declaration, amendments=tuple(reg.amendments),
-        match_unit=exp.match.unit, multi_pass=exp.match.multi_pass,
-        confidence_level=exp.rule.confidence_level,
-        arms=tuple(arm_summaries), passes=tuple(passes),
-        environments=tuple((a, envs[a]) for a in arm_names if a in envs),
-        validity=tuple(validity), status=run_status, comparisons=tuple(comparisons),
-        metrics=tuple(series), events=tuple(bad_events), deviations=tuple(deviations),
-        not_run=tuple(not_run), gaps=tuple(tables.gaps), n_response_records=len(responses),
-        anatomy=matching.anatomy, operator_notes=_operator_notes(run_dir),
-        activation=activation, probe_files=probe_files, probe=probe,
-        siblings=tuple(siblings),
-        jit_compiles=jit_compiles(run_dir, header.get("created_utc"),
-                                  passes_df.to_dict("records") if len(passes_df) else []),
-        exploratory=registered.exploratory, recorded_registration=(
-            _display_path(sibling_of.path) if sibling_of is not None else None),
-        engine_version=engine_version)
 
 
 def _engine_version(exp: Experiment, reg: Registration, env: pd.DataFrame, events: pd.DataFrame,

@@ -363,7 +363,7 @@ def _concurrency_warnings(exp: Experiment) -> list[str]:
     """A warning when ``engines_concurrent = "auto"`` resolves to one engine at a time: engines
     then restart for every block of passes and the warm-ups repeat after each start, which costs
     device time and spreads an arm's passes over several engine starts."""
-    from bistat.engines.concurrency import ENGINE_HEADROOM_FRACTION, resolve_engines_concurrent
+    from bistat.declare.concurrency import ENGINE_HEADROOM_FRACTION, resolve_engines_concurrent
 
     if getattr(exp.engine, "engines_concurrent", "auto") != "auto":
         return []

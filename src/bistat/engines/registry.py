@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import importlib
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bistat.engines.base import NO_CAPABILITIES, Engine, EngineCapabilities, EngineStartError
 
-if TYPE_CHECKING:  # pragma: no cover
-    from bistat.declare.experiment import Arm, Experiment
-
-__all__ = ["ADAPTERS", "ENGINE_KINDS", "adapter_class", "capabilities", "create_engine", "register_adapter"]
+__all__ = ["ADAPTERS", "ENGINE_KINDS", "adapter_class", "capabilities", "create_engine",
+           "register_adapter"]
 
 #: kind -> "module:Class" (imported on first use)
 ADAPTERS: dict[str, str] = {
@@ -92,8 +90,12 @@ def adapter_class(kind: str) -> type:
         raise EngineStartError(f"engine {kind!r}: {module_name} has no class {cls_name}") from exc
 
 
-def create_engine(experiment: "Experiment", arm: "Arm") -> Engine:
+def create_engine(experiment: Any, arm: Any) -> Engine:
     """A new (not yet started) engine for one arm of an experiment.
+
+    ``experiment`` and ``arm`` are a :class:`bistat.declare.experiment.Experiment` and one of its
+    arms; the engines read them (``engine.args``, ``arm_args``) without importing the declaration
+    module, which sits above them.
 
     The adapter is built with ``cls.from_experiment(experiment, arm)`` when the class defines
     that constructor (adapters whose ``__init__`` takes engine-level parameters), otherwise with

@@ -9,8 +9,8 @@ engine is special-cased) and writes the run directory of ``docs/CONTRACTS.md`` t
   interleaved in the declared order; ``schedule.jsonl`` gets a ``start`` and an ``end`` line per
   pass, so the schedule actually executed is on disk;
 * engines: every arm's engine is started once and all stay up together when
-  ``engines_concurrent`` allows it (:func:`bistat.engines.concurrency.resolve_engines_concurrent`: with ``"auto"``, when the
-  arms' GPU memory fractions plus a headroom per engine, :data:`~bistat.engines.concurrency.ENGINE_HEADROOM_FRACTION`, fit
+  ``engines_concurrent`` allows it (:func:`bistat.declare.concurrency.resolve_engines_concurrent`: with ``"auto"``, when the
+  arms' GPU memory fractions plus a headroom per engine, :data:`~bistat.declare.concurrency.ENGINE_HEADROOM_FRACTION`, fit
   on one GPU); otherwise one engine is
   up at a time and it is restarted per block of passes. ``run.json`` records which, and
   ``block`` on every schedule line says which engine start a pass ran on;
@@ -75,7 +75,7 @@ from bistat.engines.base import (
     GenerationResult,
     MetricsSample,
 )
-from bistat.engines.concurrency import resolve_engines_concurrent
+from bistat.declare.concurrency import resolve_engines_concurrent
 from bistat.engines.registry import capabilities
 from bistat.run.fingerprint import collect_fingerprint
 from bistat.store.records import (

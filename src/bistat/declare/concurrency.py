@@ -8,12 +8,8 @@ says the same before any data.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from bistat.declare.experiment import Experiment
 from bistat.engines.registry import capabilities
-
-if TYPE_CHECKING:  # pragma: no cover
-    from bistat.declare.experiment import Experiment
 
 __all__ = ["ENGINE_HEADROOM_FRACTION", "resolve_engines_concurrent"]
 
@@ -28,7 +24,7 @@ __all__ = ["ENGINE_HEADROOM_FRACTION", "resolve_engines_concurrent"]
 ENGINE_HEADROOM_FRACTION = 0.03
 
 
-def resolve_engines_concurrent(experiment: "Experiment") -> tuple[bool, str]:
+def resolve_engines_concurrent(experiment: Experiment) -> tuple[bool, str]:
     """Whether all arms' engines stay up together, and why.
 
     The declaration's ``engine.engines_concurrent`` (``true`` / ``false`` / ``"auto"``, default
