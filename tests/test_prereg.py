@@ -15,6 +15,7 @@ import pytest
 
 from bistat import __version__
 from bistat.declare.experiment import DeclarationError
+from bistat.store.records import parse_time
 from bistat.declare.prereg import (
     SCHEMA,
     RegistrationError,
@@ -24,7 +25,6 @@ from bistat.declare.prereg import (
     format_time,
     git_state,
     load_registration,
-    parse_time,
     register,
     sha256_hex,
     verify,

@@ -11,8 +11,9 @@ import fakes
 import helpers_runner as h
 from bistat.engines.base import MetricsSample
 from bistat.store.records import logprob_sha256, read_jsonl, read_table, token_sha256
-from bistat.run.runner import (GpuBusyError, PlainReporter, batching_summary, new_run_dir,
-                           resolve_engines_concurrent, start_run)
+from bistat.declare.concurrency import resolve_engines_concurrent
+from bistat.run.batching import batching_summary
+from bistat.run.runner import GpuBusyError, PlainReporter, new_run_dir, start_run
 
 REG = {"path": "preregistrations/fakerun.json", "sha256": "ab" * 32, "registered_utc": "2026-01-01T00:00:00Z",
        "name": "fakerun"}

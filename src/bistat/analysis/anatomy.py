@@ -572,7 +572,7 @@ def divergence_anatomy(run_dir: str | Path, *, epsilon: float | None = None,
 
 
 # --------------------------------------------------------------------------------------------
-# The finding's section and plot (report.py wires these in)
+# The finding's section and plot (report/finding.py wires these in)
 # --------------------------------------------------------------------------------------------
 
 

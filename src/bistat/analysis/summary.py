@@ -1195,21 +1195,19 @@ def resolve_registration(run_dir: Path, header: Mapping[str, Any],
     """The registration file of a run: ``registration`` if given, else the one ``run.json`` names.
 
     A relative path recorded in ``run.json`` is tried as given (relative to the working
-    directory, where ``bistat run`` was started) and then relative to the run directory.
+    directory, where ``bistat run`` was started) and then relative to the run directory
+    (:func:`bistat.store.records.recorded_registration_path`).
     """
     if registration is not None:
         return Path(registration)
-    reg = header.get("registration") or {}
-    path = reg.get("path") if isinstance(reg, Mapping) else None
-    if not path:
+    p = records.recorded_registration_path(run_dir, header)
+    if p is None:
         raise AnalysisError(f"{run_dir / 'run.json'}: field 'registration.path' missing; pass "
                             "--registration PATH")
-    p = Path(path)
-    if not p.is_absolute() and not p.exists() and (run_dir / p).exists():
-        p = run_dir / p
     if not p.exists():
-        raise AnalysisError(f"{run_dir / 'run.json'}: registration.path {path!r} does not exist "
-                            "here; pass --registration PATH")
+        raise AnalysisError(f"{run_dir / 'run.json'}: registration.path "
+                            f"{header['registration']['path']!r} does not exist here; pass "
+                            "--registration PATH")
     return p
 
 

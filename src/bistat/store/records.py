@@ -52,6 +52,7 @@ import pyarrow.parquet as pq
 
 __all__ = [
     "parse_time",
+    "recorded_registration_path",
     "run_declaration",
     "SCHEMA_VERSION",
     "RUN_SCHEMA",
@@ -1405,20 +1406,31 @@ def parse_time(text: str) -> dt.datetime:
     return t if t.tzinfo is not None else t.replace(tzinfo=dt.timezone.utc)
 
 
-def run_declaration(run_dir: str | Path) -> dict[str, Any] | None:
-    """The sealed declaration of the registration ``run.json`` names, or None when unreadable.
+def recorded_registration_path(run_dir: str | Path, header: Mapping[str, Any]) -> Path | None:
+    """The registration file ``run.json`` names (``header``), or None when it names none.
 
-    A relative registration path is tried as recorded (from where ``bistat run`` started), then
-    relative to the run directory. The seal is not checked here (``bistat verify`` does that).
+    A relative path is tried as recorded (from where ``bistat run`` started), then relative to
+    the run directory. The analysis (which then checks the seal) and :func:`run_declaration`
+    find a run's registration this one way.
     """
-    header = read_header(run_dir)
     reg = header.get("registration") or {}
     path = reg.get("path") if isinstance(reg, Mapping) else None
     if not path:
         return None
     p = Path(path)
-    if not p.is_absolute() and not p.exists():
+    if not p.is_absolute() and not p.exists() and (Path(run_dir) / p).exists():
         p = Path(run_dir) / p
+    return p
+
+
+def run_declaration(run_dir: str | Path) -> dict[str, Any] | None:
+    """The sealed declaration of the registration ``run.json`` names
+    (:func:`recorded_registration_path`), or None when unreadable. The seal is not checked here
+    (``bistat verify`` and the analysis do that).
+    """
+    p = recorded_registration_path(run_dir, read_header(run_dir))
+    if p is None:
+        return None
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, ValueError):
