@@ -154,7 +154,10 @@ class EmbeddedEngine:
         self._fail_all("engine stopped before the request finished")
 
     def submit(self, request: GenerationRequest) -> "Future[GenerationResult]":
-        """Queue a request; the future resolves with its result (``error`` set if it cannot run)."""
+        """Queue a request; the future resolves with its result (``error`` set if it cannot run).
+
+        Cancelling the future (``fut.cancel()``) withdraws the request: it leaves the batch
+        before the next step and no more tokens are generated for it."""
         fut: Future[GenerationResult] = Future()
         t_submit = time.monotonic()
         try:
@@ -241,6 +244,7 @@ class EmbeddedEngine:
         with self._cv:
             while self._incoming:
                 self.scheduler.add(self._incoming.popleft())
+        self._drop_cancelled()
         plan = self.scheduler.schedule()
         if not plan:
             return False
@@ -280,6 +284,17 @@ class EmbeddedEngine:
                 self.scheduler.finish(seq)
                 self._resolve(seq)
         return True
+
+    def _drop_cancelled(self) -> None:
+        """Forget the requests whose future was cancelled (``Future.cancel()``: the client went
+        away): they leave the batch before the next step, so no more tokens are computed for them."""
+        gone = [s for s in self.scheduler.running if s.future.cancelled()]
+        for seq in gone:
+            self.scheduler.finish(seq)
+        if any(s.future.cancelled() for s in self.scheduler.waiting):
+            kept = [s for s in self.scheduler.waiting if not s.future.cancelled()]
+            self.scheduler.waiting.clear()
+            self.scheduler.waiting.extend(kept)
 
     def _resolve(self, seq: Sequence, error: str | None = None) -> None:
         ids = list(seq.output_ids)

@@ -14,6 +14,15 @@ whatever is in flight together, so concurrent HTTP requests share engine steps e
 would in-process. Malformed requests get OpenAI-style 4xx JSON errors; an engine failure on one
 request is a 500 for that request only. Binds to 127.0.0.1 unless told otherwise.
 
+Bounds (:class:`Limits`): a body over ``max_body_bytes`` or with more than
+``max_prompts_per_request`` prompts is a 413 naming the limit, read no further than the limit;
+a request whose prompts would take the prompts in flight (queued or generating) past
+``max_queued_prompts`` is a 429 with ``Retry-After``, and nothing of it is queued; JSON nested too
+deeply to parse is a 400. A client that disconnects has its requests cancelled in the engine
+(``Future.cancel()``: no more tokens are generated for them). On SIGTERM :func:`serve` stops
+accepting connections, lets in-flight requests finish for ``shutdown_timeout_s``, cancels the
+rest and exits with status 0.
+
 The engine is anything with ``start()``, ``stop()``, ``submit(GenerationRequest) -> Future``
 and ``metrics() -> dict`` (``bistat.engines.embedded.engine.EmbeddedEngine``); the tokenizer anything with
 ``encode``, ``decode`` and ``apply_chat_template`` (``bistat.model``'s).
@@ -25,10 +34,12 @@ import asyncio
 import contextlib
 import json
 import logging
+import signal
 import socket
 import threading
 import time
-from typing import Any, Iterator, Protocol
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Protocol
 
 import uvicorn
 from prometheus_client import CollectorRegistry, generate_latest
@@ -103,9 +114,34 @@ class _EngineCollector:
             yield family
 
 
-def _error(exc: RequestError) -> JSONResponse:
+@dataclass(frozen=True)
+class Limits:
+    """What one server accepts: body size, prompts per request, prompts in flight.
+
+    ``max_queued_prompts`` counts every prompt the server has handed to the engine and not yet
+    answered (waiting or generating), over all requests; ``retry_after_s`` is the 429's
+    ``Retry-After``.
+    """
+
+    max_body_bytes: int = 8 * 2**20
+    max_prompts_per_request: int = 256
+    max_queued_prompts: int = 1024
+    retry_after_s: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("max_body_bytes", "max_prompts_per_request", "max_queued_prompts",
+                     "retry_after_s"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"Limits.{name} ({getattr(self, name)!r}) must be at least 1")
+
+
+class _TooLarge(Exception):
+    """The request body is longer than ``Limits.max_body_bytes``."""
+
+
+def _error(exc: RequestError, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse(error_body(exc.message, type_=exc.type, status=exc.status,
-                                   param=exc.param), status_code=exc.status)
+                                   param=exc.param), status_code=exc.status, headers=headers)
 
 
 class _EngineFailure(RuntimeError):
@@ -139,6 +175,7 @@ def create_app(
     vocab_size: int | None = None,
     engine_description: dict[str, Any] | None = None,
     manage_engine: bool = True,
+    limits: Limits = Limits(),
 ) -> Starlette:
     """The ASGI application serving ``engine`` under the model name ``model_name``.
 
@@ -158,11 +195,17 @@ def create_app(
         Extra fields for ``GET /version`` (for example the GEMM mode).
     manage_engine : bool
         Start the engine at application start-up and stop it at shutdown.
+    limits : Limits
+        Body size, prompts per request and prompts in flight (413 / 429 beyond them).
     """
     registry = CollectorRegistry(auto_describe=True)
     registry.register(_EngineCollector(engine, model_name))  # type: ignore[arg-type]
     decode = tokenizer.decode
     created = int(time.time())
+    # prompts handed to the engine and not yet answered; only touched on the event loop
+    in_flight = [0]
+    # ignored request fields already logged (each name is logged once per server)
+    ignored_logged: set[str] = set()
 
     def check_model(requested: str | None) -> None:
         if requested is not None and requested != model_name:
@@ -197,27 +240,85 @@ def create_app(
                                param="max_tokens")
         return requested
 
+    def too_large(what: str) -> RequestError:
+        return RequestError(f"{what}; this server accepts at most {limits.max_body_bytes} bytes "
+                            f"(bistat serve --max-body-bytes)", status=413,
+                            type_="invalid_request_error")
+
+    async def read_body(request: Request) -> bytes:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limits.max_body_bytes:
+            raise too_large(f"the request body has {int(declared)} bytes")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limits.max_body_bytes:
+                raise too_large(f"the request body has more than {limits.max_body_bytes} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
     async def parse_body(request: Request, model: type) -> Any:
+        raw = await read_body(request)
         try:
-            raw = await request.body()
             data = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise RequestError(f"the request body is not valid JSON: {exc}") from exc
+        except RecursionError as exc:
+            raise RequestError("the request body is JSON nested too deeply to parse") from exc
         if not isinstance(data, dict):
             raise RequestError("the request body must be a JSON object")
         try:
             parsed = model.model_validate(data)
         except ValidationError as exc:
             raise _validation_error(exc) from exc
-        ignored = sorted(set(data) - set(model.model_fields))
-        if ignored:
-            log.warning("ignored request fields: %s", ", ".join(ignored))
+        except RecursionError as exc:
+            raise RequestError("the request body is JSON nested too deeply to validate") from exc
+        new = sorted(set(data) - set(model.model_fields) - ignored_logged)
+        if new:
+            ignored_logged.update(new)
+            log.warning("ignored request fields (each is logged once): %s", ", ".join(new))
         check_model(parsed.model)
         return parsed
 
-    async def run_engine(requests: list[GenerationRequest]) -> list[Any]:
+    def admit(n: int) -> None:
+        """Refuse ``n`` prompts that would take the prompts in flight past the bound."""
+        if n > limits.max_prompts_per_request:
+            raise RequestError(f"the request has {n} prompts; this server accepts at most "
+                               f"{limits.max_prompts_per_request} per request (bistat serve "
+                               f"--max-prompts-per-request)", status=413, param="prompt")
+        if in_flight[0] + n > limits.max_queued_prompts:
+            raise RequestError(f"the server is busy: {in_flight[0]} prompts are in flight and "
+                               f"this request adds {n}, over the bound of "
+                               f"{limits.max_queued_prompts} (bistat serve --max-queued-prompts); "
+                               f"retry after {limits.retry_after_s} s", status=429,
+                               type_="rate_limit_error")
+
+    async def disconnected(request: Request) -> None:
+        """Return when the client closes its connection (the body has been read already)."""
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                return
+
+    async def run_engine(request: Request, requests: list[GenerationRequest]) -> list[Any] | None:
+        """The engine's results, or None when the client went away first (its requests are then
+        cancelled in the engine). Cancelled itself (server shutdown), it cancels them too."""
+        in_flight[0] += len(requests)
         futures = [asyncio.wrap_future(engine.submit(r)) for r in requests]
-        results = await asyncio.gather(*futures, return_exceptions=True)
+        gathered = asyncio.gather(*futures, return_exceptions=True)
+        watcher = asyncio.ensure_future(disconnected(request))
+        try:
+            await asyncio.wait([gathered, watcher], return_when=asyncio.FIRST_COMPLETED)
+            if not gathered.done():
+                log.info("client disconnected: %d requests cancelled", len(requests))
+                return None
+            results = gathered.result()
+        finally:
+            watcher.cancel()
+            for f in futures:  # cancels the engine's concurrent future: the request leaves
+                f.cancel()
+            gathered.cancel()
+            in_flight[0] -= len(requests)
         for r in results:
             if isinstance(r, BaseException):
                 raise _EngineFailure(f"the engine failed: {r!r}") from r
@@ -230,6 +331,7 @@ def create_app(
             body: CompletionRequest = await parse_body(request, CompletionRequest)
             prompts = body.prompts()
             reqs, prompt_ids = [], []
+            admit(len(prompts))
             for i, prompt in enumerate(prompts):
                 param = "prompt" if len(prompts) == 1 else f"prompt.{i}"
                 if isinstance(prompt, list) and not all(isinstance(t, int) for t in prompt):
@@ -241,11 +343,13 @@ def create_app(
                                                logprobs=body.logprobs, chat=False))
                 prompt_ids.append(ids)
         except RequestError as exc:
-            return _error(exc)
+            return _error(exc, retry_after(exc))
         try:
-            results = await run_engine(reqs)
+            results = await run_engine(request, reqs)
         except _EngineFailure as exc:
             return _engine_error(exc)
+        if results is None:
+            return Response(status_code=499)  # nobody reads it: the client is gone
         choices = [Choice(apply_stop(r, body.stop, decode), ids)
                    for r, ids in zip(results, prompt_ids)]
         return JSONResponse(completion_body(body, choices, model_name=model_name, decode=decode))
@@ -266,14 +370,21 @@ def create_app(
             max_tokens = resolve_max_tokens(requested, n_prompt)
             k = body.top_logprobs if body.logprobs else None
             req = generation_request(body, prompt, max_tokens=max_tokens, logprobs=k, chat=chat)
+            admit(1)
         except RequestError as exc:
-            return _error(exc)
+            return _error(exc, retry_after(exc))
         try:
-            (result,) = await run_engine([req])
+            results = await run_engine(request, [req])
         except _EngineFailure as exc:
             return _engine_error(exc)
+        if results is None:
+            return Response(status_code=499)
+        (result,) = results
         choice = Choice(apply_stop(result, body.stop, decode), None)
         return JSONResponse(chat_body(body, choice, model_name=model_name, decode=decode))
+
+    def retry_after(exc: RequestError) -> dict[str, str] | None:
+        return {"Retry-After": str(limits.retry_after_s)} if exc.status == 429 else None
 
     async def models(request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [{
@@ -324,17 +435,58 @@ def create_app(
                      exception_handlers={HTTPException: http_error, Exception: server_error})
 
 
-def uvicorn_config(app: Starlette, *, host: str, port: int, log_level: str = "warning") -> uvicorn.Config:
-    """uvicorn settings for bistat serve: no access log, h11, asyncio, one worker."""
+def uvicorn_config(app: Starlette, *, host: str, port: int, log_level: str = "warning",
+                   shutdown_timeout_s: float = 2.0) -> uvicorn.Config:
+    """uvicorn settings for bistat serve: no access log, h11, asyncio, one worker; on shutdown
+    in-flight requests get ``shutdown_timeout_s`` seconds, then they are cancelled."""
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
                           lifespan="on", loop="asyncio", http="h11", timeout_keep_alive=30,
-                          backlog=4096)
+                          backlog=4096, timeout_graceful_shutdown=shutdown_timeout_s)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (``port`` 0: a free port; ``getsockname()`` says which)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def url_of(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def serve(app: Starlette, *, host: str = "127.0.0.1", port: int = 8000,
-          log_level: str = "warning") -> None:
-    """Run ``app`` in the foreground until SIGINT/SIGTERM (uvicorn's graceful shutdown)."""
-    uvicorn.Server(uvicorn_config(app, host=host, port=port, log_level=log_level)).run()
+          log_level: str = "warning", shutdown_timeout_s: float = 2.0,
+          on_bound: Callable[[int], None] | None = None,
+          sock: socket.socket | None = None) -> None:
+    """Run ``app`` in the foreground until SIGINT/SIGTERM.
+
+    The socket is bound first (or ``sock``, already bound, is used; ``host``/``port`` are then
+    ignored) and ``on_bound(port)`` told the port bound (the free one chosen for ``port=0``). On SIGTERM uvicorn stops accepting connections, waits up to
+    ``shutdown_timeout_s`` for in-flight requests, cancels the rest (the engine drops them) and
+    stops the engine; this function then returns, so the process exits with status 0.
+    """
+    if sock is None:
+        sock = bind(host, port)
+    host = sock.getsockname()[0]
+    if on_bound is not None:
+        on_bound(sock.getsockname()[1])
+    server = uvicorn.Server(uvicorn_config(app, host=host, port=sock.getsockname()[1],
+                                           log_level=log_level,
+                                           shutdown_timeout_s=shutdown_timeout_s))
+    # uvicorn re-raises the signal that stopped it once it is done, to the handler it found:
+    # a no-op one for SIGTERM makes a requested stop an ordinary return (exit status 0).
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        sock.close()
 
 
 class BackgroundServer:
@@ -346,11 +498,9 @@ class BackgroundServer:
 
     def __init__(self, app: Starlette, *, host: str = "127.0.0.1", port: int = 0,
                  startup_timeout_s: float = 30.0) -> None:
-        self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind((host, port))
+        self._sock = bind(host, port)
         self.host, self.port = host, self._sock.getsockname()[1]
-        self.url = f"http://{host}:{self.port}"
+        self.url = url_of(host, self.port)
         self._server = uvicorn.Server(uvicorn_config(app, host=host, port=self.port))
         self._server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
         self._thread = threading.Thread(target=self._run, name="bistat-serve", daemon=True)
