@@ -585,8 +585,6 @@ def test_item7_disk_full_gives_a_message_and_the_run_resumes(tmp_path, tiny_mode
 # also seen
 
 
-@pytest.mark.xfail(reason="issue 20 also seen: `bistat --help` imports scipy and statsmodels at "
-                          "start-up (4-5 s)", **XFAIL)
 def test_help_does_not_import_scipy_or_statsmodels(tmp_path):
     """Not a timing test: ``python -X importtime -m bistat --help`` must not import scipy or
     statsmodels (they load where they are used)."""
@@ -599,8 +597,6 @@ def test_help_does_not_import_scipy_or_statsmodels(tmp_path):
     assert not imported & {"scipy", "statsmodels"}, sorted(imported & {"scipy", "statsmodels"})
 
 
-@pytest.mark.xfail(reason="issue 20 also seen: `bistat run experiments/X.toml` says 'not a readable "
-                          "registration' instead of 'register it first'", **XFAIL)
 def test_run_on_a_declaration_says_register_it_first(tmp_path, tiny_model):
     path = s.write_declaration(tmp_path, "decl", s.declaration("decl", tiny_model))
     rc, out = s.bistat("run", path, cwd=tmp_path)
@@ -656,8 +652,6 @@ def test_serve_port_0_prints_the_bound_port(tmp_path, tiny_model):
             proc.kill()
 
 
-@pytest.mark.xfail(reason="issue 20 small: `bistat design` accepts a name that differs from the file "
-                          "name while `register` refuses it", **XFAIL)
 def test_register_and_design_apply_one_name_rule(tmp_path, tiny_model):
     """Contract chosen: one rule, register's: both commands refuse a declaration whose ``name``
     differs from its file name, exit 1, with the same message naming the file and ``name``."""

@@ -15,7 +15,7 @@ import click
 
 from bistat.declare import prereg
 from bistat.declare.design_report import DesignError, DesignReport, analyse_design, format_design
-from bistat.declare.experiment import DeclarationError, load_experiment
+from bistat.declare.experiment import DeclarationError
 
 
 def _fail(exc: Exception) -> click.ClickException:
@@ -138,7 +138,7 @@ def register(group: click.Group) -> None:
     def design_cmd(declaration: Path, as_json: bool) -> None:
         """Print DECLARATION's design analysis: prompts and passes needed, power, warnings."""
         try:
-            report = analyse_design(load_experiment(declaration))
+            report = analyse_design(prereg.load_declaration(declaration))
         except (DeclarationError, DesignError) as exc:
             raise _fail(exc) from exc
         if as_json:

@@ -52,6 +52,10 @@ def _load_sealed(path: Path, runs_dir: Path):
     """The registration at ``path``, verified (seal intact, precedes all recorded data)."""
     from bistat.declare.prereg import RegistrationError, load_registration, verify
 
+    if path.suffix.lower() == ".toml":
+        raise click.ClickException(
+            f"{path} is a declaration, not a registration; register it first: "
+            f"bistat register {path}")
     report = verify(path, runs_dirs=(runs_dir,))
     if not report.ok:
         raise click.ClickException(

@@ -54,6 +54,7 @@ __all__ = [
     "git_state",
     "registration_path",
     "register",
+    "load_declaration",
     "amend",
     "load_registration",
     "find_recorded_runs",
@@ -198,7 +199,9 @@ def registration_path(name: str, registrations_dir: str | Path = DEFAULT_REGISTR
     return Path(registrations_dir) / f"{name}.json"
 
 
-def _load_declaration(declaration_path: str | Path) -> Experiment:
+def load_declaration(declaration_path: str | Path) -> Experiment:
+    """Load and validate ``experiments/NAME.toml`` with the one rule ``register`` and ``design``
+    share: its ``name`` is its file name."""
     exp = load_experiment(declaration_path)
     stem = Path(declaration_path).stem
     if exp.name != stem:
@@ -239,7 +242,7 @@ def register(
     bistat.declare.design_report.DesignError
         ``design.cv_from`` names no usable run.
     """
-    exp = _load_declaration(declaration_path)
+    exp = load_declaration(declaration_path)
     path = registration_path(exp.name, registrations_dir)
     if path.exists():
         raise RegistrationError(
@@ -304,7 +307,7 @@ def amend(
     if not reason or not reason.strip():
         raise RegistrationError("an amendment needs a reason: --reason \"why the declaration "
                                 "changes\"")
-    exp = _load_declaration(declaration_path)
+    exp = load_declaration(declaration_path)
     path = registration_path(exp.name, registrations_dir)
     if not path.exists():
         raise RegistrationError(f"{path} does not exist; there is nothing to amend. Register "
