@@ -137,7 +137,6 @@ def test_item1_a_prompt_missing_from_a_pass_is_not_compared(complete_run, tmp_pa
     assert re.search(r"arm invariant \(treatment\): matched 7/7 ", out), out
 
 
-@pytest.mark.xfail(reason="issue 20 item 1: passes = 1 is sealed with exit 0", **XFAIL)
 def test_item1_register_refuses_fewer_than_two_passes(tmp_path, tiny_model):
     """Contract: ``passes = 1`` (no reference-arm mode exists) is refused: exit 1, a message
     naming the file and ``workload.passes``, and no registration written."""
@@ -217,8 +216,6 @@ BAD_DECLARATIONS = {
 }
 
 
-@pytest.mark.xfail(reason="issue 20 item 3: an unknown model, an engine-argument typo, a misspelt "
-                          "GEMM mode and a missing prompt file are sealed with exit 0", **XFAIL)
 @pytest.mark.parametrize("case", sorted(BAD_DECLARATIONS))
 def test_item3_register_validates_engine_arguments_model_and_prompts(tmp_path, tiny_model, case):
     """Contract: ``bistat register`` exits 1 with ``experiments/NAME.toml: <field>: ...`` naming

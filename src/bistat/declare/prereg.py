@@ -211,6 +211,40 @@ def load_declaration(declaration_path: str | Path) -> Experiment:
     return exp
 
 
+def registration_problems(exp: Experiment, declaration_path: str | Path,
+                          base_dir: str | Path | None = None) -> list[str]:
+    """What ``register`` (and ``--amend``) checks beyond the schema, one message per problem
+    naming the file, the field and the fix: at least two counted passes per arm (a comparison
+    needs two; bistat has no reference-arm mode), the engine adapter's own checks (argument
+    names and values against its schema, the model) and a ``file:`` prompt source that exists."""
+    from bistat.engines.registry import declaration_problems
+
+    problems: list[tuple[str, str]] = []
+    if exp.workload.passes < 2:
+        problems.append(("workload.passes", f"{exp.workload.passes} counted pass per arm cannot "
+                         "be compared: a comparison needs at least 2 counted passes per arm with "
+                         "each prompt present in both; set passes = 2 or more"))
+    problems += declaration_problems(exp)
+    source = exp.workload.source
+    if source.startswith("file:"):
+        raw = source[len("file:"):]
+        prompts = Path(raw)
+        if not prompts.is_absolute():
+            prompts = Path(base_dir or Path.cwd()) / prompts
+        if not prompts.is_file():
+            problems.append(("workload.source", f"prompt file {raw} does not exist ({prompts}); "
+                             "create it or fix the path (relative to the working directory)"))
+    return [f"{declaration_path}: {field}: {message}" for field, message in problems]
+
+
+def _checked_declaration(declaration_path: str | Path, base_dir: str | Path | None) -> Experiment:
+    exp = load_declaration(declaration_path)
+    problems = registration_problems(exp, declaration_path, base_dir)
+    if problems:
+        raise DeclarationError(problems)
+    return exp
+
+
 def _dump(data: dict[str, Any]) -> str:
     return json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n"
 
@@ -242,7 +276,7 @@ def register(
     bistat.declare.design_report.DesignError
         ``design.cv_from`` names no usable run.
     """
-    exp = load_declaration(declaration_path)
+    exp = _checked_declaration(declaration_path, base_dir)
     path = registration_path(exp.name, registrations_dir)
     if path.exists():
         raise RegistrationError(
@@ -307,7 +341,7 @@ def amend(
     if not reason or not reason.strip():
         raise RegistrationError("an amendment needs a reason: --reason \"why the declaration "
                                 "changes\"")
-    exp = load_declaration(declaration_path)
+    exp = _checked_declaration(declaration_path, base_dir)
     path = registration_path(exp.name, registrations_dir)
     if not path.exists():
         raise RegistrationError(f"{path} does not exist; there is nothing to amend. Register "
