@@ -723,6 +723,10 @@ def _untestable(bad_events: Sequence[tuple[str, str, str | None]],
     for a in arms:
         if not a.counted_passes:
             arm_reasons.append((a.name, f"arm {a.name}: no counted pass recorded"))
+        elif len(a.counted_passes) < 2:
+            # one pass always matches itself: comparing it would report "identical" for nothing
+            arm_reasons.append((a.name, f"arm {a.name}: only {len(a.counted_passes)} counted pass "
+                                "recorded; a comparison needs at least 2 counted passes per arm"))
         elif a.n_prompts_recorded and a.n_prompts == 0 and a.n_excluded_failed == \
                 a.n_prompts_recorded:
             arm_reasons.append((a.name, f"arm {a.name}: every prompt had a failed request"))

@@ -58,6 +58,9 @@ __all__ = [
     "amend",
     "load_registration",
     "find_recorded_runs",
+    "ledger_path",
+    "ledger_runs",
+    "note_run",
     "verify",
     "format_time",
     "parse_time",
@@ -212,11 +215,14 @@ def load_declaration(declaration_path: str | Path) -> Experiment:
 
 
 def registration_problems(exp: Experiment, declaration_path: str | Path,
-                          base_dir: str | Path | None = None) -> list[str]:
+                          base_dir: str | Path | None = None, *, check_engine: bool = True
+                          ) -> list[str]:
     """What ``register`` (and ``--amend``) checks beyond the schema, one message per problem
     naming the file, the field and the fix: at least two counted passes per arm (a comparison
     needs two; bistat has no reference-arm mode), the engine adapter's own checks (argument
-    names and values against its schema, the model) and a ``file:`` prompt source that exists."""
+    names and values against its schema, the model) and a ``file:`` prompt source that exists.
+    ``check_engine=False`` skips the adapter's checks, for a declaration analysed from records
+    written without its engine (synthetic records in tests)."""
     from bistat.engines.registry import declaration_problems
 
     problems: list[tuple[str, str]] = []
@@ -224,7 +230,8 @@ def registration_problems(exp: Experiment, declaration_path: str | Path,
         problems.append(("workload.passes", f"{exp.workload.passes} counted pass per arm cannot "
                          "be compared: a comparison needs at least 2 counted passes per arm with "
                          "each prompt present in both; set passes = 2 or more"))
-    problems += declaration_problems(exp)
+    if check_engine:
+        problems += declaration_problems(exp)
     source = exp.workload.source
     if source.startswith("file:"):
         raw = source[len("file:"):]
@@ -237,9 +244,10 @@ def registration_problems(exp: Experiment, declaration_path: str | Path,
     return [f"{declaration_path}: {field}: {message}" for field, message in problems]
 
 
-def _checked_declaration(declaration_path: str | Path, base_dir: str | Path | None) -> Experiment:
+def _checked_declaration(declaration_path: str | Path, base_dir: str | Path | None,
+                         check_engine: bool) -> Experiment:
     exp = load_declaration(declaration_path)
-    problems = registration_problems(exp, declaration_path, base_dir)
+    problems = registration_problems(exp, declaration_path, base_dir, check_engine=check_engine)
     if problems:
         raise DeclarationError(problems)
     return exp
@@ -260,6 +268,7 @@ def register(
     base_dir: str | Path | None = None,
     now: dt.datetime | None = None,
     release_check: Callable[[str], Any] | None = None,
+    check_engine: bool = True,
 ) -> tuple[Registration, DesignReport]:
     """Seal a declaration into ``registrations_dir/NAME.json``; never overwrites.
 
@@ -276,7 +285,7 @@ def register(
     bistat.declare.design_report.DesignError
         ``design.cv_from`` names no usable run.
     """
-    exp = _checked_declaration(declaration_path, base_dir)
+    exp = _checked_declaration(declaration_path, base_dir, check_engine)
     path = registration_path(exp.name, registrations_dir)
     if path.exists():
         raise RegistrationError(
@@ -326,6 +335,7 @@ def amend(
     runs_dirs: Sequence[str | Path] = (DEFAULT_RUNS_DIR,),
     base_dir: str | Path | None = None,
     now: dt.datetime | None = None,
+    check_engine: bool = True,
 ) -> tuple[Registration, DesignReport]:
     """Replace a registration's declaration, while no data has been recorded for it.
 
@@ -341,13 +351,18 @@ def amend(
     if not reason or not reason.strip():
         raise RegistrationError("an amendment needs a reason: --reason \"why the declaration "
                                 "changes\"")
-    exp = _checked_declaration(declaration_path, base_dir)
+    exp = _checked_declaration(declaration_path, base_dir, check_engine)
     path = registration_path(exp.name, registrations_dir)
     if not path.exists():
         raise RegistrationError(f"{path} does not exist; there is nothing to amend. Register "
                                 f"it first: bistat register {declaration_path}")
     old = load_registration(path)
-    runs = find_recorded_runs(old, runs_dirs)
+    # a run that recorded no data yet (its engine could not start) does not block an
+    # amendment; the ledger finds runs recorded under any --run-dir (see note_run)
+    found: dict[Path, Path] = {}
+    for r in [*find_recorded_runs(old, runs_dirs), *ledger_runs(old)]:
+        found.setdefault(r.resolve(), r)
+    runs = [r for r in found.values() if _has_data(r)]
     if runs:
         shown = ", ".join(str(r) for r in runs[:3]) + (" ..." if len(runs) > 3 else "")
         raise RegistrationError(
@@ -526,6 +541,55 @@ def find_recorded_runs(reg: Registration, runs_dirs: Iterable[str | Path]) -> li
             if run is not None and _names_registration(run, reg):
                 found.append(d)
     return found
+
+
+def ledger_path(reg_path: str | Path) -> Path:
+    """The run ledger of a registration: ``.NAME.runs`` beside ``NAME.json``, one run directory
+    (absolute path) per line, appended by ``bistat run`` as a run starts (:func:`note_run`). It
+    lets ``--amend`` find runs recorded anywhere (``--run-dir`` outside ``runs/``). Paths are
+    written relative to the registration's folder, so a copied project points at its own runs."""
+    p = Path(reg_path)
+    return p.with_name(f".{p.stem}.runs")
+
+
+def note_run(reg: Registration, run_dir: str | Path) -> None:
+    """Append ``run_dir`` to the registration's run ledger (once)."""
+    ledger = ledger_path(reg.path)
+    line = os.path.relpath(Path(run_dir).resolve(), ledger.parent.resolve())
+    known = ledger.read_text(encoding="utf-8").splitlines() if ledger.exists() else []
+    if line not in known:
+        with open(ledger, "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+
+
+def ledger_runs(reg: Registration) -> list[Path]:
+    """The run directories in the registration's ledger that still name it."""
+    ledger = ledger_path(reg.path)
+    if not ledger.exists():
+        return []
+    out = []
+    for line in ledger.read_text(encoding="utf-8").splitlines():
+        d = Path(os.path.normpath(ledger.parent / line))
+        run = _run_json(d) if line.strip() else None
+        if run is not None and _names_registration(run, reg):
+            out.append(d)
+    return out
+
+
+def _has_data(run_dir: Path) -> bool:
+    """True when the run recorded data: a response or a pass (``responses.jsonl``/``.parquet``,
+    ``passes.jsonl``). Headers alone (``run.json``, the engine's failed start in
+    ``events.jsonl``) are not data: a registration whose run never started may be amended."""
+    if (run_dir / "responses.parquet").exists():
+        return True
+    for table in ("responses.jsonl", "passes.jsonl"):
+        try:
+            with open(run_dir / table, encoding="utf-8", errors="replace") as fh:
+                if any(line.strip() for line in fh):
+                    return True
+        except OSError:
+            pass
+    return False
 
 
 def _jsonl(path: Path) -> Iterable[tuple[int, dict[str, Any]]]:
