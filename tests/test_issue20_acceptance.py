@@ -404,8 +404,6 @@ def test_item4_amendment_is_refused_when_data_is_under_runs(complete_run, tmp_pa
 # item 5: stored data checked by content
 
 
-@pytest.mark.xfail(reason="issue 20 item 5: a same-size edit of responses.jsonl after compaction is "
-                          "invisible ('Data gaps: none'); no content hash is checked", **XFAIL)
 def test_item5_a_same_size_edit_after_compaction_is_reported(complete_run, tmp_path):
     """Contract: compaction records the JSONL's content hash; a reader that finds the JSONL's
     bytes changed (same size) reports it under "Data gaps" in the finding, naming
