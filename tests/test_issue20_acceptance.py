@@ -152,9 +152,6 @@ def test_item1_register_refuses_fewer_than_two_passes(tmp_path, tiny_model):
 # item 2: an openai engine that dies mid-run interrupts the run, and --resume re-runs it
 
 
-@pytest.mark.xfail(reason="issue 20 item 2: after the server dies the remaining passes 'complete' "
-                          "with every request failed, exit 0; --resume says nothing left to run",
-                   **XFAIL)
 def test_item2_openai_server_killed_mid_run_is_interrupted_and_resumable(tmp_path, tiny_model):
     """Contract: when every request of a pass fails because the endpoint is dead (connection
     refused/reset), that pass ends ``interrupted``, no later pass runs, ``bistat run`` exits 1
