@@ -322,8 +322,6 @@ def test_item4_verify_reports_the_git_commit_that_first_holds_the_registration(g
     assert f"git: first committed in {sha}" in (root / "findings" / "sealed.md").read_text()
 
 
-@pytest.mark.xfail(reason="issue 20 item 4: a forged seal (rule rewritten, hash recomputed, time "
-                          "kept) verifies OK and is used by analyze --registration", **XFAIL)
 def test_item4_a_forged_registration_fails_verify_against_git(git_project):
     """Contract: the registration's bytes differ from every blob git holds for its path, so
     ``bistat verify`` exits 1 and names the commit whose blob differs (``git: ... <sha>``) and
@@ -342,8 +340,6 @@ def test_item4_a_forged_registration_fails_verify_against_git(git_project):
     assert rc == 1, out
 
 
-@pytest.mark.xfail(reason="issue 20 item 4: a forged registration committed after the run verifies OK",
-                   **XFAIL)
 def test_item4_a_forgery_committed_after_the_run_fails_verify(git_project):
     """Contract: the first commit holding the registration's current blob must be older than
     the run's first record; a forgery committed after the run is refused (exit 1) with a line
@@ -358,7 +354,6 @@ def test_item4_a_forgery_committed_after_the_run_fails_verify(git_project):
     assert forged in line and "after the run's first record" in line, out
 
 
-@pytest.mark.xfail(reason="issue 20 item 4: verify does not say which evidence holds", **XFAIL)
 def test_item4_outside_git_verify_says_there_is_no_git_evidence(complete_run, tmp_path):
     """Contract: outside a git repository the seal is still checked (exit 0 when intact) and
     verify prints ``no git evidence`` so the reader knows only integrity is shown."""

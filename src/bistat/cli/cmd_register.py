@@ -118,6 +118,7 @@ def register(group: click.Group) -> None:
             return
         if not report.ok:
             raise click.ClickException("\n".join(report.problems))
+        evidence = report.git.line()
         lines = [f"OK: {report.path} is intact (sha256 {report.sha256})",
                  f"  registered: {report.registered_utc}"]
         if report.amendments:
@@ -130,6 +131,7 @@ def register(group: click.Group) -> None:
                          f"(earliest {report.earliest_datum})")
         else:
             lines.append("  no recorded runs checked")
+        lines.append(f"  {evidence}")
         click.echo("\n".join(lines))
 
     @group.command("design")

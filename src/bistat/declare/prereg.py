@@ -52,6 +52,8 @@ __all__ = [
     "canonical_json",
     "sha256_hex",
     "git_state",
+    "GitEvidence",
+    "git_evidence",
     "registration_path",
     "register",
     "load_declaration",
@@ -133,6 +135,71 @@ def git_state(path: str | Path) -> dict[str, Any]:
     out = status.stdout.strip()
     state = "clean" if not out else ("untracked" if out.startswith("??") else "dirty")
     return {"commit": commit, "declaration_state": state}
+
+
+@dataclass(frozen=True)
+class GitEvidence:
+    """What git says about a registration file's current bytes (its blob).
+
+    ``status``: ``"none"`` (not in a git repository, or git missing), ``"uncommitted"`` (no
+    commit holds the path), ``"differs"`` (commits hold the path, none with these bytes:
+    ``commit`` is the newest that holds it), ``"committed"`` (``commit`` is the first commit
+    holding these exact bytes, ``time_utc`` its committer time). ``before`` compares that time
+    with the run's first record when one is given (None otherwise).
+    """
+
+    status: str
+    commit: str | None = None
+    time_utc: str | None = None
+    before: bool | None = None
+
+    def line(self) -> str:
+        """The one line ``verify`` and the finding print."""
+        if self.status == "none":
+            return "no git evidence (not in a git repository): only the seal's integrity is shown"
+        if self.status == "uncommitted":
+            return "no git evidence: the registration is not committed"
+        if self.status == "differs":
+            return (f"git: the registration differs from the blob committed in {self.commit}; "
+                    "it was changed after it was committed")
+        when = "" if self.before is None else (
+            ", before the run's first record" if self.before else ", after the run's first record")
+        return f"git: first committed in {self.commit} at {self.time_utc}{when}"
+
+    @property
+    def refutes(self) -> bool:
+        """The evidence contradicts the seal (changed after commit, or committed after data)."""
+        return self.status == "differs" or self.before is False
+
+
+def git_evidence(path: str | Path, first_record: dt.datetime | None = None) -> GitEvidence:
+    """The first commit holding ``path``'s exact current bytes, and whether it is older than
+    ``first_record`` (the run's first record): evidence of time the user cannot rewrite after
+    the fact, unlike the self-computed seal."""
+    p = Path(path).resolve()
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(p.parent), *args], capture_output=True,
+                              text=True, check=False)
+
+    try:
+        top = git("rev-parse", "--show-toplevel")
+    except OSError:
+        return GitEvidence("none")
+    if top.returncode != 0 or not p.is_file():
+        return GitEvidence("none")
+    rel = p.relative_to(Path(top.stdout.strip()).resolve()).as_posix()
+    blob = git("hash-object", "--", str(p)).stdout.strip()
+    log = git("log", "--format=%H %ct", "--reverse", "--", f":(top){rel}")
+    commits = [line.split() for line in log.stdout.splitlines() if line.strip()]
+    if log.returncode != 0 or not commits:
+        return GitEvidence("uncommitted")
+    for sha, ct in commits:
+        if git("rev-parse", f"{sha}:{rel}").stdout.strip() == blob:
+            when = dt.datetime.fromtimestamp(int(ct), dt.timezone.utc)
+            before = None if first_record is None else when < first_record
+            return GitEvidence("committed", sha, when.strftime("%Y-%m-%dT%H:%M:%SZ"), before)
+    return GitEvidence("differs", commits[-1][0])
 
 
 # --------------------------------------------------------------------------------------------
@@ -626,6 +693,7 @@ class VerifyReport:
     n_data: int
     earliest_datum: str | None
     problems: tuple[str, ...] = field(default_factory=tuple)
+    git: GitEvidence = GitEvidence("none")
 
     @property
     def ok(self) -> bool:
@@ -635,7 +703,10 @@ class VerifyReport:
         return {"path": self.path, "ok": self.ok, "sha256": self.sha256, "name": self.name,
                 "registered_utc": self.registered_utc, "sealed_utc": self.sealed_utc,
                 "amendments": self.amendments, "runs": list(self.runs), "n_data": self.n_data,
-                "earliest_datum": self.earliest_datum, "problems": list(self.problems)}
+                "earliest_datum": self.earliest_datum, "problems": list(self.problems),
+                "git": {"status": self.git.status, "commit": self.git.commit,
+                        "time_utc": self.git.time_utc, "before_first_record": self.git.before,
+                        "line": self.git.line()}}
 
 
 def verify(
@@ -719,10 +790,15 @@ def verify(
                             f"registration (sealed {sealed.get('sealed_utc')}), e.g. {late[0]}; "
                             "the registration does not precede the data (back-dated data or a "
                             "registration made after the run)")
+    evidence = git_evidence(p, None if earliest is None else earliest[0])
+    if evidence.status == "differs" and dirs:
+        problems.append(f"{p}: {evidence.line()}")
+    elif evidence.before is False:
+        problems.append(f"{p}: {evidence.line()}; the registration does not precede the data")
     return VerifyReport(
         path=str(p), sha256=data["sha256"], name=sealed.get("name"),
         registered_utc=sealed.get("registered_utc"), sealed_utc=sealed.get("sealed_utc"),
         amendments=len(sealed.get("amendments") or []), runs=tuple(str(d) for d in dirs),
         n_data=n_data, earliest_datum=None if earliest is None else earliest[1],
-        problems=tuple(problems),
+        problems=tuple(problems), git=evidence,
     )
