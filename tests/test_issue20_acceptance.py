@@ -586,8 +586,6 @@ def test_run_on_a_declaration_says_register_it_first(tmp_path, tiny_model):
     assert "not a readable registration" not in out
 
 
-@pytest.mark.xfail(reason="issue 20 also seen: no declaration reference generated from the pydantic "
-                          "models", **XFAIL)
 def test_a_declaration_reference_is_generated_and_linked():
     """Contract: ``docs/DECLARATION.md`` is the declaration reference, generated (by cog, like
     docs/CLI.md: it holds ``[[[cog`` markers) from the pydantic models, with every section and
