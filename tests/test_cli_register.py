@@ -145,12 +145,16 @@ def test_amend_and_the_refusals(cli, work):
         "\n"
         "Design analysis of 'minimal': 600 prompts,")
 
-    # data recorded: a run naming the registration; no more amendments
+    # a run naming the registration with no response yet (its engine never started) does not
+    # block an amendment (issue 20 item 3); one recorded response does
     run = Path("runs/minimal-1")
     run.mkdir(parents=True)
     (run / "run.json").write_text(json.dumps({
         "schema": "bistat.run/1", "registration": reg.reference(),
         "created_utc": "2026-03-01T12:10:00.000000Z"}))
+    assert prereg._has_data(run) is False
+    (run / "responses.jsonl").write_text('{"schema": "bistat.responses/1"}\n')
+    assert prereg._has_data(run) is True
     f.write_text(f.read_text().replace("n_prompts = 600", "n_prompts = 700"))
     result = invoke(cli, ["register", "--amend", "--reason", "even more",
                           "experiments/minimal.toml"], ok=False)
@@ -170,7 +174,8 @@ def test_verify_ok_tampered_and_back_dated(cli, work):
     assert result.output == (
         f"OK: preregistrations/minimal.json is intact (sha256 {reg.sha256})\n"
         "  registered: 2026-03-01T12:00:00.000000Z\n"
-        "  no recorded runs checked\n")
+        "  no recorded runs checked\n"
+        "  no git evidence (not in a git repository): only the seal's integrity is shown\n")
 
     run = Path("runs/minimal-1")
     run.mkdir(parents=True)
@@ -185,7 +190,8 @@ def test_verify_ok_tampered_and_back_dated(cli, work):
         f"OK: preregistrations/minimal.json is intact (sha256 {reg.sha256})\n"
         "  registered: 2026-03-01T12:00:00.000000Z\n"
         "  1 run, 2 timed records, all after the registration (earliest "
-        "2026-03-01T12:10:00.000000Z)\n")
+        "2026-03-01T12:10:00.000000Z)\n"
+        "  no git evidence (not in a git repository): only the seal's integrity is shown\n")
 
     # back-dated: a datum older than the registration
     (run / "schedule.jsonl").write_text(json.dumps(

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from bistat.engines.base import GenerationRequest
+from bistat.engines.base import EngineError, GenerationRequest
 from bistat.engines.openai_http import OpenAIHTTPEngine
 from bistat.engines.serve.server import BackgroundServer
 
@@ -110,21 +110,28 @@ def test_each_fault_gives_the_right_outcome_and_attempt_count(scripted):
     assert wall < 5
 
 
-def test_unreachable_server_mid_pass_fails_every_request_without_hanging(scripted):
+def test_unreachable_server_mid_pass_fails_every_request_then_interrupts_the_pass(scripted):
+    """Every request fails (each result delivered), then the pass raises EngineError because
+    the endpoint is dead (issue 20 item 2): the runner ends it *interrupted*, resumable."""
     srv, _ = scripted
     eng = OpenAIHTTPEngine(srv.url, retries=1, backoff_s=0.01, request_timeout_s=1)
     eng.start()
     srv.stop()
-    by_id, _, wall = _pass(eng, [OK] * 6)
-    assert [r.attempts for r in by_id.values()] == [2] * 6
-    assert all(r.error.startswith("after 2 attempt(s): ConnectError") for r in by_id.values())
-    assert wall < 5
+    results = []
+    reqs = [GenerationRequest(prompt_id=f"{OK}-{i}", prompt=[OK], max_tokens=3) for i in range(6)]
+    t0 = time.monotonic()
+    with pytest.raises(EngineError, match=r"stopped answering: 6 request\(s\) of this pass failed "
+                                          r"at the endpoint and /v1/models fails \(ConnectError"):
+        eng.run_pass(reqs, concurrency=4, on_result=results.append, on_metrics=lambda s: None)
+    assert time.monotonic() - t0 < 5
+    assert [r.attempts for r in results] == [2] * 6
+    assert all(r.error.startswith("after 2 attempt(s): ConnectError") for r in results)
 
 
 HELPER = Path(__file__).with_name("helpers_serve.py")
 
 
-def test_server_killed_mid_pass_keeps_finished_results_and_fails_the_rest(tmp_path):
+def test_server_killed_mid_pass_keeps_finished_results_fails_the_rest_and_interrupts(tmp_path):
     pidfile = tmp_path / "pid"
     env = {**os.environ, "FAKE_VLLM_PIDFILE": str(pidfile)}
     from bistat.engines.vllm_server import _free_port
@@ -156,7 +163,8 @@ def test_server_killed_mid_pass_keeps_finished_results_and_fails_the_rest(tmp_pa
         reqs += [GenerationRequest(prompt_id=f"l{i}", prompt=[41, i], max_tokens=400)
                  for i in range(6)]
         t0 = time.monotonic()
-        eng.run_pass(reqs, concurrency=11, on_result=on_result, on_metrics=lambda s: None)
+        with pytest.raises(EngineError, match="stopped answering: 6 request"):  # issue 20 item 2
+            eng.run_pass(reqs, concurrency=11, on_result=on_result, on_metrics=lambda s: None)
         assert time.monotonic() - t0 < 20
     finally:
         try:

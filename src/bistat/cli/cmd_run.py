@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -52,6 +53,10 @@ def _load_sealed(path: Path, runs_dir: Path):
     """The registration at ``path``, verified (seal intact, precedes all recorded data)."""
     from bistat.declare.prereg import RegistrationError, load_registration, verify
 
+    if path.suffix.lower() == ".toml":
+        raise click.ClickException(
+            f"{path} is a declaration, not a registration; register it first: "
+            f"bistat register {path}")
     report = verify(path, runs_dirs=(runs_dir,))
     if not report.ok:
         raise click.ClickException(
@@ -112,7 +117,9 @@ def _finish(outcome, registration, fail_on: frozenset[str]) -> None:
     if outcome.status == "untested":
         click.echo(f"run untested: {outcome.detail}", err=True)
         click.echo(f"data kept in {run_dir}; the finding will say untested: bistat analyze {run_dir}")
-        sys.exit(_summarise(run_dir, registration, fail_on))
+        # an engine that could not start (or refused its setting) is a failed run: non-zero even
+        # without --fail-on, whose own code wins when it names the verdict
+        sys.exit(_summarise(run_dir, registration, fail_on) or ERROR)
     what = "interrupted" if outcome.status == "interrupted" else "stopped"
     click.echo(f"run {what}: {outcome.detail}", err=True)
     click.echo(f"data kept in {run_dir}; continue with: bistat run --resume {run_dir}", err=True)
@@ -198,13 +205,52 @@ def run_command(registration: Path | None, resume_dir: Path | None, runs_dir: Pa
                 )
             busy = _gpu_busy(experiment, allow_busy_gpu)
             click.echo(f"running {experiment.name} into {target}")
+            from bistat.declare.prereg import note_run
+
+            note_run(reg, target)
             outcome = start_run(experiment, reg.reference(), target, reporter=reporter,
                                 gpu_busy=busy, allow_busy_gpu=allow_busy_gpu)
     except GpuBusyError as exc:
         raise click.ClickException(exc.explain("--allow-busy-gpu")) from exc
     except (WorkloadError, RecordsError, ResumeError) as exc:
         raise click.ClickException(str(exc)) from exc
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+        _disk_full(resume_dir if resume_dir is not None else target, exc)
     _finish(outcome, reg, fail_labels)
+
+
+def _disk_full(run_dir: Path, exc: OSError) -> None:
+    """A write failed for lack of space: say what was kept, the free space and how to resume,
+    and exit 1 (no traceback). Records are appended whole lines at a time, so every line written
+    before stays readable; a line cut by the failure is skipped on reading and re-run on resume."""
+    import shutil
+
+    from bistat.store.records import read_jsonl
+
+    try:
+        kept = len(read_jsonl(run_dir / "responses.jsonl")[0])
+    except Exception:  # noqa: BLE001 - the count is informative; the message must still come
+        kept = 0
+    try:
+        free = _size(shutil.disk_usage(run_dir).free)
+    except OSError:
+        free = "unknown"
+    click.echo(f"run stopped: no space left on device (disk full) writing under {run_dir}: "
+               f"{exc.strerror or exc}", err=True)
+    click.echo(f"kept {kept} response(s) in {run_dir / 'responses.jsonl'}; free space there now: "
+               f"{free}", err=True)
+    click.echo(f"free some space, then continue with: bistat run --resume {run_dir}", err=True)
+    sys.exit(ERROR)
+
+
+def _size(n: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}" if unit != "bytes" else f"{int(n)} bytes"
+        n /= 1024
+    return f"{n:.1f} TiB"
 
 
 @click.command("probe", epilog=PROBE_EXIT_CODES)

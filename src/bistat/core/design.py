@@ -40,7 +40,9 @@ import operator
 from collections.abc import Callable
 
 import numpy as np
-from scipy import stats as _sps
+from bistat.core.lazy import lazy_module
+
+_sps = lazy_module("scipy.stats")
 
 from bistat.core.stats import (  # one validation for both modules
     MCNEMAR_EXACT_BELOW,

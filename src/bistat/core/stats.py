@@ -25,11 +25,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats as _sps
-from statsmodels.stats.contingency_tables import mcnemar as _sm_mcnemar
-from statsmodels.stats.proportion import confint_proportions_2indep as _sm_confint_2indep
-from statsmodels.stats.proportion import proportion_confint as _sm_proportion_confint
-from statsmodels.stats.weightstats import ttost_ind as _sm_ttost_ind
+
+from bistat.core.lazy import lazy_function, lazy_module
+
+_sps = lazy_module("scipy.stats")
+_sm_mcnemar = lazy_function("statsmodels.stats.contingency_tables", "mcnemar")
+_sm_confint_2indep = lazy_function("statsmodels.stats.proportion", "confint_proportions_2indep")
+_sm_proportion_confint = lazy_function("statsmodels.stats.proportion", "proportion_confint")
+_sm_ttost_ind = lazy_function("statsmodels.stats.weightstats", "ttost_ind")
 
 __all__ = [
     "ALTERNATIVES",

@@ -37,7 +37,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from scipy import stats as _sps
+from bistat.core.lazy import lazy_module
+
+_sps = lazy_module("scipy.stats")
 
 from bistat.core import design, stats
 from bistat.declare.experiment import Experiment

@@ -52,11 +52,17 @@ __all__ = [
     "canonical_json",
     "sha256_hex",
     "git_state",
+    "GitEvidence",
+    "git_evidence",
     "registration_path",
     "register",
+    "load_declaration",
     "amend",
     "load_registration",
     "find_recorded_runs",
+    "ledger_path",
+    "ledger_runs",
+    "note_run",
     "verify",
     "format_time",
     "parse_time",
@@ -131,6 +137,71 @@ def git_state(path: str | Path) -> dict[str, Any]:
     return {"commit": commit, "declaration_state": state}
 
 
+@dataclass(frozen=True)
+class GitEvidence:
+    """What git says about a registration file's current bytes (its blob).
+
+    ``status``: ``"none"`` (not in a git repository, or git missing), ``"uncommitted"`` (no
+    commit holds the path), ``"differs"`` (commits hold the path, none with these bytes:
+    ``commit`` is the newest that holds it), ``"committed"`` (``commit`` is the first commit
+    holding these exact bytes, ``time_utc`` its committer time). ``before`` compares that time
+    with the run's first record when one is given (None otherwise).
+    """
+
+    status: str
+    commit: str | None = None
+    time_utc: str | None = None
+    before: bool | None = None
+
+    def line(self) -> str:
+        """The one line ``verify`` and the finding print."""
+        if self.status == "none":
+            return "no git evidence (not in a git repository): only the seal's integrity is shown"
+        if self.status == "uncommitted":
+            return "no git evidence: the registration is not committed"
+        if self.status == "differs":
+            return (f"git: the registration differs from the blob committed in {self.commit}; "
+                    "it was changed after it was committed")
+        when = "" if self.before is None else (
+            ", before the run's first record" if self.before else ", after the run's first record")
+        return f"git: first committed in {self.commit} at {self.time_utc}{when}"
+
+    @property
+    def refutes(self) -> bool:
+        """The evidence contradicts the seal (changed after commit, or committed after data)."""
+        return self.status == "differs" or self.before is False
+
+
+def git_evidence(path: str | Path, first_record: dt.datetime | None = None) -> GitEvidence:
+    """The first commit holding ``path``'s exact current bytes, and whether it is older than
+    ``first_record`` (the run's first record): evidence of time the user cannot rewrite after
+    the fact, unlike the self-computed seal."""
+    p = Path(path).resolve()
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(p.parent), *args], capture_output=True,
+                              text=True, check=False)
+
+    try:
+        top = git("rev-parse", "--show-toplevel")
+    except OSError:
+        return GitEvidence("none")
+    if top.returncode != 0 or not p.is_file():
+        return GitEvidence("none")
+    rel = p.relative_to(Path(top.stdout.strip()).resolve()).as_posix()
+    blob = git("hash-object", "--", str(p)).stdout.strip()
+    log = git("log", "--format=%H %ct", "--reverse", "--", f":(top){rel}")
+    commits = [line.split() for line in log.stdout.splitlines() if line.strip()]
+    if log.returncode != 0 or not commits:
+        return GitEvidence("uncommitted")
+    for sha, ct in commits:
+        if git("rev-parse", f"{sha}:{rel}").stdout.strip() == blob:
+            when = dt.datetime.fromtimestamp(int(ct), dt.timezone.utc)
+            before = None if first_record is None else when < first_record
+            return GitEvidence("committed", sha, when.strftime("%Y-%m-%dT%H:%M:%SZ"), before)
+    return GitEvidence("differs", commits[-1][0])
+
+
 # --------------------------------------------------------------------------------------------
 # the registration
 
@@ -198,13 +269,54 @@ def registration_path(name: str, registrations_dir: str | Path = DEFAULT_REGISTR
     return Path(registrations_dir) / f"{name}.json"
 
 
-def _load_declaration(declaration_path: str | Path) -> Experiment:
+def load_declaration(declaration_path: str | Path) -> Experiment:
+    """Load and validate ``experiments/NAME.toml`` with the one rule ``register`` and ``design``
+    share: its ``name`` is its file name."""
     exp = load_experiment(declaration_path)
     stem = Path(declaration_path).stem
     if exp.name != stem:
         raise DeclarationError([f"{declaration_path}: name: {exp.name!r} differs from the file "
                                 f"name {stem!r}; rename the file to {exp.name}.toml or set "
                                 f"name = \"{stem}\""])
+    return exp
+
+
+def registration_problems(exp: Experiment, declaration_path: str | Path,
+                          base_dir: str | Path | None = None, *, check_engine: bool = True
+                          ) -> list[str]:
+    """What ``register`` (and ``--amend``) checks beyond the schema, one message per problem
+    naming the file, the field and the fix: at least two counted passes per arm (a comparison
+    needs two; bistat has no reference-arm mode), the engine adapter's own checks (argument
+    names and values against its schema, the model) and a ``file:`` prompt source that exists.
+    ``check_engine=False`` skips the adapter's checks, for a declaration analysed from records
+    written without its engine (synthetic records in tests)."""
+    from bistat.engines.registry import declaration_problems
+
+    problems: list[tuple[str, str]] = []
+    if exp.workload.passes < 2:
+        problems.append(("workload.passes", f"{exp.workload.passes} counted pass per arm cannot "
+                         "be compared: a comparison needs at least 2 counted passes per arm with "
+                         "each prompt present in both; set passes = 2 or more"))
+    if check_engine:
+        problems += declaration_problems(exp)
+    source = exp.workload.source
+    if source.startswith("file:"):
+        raw = source[len("file:"):]
+        prompts = Path(raw)
+        if not prompts.is_absolute():
+            prompts = Path(base_dir or Path.cwd()) / prompts
+        if not prompts.is_file():
+            problems.append(("workload.source", f"prompt file {raw} does not exist ({prompts}); "
+                             "create it or fix the path (relative to the working directory)"))
+    return [f"{declaration_path}: {field}: {message}" for field, message in problems]
+
+
+def _checked_declaration(declaration_path: str | Path, base_dir: str | Path | None,
+                         check_engine: bool) -> Experiment:
+    exp = load_declaration(declaration_path)
+    problems = registration_problems(exp, declaration_path, base_dir, check_engine=check_engine)
+    if problems:
+        raise DeclarationError(problems)
     return exp
 
 
@@ -223,6 +335,7 @@ def register(
     base_dir: str | Path | None = None,
     now: dt.datetime | None = None,
     release_check: Callable[[str], Any] | None = None,
+    check_engine: bool = True,
 ) -> tuple[Registration, DesignReport]:
     """Seal a declaration into ``registrations_dir/NAME.json``; never overwrites.
 
@@ -239,7 +352,7 @@ def register(
     bistat.declare.design_report.DesignError
         ``design.cv_from`` names no usable run.
     """
-    exp = _load_declaration(declaration_path)
+    exp = _checked_declaration(declaration_path, base_dir, check_engine)
     path = registration_path(exp.name, registrations_dir)
     if path.exists():
         raise RegistrationError(
@@ -289,6 +402,7 @@ def amend(
     runs_dirs: Sequence[str | Path] = (DEFAULT_RUNS_DIR,),
     base_dir: str | Path | None = None,
     now: dt.datetime | None = None,
+    check_engine: bool = True,
 ) -> tuple[Registration, DesignReport]:
     """Replace a registration's declaration, while no data has been recorded for it.
 
@@ -304,13 +418,18 @@ def amend(
     if not reason or not reason.strip():
         raise RegistrationError("an amendment needs a reason: --reason \"why the declaration "
                                 "changes\"")
-    exp = _load_declaration(declaration_path)
+    exp = _checked_declaration(declaration_path, base_dir, check_engine)
     path = registration_path(exp.name, registrations_dir)
     if not path.exists():
         raise RegistrationError(f"{path} does not exist; there is nothing to amend. Register "
                                 f"it first: bistat register {declaration_path}")
     old = load_registration(path)
-    runs = find_recorded_runs(old, runs_dirs)
+    # a run that recorded no data yet (its engine could not start) does not block an
+    # amendment; the ledger finds runs recorded under any --run-dir (see note_run)
+    found: dict[Path, Path] = {}
+    for r in [*find_recorded_runs(old, runs_dirs), *ledger_runs(old)]:
+        found.setdefault(r.resolve(), r)
+    runs = [r for r in found.values() if _has_data(r)]
     if runs:
         shown = ", ".join(str(r) for r in runs[:3]) + (" ..." if len(runs) > 3 else "")
         raise RegistrationError(
@@ -491,6 +610,55 @@ def find_recorded_runs(reg: Registration, runs_dirs: Iterable[str | Path]) -> li
     return found
 
 
+def ledger_path(reg_path: str | Path) -> Path:
+    """The run ledger of a registration: ``.NAME.runs`` beside ``NAME.json``, one run directory
+    (absolute path) per line, appended by ``bistat run`` as a run starts (:func:`note_run`). It
+    lets ``--amend`` find runs recorded anywhere (``--run-dir`` outside ``runs/``). Paths are
+    written relative to the registration's folder, so a copied project points at its own runs."""
+    p = Path(reg_path)
+    return p.with_name(f".{p.stem}.runs")
+
+
+def note_run(reg: Registration, run_dir: str | Path) -> None:
+    """Append ``run_dir`` to the registration's run ledger (once)."""
+    ledger = ledger_path(reg.path)
+    line = os.path.relpath(Path(run_dir).resolve(), ledger.parent.resolve())
+    known = ledger.read_text(encoding="utf-8").splitlines() if ledger.exists() else []
+    if line not in known:
+        with open(ledger, "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+
+
+def ledger_runs(reg: Registration) -> list[Path]:
+    """The run directories in the registration's ledger that still name it."""
+    ledger = ledger_path(reg.path)
+    if not ledger.exists():
+        return []
+    out = []
+    for line in ledger.read_text(encoding="utf-8").splitlines():
+        d = Path(os.path.normpath(ledger.parent / line))
+        run = _run_json(d) if line.strip() else None
+        if run is not None and _names_registration(run, reg):
+            out.append(d)
+    return out
+
+
+def _has_data(run_dir: Path) -> bool:
+    """True when the run recorded data: a response or a pass (``responses.jsonl``/``.parquet``,
+    ``passes.jsonl``). Headers alone (``run.json``, the engine's failed start in
+    ``events.jsonl``) are not data: a registration whose run never started may be amended."""
+    if (run_dir / "responses.parquet").exists():
+        return True
+    for table in ("responses.jsonl", "passes.jsonl"):
+        try:
+            with open(run_dir / table, encoding="utf-8", errors="replace") as fh:
+                if any(line.strip() for line in fh):
+                    return True
+        except OSError:
+            pass
+    return False
+
+
 def _jsonl(path: Path) -> Iterable[tuple[int, dict[str, Any]]]:
     try:
         yield from iter_jsonl_strict(path)
@@ -525,6 +693,7 @@ class VerifyReport:
     n_data: int
     earliest_datum: str | None
     problems: tuple[str, ...] = field(default_factory=tuple)
+    git: GitEvidence = GitEvidence("none")
 
     @property
     def ok(self) -> bool:
@@ -534,7 +703,10 @@ class VerifyReport:
         return {"path": self.path, "ok": self.ok, "sha256": self.sha256, "name": self.name,
                 "registered_utc": self.registered_utc, "sealed_utc": self.sealed_utc,
                 "amendments": self.amendments, "runs": list(self.runs), "n_data": self.n_data,
-                "earliest_datum": self.earliest_datum, "problems": list(self.problems)}
+                "earliest_datum": self.earliest_datum, "problems": list(self.problems),
+                "git": {"status": self.git.status, "commit": self.git.commit,
+                        "time_utc": self.git.time_utc, "before_first_record": self.git.before,
+                        "line": self.git.line()}}
 
 
 def verify(
@@ -618,10 +790,15 @@ def verify(
                             f"registration (sealed {sealed.get('sealed_utc')}), e.g. {late[0]}; "
                             "the registration does not precede the data (back-dated data or a "
                             "registration made after the run)")
+    evidence = git_evidence(p, None if earliest is None else earliest[0])
+    if evidence.status == "differs" and dirs:
+        problems.append(f"{p}: {evidence.line()}")
+    elif evidence.before is False:
+        problems.append(f"{p}: {evidence.line()}; the registration does not precede the data")
     return VerifyReport(
         path=str(p), sha256=data["sha256"], name=sealed.get("name"),
         registered_utc=sealed.get("registered_utc"), sealed_utc=sealed.get("sealed_utc"),
         amendments=len(sealed.get("amendments") or []), runs=tuple(str(d) for d in dirs),
         n_data=n_data, earliest_datum=None if earliest is None else earliest[1],
-        problems=tuple(problems),
+        problems=tuple(problems), git=evidence,
     )

@@ -45,7 +45,12 @@ _RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 
 
 class _Retryable(Exception):
-    """A failed attempt worth repeating."""
+    """A failed attempt worth repeating; ``dead_endpoint`` when the endpoint itself failed (the
+    connection was refused or reset, or it answered 5xx), not the request."""
+
+    def __init__(self, message: str, dead_endpoint: bool = False) -> None:
+        super().__init__(message)
+        self.dead_endpoint = dead_endpoint
 
 
 class _Fatal(Exception):
@@ -179,6 +184,7 @@ class OpenAIHTTPEngine:
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
         self.model = model
         self.retries = retries
+        self._dead_endpoint_failures = 0
         self.backoff_s = backoff_s
         self.request_timeout_s = request_timeout_s
         self.metrics_interval_s = metrics_interval_s
@@ -292,11 +298,14 @@ class OpenAIHTTPEngine:
         try:
             resp = await client.post(path, json=body)
         except httpx.HTTPError as exc:  # transport errors and timeouts
-            raise _Retryable(f"{type(exc).__name__}: {exc}") from exc
+            dead = (isinstance(exc, httpx.TransportError)
+                    and not isinstance(exc, httpx.TimeoutException))
+            raise _Retryable(f"{type(exc).__name__}: {exc}", dead_endpoint=dead) from exc
         if resp.status_code != 200:
             detail = resp.text[:300]
             if resp.status_code in _RETRY_STATUS:
-                raise _Retryable(f"HTTP {resp.status_code}: {detail}")
+                raise _Retryable(f"HTTP {resp.status_code}: {detail}",
+                                 dead_endpoint=resp.status_code >= 500)
             raise _Fatal(f"HTTP {resp.status_code}: {detail}")
         try:
             data = json.loads(resp.content)
@@ -327,6 +336,8 @@ class OpenAIHTTPEngine:
                 except _Retryable as exc:
                     error = str(exc)
                     if attempts > self.retries:
+                        if exc.dead_endpoint:
+                            self._dead_endpoint_failures += 1
                         break
                     await asyncio.sleep(min(10.0, self.backoff_s * 2 ** (attempts - 1)))
             t_done = time.monotonic() - t0
@@ -467,6 +478,7 @@ class OpenAIHTTPEngine:
         if self.model is None:
             raise EngineStartError("call start() before run_pass()")
         t0 = time.monotonic()
+        self._dead_endpoint_failures = 0
         limits = httpx.Limits(max_connections=concurrency + 1,
                               max_keepalive_connections=concurrency + 1)
         timeout = httpx.Timeout(self.request_timeout_s)
@@ -483,10 +495,32 @@ class OpenAIHTTPEngine:
                 done.set()
                 if sampler is not None:
                     await sampler
+            if self._dead_endpoint_failures:
+                await self._check_alive(client)
             if sampler is not None:  # a last sample: the pass's final counters
                 sample = await self._sample(client, t0)
                 if sample is not None:
                     on_metrics(sample)
+
+    async def _check_alive(self, client: httpx.AsyncClient) -> None:
+        """After a pass whose requests failed at the endpoint (connection refused or reset, 5xx
+        after every retry): raise :class:`EngineError` when the server is gone (``/v1/models``
+        fails the same way), so the runner ends the pass *interrupted* and ``--resume`` re-runs
+        it; a server that answers again keeps the failures as flagged requests."""
+        n = self._dead_endpoint_failures
+        try:
+            resp = await client.get("/v1/models", timeout=min(5.0, self.request_timeout_s))
+        except httpx.TimeoutException:
+            return
+        except httpx.TransportError as exc:
+            why = f"{type(exc).__name__}: {exc}"
+        else:
+            if resp.status_code < 500:
+                return
+            why = f"HTTP {resp.status_code}"
+        raise EngineError(f"the server at {self.base_url} stopped answering: {n} request(s) of "
+                          f"this pass failed at the endpoint and /v1/models fails ({why}); the "
+                          "pass is interrupted; restart the server and resume the run")
 
     def run_pass(self, requests: Sequence[GenerationRequest], *, concurrency: int,
                  on_result: Callable[[GenerationResult], None],

@@ -17,6 +17,7 @@ from typing import Any
 from bistat.engines.base import NO_CAPABILITIES, Engine, EngineCapabilities, EngineStartError
 
 __all__ = ["ADAPTERS", "ENGINE_KINDS", "adapter_class", "capabilities", "create_engine",
+           "declaration_problems",
            "register_adapter"]
 
 #: kind -> "module:Class" (imported on first use)
@@ -60,6 +61,19 @@ def capabilities(kind: str) -> EngineCapabilities:
     except (ValueError, EngineStartError):
         return NO_CAPABILITIES
     return getattr(cls, "capabilities", NO_CAPABILITIES)
+
+
+def declaration_problems(experiment: Any) -> list[tuple[str, str]]:
+    """``(field, message)`` for what the adapter of ``experiment.engine.kind`` can tell is wrong
+    with the declaration before any run (its ``declaration_problems`` classmethod: argument names
+    against its schema, argument values, the model); none when the adapter checks nothing or
+    cannot be imported here (the run then reports it)."""
+    try:
+        cls = adapter_class(experiment.engine.kind)
+    except (ValueError, EngineStartError):
+        return []
+    check = getattr(cls, "declaration_problems", None)
+    return list(check(experiment)) if callable(check) else []
 
 
 def adapter_class(kind: str) -> type:

@@ -58,7 +58,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy import stats as sps
+from bistat.core.lazy import lazy_module
+
+sps = lazy_module("scipy.stats")
 
 from bistat.store import records
 from bistat.analysis.activation import log_markers

@@ -79,6 +79,18 @@ def _resolve(name_or_path: str | Path) -> tuple[Path, str | None]:
     raise UnknownModelError(f"unknown model {text!r}; expected one of {known}, or the path of a model folder")
 
 
+def model_problem(name_or_path: str | Path) -> str | None:
+    """Why ``name_or_path`` can never load (not a registered name, not a model folder), or None.
+    A registered model that is not fetched yet is no problem: ``bistat model fetch`` fetches it."""
+    try:
+        _resolve(name_or_path)
+    except ModelNotCachedError:
+        return None
+    except UnknownModelError as exc:
+        return str(exc)
+    return None
+
+
 def _read_config_and_tokenizer(folder: Path, fix: str) -> tuple[ModelConfig, Tokenizer]:
     path = folder / cache.CONFIG_FILE
     try:

@@ -496,17 +496,48 @@ def _parquet_meta(path: Path) -> dict[str, str]:
             if k.startswith(_META_PREFIX)}
 
 
-def _parquet_is_complete(run_dir: Path, table: str) -> bool:
+def file_sha256(path: Path, size: int | None = None) -> str:
+    """SHA-256 (hex) of a file's first ``size`` bytes (all when None)."""
+    h = hashlib.sha256()
+    left = path.stat().st_size if size is None else size
+    with open(path, "rb") as fh:
+        while left > 0:
+            block = fh.read(min(left, 1 << 20))
+            if not block:
+                break
+            h.update(block)
+            left -= len(block)
+    return h.hexdigest()
+
+
+def _parquet_state(run_dir: Path, table: str) -> tuple[bool, str | None]:
+    """Whether ``<table>.parquet`` is what a read uses, and why not when the JSONL's content
+    changed behind it: the JSONL has the size recorded at compaction but not the content hash
+    (``source_sha256``; compactions before it was recorded are checked by size only)."""
     pq_path = run_dir / f"{table}.parquet"
     if not pq_path.exists():
-        return False
+        return False, None
     meta = _parquet_meta(pq_path)
     if meta.get("schema") != table_schema(table):
-        return False
+        return False, None
     jsonl = run_dir / f"{table}.jsonl"
     if not jsonl.exists():
-        return True
-    return str(jsonl.stat().st_size) == meta.get("source_bytes")
+        return True, None
+    if str(jsonl.stat().st_size) != meta.get("source_bytes"):
+        return False, None
+    recorded = meta.get("source_sha256")
+    if recorded is None:
+        return True, None
+    actual = file_sha256(jsonl)
+    if actual == recorded:
+        return True, None
+    return False, (f"{jsonl}: content changed since compaction (sha256 {actual}, recorded "
+                   f"{recorded} at compaction, same size); the JSONL was read, not "
+                   f"{pq_path.name}: check which one holds the recorded data")
+
+
+def _parquet_is_complete(run_dir: Path, table: str) -> bool:
+    return _parquet_state(run_dir, table)[0]
 
 
 def load_table(run_dir: str | os.PathLike, table: str, columns: Sequence[str] | None = None, *,
@@ -537,14 +568,15 @@ def load_table(run_dir: str | os.PathLike, table: str, columns: Sequence[str] | 
     run_dir = Path(run_dir)
     cols = list(columns) if columns is not None else None
     flt = {k: frozenset(v) for k, v in (filters or {}).items()}
-    if _parquet_is_complete(run_dir, table):
+    complete, changed = _parquet_state(run_dir, table)
+    if complete:
         return _load_parquet(run_dir / f"{table}.parquet", table, cols, flt)
     path = run_dir / f"{table}.jsonl"
     if not path.exists():
         return TableRead(_records_to_frame([], table, cols or []), (), "absent")
     want = None if cols is None else sorted(set(cols) | set(flt))
     parts: list[pd.DataFrame] = []
-    gaps: list[str] = []
+    gaps: list[str] = [changed] if changed else []
     for records, chunk_gaps in _parse_lines(path, want, chunk=200_000):
         gaps.extend(chunk_gaps)
         if flt:
@@ -752,10 +784,11 @@ def _records_to_arrow(records: list[dict], schema: pa.Schema, json_cols: Sequenc
 
 
 def _source_meta(table: str, size: int, n_rows: int, json_cols: Sequence[str],
-                 gaps: Sequence[str]) -> dict[str, str]:
+                 gaps: Sequence[str], sha256: str) -> dict[str, str]:
     return {
         "bistat.schema": table_schema(table),
         "bistat.source_bytes": str(size),
+        "bistat.source_sha256": sha256,
         "bistat.source_records": str(n_rows),
         "bistat.json_columns": json.dumps(list(json_cols)),
         "bistat.gaps": json.dumps(list(gaps)),
@@ -780,7 +813,8 @@ def _compact_table(run_dir: Path, table: str, src: Path) -> Path:
                 continue
             writer.write_table(_records_to_arrow(records, schema, json_cols, src))
             n_rows += len(records)
-        writer.add_key_value_metadata(_source_meta(table, size, n_rows, json_cols, gaps))
+        writer.add_key_value_metadata(_source_meta(table, size, n_rows, json_cols, gaps,
+                                                   file_sha256(src, size)))
     os.replace(tmp, dst)
     return dst
 
@@ -902,7 +936,8 @@ def _compact_responses_slim(run_dir: Path, src: Path, top_k: int | None) -> list
         light_tbl = light_tbl.append_column(
             "payload_sha256", pa.array([k[0] for k in resp_row_key], type=pa.string()))
     light_tbl = light_tbl.replace_schema_metadata({
-        **_source_meta("responses", size, n_rows, json_cols, gaps), **common,
+        **_source_meta("responses", size, n_rows, json_cols, gaps, file_sha256(src, size)),
+        **common,
         "bistat.layout": "slim",
         "bistat.columns": json.dumps(fields),
         "bistat.outputs_file": OUTPUTS_FILE,

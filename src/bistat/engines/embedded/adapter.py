@@ -93,6 +93,31 @@ class EmbeddedEngineAdapter:
         self.engine: Any = None
         self.pass_step_log: list[tuple[float, int]] = []
 
+    @classmethod
+    def declaration_problems(cls, experiment: Any) -> list[tuple[str, str]]:
+        """What registration can check before any run: ``(field, message with the fix)`` for
+        every unknown argument (in the table it was written in), a GEMM mode that is not one of
+        ``ops.GEMM_MODES`` and a model that is neither a registered name nor a model folder (a
+        registered model not yet fetched is fine: it is fetched before the run)."""
+        from bistat.engines.embedded.ops import GEMM_MODES
+        from bistat.model.loader import model_problem
+
+        problems: list[tuple[str, str]] = []
+        tables = [("engine.args", dict(experiment.engine.args))]
+        tables += [(f"arms[{i}].args", dict(arm.args)) for i, arm in enumerate(experiment.arms)]
+        for table, args in tables:
+            for key in sorted(set(args) - set(ENGINE_ARGS)):
+                problems.append((f"{table}.{key}", f"unknown embedded-engine argument {key!r}; "
+                                 f"expected one of {list(ENGINE_ARGS)}"))
+            if "gemm" in args and args["gemm"] not in GEMM_MODES:
+                modes = " or ".join(repr(m) for m in GEMM_MODES)
+                problems.append((f"{table}.gemm", f"unknown GEMM mode {args['gemm']!r}; expected "
+                                 f"{modes}"))
+        problem = model_problem(str(experiment.engine.model))
+        if problem is not None:
+            problems.append(("engine.model", problem))
+        return problems
+
     def _table(self, key: str) -> str:
         """The declaration table an argument came from: the arm's ``args`` override
         ``engine.args``."""

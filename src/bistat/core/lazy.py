@@ -1,0 +1,44 @@
+"""Deferred imports of the heavy numeric libraries (scipy, statsmodels).
+
+``bistat --help`` and every command that never computes a statistic must start without loading
+them (they take seconds to import); a module binds ``lazy_module("scipy.stats")`` or
+``lazy_function("statsmodels.stats.proportion", "proportion_confint")`` at import time and the real
+import happens on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import Any, Callable
+
+
+class _LazyModule:
+    """Stands for a module; the first attribute access imports it."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._module: ModuleType | None = None
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("_"):
+            raise AttributeError(attr)
+        if self._module is None:
+            self._module = importlib.import_module(self._name)
+        return getattr(self._module, attr)
+
+
+def lazy_module(name: str) -> Any:
+    """A stand-in for ``import name`` whose import happens on first attribute access."""
+    return _LazyModule(name)
+
+
+def lazy_function(module: str, name: str) -> Callable[..., Any]:
+    """A stand-in for ``from module import name`` (a callable) imported on first call."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(importlib.import_module(module), name)(*args, **kwargs)
+
+    call.__name__ = name
+    call.__qualname__ = name
+    return call
