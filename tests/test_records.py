@@ -10,6 +10,7 @@ import threading
 import numpy as np
 import pandas as pd
 import pytest
+import pyarrow.parquet as pq
 
 from bistat.store import records
 from bistat.store.records import RecordsError, RunWriter
@@ -280,3 +281,31 @@ def test_a_same_size_edit_after_compaction_is_a_gap_and_the_jsonl_is_read(tmp_pa
     (gap,) = read.gaps
     assert gap.startswith(f"{path}: content changed since compaction (sha256 "
                           f"{hashlib.sha256(edited).hexdigest()}, recorded {meta['source_sha256']}")
+
+
+def test_a_same_size_edit_inside_the_parquet_fails_its_page_crc_and_the_jsonl_is_read(tmp_path):
+    """Issue 20 item 5: compaction writes page CRCs; a flipped byte inside a data page is found
+    on read (never read as data), the JSONL is read instead and the gap names the Parquet file;
+    without the JSONL the read refuses with the file named."""
+    run = tmp_path / "r"
+    with RunWriter.create(run, {}) as w:
+        for i in range(40):
+            w.append("responses", _resp(i))
+    records.compact(run)
+    pq_path = run / "responses.parquet"
+    raw = bytearray(pq_path.read_bytes())
+    # a byte inside the first column chunk's data page (after the 4-byte magic and page header)
+    md = pq.ParquetFile(pq_path).metadata
+    col = md.row_group(0).column(0)
+    start = col.data_page_offset
+    pos = start + col.total_compressed_size - 2
+    raw[pos] ^= 0xFF
+    pq_path.write_bytes(bytes(raw))
+    read = records.load_table(run, "responses")
+    assert read.source == "jsonl"
+    assert read.frame["prompt_id"].tolist() == [f"p{i}" for i in range(40)]
+    assert len(read.gaps) == 1 and read.gaps[0].startswith(f"{pq_path}: unreadable (")
+    assert read.gaps[0].endswith("read from responses.jsonl instead")
+    (run / "responses.jsonl").unlink()
+    with pytest.raises(records.RecordsError, match=r"responses\.parquet: unreadable .*JSONL is not kept"):
+        records.load_table(run, "responses")

@@ -143,6 +143,12 @@ _META_PREFIX = b"bistat."
 _CHUNK_LINES = 20_000
 
 
+def _read_parquet(path, **kwargs) -> pa.Table:
+    """``pq.read_table`` checking each data page's CRC where the file has them (every
+    compaction since they were written; older files are read as before)."""
+    return pq.read_table(path, page_checksum_verification=True, **kwargs)
+
+
 class RecordsError(Exception):
     """A run directory or one of its files cannot be read or written as ``bistat.run/1``."""
 
@@ -569,9 +575,19 @@ def load_table(run_dir: str | os.PathLike, table: str, columns: Sequence[str] | 
     cols = list(columns) if columns is not None else None
     flt = {k: frozenset(v) for k, v in (filters or {}).items()}
     complete, changed = _parquet_state(run_dir, table)
-    if complete:
-        return _load_parquet(run_dir / f"{table}.parquet", table, cols, flt)
     path = run_dir / f"{table}.jsonl"
+    if complete:
+        try:
+            return _load_parquet(run_dir / f"{table}.parquet", table, cols, flt)
+        except (OSError, pa.ArrowException) as exc:
+            # a page whose CRC fails, a damaged footer: the JSONL, when kept, is the record
+            if not path.exists():
+                raise RecordsError(
+                    f"{run_dir / f'{table}.parquet'}: unreadable ({exc}); its JSONL is not kept, "
+                    f"so the table cannot be read: restore the file from where the run was "
+                    f"copied from") from exc
+            changed = (f"{run_dir / f'{table}.parquet'}: unreadable ({exc}); "
+                       f"read from {path.name} instead")
     if not path.exists():
         return TableRead(_records_to_frame([], table, cols or []), (), "absent")
     want = None if cols is None else sorted(set(cols) | set(flt))
@@ -663,10 +679,10 @@ def _load_parquet(path: Path, table: str, cols: list[str] | None,
         pa_filters = [(k, "in", sorted(v, key=repr)) for k, v in flt.items() if k in present]
         if any(k not in present for k in flt):   # filter on an absent column: nothing matches
             read_cols = read_cols if read_cols is not None else present
-            empty = pq.read_table(path, columns=read_cols).slice(0, 0)
+            empty = _read_parquet(path, columns=read_cols).slice(0, 0)
             return TableRead(_finish_columns(_to_pandas(empty, json_cols), cols, table), gaps,
                              "parquet")
-    tbl = pq.read_table(path, columns=read_cols, filters=pa_filters or None)
+    tbl = _read_parquet(path, columns=read_cols, filters=pa_filters or None)
     frame = _to_pandas(tbl, json_cols)
     return TableRead(_finish_columns(frame, cols, table), gaps, "parquet")
 
@@ -963,8 +979,11 @@ def _write_slim(tbl: pa.Table, path: Path) -> None:
             strings.append(leaf)
         elif pa.types.is_floating(t):
             floats.append(leaf)
+    # Page CRCs: a read checks every data page's content (``_read_parquet``), so an edit inside
+    # the file that keeps its size is found, not read as data.
     pq.write_table(tbl, path, compression="zstd", compression_level=_ZSTD_LEVEL,
-                   use_dictionary=strings, use_byte_stream_split=floats or False)
+                   use_dictionary=strings, use_byte_stream_split=floats or False,
+                   write_page_checksum=True)
 
 
 def _flat_values(arr: pa.Array) -> np.ndarray:
@@ -1136,7 +1155,7 @@ def _join_outputs(run_dir: Path, out_path: Path, out_meta: Mapping[str, str], re
                                    OUTPUT_LENGTH)
                        if c in need]
     try:
-        out = pq.read_table(out_path, columns=read)
+        out = _read_parquet(out_path, columns=read)
     except (pa.ArrowException, OSError) as exc:
         raise RecordsError(f"{out_path}: cannot be read ({exc}); "
                            f"{_outputs_fix(run_dir, out_path)}") from exc
@@ -1218,10 +1237,10 @@ def _load_slim_responses(path: Path, meta: Mapping[str, str], cols: list[str] | 
     light = [c for c in want if c not in heavy]
     read_cols = list(dict.fromkeys(light + (["output_index", *key_cols] if heavy else [])))
     if any(k not in logical for k in flt):   # filter on an absent column: nothing matches
-        tbl = pq.read_table(path, columns=read_cols).slice(0, 0)
+        tbl = _read_parquet(path, columns=read_cols).slice(0, 0)
     else:
         pa_filters = [(k, "in", sorted(v, key=repr)) for k, v in light_flt.items()]
-        tbl = pq.read_table(path, columns=read_cols, filters=pa_filters or None)
+        tbl = _read_parquet(path, columns=read_cols, filters=pa_filters or None)
     frame = _to_pandas(tbl.select(light), json_cols)
     if heavy:
         for name, series in _join_outputs(run_dir, out_path, out_meta, tbl, heavy).items():

@@ -24,7 +24,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from bistat.core.divergence import divergence_position
 from bistat.store.records import (
@@ -38,6 +37,7 @@ from bistat.store.records import (
     run_declaration,
     _fsync_dir,
     _parquet_is_complete,
+    _read_parquet,
     _parquet_meta,
     _slim_outputs,
     _trim_of,
@@ -179,14 +179,14 @@ def trim(run_dir: str | os.PathLike, *, unit: str | None = None) -> list[Path]:
                            f"to trim by")
     light_cols = [c for c in ("arm", "kind", "pass_index", "prompt_id", "error")
                   if c in logical] + ["output_index"]
-    light = pq.read_table(resp_path, columns=light_cols).to_pandas()
+    light = _read_parquet(resp_path, columns=light_cols).to_pandas()
     for c in ("arm", "kind", "prompt_id", "error"):
         if c not in light:
             light[c] = None
     # each arm's reference pass as the analysis chooses it: its first counted pass
     references = {arm: ps[0] for arm, ps in counted_passes(run_dir).items() if ps}
 
-    out = pq.read_table(out_path)
+    out = _read_parquet(out_path)
     encoding = json.loads(out_meta.get("encoding", "{}"))
     n_out = out.num_rows
     toks = _rows(out.column("token_ids"), "<i8")
@@ -261,7 +261,7 @@ def trim(run_dir: str | os.PathLike, *, unit: str | None = None) -> list[Path]:
     trim_meta = {"bistat.trim": json.dumps(info, sort_keys=True)}
     outputs = pa.table(columns).replace_schema_metadata(
         {**(out.schema.metadata or {}), **trim_meta})
-    responses = pq.read_table(resp_path)
+    responses = _read_parquet(resp_path)
     responses = responses.replace_schema_metadata(
         {**(responses.schema.metadata or {}), **trim_meta})
 
