@@ -43,6 +43,7 @@ from bistat.engines.base import (
     MetricsSample,
 )
 from bistat.store.enginelog import engine_modes
+from bistat.engines.vllm_args import arg_problems
 from bistat.engines.vllm_server import (
     DEFAULT_ENV,
     FORCED_ENV,
@@ -118,6 +119,11 @@ class VLLMOfflineEngine:
 
     ADAPTER_KEYS = ("python", "start_timeout_s", "pass_idle_timeout_s", "metrics_interval_s",
                     "stop_grace_s", "log_path", "stream_outputs")
+
+    @classmethod
+    def declaration_problems(cls, experiment: Any) -> list[tuple[str, str]]:
+        """Argument names no supported vLLM's ``vllm.LLM`` accepts (:mod:`.vllm_args`)."""
+        return arg_problems(experiment, "offline", cls.ADAPTER_KEYS)
 
     @classmethod
     def from_experiment(cls, experiment: Any, arm: Any) -> "VLLMOfflineEngine":

@@ -53,6 +53,7 @@ from bistat.engines.base import (
     MetricsSample,
 )
 from bistat.engines.openai_http import OpenAIHTTPEngine
+from bistat.engines.vllm_args import arg_problems
 
 #: Always in the server's environment: NVLink multicast stays off (see ../shared/device/).
 FORCED_ENV = {
@@ -273,6 +274,11 @@ class VLLMServerEngine:
     ADAPTER_KEYS = ("url", "command", "python", "health_timeout_s", "stop_grace_s", "log_path",
                     "enable_prefix_caching", "tensor_parallel_size")
     HTTP_KEYS = ("retries", "backoff_s", "request_timeout_s", "metrics_interval_s")
+
+    @classmethod
+    def declaration_problems(cls, experiment: Any) -> list[tuple[str, str]]:
+        """Argument names no supported vLLM's ``vllm serve`` accepts (:mod:`.vllm_args`)."""
+        return arg_problems(experiment, "server", cls.ADAPTER_KEYS + cls.HTTP_KEYS)
 
     @classmethod
     def from_experiment(cls, experiment: Any, arm: Any) -> "VLLMServerEngine":
