@@ -309,3 +309,25 @@ def test_a_same_size_edit_inside_the_parquet_fails_its_page_crc_and_the_jsonl_is
     (run / "responses.jsonl").unlink()
     with pytest.raises(records.RecordsError, match=r"responses\.parquet: unreadable .*JSONL is not kept"):
         records.load_table(run, "responses")
+
+
+def test_a_damaged_page_is_found_in_a_column_the_read_does_not_ask_for(tmp_path):
+    """Every page is checked once per file version, not only the columns a caller reads."""
+    run = tmp_path / "r"
+    with RunWriter.create(run, {}) as w:
+        for i in range(40):
+            w.append("responses", _resp(i))
+    records.compact(run)
+    pq_path = run / "responses.parquet"
+    rg = pq.ParquetFile(pq_path).metadata.row_group(0)
+    last = rg.column(rg.num_columns - 1)
+    assert last.path_in_schema != "prompt_id"
+    raw = bytearray(pq_path.read_bytes())
+    first = last.dictionary_page_offset if last.has_dictionary_page else last.data_page_offset
+    data_page_bytes = last.total_compressed_size - (last.data_page_offset - first)
+    raw[last.data_page_offset + data_page_bytes // 2] ^= 0xFF   # inside its data page
+    pq_path.write_bytes(bytes(raw))
+    read = records.load_table(run, "responses", columns=["prompt_id"])
+    assert read.source == "jsonl"
+    assert read.frame["prompt_id"].tolist() == [f"p{i}" for i in range(40)]
+    assert read.gaps[0].startswith(f"{pq_path}: unreadable (")

@@ -33,6 +33,7 @@ Examples
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import json
 import math
@@ -141,6 +142,14 @@ _COLUMN_TYPES: dict[str, dict[str, pa.DataType]] = {
 
 _META_PREFIX = b"bistat."
 _CHUNK_LINES = 20_000
+
+
+@functools.lru_cache(maxsize=64)
+def _check_parquet_pages(path: str, mtime_ns: int, size: int) -> None:
+    """Read every page of a Parquet file once (per file version) with its CRC checked, so a
+    damaged page is found even in a column the caller does not read; raises what pyarrow
+    raises."""
+    pq.read_table(path, page_checksum_verification=True)
 
 
 def _read_parquet(path, **kwargs) -> pa.Table:
@@ -523,10 +532,17 @@ def _parquet_state(run_dir: Path, table: str) -> tuple[bool, str | None]:
     pq_path = run_dir / f"{table}.parquet"
     if not pq_path.exists():
         return False, None
-    meta = _parquet_meta(pq_path)
+    jsonl = run_dir / f"{table}.jsonl"
+    try:
+        meta = _parquet_meta(pq_path)
+    except (OSError, pa.ArrowException) as exc:   # a damaged footer
+        if not jsonl.exists():
+            raise RecordsError(f"{pq_path}: unreadable ({exc}); its JSONL is not kept, so the "
+                               "table cannot be read: restore the file from where the run was "
+                               "copied from") from exc
+        return False, f"{pq_path}: unreadable ({exc}); read from {jsonl.name} instead"
     if meta.get("schema") != table_schema(table):
         return False, None
-    jsonl = run_dir / f"{table}.jsonl"
     if not jsonl.exists():
         return True, None
     if str(jsonl.stat().st_size) != meta.get("source_bytes"):
@@ -578,6 +594,8 @@ def load_table(run_dir: str | os.PathLike, table: str, columns: Sequence[str] | 
     path = run_dir / f"{table}.jsonl"
     if complete:
         try:
+            st = (run_dir / f"{table}.parquet").stat()
+            _check_parquet_pages(str(run_dir / f"{table}.parquet"), st.st_mtime_ns, st.st_size)
             return _load_parquet(run_dir / f"{table}.parquet", table, cols, flt)
         except (OSError, pa.ArrowException) as exc:
             # a page whose CRC fails, a damaged footer: the JSONL, when kept, is the record
