@@ -144,6 +144,11 @@ _META_PREFIX = b"bistat."
 _CHUNK_LINES = 20_000
 
 
+def _one_line(exc: BaseException) -> str:
+    """An exception's message on one line (pyarrow's carry newlines)."""
+    return " ".join(str(exc).split())
+
+
 @functools.lru_cache(maxsize=64)
 def _check_parquet_pages(path: str, mtime_ns: int, size: int) -> None:
     """Read every page of a Parquet file once (per file version) with its CRC checked, so a
@@ -537,10 +542,10 @@ def _parquet_state(run_dir: Path, table: str) -> tuple[bool, str | None]:
         meta = _parquet_meta(pq_path)
     except (OSError, pa.ArrowException) as exc:   # a damaged footer
         if not jsonl.exists():
-            raise RecordsError(f"{pq_path}: unreadable ({exc}); its JSONL is not kept, so the "
+            raise RecordsError(f"{pq_path}: unreadable ({_one_line(exc)}); its JSONL is not kept, so the "
                                "table cannot be read: restore the file from where the run was "
                                "copied from") from exc
-        return False, f"{pq_path}: unreadable ({exc}); read from {jsonl.name} instead"
+        return False, f"{pq_path}: unreadable ({_one_line(exc)}); read from {jsonl.name} instead"
     if meta.get("schema") != table_schema(table):
         return False, None
     if not jsonl.exists():
@@ -601,10 +606,10 @@ def load_table(run_dir: str | os.PathLike, table: str, columns: Sequence[str] | 
             # a page whose CRC fails, a damaged footer: the JSONL, when kept, is the record
             if not path.exists():
                 raise RecordsError(
-                    f"{run_dir / f'{table}.parquet'}: unreadable ({exc}); its JSONL is not kept, "
+                    f"{run_dir / f'{table}.parquet'}: unreadable ({_one_line(exc)}); its JSONL is not kept, "
                     f"so the table cannot be read: restore the file from where the run was "
                     f"copied from") from exc
-            changed = (f"{run_dir / f'{table}.parquet'}: unreadable ({exc}); "
+            changed = (f"{run_dir / f'{table}.parquet'}: unreadable ({_one_line(exc)}); "
                        f"read from {path.name} instead")
     if not path.exists():
         return TableRead(_records_to_frame([], table, cols or []), (), "absent")
@@ -840,7 +845,8 @@ def _compact_table(run_dir: Path, table: str, src: Path) -> Path:
     tmp = run_dir / f".{table}.parquet.tmp"
     gaps: list[str] = []
     n_rows = 0
-    with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
+    # page CRCs (dictionary and data pages): reads check them, see ``_check_parquet_pages``
+    with pq.ParquetWriter(tmp, schema, compression="zstd", write_page_checksum=True) as writer:
         for records, chunk_gaps in _parse_lines(src, None, stop_at=size, chunk=_CHUNK_LINES):
             gaps.extend(chunk_gaps)
             if not records:
