@@ -5,5 +5,5 @@ table schema, loading, M-bucket lookup), ``probe`` (the two gates), ``sweep`` (t
 ``bench`` (tuned vs torch.mm vs default), ``timing`` (CUDA-graph timing), ``shapes`` (model GEMM
 shapes), ``provenance``, ``make_results`` (RESULTS.md), ``vllm_plugin`` (the vLLM general plugin).
 Importing this package imports nothing heavy: torch and triton load with the modules that need
-them. See ``kernels/README.md``.
+them. See ``kernels/README.md`` (the folder that holds this package).
 """
