@@ -4,7 +4,7 @@
 Targets (issue 5, measured side by side in one process on one GPU): geometric mean of tuned /
 torch.mm over the Qwen3-1.7B, Qwen3-8B and SmolLM2-135M shapes at M in {1, 4, 16, 64, 256, 1024,
 4096} <= 1.15, and <= 1.25 at M <= 32. Needs a CUDA GPU with torch and triton, and the table of
-that GPU under ``kernels/tables`` (or ``--table``)::
+that GPU under ``kernels/bistat_kernels/tables`` (or ``--table``)::
 
     python benchmarks/bench_kernels.py                          # all shapes, print the table
     python benchmarks/bench_kernels.py --model qwen3-8b --output bench.json

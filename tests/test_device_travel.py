@@ -37,7 +37,8 @@ def repo(tmp_path):
     files = {".gitignore": "/runs/\n/.dev/\n", "README.md": "x\n", "pyproject.toml": "x\n",
              "src/bistat/__init__.py": "", "scripts/device/travel.sh": SCRIPT.read_text(),
              "scripts/device/stage.sh": "", "scripts/test.sh": "", "experiments/a.toml": "",
-             "preregistrations/a.json": "{}", "kernels/tables/t.json": "{}",
+             "preregistrations/a.json": "{}", "kernels/bistat_kernels/tables/t.json": "{}",
+             "kernels/bistat_kernels/__init__.py": "", "kernels/device/gpu_call.py": "",
              "kernels/results/r.json": "[]", "data/h200/run/outputs.parquet": "big",
              "findings/README.md": "", "tests/test_x.py": "", "docs/A.md": ""}
     for name, text in files.items():
@@ -71,7 +72,8 @@ def test_run_sends_what_a_run_needs_with_gitignore_and_not_the_data(repo):
     sent = _travelling(repo)
     assert ".gitignore" in sent       # without it the machine wipes runs/ between calls
     assert {"src/bistat/__init__.py", "scripts/device/stage.sh", "scripts/test.sh",
-            "experiments/a.toml", "preregistrations/a.json", "kernels/tables/t.json",
+            "experiments/a.toml", "preregistrations/a.json", "kernels/bistat_kernels/tables/t.json",
+            "kernels/bistat_kernels/__init__.py", "kernels/device/gpu_call.py",
             "README.md", "pyproject.toml"} <= sent
     assert not {f for f in sent if f.startswith(("data/", "findings/", "tests/", "docs/",
                                                  "kernels/results/", "runs/"))}

@@ -225,7 +225,7 @@ def test_a_kv_tile_break_names_the_backend_the_head_size_and_the_measured_remedi
         '`attention_backend = "TRITON_ATTN"` (engine argument) with `VLLM_BATCH_INVARIANT=1`: working',
         "prompt and output kept within one 128-key tile: working",
         "`BISTAT_FA3_PIN=1` with `VLLM_BATCH_INVARIANT=1` (bistat's FlashAttention-3 pin, "
-        "kernels/vllm_fa3.py): working"]
+        "kernels/bistat_kernels/vllm_fa3.py): working"]
     assert "(`findings/h200/h200-match-smollm2-r2.md`, arm bi-triton-attn; " in tile.evidence[3]
     validate(d.to_dict(), "diagnosis.schema.json")
 

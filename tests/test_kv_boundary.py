@@ -50,7 +50,7 @@ def test_the_fa3_fixture_diverges_only_past_one_128_key_tile(fa3):
     assert "(`findings/h200/h200-match-smollm2-r2.md`, arm bi-triton-attn; " in advice[3]
     assert advice[5].startswith("- remedy for FLASH_ATTN (FA3) at head size 64: `BISTAT_FA3_PIN=1` "
                                 "with `VLLM_BATCH_INVARIANT=1` (bistat's FlashAttention-3 pin, "
-                                "kernels/vllm_fa3.py): working — 541/541 prompts")
+                                "kernels/bistat_kernels/vllm_fa3.py): working — 541/541 prompts")
     assert "(`findings/h200/h200-v033-match-smollm2.md`, arm bi-fa3-pin; " in advice[5]
 
 

@@ -15,8 +15,7 @@ compiled mode (torch.compile + CUDA graphs: ``enforce_eager=False``, the default
 3. as a negative-control hint, it records whether the needle's outputs differ at all between
    needles (a probe that sees no difference anywhere has no power).
 
-Needs ``bistat_kernels`` importable (e.g. ``ln -s $PWD/kernels /tmp/pk/bistat_kernels`` and
-``PYTHONPATH=/tmp/pk:/tmp/site``) and the plugin registered: vLLM loads general plugins from
+Needs ``bistat_kernels`` importable (e.g. ``PYTHONPATH=$PWD/kernels:/tmp/site``) and the plugin registered: vLLM loads general plugins from
 entry points, which exist only if bistat is pip-installed; otherwise this script calls
 ``register()`` itself before the engine starts (the same function the entry point names) and
 says so in the JSON. Exit code 0 only if every check passes.

@@ -28,11 +28,10 @@ with ``CUBLAS_STATUS_NOT_INITIALIZED``): once at start and once per operand set 
 
 Running
 -------
-On the GPU machine, from the repository root, with the ``kernels/`` folder importable as
-``bistat_kernels``::
+On the GPU machine, from the repository root, with ``kernels/`` (the folder that holds the package
+``bistat_kernels``) on the path::
 
-    mkdir -p /tmp/pk && ln -sfn "$PWD/kernels" /tmp/pk/bistat_kernels
-    PYTHONPATH=/tmp/pk python3 kernels/device/fused_compare.py --out "$OUT"
+    PYTHONPATH=kernels python3 kernels/device/fused_compare.py --out "$OUT"
 
 ``--shapes 4096x12288,2048x6144``, ``--ms 64,256,1024,4096`` and ``--table PATH`` (a table file
 instead of the device's) change what is measured. It takes about a minute on the H200.
@@ -52,7 +51,7 @@ Output
                "fused_128x128w8s3": ms or "error text", "fused_128x128w8s3_equal": bool, ...,
                "mm": ms}, ...]}
 
-``kernels/make_results.py`` summarises the committed file in ``kernels/RESULTS.md``.
+``kernels/bistat_kernels/make_results.py`` summarises the committed file in ``kernels/RESULTS.md``.
 """
 
 from __future__ import annotations

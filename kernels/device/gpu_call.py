@@ -2,15 +2,14 @@
 """Driver for one device command: check, sweep (chunked), probe and bench on the lent GPU.
 
 The device image has torch and triton but not bistat; run from the repository root with
-``bistat_kernels`` on the path (the folder ``kernels/`` linked as that name), e.g.::
+``bistat_kernels`` on the path (the folder ``kernels/`` holds the package), e.g.::
 
-    mkdir -p /tmp/pk && ln -sfn "$PWD/kernels" /tmp/pk/bistat_kernels
-    PYTHONPATH=/tmp/pk python3 kernels/device/gpu_call.py all --out "$OUT" --budget-s 360
+    PYTHONPATH=kernels python3 kernels/device/gpu_call.py all --out "$OUT" --budget-s 360
 
 Stages (``all`` runs them in this order, each only while the time budget lasts):
 ``check`` (gates on ragged shapes in every dtype, split-K parallel and fused, bias, fused ==
 parallel bitwise, torch.compile + CUDA graph through the plugin's custom op, also with a table
-that switches to fused split-K above M = 4), ``sweep`` (resumes from ``kernels/tables`` and
+that switches to fused split-K above M = 4), ``sweep`` (resumes from ``kernels/bistat_kernels/tables`` and
 ``kernels/results``), ``probe`` (both gates on every entry of the table) and ``bench``. Every stage writes JSON under
 ``--out``; the Triton cache is packed there too so that the next command compiles nothing.
 Triton's cache folder and ptxas are pinned first (:func:`bistat_kernels.sweep.pin_triton_toolchain`),
@@ -178,13 +177,13 @@ def stage_check(out: Path) -> bool:
 def stage_sweep(out: Path, budget_s: float, workers: int, retune: bool) -> dict:
     device = torch.cuda.get_device_name(0)
     slug = tables.device_slug(device)
-    resume = None if retune else ROOT / "kernels" / "tables" / f"{slug}.json"
+    resume = None if retune else ROOT / "kernels" / "bistat_kernels" / "tables" / f"{slug}.json"
     resume_raw = None if retune else ROOT / "kernels" / "results" / f"sweep_raw_{slug}.json"
     res = sweep.run_sweep(
         shapes_for(MODELS), out, resume_table=resume, resume_raw=resume_raw, budget_s=budget_s,
         precompile_workers=workers, command=sys.argv, progress=log)
     log(f"sweep: {json.dumps(res)}")
-    fallback = ROOT / "kernels" / "tables" / f"{slug}.json"
+    fallback = ROOT / "kernels" / "bistat_kernels" / "tables" / f"{slug}.json"
     fresh_path = Path(res["table"])
     if res["missing"] and fallback.is_file() and fresh_path.is_file():
         # Shapes this command could not re-tune keep their entry from the previous table
@@ -201,7 +200,7 @@ def stage_sweep(out: Path, budget_s: float, workers: int, retune: bool) -> dict:
 def _table_path(out: Path) -> Path:
     slug = tables.device_slug(torch.cuda.get_device_name(0))
     fresh = out / f"{slug}.json"
-    return fresh if fresh.is_file() else ROOT / "kernels" / "tables" / f"{slug}.json"
+    return fresh if fresh.is_file() else ROOT / "kernels" / "bistat_kernels" / "tables" / f"{slug}.json"
 
 
 def stage_probe(out: Path, max_m: int) -> bool:
@@ -253,7 +252,7 @@ def main() -> int:
     parser.add_argument("--max-m", type=int, default=4096)
     parser.add_argument("--pack-cache", action="store_true")
     parser.add_argument("--retune", action="store_true",
-                        help="re-tune every shape; shapes not reached keep kernels/tables' entry")
+                        help="re-tune every shape; shapes not reached keep the committed table's entry")
     args = parser.parse_args()
     t0 = time.monotonic()
     # Before anything compiles: the check stage's torch.compile would otherwise re-point

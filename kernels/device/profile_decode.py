@@ -39,7 +39,7 @@ On the GPU machine, from the repository root (vLLM 0.25.0 on ``PYTHONPATH``)::
 ``--arms batch-invariant,bi-tuned-gemm`` picks a subset; ``--timeout`` bounds each worker and
 ``--budget-s`` the whole command (a worker never gets more than what is left). ``bistat_kernels``
 is imported if installed (``pip install -e .``, which also installs the plugin's entry point);
-otherwise the ``kernels/`` folder is linked under a temporary folder as ``bistat_kernels``, and the
+otherwise the ``kernels/`` folder (which holds the package) is put on ``sys.path``, and the
 worker calls the plugin's ``register()`` itself (the function the entry point names), saying so in
 the JSON.
 
@@ -107,7 +107,7 @@ CATEGORIES: tuple[str, ...] = ("persistent_gemm", "cublas_gemm", "attention", "o
 GEMM_CATEGORIES: tuple[str, ...] = ("persistent_gemm", "cublas_gemm")
 
 # vLLM's batch-invariant GEMM (also as "matmul_kernel_persistent [M=.., N=.., K=..]" when Triton's
-# launch metadata names it) and bistat's tuned kernels (kernels/matmul_persistent.py).
+# launch metadata names it) and bistat's tuned kernels (kernels/bistat_kernels/matmul_persistent.py).
 _PERSISTENT = ("matmul_kernel_persistent", "_matmul_persistent_kernel", "_splitk_reduce_kernel")
 # Kernels that torch.compile's Inductor generates: elementwise/reduction fusions, never attention
 # or a library GEMM, whatever ops their names list.
@@ -345,7 +345,7 @@ def tail(text: str, lines: int = 40, chars: int = 4000) -> str:
 
 # --- GPU side (parent driver and worker); imports torch / vLLM only inside functions ----------
 
-KERNELS_DIR = Path(__file__).resolve().parents[1]
+KERNELS_DIR = Path(__file__).resolve().parents[1]  # kernels/, the folder that holds bistat_kernels/
 
 
 def ensure_bistat_kernels() -> str | None:
@@ -354,15 +354,8 @@ def ensure_bistat_kernels() -> str | None:
 
     if importlib.util.find_spec("bistat_kernels") is not None:
         return None
-    root = Path(tempfile.gettempdir()) / "bistat_profile_decode_pk"
-    root.mkdir(parents=True, exist_ok=True)
-    link = root / "bistat_kernels"
-    if link.is_symlink() and Path(os.readlink(link)) != KERNELS_DIR:
-        link.unlink()
-    if not link.exists():
-        link.symlink_to(KERNELS_DIR, target_is_directory=True)
-    sys.path.insert(0, str(root))
-    return str(root)
+    sys.path.insert(0, str(KERNELS_DIR))
+    return str(KERNELS_DIR)
 
 
 def _write_json(path: Path, data: Any) -> None:

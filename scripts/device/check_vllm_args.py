@@ -92,7 +92,7 @@ def _predicted_mode(model_dir: Path, args: dict[str, Any], env: dict[str, str]) 
     unquantized, not eager, on a GPU family with a tuned table, and any of the model's qkv / o /
     gate_up / down (N, K) shapes in that table, vLLM sets ``VLLM_USE_BREAKABLE_CUDAGRAPH=1`` and
     compilation mode NONE; otherwise torch.compile (VLLM_COMPILE). The Hopper table comes from the
-    release's hook manifest (kernels/vllm_hooks/VERSION.json, read from the wheel)."""
+    release's hook manifest (kernels/bistat_kernels/vllm_hooks/VERSION.json, read from the wheel)."""
     import json
 
     import vllm

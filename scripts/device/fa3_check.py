@@ -56,7 +56,7 @@ def load_pin():
         return vllm_fa3
     except ImportError:
         spec = importlib.util.spec_from_file_location("bistat_kernels.vllm_fa3",
-                                                      ROOT / "kernels" / "vllm_fa3.py")
+                                                      ROOT / "kernels" / "bistat_kernels" / "vllm_fa3.py")
         module = importlib.util.module_from_spec(spec)
         sys.modules["bistat_kernels.vllm_fa3"] = module
         spec.loader.exec_module(module)

@@ -3,8 +3,8 @@
 # payload part together). The whole tree (34 MB after session 4, mostly data/ and
 # kernels/results/) left 29 MiB per call for the payload: 13 calls to stage it. A call that
 # only stages a part needs scripts/device alone; the calls that install and run need the package,
-# the kernels' tables, the declarations and registrations, not the committed data, findings,
-# docs or tests.
+# the kernels (the package kernels/bistat_kernels with its tables; kernels/device), the
+# declarations and registrations, not the committed data, findings, docs or tests.
 #   bash scripts/device/travel.sh stage     only scripts/device/ travels (payload-staging calls)
 #   bash scripts/device/travel.sh run       src/, kernels/ (less kernels/results/), scripts/,
 #                                           experiments/, preregistrations/, README.md, pyproject.toml

@@ -1,5 +1,5 @@
 """The tuned-GEMM plugin's hooks against each supported vLLM release's recorded manifest
-(kernels/vllm_hooks/VERSION.json, derived from the wheel by bistat_kernels.hook_manifest).
+(kernels/bistat_kernels/vllm_hooks/VERSION.json, derived from the wheel by bistat_kernels.hook_manifest).
 
 No vLLM and no torch needed: the manifests are read with ``ast`` from the wheels. A vLLM release
 that moves the hooks fails here (its manifest, once derived, does not pass), not in a user's run.

@@ -1,4 +1,4 @@
-"""kernels/make_results.py: status/provenance, fused split-K, decode profile, plugin probe, sweep
+"""kernels/bistat_kernels/make_results.py: status/provenance, fused split-K, decode profile, plugin probe, sweep
 timing check, and the committed RESULTS.md regenerating byte for byte."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 from bistat_kernels import make_results, tables
 from helpers_kernels import torch  # noqa: F401  (skips without torch/triton)
 
-KERNELS = Path(make_results.__file__).resolve().parent
+KERNELS = make_results.KERNELS_DIR  # the folder kernels/ that holds the package
 
 
 def _prov(uuid: str, date: str, command: str, **extra) -> dict:
@@ -42,9 +42,9 @@ def test_status_says_goal_met_and_names_each_artefacts_gpu():
     assert lines[2] == ("Goal met: geometric mean of tuned / torch.mm 1.141 (target <= 1.15, "
                         "met), at M <= 32 1.063 (target <= 1.25, met); both gates on every "
                         "table entry: yes.")
-    assert ("| `kernels/tables/h.json`: sweep of 1 entry | NVIDIA H200 (GPU-a) | d1 | "
+    assert ("| `kernels/bistat_kernels/tables/h.json`: sweep of 1 entry | NVIDIA H200 (GPU-a) | d1 | "
             "`gpu_call.py sweep` |") in lines
-    assert ("| `kernels/tables/h.json`: 1 bucket set from the fused split-K comparison "
+    assert ("| `kernels/bistat_kernels/tables/h.json`: 1 bucket set from the fused split-K comparison "
             "(4096x12288 M<=4096) | NVIDIA H200 (GPU-b) | d0 | `fused_compare.py` |") in lines
     assert lines[-1] == (
         "Every ratio to torch.mm in the bench was measured side by side in one run on one GPU "
@@ -92,7 +92,7 @@ def test_committed_fused_comparison_keeps_the_measured_numbers_and_says_how():
     big = next(r for r in doc["rows"] if (r["n"], r["k"], r["m"]) == (4096, 12288, 4096))
     assert round(big["fused_128x128w8s3"], 3) == 0.643 and round(big["table"], 3) == 0.707
     # the table's fused buckets name this file as their source and carry its numbers
-    table = tables.load_table(KERNELS / "tables" / "nvidia_h200.json")
+    table = tables.load_table(make_results.TABLES_DIR / "nvidia_h200.json")
     bucket = table.lookup("bfloat16", 4096, 12288).buckets[-1]
     assert bucket.fuse_splits and "fused_compare_nvidia_h200.json" in bucket.measured["source"]
     assert bucket.measured["time_ms"] == round(big["fused_128x128w8s3"], 5)

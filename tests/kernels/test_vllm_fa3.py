@@ -351,7 +351,7 @@ def test_on_hopper_a_decode_row_is_bitwise_the_same_beside_a_prefill_once_pinned
 
 def test_the_device_check_states_its_usage_and_loads_the_plugin_by_path(monkeypatch):
     """scripts/device/fa3_check.py runs where bistat is not installed (vLLM 0.33's device
-    environment): it then loads kernels/vllm_fa3.py from the checkout by path."""
+    environment): it then loads kernels/bistat_kernels/vllm_fa3.py from the checkout by path."""
     import importlib.util
     import subprocess
     from pathlib import Path

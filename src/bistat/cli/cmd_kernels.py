@@ -1,6 +1,6 @@
 """``bistat kernels probe | sweep | bench | results``: the tuned batch-invariant GEMM.
 
-Thin commands over :mod:`bistat_kernels` (the top-level ``kernels/`` folder). torch and triton
+Thin commands over :mod:`bistat_kernels` (the package ``kernels/bistat_kernels``). torch and triton
 are imported only inside the commands that need them, so ``bistat`` works without the
 ``[kernels]`` extra; ``results`` needs neither (it renders recorded JSON).
 """
@@ -51,7 +51,7 @@ def kernels() -> None:
 
 @kernels.command("probe")
 @click.option("--table", "table_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Table file (default: the table of this GPU under kernels/tables).")
+              help="Table file (default: the table of this GPU under kernels/bistat_kernels/tables).")
 @click.option("--model", "models", multiple=True, type=click.Choice(_MODELS),
               help="Probe this model's shapes (repeatable).")
 @click.option("--shape", "shapes", multiple=True, help="Probe the shape NxK (repeatable).")
@@ -112,7 +112,7 @@ def probe_command(table_path: Path | None, models: tuple[str, ...], shapes: tupl
 @click.option("--model", "models", multiple=True, type=click.Choice(_MODELS),
               help="Tune this model's shapes (repeatable; default: all three).")
 @click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path),
-              default=Path("kernels/tables"), show_default=True,
+              default=Path("kernels/bistat_kernels/tables"), show_default=True,
               help="Where the table (<gpu>.json) and raw measurements are written.")
 @click.option("--resume/--retune", default=True, show_default=True,
               help="Skip shapes already in the table in --out-dir, or tune all again.")
@@ -144,7 +144,7 @@ def sweep_command(models: tuple[str, ...], out_dir: Path, resume: bool, budget_s
 
 @kernels.command("bench")
 @click.option("--table", "table_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Table file (default: the table of this GPU under kernels/tables).")
+              help="Table file (default: the table of this GPU under kernels/bistat_kernels/tables).")
 @click.option("--model", "models", multiple=True, type=click.Choice(_MODELS),
               help="Bench this model's shapes (repeatable; default: all three).")
 @click.option("--output", type=click.Path(dir_okay=False, path_type=Path),
@@ -183,14 +183,14 @@ def format_bench_summary(summary: dict) -> str:
 @click.option("--results-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Recorded JSON (default: kernels/results).")
 @click.option("--tables-dir", type=click.Path(file_okay=False, path_type=Path),
-              help="Tables (default: kernels/tables).")
+              help="Tables (default: kernels/bistat_kernels/tables).")
 @click.option("--output", type=click.Path(dir_okay=False, path_type=Path),
               help="Markdown file to write (default: kernels/RESULTS.md).")
 def results_command(results_dir: Path | None, tables_dir: Path | None,
                     output: Path | None) -> None:
     """Regenerate RESULTS.md from the recorded JSON.
 
-    Needs no GPU and no torch: it only renders kernels/results and kernels/tables.
+    Needs no GPU and no torch: it only renders kernels/results and kernels/bistat_kernels/tables.
     """
     from bistat_kernels import make_results
 

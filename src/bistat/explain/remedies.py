@@ -5,7 +5,7 @@ When every first divergence of an arm starts one key past a power-of-two KV leng
 tile any tile width reduces a row in the same order. Which remedy applies depends on the
 attention backend (the engine log names it: :func:`bistat.analysis.activation.log_markers`) and the head
 size (FlashAttention 3 on Hopper switches between a 64 x 192 and a 192 x 128 tile at head size
-64, never leaves 128-key tiles at 128; ``kernels/vllm_fa3.py``). This module reads the table
+64, never leaves 128-key tiles at 128; ``kernels/bistat_kernels/vllm_fa3.py``). This module reads the table
 ``src/bistat/data/attention_remedies.toml`` -- the attention shapes of the models bistat's device
 scripts serve, and every remedy with the finding that measured it or the plan that will -- and
 words the advice that ``bistat diagnose`` and the findings print. The table is data with its

@@ -1,6 +1,6 @@
 """What a vLLM wheel holds of the hooks the tuned-GEMM plugin needs, read with ``ast`` (no import).
 
-``kernels/vllm_hooks/VERSION.json`` is one such manifest per vLLM release the plugin supports.
+``kernels/bistat_kernels/vllm_hooks/VERSION.json`` is one such manifest per vLLM release the plugin supports.
 It is derived from the wheel itself, never written by hand::
 
     python -m bistat_kernels.hook_manifest 0.33.0                 # pip download --no-deps vllm==0.33.0
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("version", help="the vLLM release, e.g. 0.33.0")
     parser.add_argument("--wheel", type=Path, help="a wheel already here (else pip download)")
     parser.add_argument("--out", type=Path, default=MANIFEST_DIR,
-                        help="folder for VERSION.json (default: kernels/vllm_hooks)")
+                        help="folder for VERSION.json (default: kernels/bistat_kernels/vllm_hooks)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         wheel = args.wheel or download_wheel(args.version, Path(tmp))

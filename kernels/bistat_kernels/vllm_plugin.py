@@ -26,7 +26,7 @@ is found by feature, not by version string (:func:`find_hook`): the first of
 parameters ``(a, b, bias=None)``, reached from ``linear_batch_invariant`` through module-level
 names). On a vLLM where none does, :func:`register` raises :class:`UnsupportedVLLMError`, naming
 the vLLM version and what it looked for: an arm that asked for the tuned GEMM must not run vLLM's
-own instead. ``kernels/vllm_hooks/VERSION.json`` records, per supported release, what the wheel
+own instead. ``kernels/bistat_kernels/vllm_hooks/VERSION.json`` records, per supported release, what the wheel
 holds (``bistat_kernels.hook_manifest`` derives it with ``ast``), and the tests check
 :func:`hook_problems` against each.
 

@@ -1,0 +1,922 @@
+"""The numbers of ``kernels/RESULTS.md``, from the recorded JSON: one frozen model per section.
+
+Every ratio, geometric mean, sum and pass count on the page is computed here; the template
+(``templates/RESULTS.md.j2``) only words and formats these fields. Pure: the builders take the
+loaded JSON documents (dicts) and return models; :mod:`bistat_kernels.make_results` loads the files
+and renders. Needs only the standard library.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import PurePath
+from typing import Any
+
+GOAL_OVERALL = 1.15
+GOAL_DECODE = 1.25
+SPEEDUP_GOAL = 2.5  # tuned over vLLM's fixed default at decode sizes (geometric mean)
+# Layers per model, for the per-decode-step sum (config.json num_hidden_layers).
+LAYERS = {"qwen3-8b": 36, "qwen3-1.7b": 28, "smollm2-135m": 30}
+DECODE_LAYERS = ("qkv", "o", "gate_up", "down")
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where an artefact was measured; ``ident`` and ``rest`` hold only the fields it records."""
+
+    gpu_name: str
+    ident: tuple[str, ...]      # "UUID …", "serial …"
+    rest: tuple[str, ...]       # "driver …", "torch …", "CUDA …", "triton …"
+    date_utc: str
+    command: str
+    vllm: str | None = None
+    vllm_commit: str | None = None
+
+
+def provenance(prov: dict[str, Any]) -> Provenance:
+    return Provenance(
+        gpu_name=str(prov.get("gpu_name", "?")),
+        ident=tuple(f"{label} {prov[key]}" for label, key in (("UUID", "gpu_uuid"),
+                                                              ("serial", "gpu_serial"))
+                    if key in prov),
+        rest=tuple(f"{label} {prov[key]}" for label, key in (
+            ("driver", "driver"), ("torch", "torch"), ("CUDA", "cuda"), ("triton", "triton"))
+            if key in prov),
+        date_utc=str(prov.get("date_utc", "?")), command=str(prov.get("command", "?")),
+        vllm=prov.get("vllm"), vllm_commit=prov.get("vllm_commit"))
+
+
+# --- status ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Goal:
+    overall: float
+    overall_target: float
+    overall_met: bool
+    decode_max_m: int
+    decode: float
+    decode_target: float
+    decode_met: bool
+    gates_passed: bool
+
+
+def goal(bench: dict[str, Any], probe: dict[str, Any] | None) -> Goal:
+    s = bench["summary"]
+    return Goal(s["geomean_tuned_over_mm"], GOAL_OVERALL,
+                s["geomean_tuned_over_mm"] <= GOAL_OVERALL,
+                s["decode_max_m"], s["decode_geomean_tuned_over_mm"], GOAL_DECODE,
+                s["decode_geomean_tuned_over_mm"] <= GOAL_DECODE,
+                probe is not None and bool(probe["passed"]))
+
+
+@dataclass(frozen=True)
+class ArtefactRow:
+    what: str
+    gpu_name: str
+    gpu_uuid: str
+    date_utc: str
+    command: str
+
+
+def artefact_row(what: str, prov: dict[str, Any]) -> ArtefactRow:
+    return ArtefactRow(what, str(prov.get("gpu_name", "?")), str(prov.get("gpu_uuid", "?")),
+                       str(prov.get("date_utc", "?")), str(prov.get("command", "?")))
+
+
+@dataclass(frozen=True)
+class OtherGpu:
+    """A GPU the table was swept on that is not the bench's: what it shares with it."""
+
+    uuid: str
+    same: tuple[str, ...]
+    differ: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Status:
+    goal: Goal | None
+    rows: tuple[ArtefactRow, ...]
+    compared: bool                   # a bench and a table to set side by side
+    bench_uuid: str | None
+    other_gpus: tuple[OtherGpu, ...]
+
+
+def status(bench: dict[str, Any] | None, probe: dict[str, Any] | None,
+           check: dict[str, Any] | None, table: dict[str, Any] | None,
+           fused: dict[str, Any] | None, slug: str,
+           extra_rows: tuple[tuple[str, dict[str, Any]], ...] = ()) -> Status:
+    rows: list[ArtefactRow] = []
+    if table is not None:
+        sweeps: dict[tuple[str, str, str], list[str]] = {}
+        for e in table["entries"]:
+            p = e["provenance"]
+            sweeps.setdefault((p.get("gpu_uuid", "?"), p.get("date_utc", "?"),
+                               p.get("command", "?")), []).append(f"{e['n']}x{e['k']}")
+        for (uuid, date, command), shapes in sorted(sweeps.items()):
+            rows.append(artefact_row(
+                f"`kernels/bistat_kernels/tables/{slug}.json`: sweep of {len(shapes)} entr"
+                f"{'y' if len(shapes) == 1 else 'ies'}",
+                {"gpu_name": table.get("device_name", "?"), "gpu_uuid": uuid, "date_utc": date,
+                 "command": command}))
+        sourced = [(e, b) for e in table["entries"] for b in e["buckets"]
+                   if "source" in b["measured"]]
+        if sourced and fused is not None:
+            where = ", ".join(f"{e['n']}x{e['k']} M<={b['m_max']}" for e, b in sourced)
+            rows.append(artefact_row(
+                f"`kernels/bistat_kernels/tables/{slug}.json`: {len(sourced)} bucket"
+                f"{'s' if len(sourced) != 1 else ''} set from the fused split-K comparison "
+                f"({where})", fused["provenance"]))
+    for doc, what in ((fused, f"`kernels/results/fused_compare_{slug}.json`"),
+                      (probe, f"`kernels/results/probe_{slug}.json`"),
+                      (bench, f"`kernels/results/bench_{slug}.json`"),
+                      (check, "`kernels/results/check_gpu.json`")):
+        if doc is not None:
+            rows.append(artefact_row(what, doc["provenance"]))
+    rows += [artefact_row(what, prov) for what, prov in extra_rows]
+    bench_uuid, others = None, ()
+    if bench is not None and table is not None:
+        bench_prov = bench["provenance"]
+        bench_uuid = bench_prov.get("gpu_uuid")
+        keys = (("gpu_name", "model"), ("driver", "driver"), ("torch", "torch"),
+                ("triton", "triton"))
+        swept = {e["provenance"].get("gpu_uuid", "?"): e["provenance"]
+                 for e in table["entries"] if e["provenance"].get("gpu_uuid") != bench_uuid}
+        others = tuple(OtherGpu(uuid, tuple(w for k, w in keys if p.get(k) == bench_prov.get(k)),
+                                tuple(w for k, w in keys if p.get(k) != bench_prov.get(k)))
+                       for uuid, p in sorted(swept.items()))
+    return Status(goal(bench, probe) if bench is not None else None, tuple(rows),
+                  bench is not None and table is not None, bench_uuid, others)
+
+
+# --- bench -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BenchRow:
+    model: str
+    layer: str
+    n: int
+    k: int
+    m: int
+    tuned_us: float
+    mm_us: float
+    default_us: float
+    tuned_over_mm: float
+    default_over_mm: float
+
+
+@dataclass(frozen=True)
+class ModelGeomean:
+    model: str
+    tuned_over_mm: float
+    default_over_mm: float
+
+
+@dataclass(frozen=True)
+class StepSum:
+    """One decode step's GEMM time: layers x (qkv + o + gate_up + down) + lm_head."""
+
+    model: str
+    m: int
+    tuned_ms: float
+    mm_ms: float
+    default_ms: float
+
+
+@dataclass(frozen=True)
+class Bench:
+    source: str
+    provenance: Provenance
+    timing: str
+    goal_ms: tuple[int, ...]
+    goal: Goal
+    default_over_mm: float
+    decode_default_over_mm: float
+    decode_speedup: float
+    speedup_target: float
+    rows: tuple[BenchRow, ...]
+    per_model: tuple[ModelGeomean, ...]
+    per_step: tuple[StepSum, ...]
+
+
+def bench(doc: dict[str, Any], source: str) -> Bench:
+    s, rows = doc["summary"], doc["rows"]
+    per_model = []
+    for model in sorted({r["model"] for r in rows}):
+        chosen = [r for r in rows if r["model"] == model and r["m"] in s["goal_ms"]]
+        per_model.append(ModelGeomean(model, geomean([r["tuned_over_mm"] for r in chosen]),
+                                      geomean([r["default_over_mm"] for r in chosen])))
+    per_step = []
+    for model, layers in sorted(LAYERS.items()):
+        for m in sorted({r["m"] for r in rows if r["m"] <= s["decode_max_m"]}):
+            by_layer = {r["layer"]: r for r in rows if r["model"] == model and r["m"] == m}
+            if set(by_layer) != {*DECODE_LAYERS, "lm_head"}:
+                continue
+            totals = [layers * sum(by_layer[name][key] for name in DECODE_LAYERS)
+                      + by_layer["lm_head"][key]
+                      for key in ("tuned_ms", "torch_mm_ms", "default_ms")]
+            per_step.append(StepSum(model, m, *totals))
+    return Bench(
+        source, provenance(doc["provenance"]), doc["timing"], tuple(s["goal_ms"]),
+        goal(doc, None), s["geomean_default_over_mm"], s["decode_geomean_default_over_mm"],
+        s["decode_speedup_over_default"], SPEEDUP_GOAL,
+        tuple(BenchRow(r["model"], r["layer"], r["n"], r["k"], r["m"], r["tuned_ms"] * 1000,
+                       r["torch_mm_ms"] * 1000, r["default_ms"] * 1000, r["tuned_over_mm"],
+                       r["default_over_mm"]) for r in rows),
+        tuple(per_model), tuple(per_step))
+
+
+# --- the table -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Launch:
+    block_m: int
+    block_n: int
+    warps: int
+    stages: int
+    programs: int
+    fused: bool
+
+
+def launch(c: dict[str, Any]) -> Launch:
+    return Launch(c["block_m"], c["block_n"], c["num_warps"], c["num_stages"],
+                  c.get("programs_per_sm", 1), bool(c.get("fuse_splits", False)))
+
+
+@dataclass(frozen=True)
+class BucketCell(Launch):
+    ratio: float      # sweep-time tuned / torch.mm at the bucket bound
+    sourced: bool     # set (and measured) by another file than the sweep
+
+
+@dataclass(frozen=True)
+class TableEntry:
+    n: int
+    k: int
+    layers: tuple[str, ...]
+    block_k: int
+    split_k: int
+    scores: tuple[tuple[str, Any], ...]
+    gpu_uuid: str
+    date_utc: str
+    buckets: tuple[BucketCell, ...]
+
+
+@dataclass(frozen=True)
+class Table:
+    source: str
+    entries: tuple[TableEntry, ...]
+    any_fused: bool
+    bounds: tuple[int, ...]           # the first entry's bucket bounds (the column heads)
+    sources: tuple[str, ...]
+    first_provenance: Provenance
+
+
+def table(doc: dict[str, Any], source: str) -> Table:
+    entries = []
+    for e in doc["entries"]:
+        cells = tuple(BucketCell(*vars(launch(b)).values(),
+                                 ratio=b["measured"]["time_ms"] / b["measured"]["torch_mm_ms"],
+                                 sourced="source" in b["measured"]) for b in e["buckets"])
+        entries.append(TableEntry(e["n"], e["k"], tuple(e["layers"]), e["block_k"], e["split_k"],
+                                  tuple(sorted(e["selection"]["scores"].items())),
+                                  e["provenance"]["gpu_uuid"], e["provenance"]["date_utc"], cells))
+    return Table(source, tuple(entries),
+                 any(b.get("fuse_splits", False) for e in doc["entries"] for b in e["buckets"]),
+                 tuple(b["m_max"] for b in doc["entries"][0]["buckets"]),
+                 tuple(sorted({b["measured"]["source"] for e in doc["entries"]
+                               for b in e["buckets"] if "source" in b["measured"]})),
+                 provenance(doc["entries"][0]["provenance"]))
+
+
+# --- gates -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ProbeRow:
+    n: int
+    k: int
+    rows_equal: int
+    rows_checked: int
+    ours: float          # max relative error over the accuracy checks
+    torch_mm: float
+    tolerance: float
+    passed: bool
+
+
+@dataclass(frozen=True)
+class Probe:
+    source: str
+    provenance: Provenance
+    rows: tuple[ProbeRow, ...]
+    passed: bool
+
+
+def probe(doc: dict[str, Any], source: str) -> Probe:
+    return Probe(source, provenance(doc["provenance"]), tuple(
+        ProbeRow(s["n"], s["k"], s["invariance"]["rows_equal"], s["invariance"]["rows_checked"],
+                 max(a["max_rel_err"] for a in s["accuracy"]),
+                 max(a["torch_mm_max_rel_err"] for a in s["accuracy"]),
+                 s["accuracy"][0]["tolerance"], bool(s["passed"])) for s in doc["shapes"]),
+        bool(doc["passed"]))
+
+
+# --- fused split-K ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Variant:
+    """A timed variant: the table's launch, that launch fused, or a fused tile ("other")."""
+
+    kind: str           # "table" | "fused" | "other"
+    tile: str = ""      # "128x128" (other only)
+    warps: str = ""
+    stages: str = ""
+
+
+def variant(name: str) -> Variant:
+    if name in ("table", "fused"):
+        return Variant(name)
+    tile, _, ws = name.removeprefix("fused_").partition("w")
+    warps, _, stages = ws.partition("s")
+    return Variant("other", tile, warps, stages)
+
+
+@dataclass(frozen=True)
+class FusedRow:
+    n: int
+    k: int
+    m: int
+    config: Launch | None
+    table_variant: Variant
+    best_variant: Variant
+    table_us: float
+    fused_us: float
+    best_us: float
+    mm_us: float
+    best_over_table: float
+    best_over_mm: float
+    equal: bool
+
+
+@dataclass(frozen=True)
+class Fused:
+    source: str
+    provenance: Provenance
+    note: str | None
+    rows: tuple[FusedRow, ...]
+    failed: tuple[str, ...]
+
+
+def fused(doc: dict[str, Any], source: str) -> Fused:
+    prov = doc["provenance"]
+    recon = doc.get("table_configs_reconstructed", {})
+    rows = []
+    for r in doc["rows"]:
+        cfg = r.get("table_config") or recon.get(f"{r['n']}x{r['k']}/M={r['m']}")
+        timed = {name: ms for name, ms in r.items()
+                 if name.startswith("fused") and not name.endswith("_equal")
+                 and isinstance(ms, float)}
+        best = min(timed, key=timed.__getitem__)
+        rows.append(FusedRow(
+            r["n"], r["k"], r["m"], launch(cfg) if cfg else None, variant("table"),
+            variant(best), r["table"] * 1000, r["fused"] * 1000, timed[best] * 1000,
+            r["mm"] * 1000, timed[best] / r["table"], timed[best] / r["mm"],
+            all(v for key, v in r.items() if key.endswith("_equal"))))
+    failed = sorted({name for r in doc["rows"] for name, v in r.items()
+                     if isinstance(v, str) and not name.endswith("_equal")})
+    return Fused(source, provenance(prov),
+                 prov.get("note", "") if prov.get("reconstructed") else None,
+                 tuple(rows), tuple(failed))
+
+
+# --- kernel checks ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CheckConfigs:
+    """The distinct launch configurations the gates ran, and their split-K values."""
+
+    count: int
+    parallel: tuple[int, ...]
+    fused: tuple[int, ...]
+
+
+def check_configs(gates: list[dict[str, Any]]) -> CheckConfigs:
+    configs = {json.dumps(g["config"], sort_keys=True): g["config"] for g in gates}
+    return CheckConfigs(
+        len(configs),
+        tuple(sorted({c["split_k"] for c in configs.values()
+                      if c["split_k"] > 1 and not c.get("fuse_splits", False)})),
+        tuple(sorted({c["split_k"] for c in configs.values()
+                      if c["split_k"] > 1 and c.get("fuse_splits", False)})))
+
+
+@dataclass(frozen=True)
+class CompiledCheck:
+    compile_equal_eager: Any
+    compile_row_invariant: Any
+    cuda_graph_replay_equal: Any
+    parallel_max_m: Any = "?"
+
+
+@dataclass(frozen=True)
+class Check:
+    source: str
+    provenance: Provenance
+    configs: CheckConfigs
+    gates: int
+    gates_passed: int
+    fused_equal: int | None        # fused == parallel comparisons that held (None: not run)
+    fused_compared: int
+    compiled: CompiledCheck
+    op_calls: tuple[tuple[str, Any], ...]
+    fused_table: CompiledCheck | None
+
+
+def _compiled(d: dict[str, Any]) -> CompiledCheck:
+    return CompiledCheck(d.get("compile_equal_eager"), d.get("compile_row_invariant"),
+                         d.get("cuda_graph_replay_equal"), d.get("parallel_max_m", "?"))
+
+
+def check(doc: dict[str, Any], source: str) -> Check:
+    gates, comp = doc["gates"], doc["compiled"]
+    fep = doc.get("fused_equals_parallel")
+    return Check(source, provenance(doc["provenance"]), check_configs(gates), len(gates),
+                 sum(g["passed"] for g in gates), None if fep is None else sum(fep),
+                 0 if fep is None else len(fep), _compiled(comp),
+                 tuple(sorted(comp.get("op_calls", {}).items())),
+                 None if comp.get("fused_table") is None else _compiled(comp["fused_table"]))
+
+
+# --- earlier runs ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class EarlierRun:
+    folder: str
+    what: str
+    overall: float
+    decode: float
+    default_over_mm: float
+    provenance: Provenance
+
+
+@dataclass(frozen=True)
+class History:
+    runs: tuple[EarlierRun, ...]
+
+
+def history(benches: list[tuple[str, str, dict[str, Any]]]) -> History | None:
+    """(folder, what it was, its bench document) of each earlier run found; None when none."""
+    runs = tuple(EarlierRun(folder, what, b["summary"]["geomean_tuned_over_mm"],
+                            b["summary"]["decode_geomean_tuned_over_mm"],
+                            b["summary"]["geomean_default_over_mm"], provenance(b["provenance"]))
+                 for folder, what, b in benches)
+    return History(runs) if runs else None
+
+
+# --- decode profile in compiled vLLM ---------------------------------------------------------
+
+# vLLM 0.25.0's CompilationMode values (vllm/config/compilation.py), as the engine logs them.
+VLLM_COMPILATION_MODES = {"0": "NONE", "1": "STOCK_TORCH_COMPILE", "2": "DYNAMO_TRACE_ONCE",
+                          "3": "VLLM_COMPILE"}
+PROFILE_CATEGORIES = (("persistent_gemm", "persistent GEMM"), ("cublas_gemm", "cuBLAS GEMM"),
+                      ("attention", "attention"), ("other", "other"))
+KERNEL_NAME_WIDTH = 56
+
+
+def model_layers(model_path: str) -> tuple[str, int] | None:
+    """(known model, its layers) for a model folder named after one of ``LAYERS``."""
+    base = PurePath(model_path).name
+    known = [name for name in LAYERS if base.startswith(name)]
+    return (max(known, key=len), LAYERS[max(known, key=len)]) if known else None
+
+
+def largest_capture_size(doc: dict[str, Any]) -> int | None:
+    """The largest CUDA-graph capture size of any arm (None when no arm records one)."""
+    sizes = [int(size) for arm in doc["arms"].values()
+             for size in arm.get("graphs", {}).get("cudagraph_capture_sizes", [])]
+    return max(sizes) if sizes else None
+
+
+def beyond_graphs(doc: dict[str, Any]) -> bool:
+    """Whether the batch exceeds every CUDA-graph capture size, so the decode steps ran eagerly."""
+    largest = largest_capture_size(doc)
+    return largest is not None and int(doc["settings"]["batch"]) > largest
+
+
+@dataclass(frozen=True)
+class ProfileArm:
+    name: str
+    batch_invariant: Any          # the arm's VLLM_BATCH_INVARIANT ("?" when unset)
+    tuned_gemm: Any               # its BISTAT_TUNED_GEMM
+    median_call_s: float
+    device_ms_per_step: float
+    category_ms_per_step: tuple[float, ...]   # in PROFILE_CATEGORIES order
+    gemm_share_pct: float
+    graph_launches: Any
+    kernel_launches: Any
+    host_ms_per_step: float       # median call ms / output tokens per request
+    host_minus_device_ms: float   # host time per step not hidden behind the GPU
+    call_s: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class ProfileComparison:
+    """The three arms default, batch-invariant and bi-tuned-gemm set against each other."""
+
+    bi_persistent: float
+    tuned_persistent: float
+    default_cublas: float
+    bi_over_tuned_persistent: float
+    tuned_over_cublas: float
+    tuned_over_default_call: float
+    bi_over_default_call: float
+    tuned_over_default_device: float
+    bi_over_default_device: float
+    extra_device: float
+    extra_gemm: float
+    extra_gemm_pct: float
+    recovered_pct: float
+    tuned_over_bi_call: float
+    tuned_over_bi_device: float
+    tuned_over_bi_persistent: float
+
+
+@dataclass(frozen=True)
+class GraphRow:
+    name: str
+    mode: str
+    mode_name: str
+    cudagraph_mode: Any
+    capture_sizes: tuple[Any, ...]
+    captured: tuple[str, ...]
+    graph_launches: Any
+    kernel_launches: Any
+    compile_s: float | None
+    jit_during_inference: int
+
+
+@dataclass(frozen=True)
+class PluginRow:
+    name: str
+    requested: Any
+    registered_by: Any
+    installed: Any
+    ours: Any
+    log_lines: Any
+
+
+@dataclass(frozen=True)
+class OpLaunch:
+    n: int
+    k: int
+    layer: str
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int
+    calls: int
+
+
+@dataclass(frozen=True)
+class OpLaunches:
+    arm: str
+    shapes: int
+    splits: tuple[tuple[int, str], ...]     # (SPLIT_K, layer) of the split-K launches
+    launches: tuple[OpLaunch, ...]
+
+
+@dataclass(frozen=True)
+class TopKernel:
+    arm: str
+    name: str             # cut at its argument list and to KERNEL_NAME_WIDTH characters
+    cut: bool             # whether the width cut it
+    category: str
+    share_pct: float
+    ms_per_step: float
+
+
+@dataclass(frozen=True)
+class Profile:
+    title: str
+    source: str
+    logs: str
+    provenance: Provenance
+    model: str
+    model_layers: tuple[str, int] | None
+    load_format: Any
+    batch: Any
+    prompt_tokens: Any
+    max_tokens: Any
+    warmups: Any
+    timed_calls: Any
+    eager: bool
+    largest_capture: int | None
+    category_labels: tuple[str, ...]
+    arms: tuple[ProfileArm, ...]
+    comparison: ProfileComparison | None
+    graphs: tuple[GraphRow, ...]
+    graphs_used: tuple[str, ...]
+    graphs_captured: tuple[str, ...]
+    plugin: tuple[PluginRow, ...]
+    op_launches: tuple[OpLaunches, ...]
+    top_kernels: tuple[TopKernel, ...]
+
+
+def layer_names() -> dict[tuple[int, int], str]:
+    """(N, K) -> 'model/layer' for every tuned shape (from ``shapes.py``, which is pure)."""
+    from bistat_kernels.shapes import MODEL_SHAPES
+    names: dict[tuple[int, int], list[str]] = {}
+    for model_shapes in MODEL_SHAPES.values():
+        for shape in model_shapes:
+            names.setdefault((shape.n, shape.k), []).append(f"{shape.model}/{shape.layer}")
+    return {key: ", ".join(value) for key, value in names.items()}
+
+
+def _comparison(arms: dict[str, Any]) -> ProfileComparison | None:
+    default, bi, tuned = (arms.get(k) for k in ("default", "batch-invariant", "bi-tuned-gemm"))
+    if default is None or bi is None or tuned is None:
+        return None
+
+    def per_step(arm: dict[str, Any], key: str) -> float:
+        return float(arm["profile"]["categories"][key]["ms_per_step"])
+
+    def gemm(arm: dict[str, Any]) -> float:
+        return per_step(arm, "persistent_gemm") + per_step(arm, "cublas_gemm")
+
+    def dev(arm: dict[str, Any]) -> float:
+        return float(arm["profile"]["total_device_ms_per_step"])
+
+    bi_p, t_p = per_step(bi, "persistent_gemm"), per_step(tuned, "persistent_gemm")
+    d_c = per_step(default, "cublas_gemm")
+    d_s, b_s, t_s = (a["median_call_s"] for a in (default, bi, tuned))
+    extra_dev, extra_gemm = dev(bi) - dev(default), gemm(bi) - gemm(default)
+    return ProfileComparison(
+        bi_p, t_p, d_c, bi_p / t_p, t_p / d_c, t_s / d_s, b_s / d_s, dev(tuned) / dev(default),
+        dev(bi) / dev(default), extra_dev, extra_gemm, 100 * extra_gemm / extra_dev,
+        100 * (b_s - t_s) / (b_s - d_s), t_s / b_s, dev(tuned) / dev(bi), t_p / bi_p)
+
+
+def profile(doc: dict[str, Any], source: str, logs: str, title: str) -> Profile:
+    st, arms = doc["settings"], doc["arms"]
+    names = layer_names()
+    rows, graphs, plugin, launches, top = [], [], [], [], []
+    for name, arm in arms.items():
+        prof, g, log = arm["profile"], arm["graphs"], arm.get("log", {})
+        rows.append(ProfileArm(
+            name, arm["env"].get("VLLM_BATCH_INVARIANT", "?"),
+            arm["env"].get("BISTAT_TUNED_GEMM", "?"), arm["median_call_s"],
+            prof["total_device_ms_per_step"],
+            tuple(prof["categories"][key]["ms_per_step"] for key, _ in PROFILE_CATEGORIES),
+            100 * prof["gemm_share"], g.get("cuda_graph_launches_in_profile", "?"),
+            g.get("kernel_launch_calls_in_profile", "?"),
+            1000 * arm["median_call_s"] / st["max_tokens"],
+            1000 * arm["median_call_s"] / st["max_tokens"] - prof["total_device_ms_per_step"],
+            tuple(arm.get("call_s", []))))
+        mode = str(g.get("compilation_mode", "?"))
+        graphs.append(GraphRow(
+            name, mode, VLLM_COMPILATION_MODES.get(mode, "unknown"), g.get("cudagraph_mode", "?"),
+            tuple(g.get("cudagraph_capture_sizes", [])), tuple(g.get("capture_modes_in_log", [])),
+            g.get("cuda_graph_launches_in_profile", "?"),
+            g.get("kernel_launch_calls_in_profile", "?"), log.get("compile_s"),
+            len(log.get("jit_during_inference", []))))
+        pl = arm["plugin"]
+        plugin.append(PluginRow(name, pl["requested"], pl["registered_by"] or "nothing",
+                                pl["installed"], pl["matmul_persistent_is_ours"],
+                                log.get("tuned_gemm_installed_lines", "?")))
+        if pl["calls"]:
+            calls = pl["calls"]
+            launches.append(OpLaunches(
+                name, len({(c["n"], c["k"]) for c in calls}),
+                tuple(sorted({(c["split_k"], names.get((c["n"], c["k"]), f"{c['n']}x{c['k']}"))
+                              for c in calls if c.get("split_k", 1) > 1})),
+                tuple(OpLaunch(c["n"], c["k"], names.get((c["n"], c["k"]), "?"), c["block_m"],
+                               c["block_n"], c["block_k"], c["split_k"], c["calls"])
+                      for c in calls)))
+        for k in prof["top_kernels"][:3]:
+            short = k["name"].split("(")[0]
+            top.append(TopKernel(name, short[:KERNEL_NAME_WIDTH], len(short) > KERNEL_NAME_WIDTH,
+                                 k["category"], 100 * k["share"], k["ms_per_step"]))
+    return Profile(
+        title, source, logs, provenance(doc["provenance"]), st["model"],
+        model_layers(st["model"]), st["load_format"], st["batch"], st["prompt_tokens"],
+        st["max_tokens"], st["warmups"], st["timed_calls"], beyond_graphs(doc),
+        largest_capture_size(doc), tuple(label for _, label in PROFILE_CATEGORIES), tuple(rows),
+        _comparison(arms), tuple(graphs),
+        tuple(name for name, arm in arms.items() if arm["graphs"].get("used")),
+        tuple(name for name, arm in arms.items() if arm["graphs"].get("capture_modes_in_log")),
+        tuple(plugin), tuple(launches), tuple(top))
+
+
+# --- the bistat probe of the plugin in compiled vLLM -----------------------------------------
+
+@dataclass(frozen=True)
+class ProbeModel:
+    """The synthetic model a probe ran on (its sidecar file)."""
+
+    layers: Any
+    arch: Any
+    init: Any
+    std: Any
+    seed: Any
+    n_parameters: int
+    weights_sha256: str
+    path: str
+
+
+@dataclass(frozen=True)
+class Sidecar:
+    """The probe's provenance, recorded beside it (the probe's output records no GPU)."""
+
+    source: str
+    provenance: Provenance
+    date_note: str
+    declaration: str
+    registered_utc: str
+    registration: str
+    registration_sha256: str
+    engine_kind: str
+    engine_model: str
+    model: ProbeModel | None
+    note: str | None
+
+
+@dataclass(frozen=True)
+class ProbeTrial:
+    trial: Any
+    fillers: Any
+    evidence: str
+    shared_step: bool
+
+
+@dataclass(frozen=True)
+class ProbeArm:
+    name: str
+    role: str
+    gemm: str | None                # "tuned" | "batch-invariant" | "default"; None: not declared
+    attention: str | None
+    alone_repeat_identical: bool
+    equal: int                      # trials whose tokens and logprobs equal the needle alone
+    divergences: tuple[int, ...]    # distinct first-divergence tokens
+    diverged: int                   # trials with a first divergence
+    shared: int                     # trials with shared-step evidence
+    trials: tuple[ProbeTrial, ...]
+
+
+@dataclass(frozen=True)
+class PluginProbe:
+    source: str
+    sidecar: Sidecar | None
+    needle: str
+    max_tokens: Any
+    min_fillers: Any
+    max_fillers: Any
+    trials: Any
+    mode: Any
+    seed: Any
+    outcome: str
+    reason: str
+    arms: tuple[ProbeArm, ...]
+    probed_shared: tuple[int, ...]  # distinct shared-step trial counts of the probed arms
+    probed_trials: int | None       # trials per probed arm (None: no arm probed)
+
+
+def gemm_kind(env: dict[str, str]) -> str:
+    if env.get("VLLM_BATCH_INVARIANT") == "1":
+        return "tuned" if env.get("BISTAT_TUNED_GEMM") == "1" else "batch-invariant"
+    return "default"
+
+
+def plugin_probe(doc: dict[str, Any], sidecar: dict[str, Any] | None,
+                 model_doc: dict[str, Any] | None, source: str,
+                 sidecar_source: str) -> PluginProbe:
+    side = None
+    if sidecar is not None:
+        pm = None if model_doc is None else ProbeModel(
+            model_doc["layers"], model_doc["arch"], model_doc["init"], model_doc["std"],
+            model_doc["seed"], model_doc["n_parameters"], model_doc["weights"]["sha256"],
+            sidecar["model"])
+        side = Sidecar(sidecar_source, provenance(sidecar["provenance"]), sidecar["date_note"],
+                       sidecar["declaration"], sidecar["registered_utc"],
+                       sidecar["registration"], sidecar["registration_sha256"],
+                       sidecar["engine"]["kind"], sidecar["engine"]["model"], pm,
+                       sidecar.get("note"))
+    declared = {a["name"]: a for a in (sidecar or {}).get("arms", [])}
+    arms = []
+    for arm in doc["arms"]:
+        trials = arm["trials"]
+        diverge = [t["first_divergence"] for t in trials if t["first_divergence"] is not None]
+        decl = declared.get(arm["arm"])
+        arms.append(ProbeArm(
+            arm["arm"], arm["role"], gemm_kind(decl["env"]) if decl else None,
+            decl.get("args", {}).get("attention_backend", "engine default") if decl else None,
+            bool(arm["alone_repeat_identical"]),
+            sum(t["tokens_equal"] and t["logprobs_equal"] for t in trials),
+            tuple(sorted(set(diverge))), len(diverge), sum(t["shared_step"] for t in trials),
+            tuple(ProbeTrial(t["trial"], t["n_fillers"], t["evidence"], bool(t["shared_step"]))
+                  for t in trials)))
+    probed = [a for a in arms if a.role == "probed"]
+    st = doc["settings"]
+    return PluginProbe(
+        source, side, doc["needle_prompt_id"], st["max_tokens"], st["min_fillers"],
+        st["max_fillers"], st["trials"], st["mode"], st["seed"], doc["outcome"], doc["reason"],
+        tuple(arms), tuple(sorted({a.shared for a in probed})),
+        len(probed[0].trials) if probed else None)
+
+
+# --- sweep timing check ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SweepShape:
+    model: str
+    layer: str
+    n: int
+    k: int
+    measurements: int
+    elapsed_s: float
+    slowest_first_launch_s: float | None
+    slow_first_launches: Any
+    chosen: tuple[int, int] | None        # (BLOCK_K, SPLIT_K) this sweep chose
+    committed: tuple[int, int] | None     # ... and the committed table has
+
+    @property
+    def changed(self) -> bool:
+        """Whether this sweep chose another layout than the committed table."""
+        return bool(self.chosen and self.committed and self.chosen != self.committed)
+
+
+@dataclass(frozen=True)
+class BeforeFix:
+    """A shape's sweep time before the toolchain was pinned, beside this sweep's."""
+
+    model: str
+    layer: str
+    before_s: float
+    before_measurements: int
+    before_ms_each: float
+    after_s: float
+    after_measurements: int
+    after_ms_each: float
+
+
+@dataclass(frozen=True)
+class SweepTiming:
+    source: str
+    provenance: Provenance
+    why_not_adopted: str | None
+    shapes: tuple[SweepShape, ...]
+    measurements: int
+    total_s: float
+    min_s: float
+    max_s: float
+    device_output: bool               # the device command's printed output was recorded
+    precompile_s: Any                 # from it
+    sweep_total_s: Any
+    slowest_first_launch_s: float | None
+    slow_first_launches: int
+    before_source: str
+    before_date: str
+    before: tuple[BeforeFix, ...]
+
+
+def sweep_timing(raw: dict[str, Any], table: dict[str, Any] | None,
+                 committed: dict[str, Any] | None, before: dict[str, Any] | None,
+                 device_output: dict[str, Any] | None, source: str,
+                 before_source: str) -> SweepTiming:
+    shapes = raw["shapes"]
+    chosen = {(e["n"], e["k"]): e for e in (table or {}).get("entries", [])}
+    kept = {(e["n"], e["k"]): e for e in (committed or {}).get("entries", [])}
+    rows = []
+    for s in shapes:
+        mine = [r["first_launch_s"] for r in s["records"] if "first_launch_s" in r]
+        new, old = chosen.get((s["n"], s["k"])), kept.get((s["n"], s["k"]))
+        rows.append(SweepShape(s["model"], s["layer"], s["n"], s["k"], len(s["records"]),
+                               s["elapsed_s"], max(mine) if mine else None,
+                               s.get("slow_first_launches", "?"),
+                               (new["block_k"], new["split_k"]) if new else None,
+                               (old["block_k"], old["split_k"]) if old else None))
+    fixes = []
+    if before is not None:
+        by_name = {(s["model"], s["layer"]): s for s in shapes}
+        for old in before["shapes"]:
+            new = by_name.get((old["model"], old["layer"]))
+            if new is not None:
+                fixes.append(BeforeFix(
+                    old["model"], old["layer"], old["elapsed_s"], len(old["records"]),
+                    1000 * old["elapsed_s"] / len(old["records"]), new["elapsed_s"],
+                    len(new["records"]), 1000 * new["elapsed_s"] / len(new["records"])))
+    elapsed = [s["elapsed_s"] for s in shapes]
+    first = [r["first_launch_s"] for s in shapes for r in s["records"] if "first_launch_s" in r]
+    not_adopted = device_output is not None and device_output.get("adopted") is False
+    return SweepTiming(
+        source, provenance(raw["provenance"]),
+        device_output["why_not_adopted"] if not_adopted else None, tuple(rows),
+        sum(len(s["records"]) for s in shapes), sum(elapsed), min(elapsed), max(elapsed),
+        device_output is not None, None if device_output is None else device_output["precompile_s"],
+        None if device_output is None else device_output["sweep_total_s"],
+        max(first) if first else None, sum(s.get("slow_first_launches", 0) for s in shapes),
+        before_source, "?" if before is None else before["provenance"].get("date_utc", "?"),
+        tuple(fixes))
