@@ -283,15 +283,21 @@ def test_a_same_size_edit_after_compaction_is_a_gap_and_the_jsonl_is_read(tmp_pa
                           f"{hashlib.sha256(edited).hexdigest()}, recorded {meta['source_sha256']}")
 
 
+def _compacted(tmp_path, n: int):
+    """A run of ``n`` responses, compacted (page CRCs written)."""
+    run = tmp_path / "r"
+    with RunWriter.create(run, {}) as w:
+        for i in range(n):
+            w.append("responses", _resp(i))
+    records.compact(run)
+    return run
+
+
 def test_a_same_size_edit_inside_the_parquet_fails_its_page_crc_and_the_jsonl_is_read(tmp_path):
     """Issue 20 item 5: compaction writes page CRCs; a flipped byte inside a data page is found
     on read (never read as data), the JSONL is read instead and the gap names the Parquet file;
     without the JSONL the read refuses with the file named."""
-    run = tmp_path / "r"
-    with RunWriter.create(run, {}) as w:
-        for i in range(40):
-            w.append("responses", _resp(i))
-    records.compact(run)
+    run = _compacted(tmp_path, 40)
     pq_path = run / "responses.parquet"
     raw = bytearray(pq_path.read_bytes())
     # a byte inside the first column chunk's data page (after the 4-byte magic and page header)
@@ -313,11 +319,7 @@ def test_a_same_size_edit_inside_the_parquet_fails_its_page_crc_and_the_jsonl_is
 
 def test_a_damaged_page_is_found_in_a_column_the_read_does_not_ask_for(tmp_path):
     """Every page is checked once per file version, not only the columns a caller reads."""
-    run = tmp_path / "r"
-    with RunWriter.create(run, {}) as w:
-        for i in range(40):
-            w.append("responses", _resp(i))
-    records.compact(run)
+    run = _compacted(tmp_path, 40)
     pq_path = run / "responses.parquet"
     rg = pq.ParquetFile(pq_path).metadata.row_group(0)
     last = rg.column(rg.num_columns - 1)
@@ -338,11 +340,7 @@ def test_no_flipped_byte_inside_any_column_chunk_is_read_as_data(tmp_path):
     data pages, page headers; every 5th byte) either leaves the decoded table unchanged (a
     header field that does not touch the values) or is found: the JSONL is read, the gap names
     the Parquet file. Never a changed value read from the Parquet."""
-    run = tmp_path / "r"
-    with RunWriter.create(run, {}) as w:
-        for i in range(30):
-            w.append("responses", _resp(i))
-    records.compact(run)
+    run = _compacted(tmp_path, 30)
     pq_path = run / "responses.parquet"
     orig = pq_path.read_bytes()
     want = records.load_table(run, "responses").frame
