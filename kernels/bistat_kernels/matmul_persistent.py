@@ -36,6 +36,8 @@ in the same order, with no workspace and no second kernel.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -214,6 +216,75 @@ def _splitk_reduce_kernel(
              acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _split_partial_tma(a_desc, w_desc, row0, col0, k_tile0, k_tiles_per_split,
+                       BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
+                       BLOCK_SIZE_K: tl.constexpr):
+    # _split_partial with the operand tiles loaded by the tensor-memory accelerator: the same
+    # K-tiles in the same order into a fresh float32 zero accumulator. Rows, columns and K past
+    # the tensors' edges arrive as zeros (the descriptors' padding), as the masked loads give.
+    accumulator = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    for kk in range(k_tiles_per_split):
+        k_start = (k_tile0 + kk) * BLOCK_SIZE_K
+        a = a_desc.load([row0, k_start])  # [BLOCK_M, BLOCK_K]
+        w = w_desc.load([col0, k_start])  # [BLOCK_N, BLOCK_K] of the [N, K] weight
+        accumulator = tl.dot(a, w.T, accumulator)
+    return accumulator
+
+
+@triton.jit(do_not_specialize=["M"])
+def _matmul_persistent_tma_kernel(
+    a_desc, w_desc, c_ptr, ws_ptr, bias_ptr,
+    M, N, K,
+    stride_cm, stride_cn,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr, SPLIT_K: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
+    C_LARGE: tl.constexpr, HAS_BIAS: tl.constexpr, FUSE_SPLITS: tl.constexpr,
+):
+    # _matmul_persistent_kernel with descriptor loads (bf16/fp16 only): the same tiles, splits and
+    # epilogues, so every output element is the same sum in the same order.
+    start_pid = tl.program_id(axis=0)
+    num_pid_m = tl.cdiv(M, BLOCK_SIZE_M)
+    num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
+    k_tiles = tl.cdiv(K, BLOCK_SIZE_K)
+    k_tiles_per_split = tl.cdiv(k_tiles, SPLIT_K)
+    num_mn = num_pid_m * num_pid_n
+    num_pid_in_group = GROUP_SIZE_M * num_pid_n
+    if FUSE_SPLITS:
+        for tile_id in tl.range(start_pid, num_mn, NUM_PROGRAMS):
+            pid_m, pid_n = _compute_pid(tile_id, num_pid_in_group, num_pid_m, GROUP_SIZE_M)
+            total = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+            for split in range(SPLIT_K):
+                partial = _split_partial_tma(a_desc, w_desc, pid_m * BLOCK_SIZE_M,
+                                             pid_n * BLOCK_SIZE_N, split * k_tiles_per_split,
+                                             k_tiles_per_split, BLOCK_SIZE_M, BLOCK_SIZE_N,
+                                             BLOCK_SIZE_K)
+                total = tl.where(split == 0, partial, total + partial)
+            offs_cm, offs_cn, c_mask = _output_offsets(pid_m, pid_n, M, N, BLOCK_SIZE_M,
+                                                       BLOCK_SIZE_N, C_LARGE)
+            _store_output(c_ptr, bias_ptr, total, offs_cm, offs_cn, c_mask, N, stride_cm,
+                          stride_cn, HAS_BIAS)
+    else:
+        num_tiles = num_mn * SPLIT_K
+        for tile_id in tl.range(start_pid, num_tiles, NUM_PROGRAMS, flatten=True):
+            split = tile_id // num_mn
+            pid_m, pid_n = _compute_pid(tile_id % num_mn, num_pid_in_group, num_pid_m,
+                                        GROUP_SIZE_M)
+            accumulator = _split_partial_tma(a_desc, w_desc, pid_m * BLOCK_SIZE_M,
+                                             pid_n * BLOCK_SIZE_N, split * k_tiles_per_split,
+                                             k_tiles_per_split, BLOCK_SIZE_M, BLOCK_SIZE_N,
+                                             BLOCK_SIZE_K)
+            offs_cm, offs_cn, c_mask = _output_offsets(pid_m, pid_n, M, N, BLOCK_SIZE_M,
+                                                       BLOCK_SIZE_N, C_LARGE)
+            if SPLIT_K == 1:
+                _store_output(c_ptr, bias_ptr, accumulator, offs_cm, offs_cn, c_mask, N,
+                              stride_cm, stride_cn, HAS_BIAS)
+            else:
+                ws_offs = (split.to(tl.int64) * M * N + offs_cm.to(tl.int64)[:, None] * N
+                           + offs_cn.to(tl.int64)[None, :])
+                tl.store(ws_ptr + ws_offs, accumulator, mask=c_mask)
+
+
 def _device_facts(device: torch.device) -> tuple[int, str | None]:
     """(programs to launch at most, device name), read once per process."""
     global _NUM_SMS, _DEVICE_NAME
@@ -261,8 +332,12 @@ def matmul_persistent(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | Non
     -----
     The table entry for ``(dtype, N, K)`` fixes ``block_k`` and ``split_k`` for all M (see the
     module docstring); ``config.fuse_splits`` adds split-K partial sums inside the GEMM kernel
-    (no float32 workspace, no reduce kernel) with the same bits as the parallel mode; shapes without an entry use vLLM 0.25.0's fixed configuration, which is
-    logged once per shape.
+    (no float32 workspace, no reduce kernel) with the same bits as the parallel mode;
+    ``config.tma`` loads the operand tiles through tensor descriptors where the operands allow it
+    (16-byte aligned, unit inner stride; otherwise pointer loads, with the same bits). Shapes
+    without an entry use vLLM 0.25.0's fixed configuration, which is logged once per shape. On a
+    GPU, every launch after the first of its kind goes straight to the compiled kernel
+    (:func:`_launch`).
     """
     assert a.dim() == 2 and b.dim() == 2, "matmul_persistent: a and b must be 2-D"
     assert a.shape[1] == b.shape[0], "Incompatible dimensions"
@@ -271,11 +346,11 @@ def matmul_persistent(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | Non
         "bias must be 1-D of length N"
     M, K = a.shape
     N = b.shape[1]
-    name = dtype_name(a.dtype)
+    dtype = a.dtype
     num_sms, device_name = _device_facts(a.device)
     if config is None:
-        config = tables.lookup_config(M, N, K, name, device_name)
-    c = torch.empty((M, N), device=a.device, dtype=a.dtype)  # [M, N]
+        config = tables.lookup_config(M, N, K, dtype_name(dtype), device_name)
+    c = torch.empty((M, N), device=a.device, dtype=dtype)  # [M, N]
     if M == 0 or N == 0:
         return c
     split_k = config.split_k
@@ -284,20 +359,27 @@ def matmul_persistent(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | Non
         ws = torch.empty((split_k, M, N), device=a.device, dtype=torch.float32)  # [S, M, N]
     else:
         ws = c  # unused by the kernel: no split, or splits added in the kernel
-    num_tiles = (triton.cdiv(M, config.block_m) * triton.cdiv(N, config.block_n)
-                 * (1 if fused else split_k))
+    block_m = config.block_m
+    num_tiles = (-(-M // block_m) * -(-N // config.block_n) * (1 if fused else split_k))
     num_programs = num_sms * config.programs_per_sm
-    grid = (min(num_programs, num_tiles),)
-    _matmul_persistent_kernel[grid](
-        a, b, c, ws, bias,
-        M, N, K,
-        a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
-        BLOCK_SIZE_M=config.block_m, BLOCK_SIZE_N=config.block_n, BLOCK_SIZE_K=config.block_k,
-        GROUP_SIZE_M=config.group_m, SPLIT_K=split_k, NUM_PROGRAMS=num_programs,
-        A_LARGE=a.numel() > 2**31, B_LARGE=b.numel() > 2**31, C_LARGE=c.numel() > 2**31,
-        HAS_BIAS=bias is not None and (split_k == 1 or fused), IEEE=a.dtype == torch.float32,
-        FUSE_SPLITS=fused, num_warps=config.num_warps, num_stages=config.num_stages,
-    )
+    grid0 = min(num_programs, num_tiles)
+    sa0, sa1 = a.stride()
+    sb0, sb1 = b.stride()
+    a_ptr, b_ptr = a.data_ptr(), b.data_ptr()
+    c_large = M * N > 2**31
+    tma = (config.tma and sa1 == 1 and sb0 == 1 and dtype is not torch.float32
+           and (sa0 * 2) % 16 == 0 and (sb1 * 2) % 16 == 0 and a_ptr % 16 == 0
+           and b_ptr % 16 == 0 and a.is_cuda)
+    key = (config, dtype, N, K, sa0, sa1, sb0, sb1, a_ptr % 16 == 0, b_ptr % 16 == 0,
+           None if bias is None else bias.data_ptr() % 16 == 0, M * K > 2**31, K * N > 2**31,
+           c_large, tma, a.device.index)
+    has_bias = bias is not None and (split_k == 1 or fused)
+    if tma:
+        head = (_TmaOperand(a, (M, K), (sa0, 1)), _TmaOperand(b, (N, K), (sb1, 1)),
+                c, ws, bias, M, N, K, N, 1)
+    else:
+        head = (a, b, c, ws, bias, M, N, K, sa0, sa1, sb0, sb1, N, 1)
+    _launch(key, grid0, head, config, num_programs, has_bias, tma)
     if split_k > 1 and not fused:
         reduce_grid = (triton.cdiv(M * N, _SPLITK_REDUCE_BLOCK),)
         _splitk_reduce_kernel[reduce_grid](
@@ -306,6 +388,125 @@ def matmul_persistent(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | Non
             num_warps=4,
         )
     return c
+
+
+# ---- the launch --------------------------------------------------------------------------------
+#
+# Triton's ``kernel[grid](...)`` binds and specialises every argument and hashes the result on
+# each call: 40-60 us of host time per call in triton 3.6 on the H200's host, about six times
+# torch.mm's (issue 23), paid on every eager GEMM in vLLM (steps beyond its CUDA-graph sizes).
+# The first launch of each kind goes through it and keeps the compiled kernel it returns; later
+# launches of the same kind call that kernel's launcher directly, with the same arguments, as
+# ``JITFunction.run`` itself does after its cache lookup (triton 3.4-3.8 share that call).
+#
+# "The same kind" is a key holding everything Triton specialises on: the config (every
+# constexpr and launch option), the dtype, N and K and the four operand strides (values, so
+# their ==1 and %16 classes too), each pointer's 16-byte alignment, the int64-offset flags and
+# the device. M is declared ``do_not_specialize`` and the output and workspace are fresh
+# allocations (always aligned), so neither needs more. The path is off under
+# ``BISTAT_GEMM_FAST_LAUNCH=0``, in Triton's interpreter (no compiled kernel), and while a
+# launch hook is installed (profilers: Triton then builds launch metadata per call; with none,
+# it passes the empty hook chains, which do nothing, where the direct path passes None).
+
+FAST_LAUNCH_ENV = "BISTAT_GEMM_FAST_LAUNCH"
+_FAST_LAUNCH = os.environ.get(FAST_LAUNCH_ENV, "1").strip().lower() not in {"0", "false", "no",
+                                                                             "off"}
+_COMPILED: dict[tuple, object] = {}  # launch key -> Triton's CompiledKernel
+_STREAM_OF = None  # triton.runtime.driver.active.get_current_stream, bound at the first launch
+_DEVICE_NOW = None  # ... get_current_device
+
+
+class _TmaOperand:
+    """A 2-D operand as Triton's host-side tensor descriptor presents it to the launcher.
+
+    The first launch of a kind passes real ``TensorDescriptor`` objects (Triton specialises on
+    them); later direct launches pass this lighter object with the four attributes the launcher
+    reads (``base``, ``shape``, ``strides``, ``padding``). The launcher validated the alignment
+    and strides a descriptor needs before choosing the tensor-memory path.
+    """
+
+    __slots__ = ("base", "shape", "strides", "padding")
+
+    def __init__(self, base: torch.Tensor, shape: tuple[int, int], strides: tuple[int, int]):
+        self.base, self.shape, self.strides, self.padding = base, shape, strides, "zero"
+
+    def descriptor(self, block: list[int]):
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        return TensorDescriptor(self.base, list(self.shape), list(self.strides), block)
+
+
+def _constexprs(config: tables.GemmConfig, num_programs: int, has_bias: bool, tma: bool,
+                dtype: torch.dtype, large: tuple[bool, bool, bool]) -> tuple:
+    common = (config.block_m, config.block_n, config.block_k, config.group_m, config.split_k,
+              num_programs)
+    if tma:
+        return common + (large[2], has_bias, config.fuse_splits)
+    return common + (*large, has_bias, dtype == torch.float32, config.fuse_splits)
+
+
+def _launch(key: tuple, grid0: int, head: tuple, config: tables.GemmConfig, num_programs: int,
+            has_bias: bool, tma: bool) -> None:
+    """Launch the GEMM kernel: directly when this kind was launched before, else through Triton."""
+    global _STREAM_OF, _DEVICE_NOW
+    compiled = _COMPILED.get(key) if _FAST_LAUNCH else None
+    if compiled is not None and _hooks_idle():
+        tail = _TAILS[key]
+        compiled.run(grid0, 1, 1, _STREAM_OF(_DEVICE_NOW()), compiled.function,
+                     compiled.packed_metadata, None, None, None, *head, *tail)
+        return
+    dtype = head[2].dtype
+    large = (key[11], key[12], key[13])
+    tail = _constexprs(config, num_programs, has_bias, tma, dtype, large)
+    if tma:
+        a_op, w_op = head[0], head[1]
+        args = (a_op.descriptor([config.block_m, config.block_k]),
+                w_op.descriptor([config.block_n, config.block_k])) + head[2:] + tail
+        kernel = _matmul_persistent_tma_kernel
+    else:
+        args = head + tail
+        kernel = _matmul_persistent_kernel
+    compiled = kernel[(grid0,)](*args, num_warps=config.num_warps, num_stages=config.num_stages)
+    if _FAST_LAUNCH and hasattr(compiled, "packed_metadata") and not _interpreting():
+        if _STREAM_OF is None:
+            _STREAM_OF, _DEVICE_NOW = _stream_functions()
+        _COMPILED[key] = compiled
+        _TAILS[key] = tail
+
+
+_TAILS: dict[tuple, tuple] = {}  # launch key -> its constexpr arguments, in signature order
+
+
+def _stream_functions():
+    """Triton's (current stream of a device, current device): what ``JITFunction.run`` uses."""
+    from triton.runtime import driver
+
+    return driver.active.get_current_stream, driver.active.get_current_device
+
+
+def _hooks_idle() -> bool:
+    """No launch hook is installed (triton >= 3.6 keeps an empty ``HookChain`` there; older
+    versions None). With one, Triton builds launch metadata per call: the JIT path does that."""
+    runtime = triton.knobs.runtime
+    for hook in (runtime.launch_enter_hook, runtime.launch_exit_hook):
+        if hook is not None and getattr(hook, "calls", True):
+            return False
+    return True
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in {"", "0"}
+
+
+def fast_launch_stats() -> dict[str, int]:
+    """How many kinds of launch go straight to a compiled kernel (for benches and tests)."""
+    return {"compiled_kinds": len(_COMPILED), "enabled": int(_FAST_LAUNCH)}
+
+
+def set_fast_launch(enabled: bool) -> None:
+    """Turn the direct launch on or off in this process (benches compare the two side by side)."""
+    global _FAST_LAUNCH
+    _FAST_LAUNCH = bool(enabled)
 
 
 def default_matmul(a: torch.Tensor, b: torch.Tensor,

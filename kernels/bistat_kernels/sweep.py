@@ -104,6 +104,12 @@ _LAUNCH_CANDIDATES: dict[str, tuple[tuple[int, int, int, int, int], ...]] = {
 # (kernels/results/call4_retune_partial/, device call 10, not adopted); for both split-K `down` shapes fused
 # lost at M = 64 and 256 and won at 1024 and 4096 (kernels/results/fused_compare_nvidia_h200.json).
 FUSED_CLASSES: tuple[str, ...] = ("prefill",)
+# Bucket classes whose candidates also come with tensor-memory-accelerator loads (Hopper): the
+# compute-bound sizes, where cuBLAS's lead over pointer loads is largest (kernels/RESULTS.md:
+# tuned / torch.mm 1.16-1.35 at M >= 256). Warp-group tiles only: at BLOCK_M 16/32 a descriptor
+# load buys nothing that a vectorised pointer load does not.
+TMA_CLASSES: tuple[str, ...] = ("mid", "large", "prefill")
+TMA_MIN_BLOCK_M = 64
 SLOW_FIRST_LAUNCH_S = 0.25  # a first launch slower than this compiled in the timed process
 
 
@@ -119,13 +125,16 @@ def _bucket_class(m: int) -> str:
     return "prefill"
 
 
-def launch_candidates(m: int, n: int, block_k: int, split_k: int) -> list[tables.GemmConfig]:
+def launch_candidates(m: int, n: int, block_k: int, split_k: int,
+                      tma: bool = False) -> list[tables.GemmConfig]:
     """Launch candidates for a bucket whose upper bound is ``m`` (BLOCK_N capped near N).
 
     With ``split_k > 1`` and a bucket class in ``FUSED_CLASSES`` each candidate comes in the
     parallel form followed by the fused one (``fuse_splits=True``); otherwise, and always with
-    ``split_k == 1`` (nothing to fuse), in the parallel form only. Duplicates (after the BLOCK_N
-    cap) are dropped, first occurrence kept.
+    ``split_k == 1`` (nothing to fuse), in the parallel form only. With ``tma`` (bf16/fp16 on a
+    GPU with a tensor-memory accelerator) and a bucket class in ``TMA_CLASSES``, every form with
+    BLOCK_M >= ``TMA_MIN_BLOCK_M`` also comes with descriptor loads. Duplicates (after the
+    BLOCK_N cap) are dropped, first occurrence kept.
     """
     raw = []
     for bm, bn, warps, stages, per_sm in _LAUNCH_CANDIDATES[_bucket_class(m)]:
@@ -134,15 +143,19 @@ def launch_candidates(m: int, n: int, block_k: int, split_k: int) -> list[tables
     if m <= 16 and n <= 2048:  # narrow N: 16-column tiles keep every multiprocessor busy
         raw += [(16, 16, 4, 4, 1), (16, 16, 4, 4, 2)]
     modes = (False, True) if split_k > 1 and _bucket_class(m) in FUSED_CLASSES else (False,)
+    tma_forms = (False, True) if tma and _bucket_class(m) in TMA_CLASSES else (False,)
     out: list[tables.GemmConfig] = []
     seen: set[tables.GemmConfig] = set()
     for bm, bn, warps, stages, per_sm in raw:
         for fused in modes:
-            cfg = tables.GemmConfig(bm, bn, block_k, GROUP_M, warps, stages, split_k, per_sm,
-                                    fuse_splits=fused)
-            if cfg not in seen:
-                seen.add(cfg)
-                out.append(cfg)
+            for use_tma in tma_forms:
+                if use_tma and bm < TMA_MIN_BLOCK_M:
+                    continue
+                cfg = tables.GemmConfig(bm, bn, block_k, GROUP_M, warps, stages, split_k, per_sm,
+                                        fuse_splits=fused, tma=use_tma)
+                if cfg not in seen:
+                    seen.add(cfg)
+                    out.append(cfg)
     return out
 
 
@@ -167,19 +180,20 @@ def canonical_config(block_k: int, split_k: int) -> tables.GemmConfig:
     return tables.GemmConfig(16, 64, block_k, GROUP_M, 4, 3, split_k)
 
 
-def all_sweep_configs(shapes: Sequence[GemmShape], num_sms: int) -> list[tables.GemmConfig]:
+def all_sweep_configs(shapes: Sequence[GemmShape], num_sms: int,
+                      tma: bool = False) -> list[tables.GemmConfig]:
     """Every launch configuration the sweep may compile (for parallel precompilation)."""
     configs: dict[tables.GemmConfig, None] = {}
     for shape in shapes:
         for bk, split in reduction_candidates(shape.n, shape.k, num_sms):
             configs[canonical_config(bk, split)] = None
             for m in BUCKETS:
-                for cfg in launch_candidates(m, shape.n, bk, split):
+                for cfg in launch_candidates(m, shape.n, bk, split, tma):
                     configs[cfg] = None
     return list(configs)
 
 
-def sweep_plan(shapes: Sequence[GemmShape], num_sms: int) -> dict[str, int]:
+def sweep_plan(shapes: Sequence[GemmShape], num_sms: int, tma: bool = False) -> dict[str, int]:
     """Size of a sweep of ``shapes``: configs to precompile, most candidate measurements.
 
     ``measurements_max`` counts phase 1 (every layout at every scoring size) and phase 2 for the
@@ -189,12 +203,22 @@ def sweep_plan(shapes: Sequence[GemmShape], num_sms: int) -> dict[str, int]:
     measurements = 0
     for shape in shapes:
         layouts = reduction_candidates(shape.n, shape.k, num_sms)
-        measurements += sum(len(launch_candidates(m, shape.n, *lay))
+        measurements += sum(len(launch_candidates(m, shape.n, *lay, tma))
                             for m in SCORE_MS for lay in layouts)
-        measurements += max(sum(len(launch_candidates(m, shape.n, *lay))
+        measurements += max(sum(len(launch_candidates(m, shape.n, *lay, tma))
                                 for m in BUCKETS if m not in SCORE_MS) for lay in layouts)
-    return {"shapes": len(shapes), "configs": len(all_sweep_configs(shapes, num_sms)),
+    return {"shapes": len(shapes), "configs": len(all_sweep_configs(shapes, num_sms, tma)),
             "measurements_max": measurements}
+
+
+TMA_ENV = "BISTAT_SWEEP_TMA"  # 0: leave the tensor-memory-accelerator forms out of the sweep
+
+
+def tma_available(dtype: torch.dtype) -> bool:
+    """Whether the sweep tries descriptor loads: bf16/fp16 on a GPU of compute capability >= 9."""
+    if os.environ.get(TMA_ENV, "1").strip() == "0" or dtype == torch.float32:
+        return False
+    return torch.cuda.is_available() and torch.cuda.get_device_capability(0)[0] >= 9
 
 
 def pin_triton_toolchain() -> dict[str, str]:
@@ -224,6 +248,9 @@ def _compile_worker(args: tuple[str, list[tuple[int, ...]]]) -> list[str]:
         try:
             # the workspace is float32 only in parallel split-K; otherwise the launcher passes c
             ws_dtype = torch.float32 if cfg.split_k > 1 and not cfg.fuse_splits else dtype
+            if cfg.tma:
+                _warm_tma(cfg, dtype, ws_dtype)
+                continue
             mp._matmul_persistent_kernel.warmup(
                 dtype, dtype, dtype, ws_dtype, None,
                 64, 64, 64, 64, 1, 1, 64, 64, 1,
@@ -236,6 +263,25 @@ def _compile_worker(args: tuple[str, list[tuple[int, ...]]]) -> list[str]:
         except Exception as exc:  # noqa: BLE001 - reported per config; the real launch re-raises
             errors.append(f"{cfg}: {type(exc).__name__}: {str(exc)[:200]}")
     return errors
+
+
+def _warm_tma(cfg: tables.GemmConfig, dtype: torch.dtype, ws_dtype: torch.dtype) -> None:
+    """Compile the descriptor-load kernel for ``cfg`` (descriptors need real CUDA tensors)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    a = torch.zeros(64, 64, device="cuda", dtype=dtype)  # [M, K]
+    w = torch.zeros(64, 64, device="cuda", dtype=dtype)  # [N, K]
+    c = torch.empty(64, 64, device="cuda", dtype=dtype)
+    ws = torch.empty(1, device="cuda", dtype=ws_dtype)
+    mp._matmul_persistent_tma_kernel.warmup(
+        TensorDescriptor(a, [64, 64], [64, 1], [cfg.block_m, cfg.block_k]),
+        TensorDescriptor(w, [64, 64], [64, 1], [cfg.block_n, cfg.block_k]),
+        c, ws, None, 64, 64, 64, 64, 1,
+        BLOCK_SIZE_M=cfg.block_m, BLOCK_SIZE_N=cfg.block_n, BLOCK_SIZE_K=cfg.block_k,
+        GROUP_SIZE_M=cfg.group_m, SPLIT_K=cfg.split_k,
+        NUM_PROGRAMS=_WORKER_NUM_SMS * cfg.programs_per_sm, C_LARGE=False, HAS_BIAS=False,
+        FUSE_SPLITS=cfg.fuse_splits, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        grid=(1,))
 
 
 _WORKER_NUM_SMS = int(os.environ.get("BISTAT_PRECOMPILE_NUM_SMS", "0") or 0)
@@ -342,7 +388,7 @@ def _best(records: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def sweep_shape(shape: GemmShape, dtype: torch.dtype, num_sms: int, provenance: dict[str, Any],
-                seed: int = 0, device: str = "cuda",
+                seed: int = 0, device: str = "cuda", tma: bool = False,
                 ) -> tuple[tables.ShapeConfig, dict[str, Any]]:
     """Tune one weight shape; returns its table entry and the raw measurements."""
     t0 = time.monotonic()
@@ -361,7 +407,7 @@ def sweep_shape(shape: GemmShape, dtype: torch.dtype, num_sms: int, provenance: 
         for layout in layouts:
             _ensure_alone(st, layout)
             recs = [_measure_candidate(st, m, cfg)
-                    for cfg in launch_candidates(m, shape.n, *layout)]
+                    for cfg in launch_candidates(m, shape.n, *layout, tma)]
             for r in recs:
                 r["phase"] = "layout"
             records.extend(recs)
@@ -387,7 +433,7 @@ def sweep_shape(shape: GemmShape, dtype: torch.dtype, num_sms: int, provenance: 
         if (chosen, m) not in best:
             _ensure_ref(st, m)
             recs = [_measure_candidate(st, m, cfg)
-                    for cfg in launch_candidates(m, shape.n, *chosen)]
+                    for cfg in launch_candidates(m, shape.n, *chosen, tma)]
             for r in recs:
                 r["phase"] = "bucket"
             records.extend(recs)
@@ -401,7 +447,7 @@ def sweep_shape(shape: GemmShape, dtype: torch.dtype, num_sms: int, provenance: 
             m_max=m, block_m=w_rec["block_m"], block_n=w_rec["block_n"], group_m=w_rec["group_m"],
             num_warps=w_rec["num_warps"], num_stages=w_rec["num_stages"],
             programs_per_sm=w_rec["programs_per_sm"],
-            fuse_splits=w_rec["fuse_splits"],
+            fuse_splits=w_rec["fuse_splits"], tma=w_rec.get("tma", False),
             measured={"m": m, "time_ms": round(w_rec["time_ms"], 5),
                       "torch_mm_ms": round(st.torch_mm_ms[m], 5),
                       "max_rel_err": w_rec["max_rel_err"]}))
@@ -462,6 +508,7 @@ def run_sweep(shapes: Sequence[GemmShape], out_dir: Path, *, dtype: torch.dtype 
     if resume_raw is not None and resume_raw.is_file():
         raw_shapes = json.loads(resume_raw.read_text(encoding="utf-8"))["shapes"]
     name = mp.dtype_name(dtype)
+    tma = tma_available(dtype)
     todo = []
     for shape in shapes:
         key = (name, shape.n, shape.k)
@@ -470,13 +517,14 @@ def run_sweep(shapes: Sequence[GemmShape], out_dir: Path, *, dtype: torch.dtype 
     progress(f"sweep: {len(todo)} shape(s) to tune on {device_name}, "
              f"{len(entries)} already in the table")
     if todo:
-        plan = sweep_plan(todo, num_sms)
+        plan = sweep_plan(todo, num_sms, tma)
         progress(f"sweep: plan {plan['configs']} configs, at most {plan['measurements_max']} "
                  f"measurements; Triton cache {toolchain['TRITON_CACHE_DIR']}, ptxas "
                  f"{toolchain['TRITON_PTXAS_PATH']}")
     if todo and precompile_workers > 0:
         t0 = time.monotonic()
-        errs = precompile(all_sweep_configs(todo, num_sms), dtype, num_sms, precompile_workers)
+        errs = precompile(all_sweep_configs(todo, num_sms, tma), dtype, num_sms,
+                          precompile_workers)
         progress(f"sweep: precompiled in {time.monotonic() - t0:.1f}s, {len(errs)} config(s) "
                  f"failed to compile (skipped when timed)")
     done: list[str] = []
@@ -488,7 +536,7 @@ def run_sweep(shapes: Sequence[GemmShape], out_dir: Path, *, dtype: torch.dtype 
             progress(f"sweep: budget {budget_s:.0f}s reached after {elapsed:.0f}s; resume later")
             break
         t0 = time.monotonic()
-        entry, raw = sweep_shape(shape, dtype, num_sms, provenance)
+        entry, raw = sweep_shape(shape, dtype, num_sms, provenance, tma=tma)
         per_shape_s.append(time.monotonic() - t0)
         entries[(name, shape.n, shape.k)] = entry
         raw_shapes = [r for r in raw_shapes if (r["n"], r["k"], r["dtype"]) !=

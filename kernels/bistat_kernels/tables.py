@@ -63,9 +63,11 @@ class GemmConfig:
     split_k: int = 1
     programs_per_sm: int = 1  # persistent programs launched per multiprocessor (at most)
     fuse_splits: bool = False  # split-K partial sums added in the GEMM kernel (no workspace)
+    tma: bool = False  # operand tiles loaded by Hopper's tensor-memory accelerator (descriptors)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fuse_splits", bool(self.fuse_splits) and self.split_k > 1)
+        object.__setattr__(self, "tma", bool(self.tma))
 
     def reduction_key(self) -> tuple[int, int]:
         """The part of the config that decides an output element's summation order."""
@@ -76,7 +78,10 @@ class GemmConfig:
 class BucketConfig:
     """Launch parameters for every M with ``previous m_max < M <= m_max``.
 
-    ``fuse_splits`` applies only to entries with ``split_k > 1`` (see :class:`GemmConfig`).
+    ``fuse_splits`` applies only to entries with ``split_k > 1`` (see :class:`GemmConfig`);
+    ``tma`` loads the operand tiles through tensor descriptors (Hopper's tensor-memory accelerator)
+    instead of pointer arithmetic: the same values reach the same ``tl.dot`` chain, so it too is a
+    launch choice that leaves the bits unchanged (the sweep's gate 1 checks it bitwise).
     """
 
     m_max: int
@@ -87,6 +92,7 @@ class BucketConfig:
     num_stages: int
     programs_per_sm: int = 1
     fuse_splits: bool = False
+    tma: bool = False
     measured: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
 
@@ -103,24 +109,23 @@ class ShapeConfig:
     provenance: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
+    def __post_init__(self) -> None:
+        # (m_max, config) per bucket, built once: the launcher's lookup is then a scan over a
+        # short tuple that allocates nothing (it runs on every eager GEMM call in vLLM).
+        configs = tuple((b.m_max, GemmConfig(
+            block_m=b.block_m, block_n=b.block_n, block_k=self.block_k, group_m=b.group_m,
+            num_warps=b.num_warps, num_stages=b.num_stages, split_k=self.split_k,
+            programs_per_sm=b.programs_per_sm, fuse_splits=b.fuse_splits, tma=b.tma))
+            for b in self.buckets)
+        object.__setattr__(self, "_configs", configs)
+
     def config_for(self, m: int) -> GemmConfig:
         """The launch configuration for batch size ``m`` (linear scan; above the range: last)."""
-        chosen = self.buckets[-1]
-        for bucket in self.buckets:
-            if m <= bucket.m_max:
-                chosen = bucket
-                break
-        return GemmConfig(
-            block_m=chosen.block_m,
-            block_n=chosen.block_n,
-            block_k=self.block_k,
-            group_m=chosen.group_m,
-            num_warps=chosen.num_warps,
-            num_stages=chosen.num_stages,
-            split_k=self.split_k,
-            programs_per_sm=chosen.programs_per_sm,
-            fuse_splits=chosen.fuse_splits,
-        )
+        configs = self._configs  # type: ignore[attr-defined]
+        for m_max, config in configs:
+            if m <= m_max:
+                return config
+        return configs[-1][1]
 
 
 @dataclass(frozen=True)
@@ -176,6 +181,18 @@ def _optional_fuse_splits(where: str, bucket: dict[str, Any], split_k: int) -> b
     if value and split_k == 1:
         raise TableError(f"{where}.fuse_splits: true needs the entry's split_k > 1 (got "
                          f"split_k 1: there are no splits to fuse); remove the field")
+    return value
+
+
+def _optional_tma(where: str, bucket: dict[str, Any], dtype: str) -> bool:
+    """The optional ``tma`` of a bucket (absent: false, as in tables written before it)."""
+    value = bucket.get("tma", False)
+    if not isinstance(value, bool):
+        raise TableError(f"{where}.tma: got {value!r}; expected true or false (or leave it out "
+                         f"for false)")
+    if value and dtype == "float32":
+        raise TableError(f"{where}.tma: true is for bfloat16/float16 entries (the float32 path "
+                         f"keeps pointer loads); remove the field")
     return value
 
 
@@ -243,6 +260,7 @@ def parse_table(data: Any, source: str = "<table>") -> GemmTable:
                 programs_per_sm=(_require_int(bwhere, rb, "programs_per_sm")
                                  if "programs_per_sm" in rb else 1),
                 fuse_splits=_optional_fuse_splits(bwhere, rb, split_k),
+                tma=_optional_tma(bwhere, rb, dtype),
                 measured=dict(rb.get("measured") or {}),
             ))
         key = (dtype, n, k)
@@ -272,8 +290,9 @@ def table_to_dict(table_device: str, entries: list[ShapeConfig]) -> dict[str, An
         buckets = []
         for b in entry.buckets:
             d = asdict(b)
-            if not d["fuse_splits"]:
-                del d["fuse_splits"]  # optional; absent reads as false
+            for optional in ("fuse_splits", "tma"):
+                if not d[optional]:
+                    del d[optional]  # optional; absent reads as false
             if not d["measured"]:
                 del d["measured"]
             buckets.append(d)

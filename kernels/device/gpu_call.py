@@ -177,8 +177,13 @@ def stage_check(out: Path) -> bool:
 def stage_sweep(out: Path, budget_s: float, workers: int, retune: bool) -> dict:
     device = torch.cuda.get_device_name(0)
     slug = tables.device_slug(device)
-    resume = None if retune else ROOT / "kernels" / "bistat_kernels" / "tables" / f"{slug}.json"
-    resume_raw = None if retune else ROOT / "kernels" / "results" / f"sweep_raw_{slug}.json"
+    if retune:
+        # A re-tune spread over several commands on one warm machine resumes from what the
+        # earlier commands wrote under --out (keep --out outside $OUT, which starts empty).
+        resume, resume_raw = out / f"{slug}.json", out / f"sweep_raw_{slug}.json"
+    else:
+        resume = ROOT / "kernels" / "bistat_kernels" / "tables" / f"{slug}.json"
+        resume_raw = ROOT / "kernels" / "results" / f"sweep_raw_{slug}.json"
     res = sweep.run_sweep(
         shapes_for(MODELS), out, resume_table=resume, resume_raw=resume_raw, budget_s=budget_s,
         precompile_workers=workers, command=sys.argv, progress=log)
@@ -232,6 +237,56 @@ def stage_bench(out: Path) -> dict:
     return doc["summary"]
 
 
+HOSTCOST_SHAPES = (("qwen3-8b", "qkv"), ("qwen3-8b", "o"), ("qwen3-8b", "down"),
+                   ("smollm2-135m", "qkv"))
+HOSTCOST_MS = (1, 16, 256)
+
+
+def stage_hostcost(out: Path) -> dict:
+    """Host time per eager call: torch.mm, the tuned launcher through Triton's JIT path and
+    directly, and the vLLM plugin's operator; every direct launch checked bitwise first."""
+    from bistat_kernels import host_cost, vllm_plugin
+
+    table = tables.load_table(_table_path(out))
+    tables.set_device_table(table)
+    op = vllm_plugin.tuned_matmul_op()
+    shapes = {(s.model, s.layer): s for s in shapes_for(MODELS)}
+    rows = []
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for key in HOSTCOST_SHAPES:
+        shape = shapes[key]
+        w = torch.randn(shape.n, shape.k, device="cuda", dtype=torch.bfloat16, generator=gen)
+        b = w.t()
+        for m in HOSTCOST_MS:
+            a = torch.randn(m, shape.k, device="cuda", dtype=torch.bfloat16, generator=gen)
+            mp.set_fast_launch(False)
+            slow = mp.matmul_persistent(a, b)
+            mp.set_fast_launch(True)
+            mp.matmul_persistent(a, b)  # the first launch of its kind: through Triton
+            fast = mp.matmul_persistent(a, b)
+            same = bool(torch.equal(slow, fast))
+            row = {"model": shape.model, "layer": shape.layer, "n": shape.n, "k": shape.k, "m": m,
+                   "direct_equals_jit_bitwise": same}
+            fns = {"torch_mm": lambda: torch.mm(a, b),
+                   "tuned_direct": lambda: mp.matmul_persistent(a, b),
+                   "plugin_op": lambda: op(a, b, None)}
+            for name, fn in fns.items():
+                row[f"{name}_enqueue_us"] = round(host_cost.enqueue_us(fn), 2)
+                row[f"{name}_wall_us"] = round(host_cost.wall_us(fn), 2)
+            mp.set_fast_launch(False)
+            row["tuned_jit_enqueue_us"] = round(host_cost.enqueue_us(
+                lambda: mp.matmul_persistent(a, b)), 2)
+            row["tuned_jit_wall_us"] = round(host_cost.wall_us(
+                lambda: mp.matmul_persistent(a, b)), 2)
+            mp.set_fast_launch(True)
+            rows.append(row)
+            log("hostcost: " + json.dumps(row))
+    doc = {"schema": "bistat_kernels.host_cost/1", "provenance": gpu_provenance(0, sys.argv),
+           "table": table.source, "method": host_cost.__doc__.strip(), "rows": rows}
+    write(out / f"host_cost_{tables.device_slug(table.device_name)}.json", doc)
+    return doc
+
+
 def pack_cache(out: Path, cache_dir: Path) -> None:
     if not cache_dir.is_dir():
         return
@@ -245,7 +300,8 @@ def pack_cache(out: Path, cache_dir: Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("stages", nargs="+", choices=("check", "sweep", "probe", "bench", "all"))
+    parser.add_argument("stages", nargs="+", choices=("check", "hostcost", "sweep", "probe", "bench",
+                                                       "all"))
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--budget-s", type=float, default=360.0, help="whole-command budget")
     parser.add_argument("--workers", type=int, default=16, help="precompile processes")
@@ -276,6 +332,8 @@ def main() -> int:
         try:
             if stage == "check" and left > 50:
                 status |= 0 if stage_check(args.out) else 1
+            elif stage == "hostcost" and left > 40:
+                stage_hostcost(args.out)
             elif stage == "sweep":
                 res = stage_sweep(args.out, left - 60, args.workers, args.retune)
                 sweep_complete = not res["missing"]

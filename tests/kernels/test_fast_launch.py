@@ -1,0 +1,179 @@
+"""The launcher's direct path and the descriptor-load (TMA) option.
+
+On the CPU the direct path is exercised with a fake kernel: the first launch of a kind goes
+through Triton's JIT call and keeps what it returns; later launches of that kind must hand the
+compiled kernel's launcher exactly the arguments the JIT call bound, and any change Triton
+specialises on (a stride, an alignment, the config) must go back through the JIT call. On a GPU
+(``BISTAT_KERNELS_GPU=1``) the direct path and the descriptor loads are checked bitwise against
+Triton's own path and the pointer loads.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers_kernels import needs_gpu, torch
+
+from bistat_kernels import matmul_persistent as mp  # noqa: E402
+from bistat_kernels import sweep, tables  # noqa: E402
+
+CFG = tables.GemmConfig(16, 32, 64, 8, 4, 3)
+
+
+class _FakeCompiled:
+    packed_metadata = ("packed",)
+    function = "function-handle"
+
+    def __init__(self, log):
+        self.log = log
+
+    def run(self, *args):
+        self.log.append(("direct", args))
+
+
+class _FakeKernel:
+    def __init__(self, log):
+        self.log = log
+
+    def __getitem__(self, grid):
+        def launch(*args, **options):
+            self.log.append(("jit", grid, args, options))
+            return _FakeCompiled(self.log)
+        return launch
+
+
+@pytest.fixture
+def fake_kernel(monkeypatch):
+    log: list = []
+    monkeypatch.setattr(mp, "_matmul_persistent_kernel", _FakeKernel(log))
+    monkeypatch.setattr(mp, "_interpreting", lambda: False)
+    monkeypatch.setattr(mp, "_COMPILED", {})
+    monkeypatch.setattr(mp, "_TAILS", {})
+    monkeypatch.setattr(mp, "_FAST_LAUNCH", True)
+    monkeypatch.setattr(mp, "_STREAM_OF", None)
+    monkeypatch.setattr(mp, "_stream_functions", lambda: (lambda device: 1000 + device,
+                                                          lambda: 7))
+    return log
+
+
+def test_the_direct_launch_passes_what_the_jit_call_bound(fake_kernel):
+    a = torch.randn(5, 64)
+    b = torch.randn(96, 64).t()  # [K, N] as vLLM passes weight.t()
+    mp.matmul_persistent(a, b, config=CFG)
+    mp.matmul_persistent(a, b, config=CFG)
+    jit, direct = fake_kernel
+    assert jit[0] == "jit" and direct[0] == "direct"
+    grid, jit_args, options = jit[1], jit[2], jit[3]
+    assert options == {"num_warps": 4, "num_stages": 3}
+    d = direct[1]
+    # grid, stream of the current device, the compiled function, packed metadata, no hooks
+    assert d[:9] == (grid[0], 1, 1, 1007, "function-handle", ("packed",), None, None, None)
+    launched = d[9:]
+    assert len(launched) == len(jit_args)
+    # tensors are fresh outputs per call (c, workspace): compare everything else by value
+    for i, (x, y) in enumerate(zip(jit_args, launched)):
+        if isinstance(x, torch.Tensor):
+            assert isinstance(y, torch.Tensor) and x.shape == y.shape and x.stride() == y.stride()
+        else:
+            assert x == y, f"argument {i}: JIT {x!r}, direct {y!r}"
+    assert launched[0] is a and launched[5:14] == (5, 96, 64, 64, 1, 1, 64, 96, 1)
+    assert launched[14:] == (16, 32, 64, 8, 1, 4, False, False, False, False, True, False)
+
+
+def test_anything_triton_specialises_on_goes_back_through_the_jit_call(fake_kernel):
+    a = torch.randn(8, 64)
+    b = torch.randn(96, 64).t()
+    mp.matmul_persistent(a, b, config=CFG)
+    mp.matmul_persistent(a[:3], b, config=CFG)  # another M: same kind (M is not specialised)
+    mp.matmul_persistent(a[:, :48].contiguous(), torch.randn(96, 48).t(), config=CFG)  # K
+    mp.matmul_persistent(torch.randn(8, 80)[:, :64], b, config=CFG)  # a's row stride 80
+    mp.matmul_persistent(a, b.contiguous(), config=CFG)  # b's strides
+    mp.matmul_persistent(a, b, config=tables.GemmConfig(16, 32, 64, 8, 4, 4))  # num_stages
+    mp.matmul_persistent(a, b, torch.randn(96), config=CFG)  # a bias
+    mp.matmul_persistent(a, b, config=CFG)
+    kinds = [entry[0] for entry in fake_kernel]
+    assert kinds == ["jit", "direct", "jit", "jit", "jit", "jit", "jit", "direct"]
+
+
+def test_the_direct_path_can_be_switched_off(fake_kernel, monkeypatch):
+    monkeypatch.setattr(mp, "_FAST_LAUNCH", False)
+    a, b = torch.randn(4, 64), torch.randn(32, 64).t()
+    for _ in range(3):
+        mp.matmul_persistent(a, b, config=CFG)
+    assert [entry[0] for entry in fake_kernel] == ["jit"] * 3
+    assert mp.fast_launch_stats() == {"compiled_kinds": 0, "enabled": 0}
+
+
+def test_the_interpreter_keeps_nothing():
+    a, b = torch.randn(4, 64), torch.randn(32, 64).t()
+    before = dict(mp._COMPILED)
+    out = mp.matmul_persistent(a, b, config=CFG)
+    assert torch.allclose(out, a @ b, rtol=1e-5, atol=1e-5)
+    assert mp._COMPILED == before
+
+
+def test_tma_is_an_optional_bucket_field_that_round_trips():
+    doc = {"schema": tables.SCHEMA, "device_name": "NVIDIA H200", "entries": [{
+        "dtype": "bfloat16", "n": 4096, "k": 4096, "block_k": 64, "split_k": 1,
+        "provenance": {"gpu": "test"},
+        "buckets": [{"m_max": 16, "block_m": 16, "block_n": 64, "group_m": 8, "num_warps": 4,
+                     "num_stages": 4},
+                    {"m_max": 4096, "block_m": 128, "block_n": 128, "group_m": 8,
+                     "num_warps": 8, "num_stages": 3, "tma": True}]}]}
+    table = tables.parse_table(doc, "t.json")
+    entry = table.entries[("bfloat16", 4096, 4096)]
+    assert [entry.config_for(m).tma for m in (1, 16, 17, 9999)] == [False, False, True, True]
+    assert entry.config_for(3) is entry.config_for(16)  # built once, not per call
+    again = tables.table_to_dict("NVIDIA H200", [entry])
+    assert "tma" not in again["entries"][0]["buckets"][0]
+    assert again["entries"][0]["buckets"][1]["tma"] is True
+    assert tables.parse_table(again, "again.json").entries == table.entries
+
+
+@pytest.mark.parametrize("value, dtype, message", [
+    ("yes", "bfloat16", "tma: got 'yes'; expected true or false"),
+    (True, "float32", "tma: true is for bfloat16/float16 entries"),
+])
+def test_a_bad_tma_field_names_the_file_the_field_and_the_fix(value, dtype, message):
+    doc = {"schema": tables.SCHEMA, "device_name": "X", "entries": [{
+        "dtype": dtype, "n": 64, "k": 64, "block_k": 32, "split_k": 1, "provenance": {"a": 1},
+        "buckets": [{"m_max": 1, "block_m": 64, "block_n": 64, "group_m": 8, "num_warps": 4,
+                     "num_stages": 3, "tma": value}]}]}
+    with pytest.raises(tables.TableError, match=r"t\.json: entries\[0\]\.buckets\[0\]\." + message):
+        tables.parse_table(doc, "t.json")
+
+
+def test_the_sweep_offers_descriptor_loads_only_for_warp_group_tiles_at_compute_bound_sizes():
+    for m in (1, 16, 32):
+        assert not any(c.tma for c in sweep.launch_candidates(m, 4096, 64, 1, tma=True))
+    for m in (64, 256, 4096):
+        plain = sweep.launch_candidates(m, 4096, 64, 1)
+        both = sweep.launch_candidates(m, 4096, 64, 1, tma=True)
+        with_tma = [c for c in both if c.tma]
+        assert with_tma and all(c.block_m >= sweep.TMA_MIN_BLOCK_M for c in with_tma)
+        assert [c for c in both if not c.tma] == plain
+        # each descriptor form is a pointer form with tma=True: same tiles, same reduction
+        assert {tables.GemmConfig(**{**c.__dict__, "tma": False}) for c in with_tma} <= set(plain)
+        assert {c.reduction_key() for c in both} == {(64, 1)}
+
+
+@needs_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("tma", [False, True])
+def test_gpu_direct_launch_and_descriptor_loads_give_triton_path_bits(tma):
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    w = torch.randn(6144, 4096, device="cuda", dtype=torch.bfloat16, generator=gen) * 0.02
+    a = torch.randn(300, 4096, device="cuda", dtype=torch.bfloat16, generator=gen)
+    bias = torch.randn(6144, device="cuda", dtype=torch.bfloat16, generator=gen)
+    for split, fused in ((1, False), (2, False), (2, True)):
+        cfg = tables.GemmConfig(128, 128, 64, 8, 8, 3, split, fuse_splits=fused, tma=tma)
+        pointer = tables.GemmConfig(128, 128, 64, 8, 8, 3, split, fuse_splits=fused)
+        mp.set_fast_launch(False)
+        try:
+            ref = mp.matmul_persistent(a, w.t(), bias, config=pointer)
+        finally:
+            mp.set_fast_launch(True)
+        for m in (300, 17, 1):
+            for _ in range(2):  # the first launch of a kind through Triton, then directly
+                out = mp.matmul_persistent(a[:m], w.t(), bias, config=cfg)
+                assert torch.equal(out, ref[:m]), (split, fused, m)
