@@ -381,12 +381,10 @@ def matmul_persistent(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | Non
         head = (a, b, c, ws, bias, M, N, K, sa0, sa1, sb0, sb1, N, 1)
     _launch(key, grid0, head, config, num_programs, has_bias, tma)
     if split_k > 1 and not fused:
-        reduce_grid = (triton.cdiv(M * N, _SPLITK_REDUCE_BLOCK),)
-        _splitk_reduce_kernel[reduce_grid](
-            ws, c, bias, M, N, c.stride(0), c.stride(1),
-            SPLIT_K=split_k, BLOCK=_SPLITK_REDUCE_BLOCK, HAS_BIAS=bias is not None,
-            num_warps=4,
-        )
+        reduce_key = ("reduce", split_k, dtype, N, key[10], a.device.index)
+        _launch_direct(reduce_key, _splitk_reduce_kernel, -(-(M * N) // _SPLITK_REDUCE_BLOCK),
+                       (ws, c, bias, M, N, N, 1),
+                       (split_k, _SPLITK_REDUCE_BLOCK, bias is not None), 4, 3)
     return c
 
 
@@ -399,11 +397,12 @@ def matmul_persistent(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | Non
 # launches of the same kind call that kernel's launcher directly, with the same arguments, as
 # ``JITFunction.run`` itself does after its cache lookup (triton 3.4-3.8 share that call).
 #
-# "The same kind" is a key holding everything Triton specialises on: the config (every
+# "The same kind" is a key holding everything Triton specialises on: for the GEMM, the config (every
 # constexpr and launch option), the dtype, N and K and the four operand strides (values, so
 # their ==1 and %16 classes too), each pointer's 16-byte alignment, the int64-offset flags and
 # the device. M is declared ``do_not_specialize`` and the output and workspace are fresh
-# allocations (always aligned), so neither needs more. The path is off under
+# allocations (always aligned), so neither needs more; for the split-K reduce kernel, the number
+# of splits, the dtype, N and the bias's alignment (M is not specialised there either). The path is off under
 # ``BISTAT_GEMM_FAST_LAUNCH=0``, in Triton's interpreter (no compiled kernel), and while a
 # launch hook is installed (profilers: Triton then builds launch metadata per call; with none,
 # it passes the empty hook chains, which do nothing, where the direct path passes None).
@@ -448,25 +447,44 @@ def _constexprs(config: tables.GemmConfig, num_programs: int, has_bias: bool, tm
 def _launch(key: tuple, grid0: int, head: tuple, config: tables.GemmConfig, num_programs: int,
             has_bias: bool, tma: bool) -> None:
     """Launch the GEMM kernel: directly when this kind was launched before, else through Triton."""
-    global _STREAM_OF, _DEVICE_NOW
-    compiled = _COMPILED.get(key) if _FAST_LAUNCH else None
-    if compiled is not None and _hooks_idle():
-        tail = _TAILS[key]
-        compiled.run(grid0, 1, 1, _STREAM_OF(_DEVICE_NOW()), compiled.function,
-                     compiled.packed_metadata, None, None, None, *head, *tail)
+    if _FAST_LAUNCH and _run_direct(key, grid0, head):
         return
     dtype = head[2].dtype
     large = (key[11], key[12], key[13])
     tail = _constexprs(config, num_programs, has_bias, tma, dtype, large)
     if tma:
         a_op, w_op = head[0], head[1]
-        args = (a_op.descriptor([config.block_m, config.block_k]),
-                w_op.descriptor([config.block_n, config.block_k])) + head[2:] + tail
+        jit_head = (a_op.descriptor([config.block_m, config.block_k]),
+                    w_op.descriptor([config.block_n, config.block_k])) + head[2:]
         kernel = _matmul_persistent_tma_kernel
     else:
-        args = head + tail
+        jit_head = head
         kernel = _matmul_persistent_kernel
-    compiled = kernel[(grid0,)](*args, num_warps=config.num_warps, num_stages=config.num_stages)
+    _launch_jit(key, kernel, grid0, jit_head, tail, config.num_warps, config.num_stages)
+
+
+def _launch_direct(key: tuple, kernel, grid0: int, head: tuple, tail: tuple, num_warps: int,
+                   num_stages: int) -> None:
+    """Launch ``kernel`` directly when this kind was launched before, else through Triton."""
+    if _FAST_LAUNCH and _run_direct(key, grid0, head):
+        return
+    _launch_jit(key, kernel, grid0, head, tail, num_warps, num_stages)
+
+
+def _run_direct(key: tuple, grid0: int, head: tuple) -> bool:
+    compiled = _COMPILED.get(key)
+    if compiled is None or not _hooks_idle():
+        return False
+    compiled.run(grid0, 1, 1, _STREAM_OF(_DEVICE_NOW()), compiled.function,
+                 compiled.packed_metadata, None, None, None, *head, *_TAILS[key])
+    return True
+
+
+def _launch_jit(key: tuple, kernel, grid0: int, head: tuple, tail: tuple, num_warps: int,
+                num_stages: int) -> None:
+    """Launch through Triton's JIT call and keep the compiled kernel it returns for ``key``."""
+    global _STREAM_OF, _DEVICE_NOW
+    compiled = kernel[(grid0,)](*head, *tail, num_warps=num_warps, num_stages=num_stages)
     if _FAST_LAUNCH and hasattr(compiled, "packed_metadata") and not _interpreting():
         if _STREAM_OF is None:
             _STREAM_OF, _DEVICE_NOW = _stream_functions()

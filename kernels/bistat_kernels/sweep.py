@@ -104,12 +104,12 @@ _LAUNCH_CANDIDATES: dict[str, tuple[tuple[int, int, int, int, int], ...]] = {
 # (kernels/results/call4_retune_partial/, device call 10, not adopted); for both split-K `down` shapes fused
 # lost at M = 64 and 256 and won at 1024 and 4096 (kernels/results/fused_compare_nvidia_h200.json).
 FUSED_CLASSES: tuple[str, ...] = ("prefill",)
-# Bucket classes whose candidates also come with tensor-memory-accelerator loads (Hopper): the
-# compute-bound sizes, where cuBLAS's lead over pointer loads is largest (kernels/RESULTS.md:
-# tuned / torch.mm 1.16-1.35 at M >= 256). Warp-group tiles only: at BLOCK_M 16/32 a descriptor
-# load buys nothing that a vectorised pointer load does not.
-TMA_CLASSES: tuple[str, ...] = ("mid", "large", "prefill")
-TMA_MIN_BLOCK_M = 64
+# Bucket classes whose candidates also come with tensor-memory-accelerator loads (Hopper). The
+# first sweep with them (M > 32, BLOCK_M >= 64; kernels/results/tma_sweep/) kept a descriptor form
+# in 102 of the 105 buckets above M = 32 where it offered them; the decode sizes, bound by the
+# weights' HBM traffic, now try them too.
+TMA_CLASSES: tuple[str, ...] = ("decode", "small", "mid", "large", "prefill")
+TMA_MIN_BLOCK_M = 16
 SLOW_FIRST_LAUNCH_S = 0.25  # a first launch slower than this compiled in the timed process
 
 
@@ -163,14 +163,17 @@ def reduction_candidates(n: int, k: int, num_sms: int) -> list[tuple[int, int]]:
     """``(BLOCK_K, SPLIT_K)`` layouts tried for a shape ``(N, K)``.
 
     Split-K 2 (BLOCK_K 128) is tried for every N <= 8192 and wherever even 32-column tiles leave
-    multiprocessors idle at M = 1; with K >= 8192 split-K 4 as well. The fused mode (partial
+    multiprocessors idle at M = 1; with K >= 4096 split-K 4 as well; BLOCK_K 256 (fewer, longer
+    loads per K-step at decode sizes) wherever K >= 2048. The fused mode (partial
     sums added in the GEMM kernel) spares prefill sizes the workspace and the reduce kernel, so
     a split layout chosen for decode no longer costs much at large M.
     """
     out = [(64, 1), (128, 1)]
+    if k >= 2048:
+        out.append((256, 1))
     if n <= 8192 or triton.cdiv(n, 32) < num_sms:
         out.append((128, 2))
-        if k >= 8192:
+        if k >= 4096:
             out.append((128, 4))
     return out
 

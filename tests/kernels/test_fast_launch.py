@@ -143,10 +143,8 @@ def test_a_bad_tma_field_names_the_file_the_field_and_the_fix(value, dtype, mess
         tables.parse_table(doc, "t.json")
 
 
-def test_the_sweep_offers_descriptor_loads_only_for_warp_group_tiles_at_compute_bound_sizes():
-    for m in (1, 16, 32):
-        assert not any(c.tma for c in sweep.launch_candidates(m, 4096, 64, 1, tma=True))
-    for m in (64, 256, 4096):
+def test_the_sweep_offers_each_pointer_candidate_also_with_descriptor_loads():
+    for m in (1, 16, 32, 64, 256, 4096):
         plain = sweep.launch_candidates(m, 4096, 64, 1)
         both = sweep.launch_candidates(m, 4096, 64, 1, tma=True)
         with_tma = [c for c in both if c.tma]
@@ -155,6 +153,7 @@ def test_the_sweep_offers_descriptor_loads_only_for_warp_group_tiles_at_compute_
         # each descriptor form is a pointer form with tma=True: same tiles, same reduction
         assert {tables.GemmConfig(**{**c.__dict__, "tma": False}) for c in with_tma} <= set(plain)
         assert {c.reduction_key() for c in both} == {(64, 1)}
+    assert not any(c.tma for c in sweep.launch_candidates(4096, 4096, 64, 1, tma=False))
 
 
 @needs_gpu

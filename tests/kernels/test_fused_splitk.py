@@ -188,13 +188,14 @@ def test_fuse_splits_errors_name_file_field_and_fix(entry, value, message):
 
 @pytest.mark.parametrize("n,k,num_sms,expected", [
     (576, 576, 132, [(64, 1), (128, 1), (128, 2)]),
-    (6144, 4096, 132, [(64, 1), (128, 1), (128, 2)]),  # N <= 8192 now tries split-K too
-    (8192, 8192, 132, [(64, 1), (128, 1), (128, 2), (128, 4)]),
-    (4096, 12288, 132, [(64, 1), (128, 1), (128, 2), (128, 4)]),  # K >= 8192: split-K 4
-    (4096, 8191, 132, [(64, 1), (128, 1), (128, 2)]),
-    (12288, 2048, 132, [(64, 1), (128, 1)]),
-    (151936, 4096, 132, [(64, 1), (128, 1)]),
-    (12288, 8192, 400, [(64, 1), (128, 1), (128, 2), (128, 4)]),  # 384 column tiles < 400 SMs
+    (6144, 4096, 132, [(64, 1), (128, 1), (256, 1), (128, 2), (128, 4)]),  # K >= 4096: split 4
+    (8192, 8192, 132, [(64, 1), (128, 1), (256, 1), (128, 2), (128, 4)]),
+    (4096, 12288, 132, [(64, 1), (128, 1), (256, 1), (128, 2), (128, 4)]),
+    (4096, 4095, 132, [(64, 1), (128, 1), (256, 1), (128, 2)]),
+    (2048, 1536, 132, [(64, 1), (128, 1), (128, 2)]),  # K < 2048: no BLOCK_K 256
+    (12288, 2048, 132, [(64, 1), (128, 1), (256, 1)]),
+    (151936, 4096, 132, [(64, 1), (128, 1), (256, 1)]),
+    (12288, 8192, 400, [(64, 1), (128, 1), (256, 1), (128, 2), (128, 4)]),  # 384 tiles < 400
 ])
 def test_reduction_candidates(n, k, num_sms, expected):
     assert sweep.reduction_candidates(n, k, num_sms) == expected
@@ -229,7 +230,8 @@ def test_prefill_candidates_include_small_tiles_for_narrow_shapes():
 
 def test_all_sweep_configs_include_fused_only_for_split_layouts():
     configs = sweep.all_sweep_configs([GemmShape("t", "down", 4096, 12288)], 132)
-    assert {(c.block_k, c.split_k) for c in configs} == {(64, 1), (128, 1), (128, 2), (128, 4)}
+    assert {(c.block_k, c.split_k) for c in configs} == {(64, 1), (128, 1), (256, 1), (128, 2),
+                                                         (128, 4)}
     assert {c.split_k for c in configs if c.fuse_splits} == {2, 4}
     assert sweep.canonical_config(128, 2).fuse_splits is False
 
