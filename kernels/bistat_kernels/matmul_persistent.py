@@ -339,6 +339,18 @@ def matmul_persistent(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | Non
     GPU, every launch after the first of its kind goes straight to the compiled kernel
     (:func:`_launch`).
     """
+    if _FAST_LAUNCH:
+        # Everything the launch depends on, read in a few attribute calls; a plan made by an
+        # earlier call with the same key allocates the output and launches its compiled kernels.
+        plan_key = (a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype,
+                    a.data_ptr() & 15, b.data_ptr() & 15,
+                    None if bias is None else (bias.shape, bias.dtype, bias.data_ptr() & 15),
+                    a.get_device(), config, tables.generation())
+        plan = _PLANS.get(plan_key)
+        if plan is not None and _hooks_idle():
+            return plan(a, b, bias)
+    else:
+        plan_key = None
     assert a.dim() == 2 and b.dim() == 2, "matmul_persistent: a and b must be 2-D"
     assert a.shape[1] == b.shape[0], "Incompatible dimensions"
     assert a.dtype == b.dtype, "Incompatible dtypes"
@@ -380,12 +392,64 @@ def matmul_persistent(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | Non
     else:
         head = (a, b, c, ws, bias, M, N, K, sa0, sa1, sb0, sb1, N, 1)
     _launch(key, grid0, head, config, num_programs, has_bias, tma)
+    reduce_key = None
+    reduce_grid = -(-(M * N) // _SPLITK_REDUCE_BLOCK)
     if split_k > 1 and not fused:
         reduce_key = ("reduce", split_k, dtype, N, key[10], a.device.index)
-        _launch_direct(reduce_key, _splitk_reduce_kernel, -(-(M * N) // _SPLITK_REDUCE_BLOCK),
+        _launch_direct(reduce_key, _splitk_reduce_kernel, reduce_grid,
                        (ws, c, bias, M, N, N, 1),
                        (split_k, _SPLITK_REDUCE_BLOCK, bias is not None), 4, 3)
+    if plan_key is not None and key in _COMPILED and (reduce_key is None
+                                                      or reduce_key in _COMPILED):
+        _PLANS[plan_key] = _make_plan(
+            _COMPILED[key], _TAILS[key], grid0, tma, M, N, K, sa0, sb1, c.device, dtype,
+            split_k if reduce_key is not None else 1,
+            None if reduce_key is None else (_COMPILED[reduce_key], _TAILS[reduce_key],
+                                             reduce_grid))
     return c
+
+
+def _make_plan(compiled, tail: tuple, grid0: int, tma: bool, M: int, N: int, K: int, sa0: int,
+               sb1: int, device: torch.device, dtype: torch.dtype, split_k: int,
+               reduce: tuple | None):
+    """A launch with everything but the tensors fixed: allocate, launch, (reduce,) return.
+
+    The same arguments in the same order as the first launch of its kind passed to Triton; the
+    tensors' strides and alignment are part of the plan's key, so only their addresses change.
+    """
+    stream_of, device_now = _STREAM_OF, _DEVICE_NOW
+    function, packed = compiled.function, compiled.packed_metadata
+    run = compiled.run
+    if reduce is not None:
+        r_compiled, r_tail, r_grid = reduce
+        r_run, r_function, r_packed = r_compiled.run, r_compiled.function, r_compiled.packed_metadata
+    sa1, sb0 = 1, 1  # when tma is off the strides are read from the tensors (they are in the key)
+
+    def plan(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        c = torch.empty((M, N), device=device, dtype=dtype)  # [M, N]
+        if reduce is not None:
+            ws = torch.empty((split_k, M, N), device=device, dtype=torch.float32)  # [S, M, N]
+        else:
+            ws = c
+        stream = stream_of(device_now())
+        if tma:
+            run(grid0, 1, 1, stream, function, packed, None, None, None,
+                _TmaOperand(a, (M, K), (sa0, sa1)), _TmaOperand(b, (N, K), (sb1, sb0)),
+                c, ws, bias, M, N, K, N, 1, *tail)
+        else:
+            as0, as1 = a.stride()
+            bs0, bs1 = b.stride()
+            run(grid0, 1, 1, stream, function, packed, None, None, None,
+                a, b, c, ws, bias, M, N, K, as0, as1, bs0, bs1, N, 1, *tail)
+        if reduce is not None:
+            r_run(r_grid, 1, 1, stream, r_function, r_packed, None, None, None,
+                  ws, c, bias, M, N, N, 1, *r_tail)
+        return c
+
+    return plan
+
+
+_PLANS: dict[tuple, object] = {}  # plan key (see matmul_persistent) -> plan
 
 
 # ---- the launch --------------------------------------------------------------------------------
@@ -518,13 +582,14 @@ def _interpreting() -> bool:
 
 def fast_launch_stats() -> dict[str, int]:
     """How many kinds of launch go straight to a compiled kernel (for benches and tests)."""
-    return {"compiled_kinds": len(_COMPILED), "enabled": int(_FAST_LAUNCH)}
+    return {"compiled_kinds": len(_COMPILED), "plans": len(_PLANS), "enabled": int(_FAST_LAUNCH)}
 
 
 def set_fast_launch(enabled: bool) -> None:
     """Turn the direct launch on or off in this process (benches compare the two side by side)."""
     global _FAST_LAUNCH
     _FAST_LAUNCH = bool(enabled)
+    _PLANS.clear()
 
 
 def default_matmul(a: torch.Tensor, b: torch.Tensor,

@@ -68,10 +68,19 @@ class GemmConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "fuse_splits", bool(self.fuse_splits) and self.split_k > 1)
         object.__setattr__(self, "tma", bool(self.tma))
+        # hashed once: the launcher keys its plans by the config on every call
+        object.__setattr__(self, "_hash", hash(tuple(getattr(self, f) for f in _CONFIG_FIELDS)))
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined]
 
     def reduction_key(self) -> tuple[int, int]:
         """The part of the config that decides an output element's summation order."""
         return (self.block_k, self.split_k)
+
+
+_CONFIG_FIELDS = ("block_m", "block_n", "block_k", "group_m", "num_warps", "num_stages", "split_k",
+                  "programs_per_sm", "fuse_splits", "tma")
 
 
 @dataclass(frozen=True)
@@ -314,6 +323,12 @@ def table_path_for(device_name: str, tables_dir: Path = TABLES_DIR) -> Path:
 _DEVICE_TABLE: GemmTable | None = None
 _DEVICE_TABLE_RESOLVED = False
 _WARNED_SHAPES: set[tuple[str, int, int]] = set()
+_GENERATION = 0  # counts changes of the resolved table: launch plans made under another are stale
+
+
+def generation() -> int:
+    """A number that changes whenever the resolved table may have (launchers key plans by it)."""
+    return _GENERATION
 
 
 def resolve_device_table(device_name: str | None) -> GemmTable | None:
@@ -341,6 +356,7 @@ def resolve_device_table(device_name: str | None) -> GemmTable | None:
                   len(table.entries), table.device_name)
     _DEVICE_TABLE = table
     _DEVICE_TABLE_RESOLVED = True
+    _bump()
     return table
 
 
@@ -350,6 +366,7 @@ def set_device_table(table: GemmTable | None) -> None:
     _DEVICE_TABLE = table
     _DEVICE_TABLE_RESOLVED = True
     _WARNED_SHAPES.clear()
+    _bump()
 
 
 def reset_device_table() -> None:
@@ -358,6 +375,12 @@ def reset_device_table() -> None:
     _DEVICE_TABLE = None
     _DEVICE_TABLE_RESOLVED = False
     _WARNED_SHAPES.clear()
+    _bump()
+
+
+def _bump() -> None:
+    global _GENERATION
+    _GENERATION += 1
 
 
 def lookup_config(m: int, n: int, k: int, dtype: str, device_name: str | None) -> GemmConfig:

@@ -10,6 +10,8 @@ Triton's own path and the pointer loads.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from helpers_kernels import needs_gpu, torch
@@ -49,6 +51,7 @@ def fake_kernel(monkeypatch):
     monkeypatch.setattr(mp, "_interpreting", lambda: False)
     monkeypatch.setattr(mp, "_COMPILED", {})
     monkeypatch.setattr(mp, "_TAILS", {})
+    monkeypatch.setattr(mp, "_PLANS", {})
     monkeypatch.setattr(mp, "_FAST_LAUNCH", True)
     monkeypatch.setattr(mp, "_STREAM_OF", None)
     monkeypatch.setattr(mp, "_stream_functions", lambda: (lambda device: 1000 + device,
@@ -101,7 +104,7 @@ def test_the_direct_path_can_be_switched_off(fake_kernel, monkeypatch):
     for _ in range(3):
         mp.matmul_persistent(a, b, config=CFG)
     assert [entry[0] for entry in fake_kernel] == ["jit"] * 3
-    assert mp.fast_launch_stats() == {"compiled_kinds": 0, "enabled": 0}
+    assert mp.fast_launch_stats() == {"compiled_kinds": 0, "plans": 0, "enabled": 0}
 
 
 def test_the_interpreter_keeps_nothing():
@@ -151,7 +154,7 @@ def test_the_sweep_offers_each_pointer_candidate_also_with_descriptor_loads():
         assert with_tma and all(c.block_m >= sweep.TMA_MIN_BLOCK_M for c in with_tma)
         assert [c for c in both if not c.tma] == plain
         # each descriptor form is a pointer form with tma=True: same tiles, same reduction
-        assert {tables.GemmConfig(**{**c.__dict__, "tma": False}) for c in with_tma} <= set(plain)
+        assert {dataclasses.replace(c, tma=False) for c in with_tma} <= set(plain)
         assert {c.reduction_key() for c in both} == {(64, 1)}
     assert not any(c.tma for c in sweep.launch_candidates(4096, 4096, 64, 1, tma=False))
 

@@ -7,6 +7,8 @@ field; the sweep's candidates and its selection of fused launches.
 
 from __future__ import annotations
 
+import dataclasses
+
 import copy
 import json
 
@@ -210,7 +212,7 @@ def test_prefill_launch_candidates_pair_each_split_candidate_with_its_fused_twin
     fused = [c for c in split if c.fuse_splits]
     assert len(set(split)) == len(split)
     assert len(parallel) == len(fused) == len(single)
-    assert fused == [tables.GemmConfig(**{**c.__dict__, "fuse_splits": True}) for c in parallel]
+    assert fused == [dataclasses.replace(c, fuse_splits=True) for c in parallel]
     assert {(c.block_k, c.split_k) for c in split} == {(128, 2)}
 
 
@@ -219,7 +221,7 @@ def test_smaller_buckets_try_split_candidates_in_the_parallel_form_only(m):
     # fused lost at M <= 256 on the H200 (sweep.FUSED_CLASSES cites the measurements)
     single = sweep.launch_candidates(m, 2048, 128, 1)
     split = sweep.launch_candidates(m, 2048, 128, 2)
-    assert split == [tables.GemmConfig(**{**c.__dict__, "split_k": 2}) for c in single]
+    assert split == [dataclasses.replace(c, split_k=2) for c in single]
 
 
 def test_prefill_candidates_include_small_tiles_for_narrow_shapes():
