@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -64,3 +65,22 @@ def test_results_regenerates_the_committed_page_byte_for_byte(tmp_path):
     assert result.exit_code == 0
     assert result.output == f"wrote {target}\n"
     assert target.read_bytes() == (KERNELS / "RESULTS.md").read_bytes()
+
+
+def test_probe_edge_cases_add_k_pow2_and_fp32_rows(tmp_path, monkeypatch):
+    from bistat_kernels import probe
+
+    # issue 23's cases at interpreter size: N 64 instead of 4096, K 512 only
+    monkeypatch.setattr(probe, "EDGE_N", 64)
+    monkeypatch.setattr(probe, "POW2_KS", (512,))
+    out = tmp_path / "probe.json"
+    result = _run(["probe", "--shape", "40x72", "--dtype", "float32", "--max-m", "4",
+                   "--edge-cases", "--output", str(out)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["N=40 K=72 float32",
+                                                      "N=64 K=512 float32 [k_pow2]"]
+    assert all(line.endswith("PASS") for line in lines)
+    doc = json.loads(out.read_text(encoding="utf-8"))
+    assert [(s["n"], s["k"], s["dtype"], s["case"], s["passed"]) for s in doc["shapes"]] == [
+        (40, 72, "float32", "table", True), (64, 512, "float32", "k_pow2", True)]

@@ -59,10 +59,15 @@ def kernels() -> None:
 @click.option("--max-m", default=4096, show_default=True, type=click.IntRange(1),
               help="Largest batch size checked.")
 @click.option("--bias/--no-bias", default=False, show_default=True)
+@click.option("--edge-cases", is_flag=True,
+              help="Also probe K = 512, 1024, 2048, 4096 at N 4096 (in --dtype and float32) and "
+                   "every probed shape in float32 (IEEE products, no TF32); JSON rows carry "
+                   "case k_pow2 / fp32_ieee.")
 @click.option("--output", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the results as JSON here.")
 def probe_command(table_path: Path | None, models: tuple[str, ...], shapes: tuple[str, ...],
-                  dtype: str, max_m: int, bias: bool, output: Path | None) -> None:
+                  dtype: str, max_m: int, bias: bool, edge_cases: bool,
+                  output: Path | None) -> None:
     """Check both gates: bitwise row invariance and accuracy.
 
     Gate 1 compares rows computed alone with the same rows inside batches (bitwise); gate 2
@@ -89,17 +94,24 @@ def probe_command(table_path: Path | None, models: tuple[str, ...], shapes: tupl
             raise click.ClickException("no table for this device; pass --table, --model or --shape")
         wanted = [(n, k) for (dt, n, k) in sorted(table.entries) if dt == dtype]
     accuracy_ms = sorted({m for m in (1, 16, 256, max_m) if m <= max_m})
+    cases = [probe.ProbeCase(n, k, dtype) for n, k in wanted]
+    if edge_cases:
+        cases += [c for c in probe.edge_cases(wanted, dtype=dtype)
+                  if (c.n, c.k, c.dtype) not in {(w.n, w.k, w.dtype) for w in cases}]
     results = []
-    for n, k in wanted:
-        entry = table.lookup(dtype, n, k) if table is not None else None
-        res = probe.probe_shape(n, k, getattr(torch, dtype), device, entry, max_m=max_m,
-                                accuracy_ms=accuracy_ms, with_bias=bias)
+    for case in cases:
+        n, k = case.n, case.k
+        entry = table.lookup(case.dtype, n, k) if table is not None else None
+        res = probe.probe_shape(n, k, getattr(torch, case.dtype), device, entry, max_m=max_m,
+                                accuracy_ms=accuracy_ms, with_bias=bias, case=case.case)
         results.append(res.to_dict())
         inv = res.invariance
         acc = " ".join(f"M={r.m}:{r.max_rel_err:.2e}(torch.mm {r.torch_mm_max_rel_err:.2e})"
                        for r in res.accuracy)
-        click.echo(f"N={n} K={k} {dtype}: invariance {inv.rows_equal}/{inv.rows_checked} rows "
-                   f"equal; rel err {acc}; {'PASS' if res.passed else 'FAIL'}")
+        label = "" if case.case == "table" else f" [{case.case}]"
+        click.echo(f"N={n} K={k} {case.dtype}{label}: invariance {inv.rows_equal}/"
+                   f"{inv.rows_checked} rows equal; rel err {acc}; "
+                   f"{'PASS' if res.passed else 'FAIL'}")
     if output is not None:
         output.write_text(json.dumps({"schema": "bistat_kernels.probe/1",
                                       "table": table.source if table is not None else None,
