@@ -46,7 +46,7 @@ def _parse_shape(text: str) -> tuple[int, int]:
 
 @click.group("kernels")
 def kernels() -> None:
-    """The tuned batch-invariant Triton GEMM: probe, sweep, bench, results."""
+    """The tuned batch-invariant Triton GEMM: probe, sweep, bench, results, vLLM export."""
 
 
 @kernels.command("probe")
@@ -189,6 +189,62 @@ def format_bench_summary(summary: dict) -> str:
             f"{summary['decode_geomean_tuned_over_mm']:.3f} (goal <= 1.25)\n"
             f"geomean default/torch.mm over the goal set: "
             f"{summary['geomean_default_over_mm']:.3f}\n")
+
+
+@kernels.command("export-vllm")
+@click.option("--table", "table_path", type=click.Path(dir_okay=False, path_type=Path),
+              default=Path("kernels/bistat_kernels/tables/nvidia_h200.json"), show_default=True,
+              help="The bistat table to export.")
+@click.option("--arch-family", type=click.Choice(("ada", "hopper", "blackwell", "sm120")),
+              help="vLLM's architecture key (default: from the entries' compute capability).")
+@click.option("--split-k", "split_k", type=click.Choice(("omit", "nearest")), default="omit",
+              show_default=True,
+              help="Entries with split-K, which vLLM's kernel lacks: leave them out, or export "
+                   "the same BLOCK_K without the split, marked UNMEASURED.")
+@click.option("--output", type=click.Path(dir_okay=False, path_type=Path),
+              default=Path("kernels/results/vllm_tuned_configs_nvidia_h200.py"),
+              show_default=True,
+              help="Python file to write; the provenance sidecar goes beside it "
+                   "(.provenance.json).")
+def export_vllm_command(table_path: Path, arch_family: str | None, split_k: str,
+                        output: Path) -> None:
+    """Write the table in vLLM 0.33.0's tuned-table format.
+
+    The entries use vLLM's _MatmulShapeConfig/_MatmulMConfig literals under an architecture
+    family key, each with its measurement's provenance in comments and in a JSON sidecar.
+    Launch fields vLLM's kernel has no place for are dropped and listed; split-K entries are
+    omitted unless --split-k nearest. Needs no GPU and no torch.
+    """
+    from bistat_kernels import export_vllm, tables
+
+    try:
+        table = tables.load_table(table_path)
+    except (OSError, tables.TableError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    try:
+        export = export_vllm.export_table(table, arch_family=arch_family, split_k=split_k,
+                                          source=_display_path(table_path))
+    except export_vllm.ExportError as exc:
+        raise click.ClickException(str(exc)) from exc
+    export_vllm.parse_vllm_source(export.python_text)  # the written file reads back
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(export.python_text, encoding="utf-8")
+    sidecar = output.with_suffix(".provenance.json")
+    sidecar.write_text(export_vllm.sidecar_text(export), encoding="utf-8")
+    click.echo(f"wrote {output} ({len(export.shapes)} shapes, family {export.arch_family}) "
+               f"and {sidecar}")
+    for name, count in export.dropped_summary().items():
+        click.echo(f"dropped {name} (vLLM's kernel cannot express it) in {count} buckets")
+    for o in export.omitted:
+        click.echo(f"omitted ({o['n']}, {o['k']}) {o['dtype']}: {o['reason']}")
+
+
+def _display_path(path: Path) -> str:
+    """``path`` relative to the working directory when inside it (stable file headers)."""
+    try:
+        return path.resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return path.as_posix()
 
 
 @kernels.command("results")
