@@ -19,8 +19,8 @@ _MODELS = ("qwen3-8b", "qwen3-1.7b", "smollm2-135m")
 _DTYPES = ("bfloat16", "float16", "float32")
 
 
-def _require_torch(command: str, *, allow_interpreter: bool) -> object:
-    """Import torch (and triton) or fail with the fix; require CUDA unless interpreting."""
+def _import_torch(command: str) -> object:
+    """Import torch (and triton) or fail with the fix."""
     try:
         import torch
         import triton  # noqa: F401
@@ -28,6 +28,12 @@ def _require_torch(command: str, *, allow_interpreter: bool) -> object:
         raise click.ClickException(
             f"bistat kernels {command} needs torch and triton ({exc.name} is missing); "
             f"install them with: pip install 'bistat[kernels]'") from exc
+    return torch
+
+
+def _require_torch(command: str, *, allow_interpreter: bool) -> object:
+    """Import torch (and triton) or fail with the fix; require CUDA unless interpreting."""
+    torch = _import_torch(command)
     interpreting = os.environ.get("TRITON_INTERPRET") == "1"
     if not torch.cuda.is_available() and not (allow_interpreter and interpreting):
         hint = (" or set TRITON_INTERPRET=1 to run small shapes on the CPU interpreter"
@@ -159,13 +165,29 @@ def sweep_command(models: tuple[str, ...], out_dir: Path, resume: bool, budget_s
               help="Table file (default: the table of this GPU under kernels/bistat_kernels/tables).")
 @click.option("--model", "models", multiple=True, type=click.Choice(_MODELS),
               help="Bench this model's shapes (repeatable; default: all three).")
+@click.option("--vllm-kernel", "vllm_kernel_path", type=click.Path(path_type=Path),
+              help="vLLM's batch-invariant GEMM as a fourth column: the installed vllm package "
+                   "directory (or an unzipped wheel's), or its "
+                   "model_executor/determinism/batch_invariant.py.")
 @click.option("--output", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the JSON (rows, summary, provenance) here.")
-def bench_command(table_path: Path | None, models: tuple[str, ...], output: Path | None) -> None:
+def bench_command(table_path: Path | None, models: tuple[str, ...],
+                  vllm_kernel_path: Path | None, output: Path | None) -> None:
     """Time tuned, torch.mm and the fixed default per shape and M.
 
-    Prints one line per shape and the geometric means against the goals.
+    Prints one line per shape and the geometric means against the goals, the HBM roofline at
+    M <= 16 and the host cost per eager call. With --vllm-kernel, vLLM's own kernel and tuned
+    table run beside them, validated and checked for row invariance first.
     """
+    vllm_kernel = None
+    if vllm_kernel_path is not None:
+        _import_torch("bench")  # a bad PATH is reported before the missing GPU
+        from bistat_kernels import vllm_kernel as vk
+
+        try:
+            vllm_kernel = vk.load_vllm_kernel(vllm_kernel_path)
+        except vk.VllmKernelError as exc:
+            raise click.ClickException(str(exc)) from exc
     _require_torch("bench", allow_interpreter=False)
     from bistat_kernels import bench, tables
     from bistat_kernels.shapes import shapes_for
@@ -175,20 +197,37 @@ def bench_command(table_path: Path | None, models: tuple[str, ...], output: Path
             tables.set_device_table(tables.load_table(table_path))
         except tables.TableError as exc:
             raise click.ClickException(str(exc)) from exc
-    doc = bench.run_bench(shapes_for(models or _MODELS), command=sys.argv, progress=click.echo)
-    click.echo(format_bench_summary(doc["summary"]), nl=False)
+    doc = bench.run_bench(shapes_for(models or _MODELS), command=sys.argv, progress=click.echo,
+                          vllm_kernel=vllm_kernel)
+    click.echo(format_bench_summary(doc["summary"], doc.get("host", {}).get("summary")),
+               nl=False)
     if output is not None:
         output.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
 
 
-def format_bench_summary(summary: dict) -> str:
+def format_bench_summary(summary: dict, host: dict | None = None) -> str:
     """The closing lines of ``bench``: geometric means against the issue's goals."""
-    return (f"geomean tuned/torch.mm over M in {summary['goal_ms']}: "
-            f"{summary['geomean_tuned_over_mm']:.3f} (goal <= 1.15)\n"
-            f"geomean tuned/torch.mm at M <= {summary['decode_max_m']}: "
-            f"{summary['decode_geomean_tuned_over_mm']:.3f} (goal <= 1.25)\n"
-            f"geomean default/torch.mm over the goal set: "
-            f"{summary['geomean_default_over_mm']:.3f}\n")
+    targets = summary.get("goal_targets", {"overall": 1.15, "decode": 1.25})
+    lines = [f"geomean tuned/torch.mm over M in {summary['goal_ms']}: "
+             f"{summary['geomean_tuned_over_mm']:.3f} (goal <= {targets['overall']:.2f})",
+             f"geomean tuned/torch.mm at M <= {summary['decode_max_m']}: "
+             f"{summary['decode_geomean_tuned_over_mm']:.3f} (goal <= {targets['decode']:.2f})",
+             f"geomean default/torch.mm over the goal set: "
+             f"{summary['geomean_default_over_mm']:.3f}"]
+    if "geomean_vllm_over_mm" in summary:
+        lines += [f"geomean vllm/torch.mm over the goal set: "
+                  f"{summary['geomean_vllm_over_mm']:.3f}, at M <= {summary['decode_max_m']}: "
+                  f"{summary['decode_geomean_vllm_over_mm']:.3f} ({summary['n_vllm_rows']} of "
+                  f"{summary['n_rows']} rows timed)",
+                  f"geomean tuned/vllm over the goal set: "
+                  f"{summary['geomean_tuned_over_vllm']:.3f}"]
+    if host is not None:
+        lines.append(f"host us per eager call: tuned {host['mean_tuned_us']:.1f}, torch.mm "
+                     f"{host['mean_torch_mm_us']:.1f}"
+                     + (f", vllm {host['mean_vllm_us']:.1f}" if "mean_vllm_us" in host else "")
+                     + f"; tuned - torch.mm {host['mean_tuned_minus_mm_us']:.1f} (max "
+                       f"{host['max_tuned_minus_mm_us']:.1f}; goal <= {host['goal_us']:.0f})")
+    return "\n".join(lines) + "\n"
 
 
 @kernels.command("export-vllm")
