@@ -475,6 +475,8 @@ class ProbeRow:
     torch_mm: float
     tolerance: float
     passed: bool
+    dtype: str = "bfloat16"
+    case: str = "table"   # or k_pow2 / fp32_ieee (probe --edge-cases)
 
 
 @dataclass(frozen=True)
@@ -483,15 +485,18 @@ class Probe:
     provenance: Provenance
     rows: tuple[ProbeRow, ...]
     passed: bool
+    with_cases: bool = False  # some row is an edge case: the table shows dtype and case
 
 
 def probe(doc: dict[str, Any], source: str) -> Probe:
-    return Probe(source, provenance(doc["provenance"]), tuple(
+    rows = tuple(
         ProbeRow(s["n"], s["k"], s["invariance"]["rows_equal"], s["invariance"]["rows_checked"],
                  max(a["max_rel_err"] for a in s["accuracy"]),
                  max(a["torch_mm_max_rel_err"] for a in s["accuracy"]),
-                 s["accuracy"][0]["tolerance"], bool(s["passed"])) for s in doc["shapes"]),
-        bool(doc["passed"]))
+                 s["accuracy"][0]["tolerance"], bool(s["passed"]), s.get("dtype", "bfloat16"),
+                 s.get("case", "table")) for s in doc["shapes"])
+    return Probe(source, provenance(doc["provenance"]), rows, bool(doc["passed"]),
+                 any(r.case != "table" for r in rows))
 
 
 # --- fused split-K ---------------------------------------------------------------------------

@@ -216,3 +216,26 @@ def test_the_cli_summary_states_the_new_goals_and_the_host_cost():
         "(max 3.5; goal <= 5)"]
     old = json.loads((make_results.RESULTS_DIR / "bench_nvidia_h200.json").read_text())
     assert format_bench_summary(old["summary"]).splitlines()[0].endswith("1.141 (goal <= 1.15)")
+
+
+def test_probe_page_shows_dtype_and_case_when_edge_cases_were_probed(tmp_path):
+    def shape(n, k, dtype, case, err):
+        return {"n": n, "k": k, "dtype": dtype, "case": case, "passed": err < 1e-5 or
+                dtype != "float32",
+                "invariance": {"rows_equal": 30, "rows_checked": 30},
+                "accuracy": [{"max_rel_err": err, "torch_mm_max_rel_err": 3e-7,
+                              "tolerance": 1e-5 if dtype == "float32" else 1e-2}]}
+
+    doc = {"provenance": {"gpu_name": "NVIDIA H200", "date_utc": "d", "command": "c"},
+           "passed": False, "shapes": [shape(4096, 4096, "bfloat16", "table", 2e-3),
+                                       shape(4096, 512, "float32", "k_pow2", 2e-7),
+                                       shape(2048, 6144, "float32", "fp32_ieee", 2.5e-4)]}
+    p = results_model.probe(doc, "p.json")
+    assert p.with_cases and [r.case for r in p.rows] == ["table", "k_pow2", "fp32_ieee"]
+    (tmp_path / "probe_nvidia_h200.json").write_text(json.dumps(doc), encoding="utf-8")
+    page = make_results.render_results(tmp_path, tmp_path / "no-tables")
+    assert "| 4096 | 512 | float32 | k_pow2 | 30/30 | 2.00e-07 | 3.00e-07 | 1e-05 | pass |" in page
+    assert ("| 2048 | 6144 | float32 | fp32_ieee | 30/30 | 2.50e-04 | 3.00e-07 | 1e-05 | "
+            "**FAIL** |") in page
+    committed = json.loads((make_results.RESULTS_DIR / "probe_nvidia_h200.json").read_text())
+    assert not results_model.probe(committed, "p.json").with_cases
