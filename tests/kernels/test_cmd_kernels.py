@@ -86,3 +86,10 @@ def test_probe_edge_cases_add_k_pow2_and_fp32_rows(tmp_path, monkeypatch):
     doc = json.loads(out.read_text(encoding="utf-8"))
     assert [(s["n"], s["k"], s["dtype"], s["case"], s["passed"]) for s in doc["shapes"]] == [
         (40, 72, "float32", "table", True), (64, 512, "float32", "k_pow2", True)]
+    assert doc["passed"] is True
+    assert doc["provenance"]["gpu_name"] == "none (Triton interpreter on the CPU)"
+    # RESULTS.md's probe section reads it as written
+    from bistat_kernels import results_model
+
+    probe = results_model.probe(doc, "probe.json")
+    assert probe.with_cases and [r.case for r in probe.rows] == ["table", "k_pow2"]

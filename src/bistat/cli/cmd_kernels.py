@@ -119,8 +119,15 @@ def probe_command(table_path: Path | None, models: tuple[str, ...], shapes: tupl
                    f"{inv.rows_checked} rows equal; rel err {acc}; "
                    f"{'PASS' if res.passed else 'FAIL'}")
     if output is not None:
+        from bistat_kernels.provenance import gpu_provenance
+
+        # the layout kernels/RESULTS.md reads (gpu_call.py's probe stage writes the same)
+        prov = (gpu_provenance(0, sys.argv) if device == "cuda" else
+                {"gpu_name": "none (Triton interpreter on the CPU)", "command": " ".join(sys.argv)})
         output.write_text(json.dumps({"schema": "bistat_kernels.probe/1",
                                       "table": table.source if table is not None else None,
+                                      "provenance": prov,
+                                      "passed": all(r["passed"] for r in results),
                                       "shapes": results}, indent=1) + "\n", encoding="utf-8")
     if not all(r["passed"] for r in results):
         sys.exit(1)
