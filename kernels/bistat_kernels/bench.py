@@ -252,10 +252,10 @@ def bench_shape(shape: GemmShape, ms: Sequence[int], dtype: torch.dtype = torch.
                 host_ms: Sequence[int] = HOST_MS) -> ShapeBench:
     """Validate, then time tuned / torch.mm / default (/ vllm) for one shape at every M in ``ms``.
 
-    The tuned kernel failing validation stops the bench; vLLM's kernel failing it leaves that
-    row's vllm time empty (``vllm_error`` in the gates). Both kernels' rows are then checked for
-    bitwise row invariance across ``ms``, and the host cost per eager call is measured at
-    ``host_ms``.
+    The tuned kernel failing validation stops the bench; vLLM's kernel failing it (or raising)
+    leaves that row's vllm time empty and says why in ``vllm_accuracy_failures`` of the gates.
+    Both kernels' rows are then checked for bitwise row invariance across ``ms``, and the host
+    cost per eager call is measured at ``host_ms``.
     """
     gen = torch.Generator(device="cuda").manual_seed(seed)
     w = torch.randn(shape.n, shape.k, device="cuda", dtype=dtype, generator=gen) * 0.02  # [N, K]
@@ -274,25 +274,34 @@ def bench_shape(shape: GemmShape, ms: Sequence[int], dtype: torch.dtype = torch.
         if not (math.isfinite(err) and err <= tol):
             raise RuntimeError(f"bench: tuned kernel failed validation at {shape.model}/"
                                f"{shape.layer} M={m}: relative error {err:.3g}")
-        verr = None
+        verr, vllm_failure = None, None
         if vllm_kernel is not None:
-            verr = _rel_err(vllm_kernel.mm(a, b), ref)
+            try:
+                verr = _rel_err(vllm_kernel.mm(a, b), ref)
+            except Exception as exc:  # upstream's kernel failing is a result, not a crash
+                vllm_failure = f"M={m}: {type(exc).__name__}: {exc}"
+            else:
+                if not (math.isfinite(verr) and verr <= tol):
+                    vllm_failure = f"M={m}: relative error {verr:.3g} > {tol}"
+                    verr = verr if math.isfinite(verr) else None
         del ref
         tuned = _time(lambda bb: mp.matmul_persistent(a, bb), b_copies)
         cublas = _time(lambda bb: torch.mm(a, bb), b_copies)
         default = _time(lambda bb: mp.default_matmul(a, bb), b_copies)
         vllm_ms = None
         if vllm_kernel is not None:
-            if math.isfinite(verr) and verr <= tol:
+            if vllm_failure is None:
                 vllm_ms = _time(lambda bb: vllm_kernel.mm(a, bb), b_copies)
             else:
-                vllm_errors.append(f"M={m}: relative error {verr:.3g} > {tol}")
+                vllm_errors.append(vllm_failure)
         rows.append(BenchRow(shape.model, shape.layer, shape.n, shape.k, m, tuned, cublas,
                              default, err, vllm_ms, verr,
                              None if vllm_kernel is None else (shape.n, shape.k) in vllm_shapes))
     gates["tuned_invariance"] = _invariance(a_big, b, ms, mp.matmul_persistent)
     if vllm_kernel is not None:
-        gates["vllm_invariance"] = _invariance(a_big, b, ms, vllm_kernel.mm)
+        timed = [r.m for r in rows if r.vllm_ms is not None]  # where it ran and was right
+        gates["vllm_invariance"] = _invariance(a_big, b, timed, vllm_kernel.mm) if timed else \
+            {"rows_checked": 0, "rows_equal": 0, "passed": False, "mismatches": []}
         gates["vllm_accuracy_failures"] = vllm_errors
     host = []
     for m in host_ms:
@@ -301,7 +310,7 @@ def bench_shape(shape: GemmShape, ms: Sequence[int], dtype: torch.dtype = torch.
                                "k": shape.k, "m": m}
         row["tuned_us"], row["tuned_wall_us"] = host_cost_us(lambda: mp.matmul_persistent(a, b))
         row["torch_mm_us"], row["torch_mm_wall_us"] = host_cost_us(lambda: torch.mm(a, b))
-        if vllm_kernel is not None:
+        if vllm_kernel is not None and m in {r.m for r in rows if r.vllm_ms is not None}:
             row["vllm_us"], row["vllm_wall_us"] = host_cost_us(lambda: vllm_kernel.mm(a, b))
         row["tuned_minus_mm_us"] = row["tuned_us"] - row["torch_mm_us"]
         host.append(row)

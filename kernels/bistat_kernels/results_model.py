@@ -306,6 +306,9 @@ def _mismatch_text(g: dict[str, Any], key: str) -> str | None:
     inv = g.get(key)
     if inv is None or inv["passed"]:
         return None
+    if inv["rows_checked"] == 0:
+        return (f"{g['model']}/{g['layer']} ({g['n']} x {g['k']}): not checked (no M passed "
+                f"validation)")
     ms = sorted({m for m, _ in inv["mismatches"]})
     return (f"{g['model']}/{g['layer']} ({g['n']} x {g['k']}): {inv['rows_equal']}/"
             f"{inv['rows_checked']} rows equal, mismatches at M = {', '.join(map(str, ms))}")

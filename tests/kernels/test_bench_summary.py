@@ -239,3 +239,44 @@ def test_probe_page_shows_dtype_and_case_when_edge_cases_were_probed(tmp_path):
             "**FAIL** |") in page
     committed = json.loads((make_results.RESULTS_DIR / "probe_nvidia_h200.json").read_text())
     assert not results_model.probe(committed, "p.json").with_cases
+
+
+@pytest.mark.gpu
+def test_gpu_run_bench_with_vllm_on_one_small_shape(tmp_path):
+    """On a GPU (BISTAT_KERNELS_GPU=1): the whole bench path, vLLM column included when the
+    0.33.0 wheel is at /tmp/vllmwheels, on SmolLM2's o projection at M 1 and 16."""
+    from helpers_kernels import INTERPRETING
+
+    if INTERPRETING or not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU and BISTAT_KERNELS_GPU=1")
+    import zipfile
+    from pathlib import Path
+
+    from bistat_kernels import tables, vllm_kernel
+    from bistat_kernels.shapes import MODEL_SHAPES
+
+    wheel = Path("/tmp/vllmwheels/vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl")
+    kernel = None
+    if wheel.is_file():
+        with zipfile.ZipFile(wheel) as z:
+            for name in ("vllm/_version.py", "vllm/model_executor/determinism/batch_invariant.py",
+                         "vllm/model_executor/determinism/batch_invariant_configs.py"):
+                z.extract(name, tmp_path)
+        kernel = vllm_kernel.load_vllm_kernel(tmp_path / "vllm")
+    tables.reset_device_table()
+    shape = MODEL_SHAPES["smollm2-135m"][1]
+    doc = bench.run_bench([shape], ms=(1, 16), command=["test"], progress=lambda s: None,
+                          vllm_kernel=kernel)
+    assert [r["m"] for r in doc["rows"]] == [1, 16]
+    assert all(r["tuned_ms"] > 0 and r["torch_mm_ms"] > 0 for r in doc["rows"])
+    assert doc["gates"][0]["tuned_invariance"]["passed"]
+    assert doc["roofline"]["copy"]["gb_per_s"] > 100
+    assert [r["m"] for r in doc["roofline"]["rows"]] == [1, 16]
+    assert [r["m"] for r in doc["host"]["rows"]] == [1, 16]
+    assert all(r["tuned_us"] > 0 and r["torch_mm_us"] > 0 for r in doc["host"]["rows"])
+    if kernel is not None:
+        assert doc["vllm"]["vllm"] == "0.33.0" and doc["vllm"]["arch_family"] is not None
+        assert all(r["vllm_ms"] is not None for r in doc["rows"])
+        assert "geomean_vllm_over_mm" in doc["summary"]
+    (tmp_path / "bench_nvidia_h200.json").write_text(json.dumps(doc), encoding="utf-8")
+    assert "## Tuned kernel vs torch.mm" in make_results.render_results(tmp_path, tmp_path)
