@@ -199,6 +199,18 @@ def edge_cases(table_shapes: Iterable[tuple[int, int]], n: int | None = None,
     return tuple(out)
 
 
+def with_edge_cases(cases: Sequence[ProbeCase], dtype: str = "bfloat16") -> list[ProbeCase]:
+    """``cases`` followed by :func:`edge_cases` of their shapes that are not already among them.
+
+    For a device script that probes a table: ``with_edge_cases([ProbeCase(n, k, dt) for (dt, n,
+    k) in sorted(table.entries)])``; each case's entry is ``table.lookup(c.dtype, c.n, c.k)``.
+    """
+    have = {(c.n, c.k, c.dtype) for c in cases}
+    extra = [c for c in edge_cases([(c.n, c.k) for c in cases], dtype=dtype)
+             if (c.n, c.k, c.dtype) not in have]
+    return [*cases, *extra]
+
+
 @dataclass(frozen=True)
 class ShapeProbe:
     """Both gates for one weight shape."""

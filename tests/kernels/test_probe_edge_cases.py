@@ -139,3 +139,15 @@ def test_edge_cases_list_k_powers_of_two_and_fp32_of_every_shape():
         (4096, 512, "float32", "k_pow2"), (4096, 1024, "float32", "k_pow2"),
         (4096, 2048, "float32", "k_pow2"), (4096, 4096, "float32", "k_pow2"),
         (2048, 6144, "float32", "fp32_ieee")]  # 4096x4096 fp32 is listed once
+
+
+def test_with_edge_cases_adds_only_what_the_cases_lack():
+    table_cases = [probe.ProbeCase(4096, 4096, "bfloat16"), probe.ProbeCase(2048, 6144, "bfloat16")]
+    cases = probe.with_edge_cases(table_cases)
+    assert cases[:2] == table_cases  # the table's own rows first, case "table"
+    assert [(c.n, c.k, c.dtype, c.case) for c in cases[2:]] == [
+        (4096, 512, "bfloat16", "k_pow2"), (4096, 1024, "bfloat16", "k_pow2"),
+        (4096, 2048, "bfloat16", "k_pow2"),
+        (4096, 512, "float32", "k_pow2"), (4096, 1024, "float32", "k_pow2"),
+        (4096, 2048, "float32", "k_pow2"), (4096, 4096, "float32", "k_pow2"),
+        (2048, 6144, "float32", "fp32_ieee")]

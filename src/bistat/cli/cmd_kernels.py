@@ -102,8 +102,7 @@ def probe_command(table_path: Path | None, models: tuple[str, ...], shapes: tupl
     accuracy_ms = sorted({m for m in (1, 16, 256, max_m) if m <= max_m})
     cases = [probe.ProbeCase(n, k, dtype) for n, k in wanted]
     if edge_cases:
-        cases += [c for c in probe.edge_cases(wanted, dtype=dtype)
-                  if (c.n, c.k, c.dtype) not in {(w.n, w.k, w.dtype) for w in cases}]
+        cases = probe.with_edge_cases(cases, dtype)
     results = []
     for case in cases:
         n, k = case.n, case.k
