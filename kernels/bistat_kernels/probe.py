@@ -7,11 +7,19 @@ extended to several row positions and to a batch size inside every M bucket of t
 
 Gate 2 (accuracy) compares against a higher-precision reference (float64 on the CPU, float32
 without TF32 on a GPU) and reports torch.mm's own error on the same inputs beside ours.
+
+Beyond the table's own shapes, :func:`edge_cases` lists the cases issue 23 asks both gates to
+cover: K a power of two from 512 to 4096 (vLLM #55131 reports its persistent kernel not
+invariant there) and float32 inputs, whose products must be IEEE float32 (vLLM #55466: ``tl.dot``
+silently used TF32). The float32 tolerance, 1e-5 of max |reference|, sits between the two: a
+float32 sum of K products is off by about 1e-7..1e-6 of that scale, while TF32 keeps 10 of the 23
+mantissa bits of each operand and lands near 1e-4 (tests/kernels/test_probe_edge_cases.py shows
+a TF32 dot failing it under the interpreter).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -25,6 +33,9 @@ PROBE_MS: tuple[int, ...] = (1, 2, 3, 7, 8, 16, 64, 255, 256, 1024, 4096)
 # dtype (bf16 keeps 8 significant bits, fp16 11) with headroom; fp32 must stay far below TF32.
 ACCURACY_TOLERANCE: dict[torch.dtype, float] = {
     torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 1e-5}
+
+POW2_KS: tuple[int, ...] = (512, 1024, 2048, 4096)  # vLLM #55131
+EDGE_N = 4096  # N of the power-of-two-K cases (Qwen3-8B's o projection at K 4096)
 
 MatmulFn = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
 
@@ -153,11 +164,60 @@ def check_accuracy(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None,
 
 
 @dataclass(frozen=True)
+class ProbeCase:
+    """One (N, K, dtype) to probe and why: ``table`` (requested or a table entry), ``k_pow2``
+    (K a power of two, vLLM #55131) or ``fp32_ieee`` (float32 inputs, vLLM #55466)."""
+
+    n: int
+    k: int
+    dtype: str
+    case: str = "table"
+
+
+def edge_cases(table_shapes: Iterable[tuple[int, int]], n: int | None = None,
+               ks: Sequence[int] | None = None, dtype: str = "bfloat16",
+               ) -> tuple[ProbeCase, ...]:
+    """Issue 23's extra cases: ``(n, k)`` for every ``k`` in ``ks`` in ``dtype`` and in float32,
+    and every shape of ``table_shapes`` in float32; duplicates of an earlier case are dropped.
+
+    ``n`` and ``ks`` default to :data:`EDGE_N` and :data:`POW2_KS`.
+
+    A case uses the table entry of its (dtype, N, K) when there is one, the fixed default
+    configuration otherwise (the table tunes bfloat16 only).
+    """
+    n = EDGE_N if n is None else n
+    ks = POW2_KS if ks is None else ks
+    cases = [ProbeCase(n, k, dtype, "k_pow2") for k in ks]
+    cases += [ProbeCase(n, k, "float32", "k_pow2") for k in ks]
+    cases += [ProbeCase(tn, tk, "float32", "fp32_ieee") for tn, tk in table_shapes]
+    seen: set[tuple[int, int, str]] = set()
+    out = []
+    for c in cases:
+        if (c.n, c.k, c.dtype) not in seen:
+            seen.add((c.n, c.k, c.dtype))
+            out.append(c)
+    return tuple(out)
+
+
+def with_edge_cases(cases: Sequence[ProbeCase], dtype: str = "bfloat16") -> list[ProbeCase]:
+    """``cases`` followed by :func:`edge_cases` of their shapes that are not already among them.
+
+    For a device script that probes a table: ``with_edge_cases([ProbeCase(n, k, dt) for (dt, n,
+    k) in sorted(table.entries)])``; each case's entry is ``table.lookup(c.dtype, c.n, c.k)``.
+    """
+    have = {(c.n, c.k, c.dtype) for c in cases}
+    extra = [c for c in edge_cases([(c.n, c.k) for c in cases], dtype=dtype)
+             if (c.n, c.k, c.dtype) not in have]
+    return [*cases, *extra]
+
+
+@dataclass(frozen=True)
 class ShapeProbe:
     """Both gates for one weight shape."""
 
     invariance: InvarianceResult
     accuracy: tuple[AccuracyResult, ...]
+    case: str = "table"
 
     @property
     def passed(self) -> bool:
@@ -172,13 +232,13 @@ class ShapeProbe:
             d["passed"] = r.passed
             acc.append(d)
         return {"n": self.invariance.n, "k": self.invariance.k, "dtype": self.invariance.dtype,
-                "passed": self.passed, "invariance": inv, "accuracy": acc}
+                "case": self.case, "passed": self.passed, "invariance": inv, "accuracy": acc}
 
 
 def probe_shape(n: int, k: int, dtype: torch.dtype, device: str | torch.device,
                 entry: ShapeConfig | None, max_m: int, accuracy_ms: Sequence[int],
                 with_bias: bool = False, seed: int = 0, mm: MatmulFn = matmul_persistent,
-                ) -> ShapeProbe:
+                case: str = "table") -> ShapeProbe:
     """Run both gates on random inputs (N(0, 1) activations, N(0, 0.02) weights)."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
     m_values = probe_m_values(entry, max_m)
@@ -191,4 +251,4 @@ def probe_shape(n: int, k: int, dtype: torch.dtype, device: str | torch.device,
         if with_bias else None
     invariance = check_invariance(a_full, b, bias, m_values, mm)
     accuracy = tuple(check_accuracy(a_full[:m], b, bias, mm) for m in accuracy_ms)
-    return ShapeProbe(invariance=invariance, accuracy=accuracy)
+    return ShapeProbe(invariance=invariance, accuracy=accuracy, case=case)

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any
 
+# Issue 5's goals: the targets of bench files that carry no ``summary.goal_targets`` (every bench
+# recorded before issue 23); newer files state their own (bench.GOAL_OVERALL, bench.GOAL_DECODE).
 GOAL_OVERALL = 1.15
 GOAL_DECODE = 1.25
 SPEEDUP_GOAL = 2.5  # tuned over vLLM's fixed default at decode sizes (geometric mean)
@@ -64,15 +66,23 @@ class Goal:
     decode_target: float
     decode_met: bool
     gates_passed: bool
+    host_diff_us: float | None = None    # mean tuned - torch.mm host cost per eager call
+    host_target_us: float | None = None
+    host_met: bool | None = None
 
 
 def goal(bench: dict[str, Any], probe: dict[str, Any] | None) -> Goal:
     s = bench["summary"]
-    return Goal(s["geomean_tuned_over_mm"], GOAL_OVERALL,
-                s["geomean_tuned_over_mm"] <= GOAL_OVERALL,
-                s["decode_max_m"], s["decode_geomean_tuned_over_mm"], GOAL_DECODE,
-                s["decode_geomean_tuned_over_mm"] <= GOAL_DECODE,
-                probe is not None and bool(probe["passed"]))
+    targets = s.get("goal_targets", {"overall": GOAL_OVERALL, "decode": GOAL_DECODE})
+    host = (bench.get("host") or {}).get("summary")
+    return Goal(s["geomean_tuned_over_mm"], targets["overall"],
+                s["geomean_tuned_over_mm"] <= targets["overall"],
+                s["decode_max_m"], s["decode_geomean_tuned_over_mm"], targets["decode"],
+                s["decode_geomean_tuned_over_mm"] <= targets["decode"],
+                probe is not None and bool(probe["passed"]),
+                None if host is None else host["mean_tuned_minus_mm_us"],
+                None if host is None else host["goal_us"],
+                None if host is None else host["mean_tuned_minus_mm_us"] <= host["goal_us"])
 
 
 @dataclass(frozen=True)
@@ -168,6 +178,9 @@ class BenchRow:
     default_us: float
     tuned_over_mm: float
     default_over_mm: float
+    vllm_us: float | None = None
+    vllm_over_mm: float | None = None
+    vllm_tuned: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -175,6 +188,7 @@ class ModelGeomean:
     model: str
     tuned_over_mm: float
     default_over_mm: float
+    vllm_over_mm: float | None = None
 
 
 @dataclass(frozen=True)
@@ -186,6 +200,84 @@ class StepSum:
     tuned_ms: float
     mm_ms: float
     default_ms: float
+    vllm_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class VllmColumn:
+    """vLLM's kernel beside ours: where it came from, its geometric means and its gates."""
+
+    version: str
+    commit: str | None
+    path: str
+    arch_family: str | None
+    tuned_shapes: int            # shapes of vLLM's own table for this GPU's family
+    benched_in_table: int        # of the benched shapes, how many that table covers
+    overall: float               # vllm / torch.mm over the goal set
+    decode: float
+    tuned_over_vllm: float
+    decode_tuned_over_vllm: float
+    rows_timed: int
+    rows: int
+    invariant_shapes: int        # shapes whose rows were bitwise invariant across M
+    shapes: int
+    not_invariant: tuple[str, ...]     # "model/layer (N x K): mismatches at M=..."
+    accuracy_failures: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RooflineRow:
+    model: str
+    layer: str
+    n: int
+    k: int
+    m: int
+    weight_mib: float
+    tuned: float
+    mm: float
+    vllm: float | None
+
+
+@dataclass(frozen=True)
+class Roofline:
+    max_m: int
+    copy_gib: float
+    copy_gb_per_s: float
+    rows: tuple[RooflineRow, ...]
+    geomean_tuned: float
+    geomean_mm: float
+    geomean_vllm: float | None
+
+
+@dataclass(frozen=True)
+class HostRow:
+    model: str
+    layer: str
+    n: int
+    k: int
+    m: int
+    tuned_us: float
+    mm_us: float
+    vllm_us: float | None
+    diff_us: float
+    tuned_wall_us: float
+    mm_wall_us: float
+
+
+@dataclass(frozen=True)
+class Host:
+    calls: int
+    repeats: int
+    ms: tuple[int, ...]
+    timing: str
+    rows: tuple[HostRow, ...]
+    mean_tuned_us: float
+    mean_mm_us: float
+    mean_vllm_us: float | None
+    mean_diff_us: float
+    max_diff_us: float
+    goal_us: float
+    goal_met: bool
 
 
 @dataclass(frozen=True)
@@ -202,15 +294,82 @@ class Bench:
     rows: tuple[BenchRow, ...]
     per_model: tuple[ModelGeomean, ...]
     per_step: tuple[StepSum, ...]
+    vllm: VllmColumn | None = None
+    tuned_invariant_shapes: int | None = None   # from the bench's own gates, when it has them
+    gate_shapes: int | None = None
+    tuned_not_invariant: tuple[str, ...] = ()
+    roofline: Roofline | None = None
+    host: Host | None = None
+
+
+def _mismatch_text(g: dict[str, Any], key: str) -> str | None:
+    inv = g.get(key)
+    if inv is None or inv["passed"]:
+        return None
+    if inv["rows_checked"] == 0:
+        return (f"{g['model']}/{g['layer']} ({g['n']} x {g['k']}): not checked (no M passed "
+                f"validation)")
+    ms = sorted({m for m, _ in inv["mismatches"]})
+    return (f"{g['model']}/{g['layer']} ({g['n']} x {g['k']}): {inv['rows_equal']}/"
+            f"{inv['rows_checked']} rows equal, mismatches at M = {', '.join(map(str, ms))}")
+
+
+def _vllm_column(doc: dict[str, Any]) -> VllmColumn | None:
+    v, s = doc.get("vllm"), doc["summary"]
+    if v is None:
+        return None
+    gates = doc.get("gates", [])
+    tuned = {tuple(x) for x in v.get("tuned_shapes", [])}
+    benched = {(r["n"], r["k"]) for r in doc["rows"]}
+    return VllmColumn(
+        str(v.get("vllm") or "?"), v.get("vllm_commit"), str(v.get("path", "?")),
+        v.get("arch_family"), len(tuned), len(benched & tuned),
+        s["geomean_vllm_over_mm"], s["decode_geomean_vllm_over_mm"],
+        s["geomean_tuned_over_vllm"], s["decode_geomean_tuned_over_vllm"],
+        s["n_vllm_rows"], s["n_rows"],
+        sum(1 for g in gates if g.get("vllm_invariance", {}).get("passed")), len(gates),
+        tuple(t for g in gates if (t := _mismatch_text(g, "vllm_invariance")) is not None),
+        tuple(f"{g['model']}/{g['layer']} {e}" for g in gates
+              for e in g.get("vllm_accuracy_failures", [])))
+
+
+def _roofline(doc: dict[str, Any]) -> Roofline | None:
+    r = doc.get("roofline")
+    if r is None:
+        return None
+    rows = tuple(RooflineRow(x["model"], x["layer"], x["n"], x["k"], x["m"],
+                             x["weight_bytes"] / 2**20, x["tuned"], x["torch_mm"], x.get("vllm"))
+                 for x in r["rows"])
+    vllm = [x.vllm for x in rows if x.vllm is not None]
+    return Roofline(r["max_m"], r["copy"]["bytes"] / 2**30, r["copy"]["gb_per_s"], rows,
+                    geomean([x.tuned for x in rows]), geomean([x.mm for x in rows]),
+                    geomean(vllm) if vllm else None)
+
+
+def _host(doc: dict[str, Any]) -> Host | None:
+    h = doc.get("host")
+    if h is None:
+        return None
+    s = h["summary"]
+    return Host(h["calls"], h["repeats"], tuple(h["ms"]), h["timing"], tuple(
+        HostRow(x["model"], x["layer"], x["n"], x["k"], x["m"], x["tuned_us"], x["torch_mm_us"],
+                x.get("vllm_us"), x["tuned_minus_mm_us"], x["tuned_wall_us"],
+                x["torch_mm_wall_us"]) for x in h["rows"]),
+        s["mean_tuned_us"], s["mean_torch_mm_us"], s.get("mean_vllm_us"),
+        s["mean_tuned_minus_mm_us"], s["max_tuned_minus_mm_us"], s["goal_us"],
+        bool(s["goal_met"]))
 
 
 def bench(doc: dict[str, Any], source: str) -> Bench:
     s, rows = doc["summary"], doc["rows"]
+    with_vllm = "vllm" in doc
     per_model = []
     for model in sorted({r["model"] for r in rows}):
         chosen = [r for r in rows if r["model"] == model and r["m"] in s["goal_ms"]]
+        timed = [r["vllm_over_mm"] for r in chosen if r.get("vllm_over_mm") is not None]
         per_model.append(ModelGeomean(model, geomean([r["tuned_over_mm"] for r in chosen]),
-                                      geomean([r["default_over_mm"] for r in chosen])))
+                                      geomean([r["default_over_mm"] for r in chosen]),
+                                      geomean(timed) if with_vllm and timed else None))
     per_step = []
     for model, layers in sorted(LAYERS.items()):
         for m in sorted({r["m"] for r in rows if r["m"] <= s["decode_max_m"]}):
@@ -220,15 +379,28 @@ def bench(doc: dict[str, Any], source: str) -> Bench:
             totals = [layers * sum(by_layer[name][key] for name in DECODE_LAYERS)
                       + by_layer["lm_head"][key]
                       for key in ("tuned_ms", "torch_mm_ms", "default_ms")]
-            per_step.append(StepSum(model, m, *totals))
+            vllm_total = None
+            if with_vllm and all(by_layer[name].get("vllm_ms") is not None
+                                 for name in (*DECODE_LAYERS, "lm_head")):
+                vllm_total = (layers * sum(by_layer[name]["vllm_ms"] for name in DECODE_LAYERS)
+                              + by_layer["lm_head"]["vllm_ms"])
+            per_step.append(StepSum(model, m, *totals, vllm_total))
+    gates = doc.get("gates")
     return Bench(
         source, provenance(doc["provenance"]), doc["timing"], tuple(s["goal_ms"]),
         goal(doc, None), s["geomean_default_over_mm"], s["decode_geomean_default_over_mm"],
         s["decode_speedup_over_default"], SPEEDUP_GOAL,
         tuple(BenchRow(r["model"], r["layer"], r["n"], r["k"], r["m"], r["tuned_ms"] * 1000,
                        r["torch_mm_ms"] * 1000, r["default_ms"] * 1000, r["tuned_over_mm"],
-                       r["default_over_mm"]) for r in rows),
-        tuple(per_model), tuple(per_step))
+                       r["default_over_mm"],
+                       None if r.get("vllm_ms") is None else r["vllm_ms"] * 1000,
+                       r.get("vllm_over_mm"), r.get("vllm_tuned")) for r in rows),
+        tuple(per_model), tuple(per_step), _vllm_column(doc),
+        None if gates is None else sum(1 for g in gates if g["tuned_invariance"]["passed"]),
+        None if gates is None else len(gates),
+        () if gates is None else tuple(t for g in gates
+                                       if (t := _mismatch_text(g, "tuned_invariance"))),
+        _roofline(doc), _host(doc))
 
 
 # --- the table -------------------------------------------------------------------------------
@@ -306,6 +478,8 @@ class ProbeRow:
     torch_mm: float
     tolerance: float
     passed: bool
+    dtype: str = "bfloat16"
+    case: str = "table"   # or k_pow2 / fp32_ieee (probe --edge-cases)
 
 
 @dataclass(frozen=True)
@@ -314,15 +488,18 @@ class Probe:
     provenance: Provenance
     rows: tuple[ProbeRow, ...]
     passed: bool
+    with_cases: bool = False  # some row is an edge case: the table shows dtype and case
 
 
 def probe(doc: dict[str, Any], source: str) -> Probe:
-    return Probe(source, provenance(doc["provenance"]), tuple(
+    rows = tuple(
         ProbeRow(s["n"], s["k"], s["invariance"]["rows_equal"], s["invariance"]["rows_checked"],
                  max(a["max_rel_err"] for a in s["accuracy"]),
                  max(a["torch_mm_max_rel_err"] for a in s["accuracy"]),
-                 s["accuracy"][0]["tolerance"], bool(s["passed"])) for s in doc["shapes"]),
-        bool(doc["passed"]))
+                 s["accuracy"][0]["tolerance"], bool(s["passed"]), s.get("dtype", "bfloat16"),
+                 s.get("case", "table")) for s in doc["shapes"])
+    return Probe(source, provenance(doc["provenance"]), rows, bool(doc["passed"]),
+                 any(r.case != "table" for r in rows))
 
 
 # --- fused split-K ---------------------------------------------------------------------------

@@ -13,6 +13,13 @@ order (numpy reduces a non-innermost axis one slice at a time). An element's bit
 row of A and its column of B alone, never on the row's position in the block, whatever BLAS numpy
 loaded and whatever ``OPENBLAS_*`` says. The tests install it (``install``) and leave the environment
 as they found it.
+
+The interpreter also ignores ``input_precision``: it multiplies float32 operands exactly even where
+a GPU's ``tl.dot`` (default ``"tf32"``) would use TF32, so a kernel that forgot
+``input_precision="ieee"`` (vLLM #55466) would pass every float32 accuracy test here. The installed
+dot therefore rounds float32 operands to TF32 (``round_to_tf32``: 10 explicit mantissa bits, round
+to nearest, ties away from zero, as ``cvt.rna.tf32.f32`` does) when the precision is TF32, and
+leaves them exact for IEEE. Hardware that truncates instead errs more, never less.
 """
 
 from __future__ import annotations
@@ -31,8 +38,17 @@ def row_invariant_matmul(a: np.ndarray, b: np.ndarray, dtype) -> np.ndarray:
     return np.add.reduce(products, axis=-2, dtype=dtype)  # [..., M, N]
 
 
+def round_to_tf32(x: np.ndarray) -> np.ndarray:
+    """float32 values rounded to TF32 (8-bit exponent, 10-bit mantissa), kept as float32."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    finite = np.isfinite(x)
+    rounded = ((bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
+    return np.where(finite, rounded, x).astype(np.float32)
+
+
 def install() -> None:
     """Make the interpreter's ``tl.dot`` use ``row_invariant_matmul`` (idempotent)."""
+    from triton._C.libtriton import ir
     from triton.runtime import interpreter
 
     builder = interpreter.InterpreterBuilder
@@ -46,6 +62,9 @@ def install() -> None:
            (b.dtype.primitive_bitwidth == 8 and b.dtype.is_floating()):
             # fp8 operands: let the interpreter's own conversion path handle them.
             return original(self, a, b, d, input_precision, max_num_imprecise_acc)
+        if input_precision == ir.INPUT_PRECISION.TF32 and a_data.dtype == np.float32 \
+                and b_data.dtype == np.float32:
+            a_data, b_data = round_to_tf32(a_data), round_to_tf32(b_data)
         out = row_invariant_matmul(a_data, b_data, d.data.dtype) + d.data
         return interpreter.TensorHandle(out, d.dtype.scalar)
 

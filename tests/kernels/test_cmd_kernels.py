@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -17,18 +18,20 @@ def _run(args, **kw):
     return CliRunner().invoke(cli, ["kernels", *args], **kw)
 
 
-def test_help_lists_the_four_commands():
+def test_help_lists_the_five_commands():
     result = _run(["--help"], catch_exceptions=False)
     assert result.exit_code == 0
     assert result.output == (
         "Usage: cli kernels [OPTIONS] COMMAND [ARGS]...\n\n"
-        "  The tuned batch-invariant Triton GEMM: probe, sweep, bench, results.\n\n"
+        "  The tuned batch-invariant Triton GEMM: probe, sweep, bench, results, vLLM\n"
+        "  export.\n\n"
         "Options:\n  -h, --help  Show this message and exit.\n\n"
         "Commands:\n"
-        "  bench    Time tuned, torch.mm and the fixed default per shape and M.\n"
-        "  probe    Check both gates: bitwise row invariance and accuracy.\n"
-        "  results  Regenerate RESULTS.md from the recorded JSON.\n"
-        "  sweep    Tune the GEMM table on this GPU (chunked, resumable).\n")
+        "  bench        Time tuned, torch.mm and the fixed default per shape and M.\n"
+        "  export-vllm  Write the table in vLLM 0.33.0's tuned-table format.\n"
+        "  probe        Check both gates: bitwise row invariance and accuracy.\n"
+        "  results      Regenerate RESULTS.md from the recorded JSON.\n"
+        "  sweep        Tune the GEMM table on this GPU (chunked, resumable).\n")
 
 
 def test_sweep_and_bench_refuse_without_a_gpu():
@@ -64,3 +67,29 @@ def test_results_regenerates_the_committed_page_byte_for_byte(tmp_path):
     assert result.exit_code == 0
     assert result.output == f"wrote {target}\n"
     assert target.read_bytes() == (KERNELS / "RESULTS.md").read_bytes()
+
+
+def test_probe_edge_cases_add_k_pow2_and_fp32_rows(tmp_path, monkeypatch):
+    from bistat_kernels import probe
+
+    # issue 23's cases at interpreter size: N 64 instead of 4096, K 512 only
+    monkeypatch.setattr(probe, "EDGE_N", 64)
+    monkeypatch.setattr(probe, "POW2_KS", (512,))
+    out = tmp_path / "probe.json"
+    result = _run(["probe", "--shape", "40x72", "--dtype", "float32", "--max-m", "4",
+                   "--edge-cases", "--output", str(out)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["N=40 K=72 float32",
+                                                      "N=64 K=512 float32 [k_pow2]"]
+    assert all(line.endswith("PASS") for line in lines)
+    doc = json.loads(out.read_text(encoding="utf-8"))
+    assert [(s["n"], s["k"], s["dtype"], s["case"], s["passed"]) for s in doc["shapes"]] == [
+        (40, 72, "float32", "table", True), (64, 512, "float32", "k_pow2", True)]
+    assert doc["passed"] is True
+    assert doc["provenance"]["gpu_name"] == "none (Triton interpreter on the CPU)"
+    # RESULTS.md's probe section reads it as written
+    from bistat_kernels import results_model
+
+    probe = results_model.probe(doc, "probe.json")
+    assert probe.with_cases and [r.case for r in probe.rows] == ["table", "k_pow2"]

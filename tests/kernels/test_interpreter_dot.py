@@ -56,18 +56,29 @@ def test_the_interpreter_uses_it_for_tl_dot():
     import triton.language as tl
 
     @triton.jit
-    def _dot_kernel(a_ptr, b_ptr, c_ptr, M: tl.constexpr, K: tl.constexpr, N: tl.constexpr):
+    def _dot_kernel(a_ptr, b_ptr, c_ptr, M: tl.constexpr, K: tl.constexpr, N: tl.constexpr,
+                    IEEE: tl.constexpr):
         rm, rk, rn = tl.arange(0, M), tl.arange(0, K), tl.arange(0, N)
         a = tl.load(a_ptr + rm[:, None] * K + rk[None, :])
         b = tl.load(b_ptr + rk[:, None] * N + rn[None, :])
-        tl.store(c_ptr + rm[:, None] * N + rn[None, :], tl.dot(a, b))
+        if IEEE:
+            c = tl.dot(a, b, input_precision="ieee")
+        else:
+            c = tl.dot(a, b)  # default precision: TF32, as on a GPU
+        tl.store(c_ptr + rm[:, None] * N + rn[None, :], c)
+
+    from interpreter_dot import round_to_tf32
 
     g = torch.Generator().manual_seed(3)
     a = torch.randn(16, 64, generator=g)
     b = torch.randn(64, 32, generator=g)
     c = torch.empty(16, 32)
-    _dot_kernel[(1,)](a, b, c, 16, 64, 32)
+    _dot_kernel[(1,)](a, b, c, 16, 64, 32, IEEE=True)
     assert np.array_equal(c.numpy(), row_invariant_matmul(a.numpy(), b.numpy(), np.float32))
+    _dot_kernel[(1,)](a, b, c, 16, 64, 32, IEEE=False)
+    tf32 = row_invariant_matmul(round_to_tf32(a.numpy()), round_to_tf32(b.numpy()), np.float32)
+    assert np.array_equal(c.numpy(), tf32)
+    assert not np.array_equal(tf32, row_invariant_matmul(a.numpy(), b.numpy(), np.float32))
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/environ"), reason="reads the start-up environment")
@@ -79,3 +90,16 @@ def test_the_tests_leave_openblas_settings_alone():
     for name in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
         at_start = start.get(name.encode())
         assert os.environ.get(name) == (at_start.decode() if at_start is not None else None), name
+
+
+def test_tf32_rounding_keeps_ten_mantissa_bits():
+    from interpreter_dot import round_to_tf32
+
+    x = np.array([1.0, 1.0 + 2.0 ** -10, 1.0 + 2.0 ** -11, 1.0 + 2.0 ** -12, -(1.0 + 3 * 2.0 ** -12),
+                  np.inf, np.nan], dtype=np.float32)
+    got = round_to_tf32(x)
+    # representable; a tie (2^-11) rounds away from zero; below the tie rounds down; sign kept
+    np.testing.assert_array_equal(got[:5], np.array(
+        [1.0, 1.0 + 2.0 ** -10, 1.0 + 2.0 ** -10, 1.0, -(1.0 + 2.0 ** -10)], dtype=np.float32))
+    assert np.isinf(got[5]) and np.isnan(got[6])
+    assert (got[:5].view(np.uint32) & 0x1FFF == 0).all()

@@ -19,8 +19,8 @@ _MODELS = ("qwen3-8b", "qwen3-1.7b", "smollm2-135m")
 _DTYPES = ("bfloat16", "float16", "float32")
 
 
-def _require_torch(command: str, *, allow_interpreter: bool) -> object:
-    """Import torch (and triton) or fail with the fix; require CUDA unless interpreting."""
+def _import_torch(command: str) -> object:
+    """Import torch (and triton) or fail with the fix."""
     try:
         import torch
         import triton  # noqa: F401
@@ -28,6 +28,12 @@ def _require_torch(command: str, *, allow_interpreter: bool) -> object:
         raise click.ClickException(
             f"bistat kernels {command} needs torch and triton ({exc.name} is missing); "
             f"install them with: pip install 'bistat[kernels]'") from exc
+    return torch
+
+
+def _require_torch(command: str, *, allow_interpreter: bool) -> object:
+    """Import torch (and triton) or fail with the fix; require CUDA unless interpreting."""
+    torch = _import_torch(command)
     interpreting = os.environ.get("TRITON_INTERPRET") == "1"
     if not torch.cuda.is_available() and not (allow_interpreter and interpreting):
         hint = (" or set TRITON_INTERPRET=1 to run small shapes on the CPU interpreter"
@@ -46,7 +52,7 @@ def _parse_shape(text: str) -> tuple[int, int]:
 
 @click.group("kernels")
 def kernels() -> None:
-    """The tuned batch-invariant Triton GEMM: probe, sweep, bench, results."""
+    """The tuned batch-invariant Triton GEMM: probe, sweep, bench, results, vLLM export."""
 
 
 @kernels.command("probe")
@@ -59,10 +65,15 @@ def kernels() -> None:
 @click.option("--max-m", default=4096, show_default=True, type=click.IntRange(1),
               help="Largest batch size checked.")
 @click.option("--bias/--no-bias", default=False, show_default=True)
+@click.option("--edge-cases", is_flag=True,
+              help="Also probe K = 512, 1024, 2048, 4096 at N 4096 (in --dtype and float32) and "
+                   "every probed shape in float32 (IEEE products, no TF32); JSON rows carry "
+                   "case k_pow2 / fp32_ieee.")
 @click.option("--output", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the results as JSON here.")
 def probe_command(table_path: Path | None, models: tuple[str, ...], shapes: tuple[str, ...],
-                  dtype: str, max_m: int, bias: bool, output: Path | None) -> None:
+                  dtype: str, max_m: int, bias: bool, edge_cases: bool,
+                  output: Path | None) -> None:
     """Check both gates: bitwise row invariance and accuracy.
 
     Gate 1 compares rows computed alone with the same rows inside batches (bitwise); gate 2
@@ -89,20 +100,33 @@ def probe_command(table_path: Path | None, models: tuple[str, ...], shapes: tupl
             raise click.ClickException("no table for this device; pass --table, --model or --shape")
         wanted = [(n, k) for (dt, n, k) in sorted(table.entries) if dt == dtype]
     accuracy_ms = sorted({m for m in (1, 16, 256, max_m) if m <= max_m})
+    cases = [probe.ProbeCase(n, k, dtype) for n, k in wanted]
+    if edge_cases:
+        cases = probe.with_edge_cases(cases, dtype)
     results = []
-    for n, k in wanted:
-        entry = table.lookup(dtype, n, k) if table is not None else None
-        res = probe.probe_shape(n, k, getattr(torch, dtype), device, entry, max_m=max_m,
-                                accuracy_ms=accuracy_ms, with_bias=bias)
+    for case in cases:
+        n, k = case.n, case.k
+        entry = table.lookup(case.dtype, n, k) if table is not None else None
+        res = probe.probe_shape(n, k, getattr(torch, case.dtype), device, entry, max_m=max_m,
+                                accuracy_ms=accuracy_ms, with_bias=bias, case=case.case)
         results.append(res.to_dict())
         inv = res.invariance
         acc = " ".join(f"M={r.m}:{r.max_rel_err:.2e}(torch.mm {r.torch_mm_max_rel_err:.2e})"
                        for r in res.accuracy)
-        click.echo(f"N={n} K={k} {dtype}: invariance {inv.rows_equal}/{inv.rows_checked} rows "
-                   f"equal; rel err {acc}; {'PASS' if res.passed else 'FAIL'}")
+        label = "" if case.case == "table" else f" [{case.case}]"
+        click.echo(f"N={n} K={k} {case.dtype}{label}: invariance {inv.rows_equal}/"
+                   f"{inv.rows_checked} rows equal; rel err {acc}; "
+                   f"{'PASS' if res.passed else 'FAIL'}")
     if output is not None:
+        from bistat_kernels.provenance import gpu_provenance
+
+        # the layout kernels/RESULTS.md reads (gpu_call.py's probe stage writes the same)
+        prov = (gpu_provenance(0, sys.argv) if device == "cuda" else
+                {"gpu_name": "none (Triton interpreter on the CPU)", "command": " ".join(sys.argv)})
         output.write_text(json.dumps({"schema": "bistat_kernels.probe/1",
                                       "table": table.source if table is not None else None,
+                                      "provenance": prov,
+                                      "passed": all(r["passed"] for r in results),
                                       "shapes": results}, indent=1) + "\n", encoding="utf-8")
     if not all(r["passed"] for r in results):
         sys.exit(1)
@@ -147,13 +171,29 @@ def sweep_command(models: tuple[str, ...], out_dir: Path, resume: bool, budget_s
               help="Table file (default: the table of this GPU under kernels/bistat_kernels/tables).")
 @click.option("--model", "models", multiple=True, type=click.Choice(_MODELS),
               help="Bench this model's shapes (repeatable; default: all three).")
+@click.option("--vllm-kernel", "vllm_kernel_path", type=click.Path(path_type=Path),
+              help="vLLM's batch-invariant GEMM as a fourth column: the installed vllm package "
+                   "directory (or an unzipped wheel's), or its "
+                   "model_executor/determinism/batch_invariant.py.")
 @click.option("--output", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the JSON (rows, summary, provenance) here.")
-def bench_command(table_path: Path | None, models: tuple[str, ...], output: Path | None) -> None:
+def bench_command(table_path: Path | None, models: tuple[str, ...],
+                  vllm_kernel_path: Path | None, output: Path | None) -> None:
     """Time tuned, torch.mm and the fixed default per shape and M.
 
-    Prints one line per shape and the geometric means against the goals.
+    Prints one line per shape and the geometric means against the goals, the HBM roofline at
+    M <= 16 and the host cost per eager call. With --vllm-kernel, vLLM's own kernel and tuned
+    table run beside them, validated and checked for row invariance first.
     """
+    vllm_kernel = None
+    if vllm_kernel_path is not None:
+        _import_torch("bench")  # a bad PATH is reported before the missing GPU
+        from bistat_kernels import vllm_kernel as vk
+
+        try:
+            vllm_kernel = vk.load_vllm_kernel(vllm_kernel_path)
+        except vk.VllmKernelError as exc:
+            raise click.ClickException(str(exc)) from exc
     _require_torch("bench", allow_interpreter=False)
     from bistat_kernels import bench, tables
     from bistat_kernels.shapes import shapes_for
@@ -163,20 +203,93 @@ def bench_command(table_path: Path | None, models: tuple[str, ...], output: Path
             tables.set_device_table(tables.load_table(table_path))
         except tables.TableError as exc:
             raise click.ClickException(str(exc)) from exc
-    doc = bench.run_bench(shapes_for(models or _MODELS), command=sys.argv, progress=click.echo)
-    click.echo(format_bench_summary(doc["summary"]), nl=False)
+    doc = bench.run_bench(shapes_for(models or _MODELS), command=sys.argv, progress=click.echo,
+                          vllm_kernel=vllm_kernel)
+    click.echo(format_bench_summary(doc["summary"], doc.get("host", {}).get("summary")),
+               nl=False)
     if output is not None:
         output.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
 
 
-def format_bench_summary(summary: dict) -> str:
+def format_bench_summary(summary: dict, host: dict | None = None) -> str:
     """The closing lines of ``bench``: geometric means against the issue's goals."""
-    return (f"geomean tuned/torch.mm over M in {summary['goal_ms']}: "
-            f"{summary['geomean_tuned_over_mm']:.3f} (goal <= 1.15)\n"
-            f"geomean tuned/torch.mm at M <= {summary['decode_max_m']}: "
-            f"{summary['decode_geomean_tuned_over_mm']:.3f} (goal <= 1.25)\n"
-            f"geomean default/torch.mm over the goal set: "
-            f"{summary['geomean_default_over_mm']:.3f}\n")
+    targets = summary.get("goal_targets", {"overall": 1.15, "decode": 1.25})
+    lines = [f"geomean tuned/torch.mm over M in {summary['goal_ms']}: "
+             f"{summary['geomean_tuned_over_mm']:.3f} (goal <= {targets['overall']:.2f})",
+             f"geomean tuned/torch.mm at M <= {summary['decode_max_m']}: "
+             f"{summary['decode_geomean_tuned_over_mm']:.3f} (goal <= {targets['decode']:.2f})",
+             f"geomean default/torch.mm over the goal set: "
+             f"{summary['geomean_default_over_mm']:.3f}"]
+    if "geomean_vllm_over_mm" in summary:
+        lines += [f"geomean vllm/torch.mm over the goal set: "
+                  f"{summary['geomean_vllm_over_mm']:.3f}, at M <= {summary['decode_max_m']}: "
+                  f"{summary['decode_geomean_vllm_over_mm']:.3f} ({summary['n_vllm_rows']} of "
+                  f"{summary['n_rows']} rows timed)",
+                  f"geomean tuned/vllm over the goal set: "
+                  f"{summary['geomean_tuned_over_vllm']:.3f}"]
+    if host is not None:
+        lines.append(f"host us per eager call: tuned {host['mean_tuned_us']:.1f}, torch.mm "
+                     f"{host['mean_torch_mm_us']:.1f}"
+                     + (f", vllm {host['mean_vllm_us']:.1f}" if "mean_vllm_us" in host else "")
+                     + f"; tuned - torch.mm {host['mean_tuned_minus_mm_us']:.1f} (max "
+                       f"{host['max_tuned_minus_mm_us']:.1f}; goal <= {host['goal_us']:.0f})")
+    return "\n".join(lines) + "\n"
+
+
+@kernels.command("export-vllm")
+@click.option("--table", "table_path", type=click.Path(dir_okay=False, path_type=Path),
+              default=Path("kernels/bistat_kernels/tables/nvidia_h200.json"), show_default=True,
+              help="The bistat table to export.")
+@click.option("--arch-family", type=click.Choice(("ada", "hopper", "blackwell", "sm120")),
+              help="vLLM's architecture key (default: from the entries' compute capability).")
+@click.option("--split-k", "split_k", type=click.Choice(("omit", "nearest")), default="omit",
+              show_default=True,
+              help="Entries with split-K, which vLLM's kernel lacks: leave them out, or export "
+                   "the same BLOCK_K without the split, marked UNMEASURED.")
+@click.option("--output", type=click.Path(dir_okay=False, path_type=Path),
+              default=Path("kernels/results/vllm_tuned_configs_nvidia_h200.py"),
+              show_default=True,
+              help="Python file to write; the provenance sidecar goes beside it "
+                   "(.provenance.json).")
+def export_vllm_command(table_path: Path, arch_family: str | None, split_k: str,
+                        output: Path) -> None:
+    """Write the table in vLLM 0.33.0's tuned-table format.
+
+    The entries use vLLM's _MatmulShapeConfig/_MatmulMConfig literals under an architecture
+    family key, each with its measurement's provenance in comments and in a JSON sidecar.
+    Launch fields vLLM's kernel has no place for are dropped and listed; split-K entries are
+    omitted unless --split-k nearest. Needs no GPU and no torch.
+    """
+    from bistat_kernels import export_vllm, tables
+
+    try:
+        table = tables.load_table(table_path)
+    except (OSError, tables.TableError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    try:
+        export = export_vllm.export_table(table, arch_family=arch_family, split_k=split_k,
+                                          source=_display_path(table_path))
+    except export_vllm.ExportError as exc:
+        raise click.ClickException(str(exc)) from exc
+    export_vllm.parse_vllm_source(export.python_text)  # the written file reads back
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(export.python_text, encoding="utf-8")
+    sidecar = output.with_suffix(".provenance.json")
+    sidecar.write_text(export_vllm.sidecar_text(export), encoding="utf-8")
+    click.echo(f"wrote {output} ({len(export.shapes)} shapes, family {export.arch_family}) "
+               f"and {sidecar}")
+    for name, count in export.dropped_summary().items():
+        click.echo(f"dropped {name} (vLLM's kernel cannot express it) in {count} buckets")
+    for o in export.omitted:
+        click.echo(f"omitted ({o['n']}, {o['k']}) {o['dtype']}: {o['reason']}")
+
+
+def _display_path(path: Path) -> str:
+    """``path`` relative to the working directory when inside it (stable file headers)."""
+    try:
+        return path.resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return path.as_posix()
 
 
 @kernels.command("results")
