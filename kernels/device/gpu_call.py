@@ -212,11 +212,17 @@ def stage_probe(out: Path, max_m: int) -> bool:
     table = tables.load_table(_table_path(out))
     tables.set_device_table(table)
     results = []
-    for (dtype, n, k), entry in sorted(table.entries.items()):
+    # every table entry, then issue 23's edge cases: K a power of two (vLLM #55131) and float32
+    # in IEEE precision (vLLM #55466), each probed with its own table entry or the default
+    cases = probe.with_edge_cases([probe.ProbeCase(n, k, dt)
+                                   for (dt, n, k) in sorted(table.entries)])
+    for case in cases:
+        dtype, n, k = case.dtype, case.n, case.k
+        entry = table.lookup(dtype, n, k)
         res = probe.probe_shape(n, k, getattr(torch, dtype), "cuda", entry, max_m=max_m,
-                                accuracy_ms=(1, 16, 256, max_m))
+                                accuracy_ms=(1, 16, 256, max_m), case=case.case)
         results.append(res.to_dict())
-        log(f"probe: N={n} K={k} invariance {res.invariance.rows_equal}/"
+        log(f"probe: {case.case} {dtype} N={n} K={k} invariance {res.invariance.rows_equal}/"
             f"{res.invariance.rows_checked} accuracy "
             + " ".join(f"M={r.m}:{r.max_rel_err:.2e}(mm {r.torch_mm_max_rel_err:.2e})"
                        for r in res.accuracy) + (" PASS" if res.passed else " FAIL"))
@@ -228,10 +234,16 @@ def stage_probe(out: Path, max_m: int) -> bool:
     return all(r["passed"] for r in results)
 
 
-def stage_bench(out: Path) -> dict:
+def stage_bench(out: Path, vllm_kernel_path: Path | None = None) -> dict:
     table = tables.load_table(_table_path(out))
     tables.set_device_table(table)
-    doc = bench.run_bench(shapes_for(MODELS), command=sys.argv, progress=log)
+    vllm_kernel = None
+    if vllm_kernel_path is not None:
+        from bistat_kernels import vllm_kernel as vk
+
+        vllm_kernel = vk.load_vllm_kernel(vllm_kernel_path)
+    doc = bench.run_bench(shapes_for(MODELS), command=sys.argv, progress=log,
+                          vllm_kernel=vllm_kernel)
     write(out / f"bench_{tables.device_slug(table.device_name)}.json", doc)
     log(f"bench summary: {json.dumps(doc['summary'])}")
     return doc["summary"]
@@ -307,6 +319,8 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=16, help="precompile processes")
     parser.add_argument("--max-m", type=int, default=4096)
     parser.add_argument("--pack-cache", action="store_true")
+    parser.add_argument("--vllm-kernel", type=Path, default=None,
+                        help="vLLM's batch-invariant GEMM (package dir or its module) as a bench column")
     parser.add_argument("--retune", action="store_true",
                         help="re-tune every shape; shapes not reached keep the committed table's entry")
     args = parser.parse_args()
@@ -340,7 +354,7 @@ def main() -> int:
             elif stage == "probe" and sweep_complete and left > 60:
                 status |= 0 if stage_probe(args.out, args.max_m) else 1
             elif stage == "bench" and sweep_complete and left > 45:
-                stage_bench(args.out)
+                stage_bench(args.out, args.vllm_kernel)
             else:
                 log(f"{stage}: skipped (sweep complete={sweep_complete}, {left:.0f}s left)")
         except Exception:  # noqa: BLE001 - keep going so the files written so far come back
