@@ -80,9 +80,11 @@ def goal(bench: dict[str, Any], probe: dict[str, Any] | None) -> Goal:
                 s["decode_max_m"], s["decode_geomean_tuned_over_mm"], targets["decode"],
                 s["decode_geomean_tuned_over_mm"] <= targets["decode"],
                 probe is not None and bool(probe["passed"]),
-                None if host is None else host["mean_tuned_minus_mm_us"],
+                None if host is None else host["max_tuned_minus_mm_us"],
                 None if host is None else host["goal_us"],
-                None if host is None else host["mean_tuned_minus_mm_us"] <= host["goal_us"])
+                # "within 5 us of torch.mm's" holds for the operator only if it holds for every
+                # shape: judged on the worst one, not the mean
+                None if host is None else host["max_tuned_minus_mm_us"] <= host["goal_us"])
 
 
 @dataclass(frozen=True)
@@ -357,7 +359,7 @@ def _host(doc: dict[str, Any]) -> Host | None:
                 x["torch_mm_wall_us"]) for x in h["rows"]),
         s["mean_tuned_us"], s["mean_torch_mm_us"], s.get("mean_vllm_us"),
         s["mean_tuned_minus_mm_us"], s["max_tuned_minus_mm_us"], s["goal_us"],
-        bool(s["goal_met"]))
+        s["max_tuned_minus_mm_us"] <= s["goal_us"])
 
 
 def bench(doc: dict[str, Any], source: str) -> Bench:

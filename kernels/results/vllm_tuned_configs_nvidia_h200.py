@@ -7,7 +7,7 @@
 # time and ratio to torch.mm of bistat's launch and the fields vLLM cannot express
 # (dropped). Machine-readable: the .provenance.json file beside this one.
 # Omitted (not expressible):
-#   (2048, 6144) bfloat16 qwen3-1.7b/down: split_k 2: vLLM's kernel has no split-K and the nearest layout (block_k 128, no split) was never timed; vLLM keeps its own entry or default for this shape (`--split-k nearest` exports it anyway)
+#   (2048, 6144) bfloat16 qwen3-1.7b/down: split_k 4: vLLM's kernel has no split-K and the nearest layout (block_k 128, no split) was never timed; vLLM keeps its own entry or default for this shape (`--split-k nearest` exports it anyway)
 #   (4096, 12288) bfloat16 qwen3-8b/down: split_k 2: vLLM's kernel has no split-K and the nearest layout (block_k 128, no split) was never timed; vLLM keeps its own entry or default for this shape (`--split-k nearest` exports it anyway)
 from vllm.model_executor.determinism.batch_invariant_configs import (
     _MatmulMConfig,
@@ -16,264 +16,264 @@ from vllm.model_executor.determinism.batch_invariant_configs import (
 
 BISTAT_TUNED_CONFIGS: dict[str, dict[tuple[int, int], _MatmulShapeConfig]] = {
     "hopper": {
-        # smollm2-135m/o: NVIDIA H200 GPU-5fa0400c-d599-d96e-9146-8001e9b77d43, driver 580.159.04, compute capability 9.0
-        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-11-29T10:30:34Z
-        #   command: kernels/device/gpu_call.py sweep probe bench check --retune --out /root/out --budget-s 340
-        #   sweep score (decode-weighted geomean of time / torch.mm): 1.1188
+        # smollm2-135m/o: NVIDIA H200 GPU-51e4dd93-480b-dda7-7bbe-a9a9121eb2a5, driver 580.159.04, compute capability 9.0
+        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-12-02T11:41:14Z
+        #   command: kernels/device/gpu_call.py sweep hostcost probe bench --retune --out /tmp/ks3 --budget-s 500
+        #   sweep score (decode-weighted geomean of time / torch.mm): 1.0695
         (576, 576): _MatmulShapeConfig(
             block_k=128,
             m_buckets=(
-                (1, _MatmulMConfig(16, 32, 4, 6)),  # 0.00359 ms = 0.994x torch.mm at M=1; dropped programs_per_sm=2
-                (4, _MatmulMConfig(16, 32, 4, 6)),  # 0.00357 ms = 0.986x torch.mm at M=4
-                (16, _MatmulMConfig(16, 32, 4, 6)),  # 0.0035 ms = 0.949x torch.mm at M=16; dropped programs_per_sm=2
-                (32, _MatmulMConfig(16, 32, 4, 6)),  # 0.00352 ms = 0.957x torch.mm at M=32; dropped programs_per_sm=2
-                (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.00454 ms = 1.220x torch.mm at M=64
-                (128, _MatmulMConfig(64, 64, 4, 3)),  # 0.00453 ms = 1.202x torch.mm at M=128
-                (256, _MatmulMConfig(64, 64, 4, 3)),  # 0.00451 ms = 1.181x torch.mm at M=256
-                (512, _MatmulMConfig(64, 64, 4, 3)),  # 0.00457 ms = 1.157x torch.mm at M=512
-                (1024, _MatmulMConfig(128, 64, 4, 3)),  # 0.00582 ms = 1.382x torch.mm at M=1024
-                (2048, _MatmulMConfig(128, 128, 8, 3)),  # 0.00855 ms = 1.700x torch.mm at M=2048
-                (4096, _MatmulMConfig(128, 64, 8, 3)),  # 0.01264 ms = 1.853x torch.mm at M=4096
+                (1, _MatmulMConfig(16, 32, 4, 6)),  # 0.00361 ms = 1.003x torch.mm at M=1
+                (4, _MatmulMConfig(16, 32, 4, 6)),  # 0.0036 ms = 0.989x torch.mm at M=4; dropped programs_per_sm=2
+                (16, _MatmulMConfig(16, 32, 4, 6)),  # 0.00352 ms = 0.951x torch.mm at M=16; dropped programs_per_sm=2
+                (32, _MatmulMConfig(16, 32, 4, 6)),  # 0.00359 ms = 0.976x torch.mm at M=32; dropped programs_per_sm=2
+                (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.00397 ms = 1.067x torch.mm at M=64; dropped programs_per_sm=2, tma=True
+                (128, _MatmulMConfig(64, 64, 4, 4)),  # 0.00396 ms = 1.050x torch.mm at M=128; dropped programs_per_sm=2, tma=True
+                (256, _MatmulMConfig(64, 64, 4, 4)),  # 0.00398 ms = 1.039x torch.mm at M=256; dropped programs_per_sm=2, tma=True
+                (512, _MatmulMConfig(64, 64, 4, 4)),  # 0.00408 ms = 1.041x torch.mm at M=512; dropped tma=True
+                (1024, _MatmulMConfig(64, 128, 4, 4)),  # 0.00497 ms = 1.183x torch.mm at M=1024; dropped programs_per_sm=2, tma=True
+                (2048, _MatmulMConfig(128, 128, 4, 3)),  # 0.00699 ms = 1.387x torch.mm at M=2048; dropped tma=True
+                (4096, _MatmulMConfig(64, 128, 4, 4)),  # 0.01085 ms = 1.582x torch.mm at M=4096; dropped tma=True
             ),
         ),
-        # smollm2-135m/down: NVIDIA H200 GPU-5fa0400c-d599-d96e-9146-8001e9b77d43, driver 580.159.04, compute capability 9.0
-        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-11-29T10:30:34Z
-        #   command: kernels/device/gpu_call.py sweep probe bench check --retune --out /root/out --budget-s 340
-        #   sweep score (decode-weighted geomean of time / torch.mm): 1.2373
+        # smollm2-135m/down: NVIDIA H200 GPU-51e4dd93-480b-dda7-7bbe-a9a9121eb2a5, driver 580.159.04, compute capability 9.0
+        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-12-02T11:41:14Z
+        #   command: kernels/device/gpu_call.py sweep hostcost probe bench --retune --out /tmp/ks3 --budget-s 500
+        #   sweep score (decode-weighted geomean of time / torch.mm): 1.1715
         (576, 1536): _MatmulShapeConfig(
             block_k=128,
             m_buckets=(
-                (1, _MatmulMConfig(16, 32, 4, 6)),  # 0.00566 ms = 1.091x torch.mm at M=1; dropped programs_per_sm=2
-                (4, _MatmulMConfig(16, 32, 4, 6)),  # 0.00565 ms = 1.076x torch.mm at M=4; dropped programs_per_sm=2
-                (16, _MatmulMConfig(16, 32, 4, 6)),  # 0.00556 ms = 1.080x torch.mm at M=16
-                (32, _MatmulMConfig(16, 32, 4, 6)),  # 0.00559 ms = 1.088x torch.mm at M=32; dropped programs_per_sm=2
-                (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.00674 ms = 1.311x torch.mm at M=64
-                (128, _MatmulMConfig(64, 64, 4, 4)),  # 0.00674 ms = 1.294x torch.mm at M=128
-                (256, _MatmulMConfig(64, 64, 4, 4)),  # 0.00677 ms = 1.287x torch.mm at M=256
-                (512, _MatmulMConfig(64, 64, 4, 4)),  # 0.00681 ms = 1.240x torch.mm at M=512
-                (1024, _MatmulMConfig(128, 64, 4, 4)),  # 0.00964 ms = 1.617x torch.mm at M=1024; dropped programs_per_sm=2
-                (2048, _MatmulMConfig(128, 128, 4, 3)),  # 0.01572 ms = 1.967x torch.mm at M=2048
-                (4096, _MatmulMConfig(128, 64, 8, 4)),  # 0.02397 ms = 2.009x torch.mm at M=4096
+                (1, _MatmulMConfig(16, 32, 4, 6)),  # 0.00562 ms = 1.068x torch.mm at M=1; dropped programs_per_sm=2
+                (4, _MatmulMConfig(16, 32, 4, 6)),  # 0.00561 ms = 1.109x torch.mm at M=4; dropped programs_per_sm=2
+                (16, _MatmulMConfig(16, 32, 4, 6)),  # 0.00556 ms = 1.086x torch.mm at M=16
+                (32, _MatmulMConfig(16, 32, 4, 6)),  # 0.00555 ms = 1.086x torch.mm at M=32
+                (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.00603 ms = 1.173x torch.mm at M=64; dropped tma=True
+                (128, _MatmulMConfig(64, 64, 4, 4)),  # 0.00597 ms = 1.146x torch.mm at M=128; dropped tma=True
+                (256, _MatmulMConfig(64, 64, 4, 5)),  # 0.00579 ms = 1.099x torch.mm at M=256; dropped programs_per_sm=3, tma=True
+                (512, _MatmulMConfig(64, 64, 4, 5)),  # 0.00586 ms = 1.054x torch.mm at M=512; dropped programs_per_sm=3, tma=True
+                (1024, _MatmulMConfig(64, 128, 4, 4)),  # 0.00726 ms = 1.226x torch.mm at M=1024; dropped tma=True
+                (2048, _MatmulMConfig(128, 128, 8, 3)),  # 0.01144 ms = 1.409x torch.mm at M=2048; dropped tma=True
+                (4096, _MatmulMConfig(128, 128, 4, 3)),  # 0.02073 ms = 1.748x torch.mm at M=4096; dropped tma=True
             ),
         ),
-        # smollm2-135m/qkv: NVIDIA H200 GPU-5fa0400c-d599-d96e-9146-8001e9b77d43, driver 580.159.04, compute capability 9.0
-        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-11-29T10:30:34Z
-        #   command: kernels/device/gpu_call.py sweep probe bench check --retune --out /root/out --budget-s 340
-        #   sweep score (decode-weighted geomean of time / torch.mm): 1.0334
+        # smollm2-135m/qkv: NVIDIA H200 GPU-51e4dd93-480b-dda7-7bbe-a9a9121eb2a5, driver 580.159.04, compute capability 9.0
+        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-12-02T11:41:14Z
+        #   command: kernels/device/gpu_call.py sweep hostcost probe bench --retune --out /tmp/ks3 --budget-s 500
+        #   sweep score (decode-weighted geomean of time / torch.mm): 0.9868
         (960, 576): _MatmulShapeConfig(
             block_k=128,
             m_buckets=(
-                (1, _MatmulMConfig(16, 32, 4, 6)),  # 0.00367 ms = 0.911x torch.mm at M=1
-                (4, _MatmulMConfig(16, 32, 4, 6)),  # 0.00363 ms = 0.910x torch.mm at M=4; dropped programs_per_sm=2
-                (16, _MatmulMConfig(16, 32, 4, 6)),  # 0.00356 ms = 0.954x torch.mm at M=16; dropped programs_per_sm=2
-                (32, _MatmulMConfig(16, 32, 4, 6)),  # 0.00358 ms = 0.968x torch.mm at M=32
-                (64, _MatmulMConfig(64, 64, 4, 3)),  # 0.00454 ms = 1.207x torch.mm at M=64
-                (128, _MatmulMConfig(64, 64, 4, 3)),  # 0.00456 ms = 1.197x torch.mm at M=128
-                (256, _MatmulMConfig(64, 64, 4, 4)),  # 0.00457 ms = 1.157x torch.mm at M=256; dropped programs_per_sm=2
-                (512, _MatmulMConfig(64, 64, 4, 3)),  # 0.00466 ms = 1.086x torch.mm at M=512
-                (1024, _MatmulMConfig(128, 64, 4, 3)),  # 0.00607 ms = 1.294x torch.mm at M=1024
-                (2048, _MatmulMConfig(128, 128, 8, 3)),  # 0.00886 ms = 1.395x torch.mm at M=2048
-                (4096, _MatmulMConfig(128, 128, 4, 3)),  # 0.01378 ms = 1.391x torch.mm at M=4096
+                (1, _MatmulMConfig(16, 32, 4, 6)),  # 0.00368 ms = 0.918x torch.mm at M=1; dropped programs_per_sm=2
+                (4, _MatmulMConfig(16, 32, 4, 6)),  # 0.00363 ms = 0.912x torch.mm at M=4
+                (16, _MatmulMConfig(16, 32, 4, 6)),  # 0.00358 ms = 0.960x torch.mm at M=16; dropped programs_per_sm=2
+                (32, _MatmulMConfig(16, 32, 4, 6)),  # 0.00358 ms = 0.962x torch.mm at M=32
+                (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.00399 ms = 1.064x torch.mm at M=64; dropped tma=True
+                (128, _MatmulMConfig(64, 64, 4, 4)),  # 0.00401 ms = 1.055x torch.mm at M=128; dropped programs_per_sm=2, tma=True
+                (256, _MatmulMConfig(64, 64, 4, 4)),  # 0.004 ms = 1.015x torch.mm at M=256; dropped programs_per_sm=2, tma=True
+                (512, _MatmulMConfig(64, 64, 4, 4)),  # 0.0042 ms = 0.977x torch.mm at M=512; dropped programs_per_sm=2, tma=True
+                (1024, _MatmulMConfig(64, 128, 4, 4)),  # 0.00522 ms = 1.099x torch.mm at M=1024; dropped programs_per_sm=2, tma=True
+                (2048, _MatmulMConfig(128, 128, 8, 3)),  # 0.00729 ms = 1.123x torch.mm at M=2048; dropped tma=True
+                (4096, _MatmulMConfig(128, 128, 4, 3)),  # 0.01162 ms = 1.171x torch.mm at M=4096; dropped tma=True
             ),
         ),
-        # qwen3-1.7b/o: NVIDIA H200 GPU-5fa0400c-d599-d96e-9146-8001e9b77d43, driver 580.159.04, compute capability 9.0
-        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-11-29T10:30:34Z
-        #   command: kernels/device/gpu_call.py sweep probe bench check --retune --out /root/out --budget-s 340
-        #   sweep score (decode-weighted geomean of time / torch.mm): 1.2294
+        # qwen3-1.7b/o: NVIDIA H200 GPU-51e4dd93-480b-dda7-7bbe-a9a9121eb2a5, driver 580.159.04, compute capability 9.0
+        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-12-02T11:41:14Z
+        #   command: kernels/device/gpu_call.py sweep hostcost probe bench --retune --out /tmp/ks3 --budget-s 500
+        #   sweep score (decode-weighted geomean of time / torch.mm): 1.1661
         (2048, 2048): _MatmulShapeConfig(
             block_k=128,
             m_buckets=(
-                (1, _MatmulMConfig(16, 32, 4, 6)),  # 0.00786 ms = 1.260x torch.mm at M=1; dropped programs_per_sm=2
-                (4, _MatmulMConfig(16, 32, 4, 6)),  # 0.0073 ms = 1.153x torch.mm at M=4
-                (16, _MatmulMConfig(16, 32, 4, 6)),  # 0.00718 ms = 1.132x torch.mm at M=16
-                (32, _MatmulMConfig(16, 32, 4, 6)),  # 0.0072 ms = 1.132x torch.mm at M=32
-                (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.00855 ms = 1.321x torch.mm at M=64
-                (128, _MatmulMConfig(64, 64, 4, 4)),  # 0.00858 ms = 1.271x torch.mm at M=128; dropped programs_per_sm=2
-                (256, _MatmulMConfig(64, 64, 4, 4)),  # 0.00885 ms = 1.286x torch.mm at M=256
-                (512, _MatmulMConfig(64, 128, 4, 3)),  # 0.01176 ms = 1.277x torch.mm at M=512
-                (1024, _MatmulMConfig(128, 128, 4, 3)),  # 0.01781 ms = 1.279x torch.mm at M=1024
-                (2048, _MatmulMConfig(128, 128, 8, 3)),  # 0.03182 ms = 1.296x torch.mm at M=2048
-                (4096, _MatmulMConfig(128, 128, 8, 3)),  # 0.06109 ms = 1.319x torch.mm at M=4096
+                (1, _MatmulMConfig(16, 32, 4, 6)),  # 0.00784 ms = 1.252x torch.mm at M=1
+                (4, _MatmulMConfig(16, 32, 4, 6)),  # 0.00734 ms = 1.161x torch.mm at M=4
+                (16, _MatmulMConfig(16, 32, 4, 6)),  # 0.00712 ms = 1.137x torch.mm at M=16
+                (32, _MatmulMConfig(16, 32, 4, 6)),  # 0.00715 ms = 1.121x torch.mm at M=32; dropped programs_per_sm=2
+                (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.00792 ms = 1.218x torch.mm at M=64; dropped programs_per_sm=2, tma=True
+                (128, _MatmulMConfig(64, 64, 4, 4)),  # 0.00793 ms = 1.168x torch.mm at M=128; dropped programs_per_sm=2, tma=True
+                (256, _MatmulMConfig(64, 64, 4, 5)),  # 0.00744 ms = 1.102x torch.mm at M=256; dropped programs_per_sm=3, tma=True
+                (512, _MatmulMConfig(64, 128, 4, 4)),  # 0.00928 ms = 0.999x torch.mm at M=512; dropped programs_per_sm=2, tma=True
+                (1024, _MatmulMConfig(128, 128, 4, 3)),  # 0.01491 ms = 1.094x torch.mm at M=1024; dropped tma=True
+                (2048, _MatmulMConfig(128, 128, 4, 3)),  # 0.02653 ms = 1.104x torch.mm at M=2048; dropped tma=True
+                (4096, _MatmulMConfig(128, 128, 4, 3)),  # 0.05133 ms = 1.124x torch.mm at M=4096; dropped tma=True
             ),
         ),
-        # smollm2-135m/gate_up: NVIDIA H200 GPU-5fa0400c-d599-d96e-9146-8001e9b77d43, driver 580.159.04, compute capability 9.0
-        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-11-29T10:30:34Z
-        #   command: kernels/device/gpu_call.py sweep probe bench check --retune --out /root/out --budget-s 340
-        #   sweep score (decode-weighted geomean of time / torch.mm): 1.1168
+        # smollm2-135m/gate_up: NVIDIA H200 GPU-51e4dd93-480b-dda7-7bbe-a9a9121eb2a5, driver 580.159.04, compute capability 9.0
+        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-12-02T11:41:14Z
+        #   command: kernels/device/gpu_call.py sweep hostcost probe bench --retune --out /tmp/ks3 --budget-s 500
+        #   sweep score (decode-weighted geomean of time / torch.mm): 1.0711
         (3072, 576): _MatmulShapeConfig(
             block_k=128,
             m_buckets=(
-                (1, _MatmulMConfig(16, 32, 4, 6)),  # 0.00458 ms = 1.109x torch.mm at M=1
-                (4, _MatmulMConfig(16, 32, 4, 6)),  # 0.00441 ms = 1.068x torch.mm at M=4; dropped programs_per_sm=2
-                (16, _MatmulMConfig(16, 32, 4, 6)),  # 0.00406 ms = 0.974x torch.mm at M=16
-                (32, _MatmulMConfig(32, 32, 4, 6)),  # 0.00456 ms = 1.086x torch.mm at M=32; dropped programs_per_sm=2
-                (64, _MatmulMConfig(64, 64, 4, 3)),  # 0.00485 ms = 1.138x torch.mm at M=64
-                (128, _MatmulMConfig(64, 64, 4, 3)),  # 0.0049 ms = 1.106x torch.mm at M=128
-                (256, _MatmulMConfig(64, 128, 4, 3)),  # 0.00577 ms = 1.288x torch.mm at M=256; dropped programs_per_sm=2
-                (512, _MatmulMConfig(128, 128, 4, 3)),  # 0.00801 ms = 1.413x torch.mm at M=512
-                (1024, _MatmulMConfig(128, 64, 4, 3)),  # 0.01277 ms = 1.542x torch.mm at M=1024
-                (2048, _MatmulMConfig(128, 128, 8, 3)),  # 0.01865 ms = 1.370x torch.mm at M=2048
-                (4096, _MatmulMConfig(128, 256, 8, 2)),  # 0.03366 ms = 1.289x torch.mm at M=4096
+                (1, _MatmulMConfig(16, 32, 4, 6)),  # 0.00461 ms = 1.095x torch.mm at M=1; dropped programs_per_sm=2, tma=True
+                (4, _MatmulMConfig(16, 32, 4, 6)),  # 0.00442 ms = 1.057x torch.mm at M=4
+                (16, _MatmulMConfig(16, 32, 4, 6)),  # 0.00415 ms = 0.970x torch.mm at M=16; dropped programs_per_sm=2
+                (32, _MatmulMConfig(32, 32, 4, 6)),  # 0.00466 ms = 1.091x torch.mm at M=32; dropped programs_per_sm=2
+                (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.00431 ms = 0.993x torch.mm at M=64; dropped tma=True
+                (128, _MatmulMConfig(64, 64, 4, 4)),  # 0.00439 ms = 0.993x torch.mm at M=128; dropped tma=True
+                (256, _MatmulMConfig(64, 128, 4, 4)),  # 0.00519 ms = 1.133x torch.mm at M=256; dropped tma=True
+                (512, _MatmulMConfig(128, 128, 4, 3)),  # 0.00718 ms = 1.247x torch.mm at M=512; dropped tma=True
+                (1024, _MatmulMConfig(64, 128, 4, 4)),  # 0.0103 ms = 1.223x torch.mm at M=1024; dropped tma=True
+                (2048, _MatmulMConfig(128, 128, 8, 3)),  # 0.0163 ms = 1.187x torch.mm at M=2048; dropped tma=True
+                (4096, _MatmulMConfig(128, 128, 4, 3)),  # 0.03071 ms = 1.184x torch.mm at M=4096; dropped tma=True
             ),
         ),
-        # qwen3-1.7b/qkv: NVIDIA H200 GPU-5fa0400c-d599-d96e-9146-8001e9b77d43, driver 580.159.04, compute capability 9.0
-        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-11-29T10:30:34Z
-        #   command: kernels/device/gpu_call.py sweep probe bench check --retune --out /root/out --budget-s 340
-        #   sweep score (decode-weighted geomean of time / torch.mm): 1.165
+        # qwen3-1.7b/qkv: NVIDIA H200 GPU-51e4dd93-480b-dda7-7bbe-a9a9121eb2a5, driver 580.159.04, compute capability 9.0
+        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-12-02T11:41:14Z
+        #   command: kernels/device/gpu_call.py sweep hostcost probe bench --retune --out /tmp/ks3 --budget-s 500
+        #   sweep score (decode-weighted geomean of time / torch.mm): 1.0779
         (4096, 2048): _MatmulShapeConfig(
             block_k=128,
             m_buckets=(
-                (1, _MatmulMConfig(16, 64, 4, 6)),  # 0.0096 ms = 1.203x torch.mm at M=1; dropped programs_per_sm=2
-                (4, _MatmulMConfig(16, 64, 4, 6)),  # 0.00939 ms = 1.259x torch.mm at M=4
-                (16, _MatmulMConfig(16, 32, 4, 6)),  # 0.00785 ms = 1.013x torch.mm at M=16; dropped programs_per_sm=2
-                (32, _MatmulMConfig(32, 32, 4, 6)),  # 0.00927 ms = 1.213x torch.mm at M=32; dropped programs_per_sm=2
-                (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.00951 ms = 1.243x torch.mm at M=64
-                (128, _MatmulMConfig(64, 64, 4, 4)),  # 0.0097 ms = 1.169x torch.mm at M=128
-                (256, _MatmulMConfig(64, 128, 4, 3)),  # 0.0124 ms = 1.289x torch.mm at M=256
-                (512, _MatmulMConfig(128, 128, 4, 3)),  # 0.0183 ms = 1.277x torch.mm at M=512
-                (1024, _MatmulMConfig(128, 128, 4, 3)),  # 0.03275 ms = 1.295x torch.mm at M=1024
-                (2048, _MatmulMConfig(128, 128, 8, 3)),  # 0.0619 ms = 1.314x torch.mm at M=2048
-                (4096, _MatmulMConfig(128, 128, 8, 3)),  # 0.12076 ms = 1.305x torch.mm at M=4096
+                (1, _MatmulMConfig(16, 32, 4, 6)),  # 0.00849 ms = 1.125x torch.mm at M=1; dropped programs_per_sm=2, tma=True
+                (4, _MatmulMConfig(16, 32, 4, 6)),  # 0.00851 ms = 1.167x torch.mm at M=4; dropped programs_per_sm=2, tma=True
+                (16, _MatmulMConfig(16, 32, 4, 6)),  # 0.00778 ms = 1.047x torch.mm at M=16; dropped programs_per_sm=2
+                (32, _MatmulMConfig(32, 32, 4, 6)),  # 0.00916 ms = 1.246x torch.mm at M=32; dropped programs_per_sm=2
+                (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.00869 ms = 1.154x torch.mm at M=64; dropped tma=True
+                (128, _MatmulMConfig(64, 64, 4, 4)),  # 0.00891 ms = 1.114x torch.mm at M=128; dropped tma=True
+                (256, _MatmulMConfig(64, 128, 4, 4)),  # 0.0098 ms = 1.017x torch.mm at M=256; dropped tma=True
+                (512, _MatmulMConfig(128, 128, 4, 3)),  # 0.01547 ms = 1.091x torch.mm at M=512; dropped tma=True
+                (1024, _MatmulMConfig(128, 128, 4, 3)),  # 0.02708 ms = 1.097x torch.mm at M=1024; dropped tma=True
+                (2048, _MatmulMConfig(128, 128, 4, 3)),  # 0.05253 ms = 1.128x torch.mm at M=2048; dropped tma=True
+                (4096, _MatmulMConfig(128, 128, 4, 3)),  # 0.10166 ms = 1.114x torch.mm at M=4096; dropped tma=True
             ),
         ),
-        # qwen3-8b/o: NVIDIA H200 GPU-5fa0400c-d599-d96e-9146-8001e9b77d43, driver 580.159.04, compute capability 9.0
-        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-11-29T10:30:34Z
-        #   command: kernels/device/gpu_call.py sweep probe bench check --retune --out /root/out --budget-s 340
-        #   sweep score (decode-weighted geomean of time / torch.mm): 1.1163
+        # qwen3-8b/o: NVIDIA H200 GPU-51e4dd93-480b-dda7-7bbe-a9a9121eb2a5, driver 580.159.04, compute capability 9.0
+        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-12-02T11:41:14Z
+        #   command: kernels/device/gpu_call.py sweep hostcost probe bench --retune --out /tmp/ks3 --budget-s 500
+        #   sweep score (decode-weighted geomean of time / torch.mm): 1.0133
         (4096, 4096): _MatmulShapeConfig(
             block_k=128,
             m_buckets=(
-                (1, _MatmulMConfig(16, 64, 4, 6)),  # 0.01567 ms = 1.199x torch.mm at M=1
-                (4, _MatmulMConfig(16, 64, 4, 6)),  # 0.0152 ms = 1.172x torch.mm at M=4
-                (16, _MatmulMConfig(16, 32, 4, 6)),  # 0.01266 ms = 0.961x torch.mm at M=16; dropped programs_per_sm=2
-                (32, _MatmulMConfig(32, 32, 4, 6)),  # 0.0148 ms = 1.105x torch.mm at M=32
-                (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.01511 ms = 1.194x torch.mm at M=64
-                (128, _MatmulMConfig(64, 64, 4, 4)),  # 0.01541 ms = 1.076x torch.mm at M=128
-                (256, _MatmulMConfig(128, 64, 4, 4)),  # 0.02086 ms = 1.179x torch.mm at M=256
-                (512, _MatmulMConfig(128, 128, 8, 3)),  # 0.02986 ms = 1.193x torch.mm at M=512
-                (1024, _MatmulMConfig(128, 128, 8, 3)),  # 0.05538 ms = 1.214x torch.mm at M=1024
-                (2048, _MatmulMConfig(128, 128, 8, 3)),  # 0.10926 ms = 1.244x torch.mm at M=2048
-                (4096, _MatmulMConfig(128, 128, 4, 3)),  # 0.2163 ms = 1.235x torch.mm at M=4096
+                (1, _MatmulMConfig(16, 32, 4, 6)),  # 0.01367 ms = 1.046x torch.mm at M=1; dropped tma=True
+                (4, _MatmulMConfig(16, 32, 4, 6)),  # 0.01359 ms = 1.051x torch.mm at M=4; dropped programs_per_sm=2, tma=True
+                (16, _MatmulMConfig(16, 32, 4, 6)),  # 0.01225 ms = 0.934x torch.mm at M=16; dropped programs_per_sm=2
+                (32, _MatmulMConfig(32, 32, 4, 6)),  # 0.01467 ms = 1.087x torch.mm at M=32
+                (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.01458 ms = 1.194x torch.mm at M=64; dropped programs_per_sm=2, tma=True
+                (128, _MatmulMConfig(64, 64, 4, 4)),  # 0.01503 ms = 1.055x torch.mm at M=128; dropped programs_per_sm=2, tma=True
+                (256, _MatmulMConfig(64, 128, 4, 4)),  # 0.01675 ms = 0.988x torch.mm at M=256; dropped tma=True
+                (512, _MatmulMConfig(128, 128, 4, 3)),  # 0.02802 ms = 1.130x torch.mm at M=512; dropped tma=True
+                (1024, _MatmulMConfig(128, 128, 4, 3)),  # 0.05222 ms = 1.155x torch.mm at M=1024; dropped tma=True
+                (2048, _MatmulMConfig(128, 128, 4, 3)),  # 0.10185 ms = 1.153x torch.mm at M=2048; dropped tma=True
+                (4096, _MatmulMConfig(128, 128, 4, 3)),  # 0.2015 ms = 1.149x torch.mm at M=4096; dropped tma=True
             ),
         ),
-        # qwen3-8b/qkv: NVIDIA H200 GPU-5fa0400c-d599-d96e-9146-8001e9b77d43, driver 580.159.04, compute capability 9.0
-        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-11-29T10:30:34Z
-        #   command: kernels/device/gpu_call.py sweep probe bench check --retune --out /root/out --budget-s 340
-        #   sweep score (decode-weighted geomean of time / torch.mm): 1.1408
+        # qwen3-8b/qkv: NVIDIA H200 GPU-51e4dd93-480b-dda7-7bbe-a9a9121eb2a5, driver 580.159.04, compute capability 9.0
+        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-12-02T11:41:14Z
+        #   command: kernels/device/gpu_call.py sweep hostcost probe bench --retune --out /tmp/ks3 --budget-s 500
+        #   sweep score (decode-weighted geomean of time / torch.mm): 1.0887
         (6144, 4096): _MatmulShapeConfig(
             block_k=128,
             m_buckets=(
-                (1, _MatmulMConfig(16, 64, 4, 6)),  # 0.01945 ms = 1.151x torch.mm at M=1
-                (4, _MatmulMConfig(16, 64, 4, 6)),  # 0.01882 ms = 1.100x torch.mm at M=4
-                (16, _MatmulMConfig(16, 64, 4, 6)),  # 0.01677 ms = 0.999x torch.mm at M=16
-                (32, _MatmulMConfig(32, 64, 4, 6)),  # 0.01938 ms = 1.137x torch.mm at M=32; dropped programs_per_sm=2
-                (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.01819 ms = 1.065x torch.mm at M=64
-                (128, _MatmulMConfig(128, 64, 4, 4)),  # 0.02166 ms = 1.235x torch.mm at M=128
-                (256, _MatmulMConfig(128, 128, 8, 3)),  # 0.03024 ms = 1.352x torch.mm at M=256
-                (512, _MatmulMConfig(128, 64, 4, 4)),  # 0.05458 ms = 1.484x torch.mm at M=512
-                (1024, _MatmulMConfig(128, 128, 8, 3)),  # 0.08229 ms = 1.189x torch.mm at M=1024
-                (2048, _MatmulMConfig(128, 128, 8, 3)),  # 0.16238 ms = 1.221x torch.mm at M=2048
-                (4096, _MatmulMConfig(128, 128, 8, 3)),  # 0.32332 ms = 1.233x torch.mm at M=4096
+                (1, _MatmulMConfig(16, 64, 4, 6)),  # 0.01721 ms = 1.076x torch.mm at M=1; dropped tma=True
+                (4, _MatmulMConfig(16, 64, 4, 6)),  # 0.01665 ms = 1.007x torch.mm at M=4; dropped programs_per_sm=2, tma=True
+                (16, _MatmulMConfig(16, 64, 4, 6)),  # 0.01724 ms = 0.994x torch.mm at M=16; dropped programs_per_sm=2
+                (32, _MatmulMConfig(16, 128, 4, 6)),  # 0.01918 ms = 1.116x torch.mm at M=32; dropped programs_per_sm=2, tma=True
+                (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.01799 ms = 1.044x torch.mm at M=64; dropped programs_per_sm=2, tma=True
+                (128, _MatmulMConfig(64, 128, 4, 4)),  # 0.01946 ms = 1.098x torch.mm at M=128; dropped tma=True
+                (256, _MatmulMConfig(128, 128, 4, 3)),  # 0.02935 ms = 1.281x torch.mm at M=256; dropped tma=True
+                (512, _MatmulMConfig(64, 128, 4, 4)),  # 0.04328 ms = 1.184x torch.mm at M=512; dropped tma=True
+                (1024, _MatmulMConfig(128, 128, 4, 3)),  # 0.078 ms = 1.116x torch.mm at M=1024; dropped tma=True
+                (2048, _MatmulMConfig(128, 128, 4, 3)),  # 0.15044 ms = 1.127x torch.mm at M=2048; dropped tma=True
+                (4096, _MatmulMConfig(128, 128, 4, 3)),  # 0.29833 ms = 1.137x torch.mm at M=4096; dropped tma=True
             ),
         ),
-        # qwen3-1.7b/gate_up: NVIDIA H200 GPU-5fa0400c-d599-d96e-9146-8001e9b77d43, driver 580.159.04, compute capability 9.0
-        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-11-29T10:30:34Z
-        #   command: kernels/device/gpu_call.py sweep probe bench check --retune --out /root/out --budget-s 340
-        #   sweep score (decode-weighted geomean of time / torch.mm): 1.1103
+        # qwen3-1.7b/gate_up: NVIDIA H200 GPU-51e4dd93-480b-dda7-7bbe-a9a9121eb2a5, driver 580.159.04, compute capability 9.0
+        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-12-02T11:41:14Z
+        #   command: kernels/device/gpu_call.py sweep hostcost probe bench --retune --out /tmp/ks3 --budget-s 500
+        #   sweep score (decode-weighted geomean of time / torch.mm): 1.0258
         (12288, 2048): _MatmulShapeConfig(
-            block_k=64,
+            block_k=128,
             m_buckets=(
-                (1, _MatmulMConfig(16, 128, 4, 6)),  # 0.01856 ms = 1.160x torch.mm at M=1
-                (4, _MatmulMConfig(16, 128, 4, 6)),  # 0.01825 ms = 1.098x torch.mm at M=4; dropped programs_per_sm=2
-                (16, _MatmulMConfig(16, 64, 4, 6)),  # 0.01629 ms = 0.990x torch.mm at M=16; dropped programs_per_sm=2
-                (32, _MatmulMConfig(32, 128, 4, 6)),  # 0.01715 ms = 1.012x torch.mm at M=32; dropped programs_per_sm=2
-                (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.01845 ms = 1.081x torch.mm at M=64; dropped programs_per_sm=2
-                (128, _MatmulMConfig(64, 256, 4, 4)),  # 0.02103 ms = 1.207x torch.mm at M=128
-                (256, _MatmulMConfig(128, 256, 8, 3)),  # 0.0286 ms = 1.343x torch.mm at M=256
-                (512, _MatmulMConfig(128, 128, 4, 4)),  # 0.04473 ms = 1.180x torch.mm at M=512
-                (1024, _MatmulMConfig(128, 256, 8, 3)),  # 0.07255 ms = 1.016x torch.mm at M=1024
-                (2048, _MatmulMConfig(128, 256, 8, 3)),  # 0.14176 ms = 1.041x torch.mm at M=2048
-                (4096, _MatmulMConfig(128, 256, 8, 3)),  # 0.2814 ms = 1.059x torch.mm at M=4096
+                (1, _MatmulMConfig(16, 128, 4, 4)),  # 0.0162 ms = 0.970x torch.mm at M=1; dropped programs_per_sm=2, tma=True
+                (4, _MatmulMConfig(16, 256, 4, 4)),  # 0.01621 ms = 0.993x torch.mm at M=4; dropped programs_per_sm=2, tma=True
+                (16, _MatmulMConfig(16, 128, 4, 4)),  # 0.01618 ms = 0.957x torch.mm at M=16
+                (32, _MatmulMConfig(32, 128, 4, 4)),  # 0.01629 ms = 0.975x torch.mm at M=32; dropped programs_per_sm=2, tma=True
+                (64, _MatmulMConfig(64, 128, 4, 4)),  # 0.01609 ms = 0.960x torch.mm at M=64; dropped tma=True
+                (128, _MatmulMConfig(64, 128, 4, 4)),  # 0.02024 ms = 1.182x torch.mm at M=128; dropped tma=True
+                (256, _MatmulMConfig(64, 128, 4, 4)),  # 0.02589 ms = 1.177x torch.mm at M=256; dropped tma=True
+                (512, _MatmulMConfig(128, 128, 8, 3)),  # 0.04298 ms = 1.140x torch.mm at M=512; dropped tma=True
+                (1024, _MatmulMConfig(128, 128, 4, 3)),  # 0.07923 ms = 1.117x torch.mm at M=1024; dropped tma=True
+                (2048, _MatmulMConfig(128, 128, 4, 3)),  # 0.15546 ms = 1.141x torch.mm at M=2048; dropped tma=True
+                (4096, _MatmulMConfig(128, 128, 4, 3)),  # 0.30478 ms = 1.148x torch.mm at M=4096; dropped tma=True
             ),
         ),
-        # qwen3-8b/gate_up: NVIDIA H200 GPU-5fa0400c-d599-d96e-9146-8001e9b77d43, driver 580.159.04, compute capability 9.0
-        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-11-29T10:30:34Z
-        #   command: kernels/device/gpu_call.py sweep probe bench check --retune --out /root/out --budget-s 340
-        #   sweep score (decode-weighted geomean of time / torch.mm): 1.0703
+        # qwen3-8b/gate_up: NVIDIA H200 GPU-51e4dd93-480b-dda7-7bbe-a9a9121eb2a5, driver 580.159.04, compute capability 9.0
+        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-12-02T11:41:14Z
+        #   command: kernels/device/gpu_call.py sweep hostcost probe bench --retune --out /tmp/ks3 --budget-s 500
+        #   sweep score (decode-weighted geomean of time / torch.mm): 1.0578
         (24576, 4096): _MatmulShapeConfig(
             block_k=64,
             m_buckets=(
-                (1, _MatmulMConfig(16, 256, 4, 4)),  # 0.05414 ms = 1.074x torch.mm at M=1; dropped programs_per_sm=2
-                (4, _MatmulMConfig(16, 256, 4, 4)),  # 0.05337 ms = 1.051x torch.mm at M=4
-                (16, _MatmulMConfig(16, 128, 4, 4)),  # 0.05245 ms = 1.020x torch.mm at M=16; dropped programs_per_sm=2
-                (32, _MatmulMConfig(32, 128, 4, 4)),  # 0.05311 ms = 1.032x torch.mm at M=32; dropped programs_per_sm=2
-                (64, _MatmulMConfig(64, 256, 4, 4)),  # 0.0537 ms = 1.027x torch.mm at M=64
-                (128, _MatmulMConfig(64, 256, 4, 4)),  # 0.0695 ms = 1.237x torch.mm at M=128
-                (256, _MatmulMConfig(128, 128, 4, 4)),  # 0.09008 ms = 1.220x torch.mm at M=256
-                (512, _MatmulMConfig(128, 256, 8, 3)),  # 0.13931 ms = 1.012x torch.mm at M=512
-                (1024, _MatmulMConfig(128, 256, 8, 3)),  # 0.2697 ms = 1.018x torch.mm at M=1024
-                (2048, _MatmulMConfig(128, 256, 8, 3)),  # 0.54139 ms = 1.028x torch.mm at M=2048
-                (4096, _MatmulMConfig(128, 256, 8, 3)),  # 1.0781 ms = 1.027x torch.mm at M=4096
+                (1, _MatmulMConfig(16, 128, 4, 4)),  # 0.05142 ms = 1.033x torch.mm at M=1; dropped programs_per_sm=2, tma=True
+                (4, _MatmulMConfig(16, 128, 4, 4)),  # 0.05202 ms = 0.915x torch.mm at M=4; dropped programs_per_sm=2, tma=True
+                (16, _MatmulMConfig(16, 256, 4, 4)),  # 0.05228 ms = 1.030x torch.mm at M=16
+                (32, _MatmulMConfig(32, 128, 4, 4)),  # 0.05359 ms = 1.042x torch.mm at M=32; dropped programs_per_sm=2
+                (64, _MatmulMConfig(64, 256, 4, 4)),  # 0.05418 ms = 1.034x torch.mm at M=64; dropped tma=True
+                (128, _MatmulMConfig(64, 256, 4, 4)),  # 0.06829 ms = 1.242x torch.mm at M=128; dropped tma=True
+                (256, _MatmulMConfig(64, 128, 4, 4)),  # 0.08697 ms = 1.198x torch.mm at M=256; dropped programs_per_sm=2, tma=True
+                (512, _MatmulMConfig(128, 256, 8, 3)),  # 0.13865 ms = 1.020x torch.mm at M=512; dropped tma=True
+                (1024, _MatmulMConfig(128, 256, 8, 3)),  # 0.26582 ms = 0.996x torch.mm at M=1024; dropped tma=True
+                (2048, _MatmulMConfig(128, 256, 8, 3)),  # 0.53378 ms = 1.011x torch.mm at M=2048; dropped tma=True
+                (4096, _MatmulMConfig(128, 256, 8, 3)),  # 1.0865 ms = 1.032x torch.mm at M=4096
             ),
         ),
-        # smollm2-135m/lm_head: NVIDIA H200 GPU-5fa0400c-d599-d96e-9146-8001e9b77d43, driver 580.159.04, compute capability 9.0
-        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-11-29T10:30:34Z
-        #   command: kernels/device/gpu_call.py sweep probe bench check --retune --out /root/out --budget-s 340
-        #   sweep score (decode-weighted geomean of time / torch.mm): 1.0793
+        # smollm2-135m/lm_head: NVIDIA H200 GPU-51e4dd93-480b-dda7-7bbe-a9a9121eb2a5, driver 580.159.04, compute capability 9.0
+        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-12-02T11:41:14Z
+        #   command: kernels/device/gpu_call.py sweep hostcost probe bench --retune --out /tmp/ks3 --budget-s 500
+        #   sweep score (decode-weighted geomean of time / torch.mm): 1.026
         (49152, 576): _MatmulShapeConfig(
             block_k=64,
             m_buckets=(
-                (1, _MatmulMConfig(16, 256, 4, 4)),  # 0.01936 ms = 1.143x torch.mm at M=1; dropped programs_per_sm=2
-                (4, _MatmulMConfig(16, 256, 4, 4)),  # 0.01857 ms = 0.991x torch.mm at M=4
-                (16, _MatmulMConfig(16, 128, 4, 6)),  # 0.01755 ms = 1.001x torch.mm at M=16
-                (32, _MatmulMConfig(32, 128, 4, 6)),  # 0.01819 ms = 0.996x torch.mm at M=32
-                (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.0189 ms = 0.981x torch.mm at M=64; dropped programs_per_sm=2
-                (128, _MatmulMConfig(64, 256, 4, 4)),  # 0.02217 ms = 1.033x torch.mm at M=128
-                (256, _MatmulMConfig(128, 256, 8, 3)),  # 0.0321 ms = 1.106x torch.mm at M=256
-                (512, _MatmulMConfig(128, 256, 8, 3)),  # 0.05338 ms = 1.091x torch.mm at M=512
-                (1024, _MatmulMConfig(128, 256, 8, 4)),  # 0.09799 ms = 1.089x torch.mm at M=1024
-                (2048, _MatmulMConfig(128, 256, 8, 4)),  # 0.19498 ms = 1.108x torch.mm at M=2048
-                (4096, _MatmulMConfig(128, 256, 8, 4)),  # 0.37659 ms = 1.092x torch.mm at M=4096
+                (1, _MatmulMConfig(16, 64, 4, 4)),  # 0.01722 ms = 0.999x torch.mm at M=1; dropped programs_per_sm=2, tma=True
+                (4, _MatmulMConfig(16, 64, 4, 6)),  # 0.01785 ms = 0.940x torch.mm at M=4; dropped programs_per_sm=2, tma=True
+                (16, _MatmulMConfig(16, 64, 4, 4)),  # 0.01789 ms = 0.991x torch.mm at M=16; dropped programs_per_sm=2, tma=True
+                (32, _MatmulMConfig(32, 64, 4, 6)),  # 0.01874 ms = 0.997x torch.mm at M=32; dropped programs_per_sm=2
+                (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.01878 ms = 0.939x torch.mm at M=64; dropped programs_per_sm=2, tma=True
+                (128, _MatmulMConfig(64, 256, 4, 4)),  # 0.02244 ms = 1.025x torch.mm at M=128; dropped tma=True
+                (256, _MatmulMConfig(128, 256, 8, 3)),  # 0.03193 ms = 1.106x torch.mm at M=256; dropped tma=True
+                (512, _MatmulMConfig(128, 256, 8, 3)),  # 0.05308 ms = 1.071x torch.mm at M=512; dropped tma=True
+                (1024, _MatmulMConfig(128, 256, 8, 4)),  # 0.09604 ms = 1.057x torch.mm at M=1024; dropped tma=True
+                (2048, _MatmulMConfig(128, 256, 8, 4)),  # 0.18786 ms = 1.065x torch.mm at M=2048; dropped tma=True
+                (4096, _MatmulMConfig(128, 256, 8, 4)),  # 0.37206 ms = 1.077x torch.mm at M=4096; dropped tma=True
             ),
         ),
-        # qwen3-1.7b/lm_head: NVIDIA H200 GPU-5fa0400c-d599-d96e-9146-8001e9b77d43, driver 580.159.04, compute capability 9.0
-        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-11-29T10:30:34Z
-        #   command: kernels/device/gpu_call.py sweep probe bench check --retune --out /root/out --budget-s 340
-        #   sweep score (decode-weighted geomean of time / torch.mm): 0.987
+        # qwen3-1.7b/lm_head: NVIDIA H200 GPU-51e4dd93-480b-dda7-7bbe-a9a9121eb2a5, driver 580.159.04, compute capability 9.0
+        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-12-02T11:41:14Z
+        #   command: kernels/device/gpu_call.py sweep hostcost probe bench --retune --out /tmp/ks3 --budget-s 500
+        #   sweep score (decode-weighted geomean of time / torch.mm): 0.9656
         (151936, 2048): _MatmulShapeConfig(
             block_k=64,
             m_buckets=(
-                (1, _MatmulMConfig(16, 256, 4, 6)),  # 0.14972 ms = 0.982x torch.mm at M=1
-                (4, _MatmulMConfig(16, 128, 4, 6)),  # 0.1471 ms = 0.882x torch.mm at M=4; dropped programs_per_sm=2
-                (16, _MatmulMConfig(16, 128, 4, 6)),  # 0.14697 ms = 0.921x torch.mm at M=16
-                (32, _MatmulMConfig(32, 128, 4, 6)),  # 0.15046 ms = 0.930x torch.mm at M=32
-                (64, _MatmulMConfig(64, 256, 4, 4)),  # 0.1614 ms = 0.992x torch.mm at M=64
-                (128, _MatmulMConfig(64, 256, 4, 4)),  # 0.17584 ms = 1.049x torch.mm at M=128
-                (256, _MatmulMConfig(128, 256, 8, 3)),  # 0.25146 ms = 1.142x torch.mm at M=256
-                (512, _MatmulMConfig(128, 256, 8, 3)),  # 0.43644 ms = 1.040x torch.mm at M=512
-                (1024, _MatmulMConfig(128, 256, 8, 3)),  # 0.84879 ms = 1.002x torch.mm at M=1024
-                (2048, _MatmulMConfig(128, 256, 8, 3)),  # 1.6865 ms = 1.020x torch.mm at M=2048
-                (4096, _MatmulMConfig(128, 256, 8, 3)),  # 3.3795 ms = 0.990x torch.mm at M=4096
+                (1, _MatmulMConfig(16, 128, 4, 6)),  # 0.14482 ms = 0.934x torch.mm at M=1; dropped programs_per_sm=2, tma=True
+                (4, _MatmulMConfig(16, 128, 4, 6)),  # 0.14635 ms = 0.879x torch.mm at M=4; dropped tma=True
+                (16, _MatmulMConfig(16, 128, 4, 6)),  # 0.14667 ms = 0.917x torch.mm at M=16
+                (32, _MatmulMConfig(32, 128, 4, 6)),  # 0.15221 ms = 0.897x torch.mm at M=32; dropped tma=True
+                (64, _MatmulMConfig(64, 256, 4, 4)),  # 0.15856 ms = 1.001x torch.mm at M=64; dropped tma=True
+                (128, _MatmulMConfig(64, 256, 4, 4)),  # 0.17296 ms = 1.020x torch.mm at M=128; dropped tma=True
+                (256, _MatmulMConfig(128, 256, 8, 3)),  # 0.24882 ms = 1.129x torch.mm at M=256; dropped tma=True
+                (512, _MatmulMConfig(128, 256, 8, 3)),  # 0.43077 ms = 1.022x torch.mm at M=512; dropped tma=True
+                (1024, _MatmulMConfig(128, 256, 8, 3)),  # 0.83282 ms = 0.988x torch.mm at M=1024; dropped tma=True
+                (2048, _MatmulMConfig(128, 256, 8, 3)),  # 1.6596 ms = 1.003x torch.mm at M=2048; dropped tma=True
+                (4096, _MatmulMConfig(128, 256, 8, 3)),  # 3.3662 ms = 0.981x torch.mm at M=4096; dropped tma=True
             ),
         ),
-        # qwen3-8b/lm_head: NVIDIA H200 GPU-5fa0400c-d599-d96e-9146-8001e9b77d43, driver 580.159.04, compute capability 9.0
-        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-11-29T10:30:34Z
-        #   command: kernels/device/gpu_call.py sweep probe bench check --retune --out /root/out --budget-s 340
-        #   sweep score (decode-weighted geomean of time / torch.mm): 0.9831
+        # qwen3-8b/lm_head: NVIDIA H200 GPU-51e4dd93-480b-dda7-7bbe-a9a9121eb2a5, driver 580.159.04, compute capability 9.0
+        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-12-02T11:41:14Z
+        #   command: kernels/device/gpu_call.py sweep hostcost probe bench --retune --out /tmp/ks3 --budget-s 500
+        #   sweep score (decode-weighted geomean of time / torch.mm): 0.9411
         (151936, 4096): _MatmulShapeConfig(
             block_k=64,
             m_buckets=(
-                (1, _MatmulMConfig(16, 128, 4, 6)),  # 0.28934 ms = 0.927x torch.mm at M=1
-                (4, _MatmulMConfig(16, 128, 4, 6)),  # 0.28998 ms = 0.874x torch.mm at M=4
-                (16, _MatmulMConfig(16, 64, 4, 6)),  # 0.29351 ms = 0.922x torch.mm at M=16; dropped programs_per_sm=2
-                (32, _MatmulMConfig(32, 128, 4, 6)),  # 0.2961 ms = 0.924x torch.mm at M=32
-                (64, _MatmulMConfig(64, 256, 4, 4)),  # 0.30438 ms = 0.905x torch.mm at M=64
-                (128, _MatmulMConfig(64, 256, 4, 4)),  # 0.33309 ms = 1.013x torch.mm at M=128
-                (256, _MatmulMConfig(128, 256, 8, 3)),  # 0.46372 ms = 1.077x torch.mm at M=256
-                (512, _MatmulMConfig(128, 256, 8, 3)),  # 0.83599 ms = 1.019x torch.mm at M=512
-                (1024, _MatmulMConfig(128, 256, 8, 3)),  # 1.6387 ms = 0.999x torch.mm at M=1024
-                (2048, _MatmulMConfig(128, 256, 8, 3)),  # 3.2727 ms = 0.948x torch.mm at M=2048
-                (4096, _MatmulMConfig(128, 256, 8, 3)),  # 7.4583 ms = 1.148x torch.mm at M=4096
+                (1, _MatmulMConfig(16, 64, 4, 6)),  # 0.285 ms = 0.918x torch.mm at M=1; dropped programs_per_sm=2, tma=True
+                (4, _MatmulMConfig(16, 128, 4, 6)),  # 0.28828 ms = 0.859x torch.mm at M=4; dropped tma=True
+                (16, _MatmulMConfig(16, 128, 4, 6)),  # 0.29263 ms = 0.930x torch.mm at M=16; dropped programs_per_sm=2
+                (32, _MatmulMConfig(32, 128, 4, 6)),  # 0.30124 ms = 0.943x torch.mm at M=32; dropped programs_per_sm=2, tma=True
+                (64, _MatmulMConfig(64, 256, 4, 4)),  # 0.3076 ms = 0.951x torch.mm at M=64; dropped tma=True
+                (128, _MatmulMConfig(64, 256, 4, 4)),  # 0.33108 ms = 1.001x torch.mm at M=128; dropped tma=True
+                (256, _MatmulMConfig(128, 256, 8, 3)),  # 0.46172 ms = 1.069x torch.mm at M=256; dropped tma=True
+                (512, _MatmulMConfig(128, 256, 8, 3)),  # 0.82987 ms = 1.005x torch.mm at M=512; dropped tma=True
+                (1024, _MatmulMConfig(128, 256, 8, 3)),  # 1.6424 ms = 1.000x torch.mm at M=1024
+                (2048, _MatmulMConfig(128, 256, 8, 3)),  # 3.2814 ms = 1.003x torch.mm at M=2048
+                (4096, _MatmulMConfig(128, 256, 8, 3)),  # 6.5574 ms = 0.893x torch.mm at M=4096
             ),
         ),
     },

@@ -59,10 +59,10 @@ def test_the_h200_table_exports_13_shapes_and_says_what_it_left_out():
     export = export_vllm.export_table(table, source="kernels/bistat_kernels/tables/nvidia_h200.json")
     assert export.arch_family == "hopper"  # provenance: compute capability 9.0
     assert len(export.shapes) == 13
-    assert [(o["n"], o["k"], o["split_k"]) for o in export.omitted] == [(2048, 6144, 2),
+    assert [(o["n"], o["k"], o["split_k"]) for o in export.omitted] == [(2048, 6144, 4),
                                                                        (4096, 12288, 2)]
     assert "vLLM's kernel has no split-K" in export.omitted[0]["reason"]
-    assert export.dropped_summary() == {"programs_per_sm": 31}
+    assert export.dropped_summary() == {"programs_per_sm": 53, "tma": 109}
     parsed = export_vllm.parse_vllm_source(export.python_text)
     assert list(parsed) == ["hopper"]
     for s in export.shapes:
@@ -79,8 +79,11 @@ def test_the_h200_table_exports_13_shapes_and_says_what_it_left_out():
     assert export.python_text.count("x torch.mm at M=") == sum(len(s.buckets)
                                                              for s in export.shapes)
     side = export.sidecar
-    assert side["entries"][0]["buckets"][0]["ratio_to_torch_mm"] == pytest.approx(0.00359 / 0.00361)
-    assert side["entries"][0]["buckets"][0]["dropped"] == {"programs_per_sm": 2}
+    first_bucket = table.lookup("bfloat16", side["entries"][0]["n"], side["entries"][0]["k"]).buckets[0]
+    assert side["entries"][0]["buckets"][0]["ratio_to_torch_mm"] == pytest.approx(
+        first_bucket.measured["time_ms"] / first_bucket.measured["torch_mm_ms"])
+    assert side["entries"][0]["buckets"][0]["dropped"] == (
+        {} if first_bucket.programs_per_sm == 1 else {"programs_per_sm": first_bucket.programs_per_sm})
 
 
 def test_the_committed_export_regenerates_byte_for_byte(tmp_path, monkeypatch):
@@ -90,11 +93,12 @@ def test_the_committed_export_regenerates_byte_for_byte(tmp_path, monkeypatch):
                                 catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert result.output.splitlines()[1:] == [
-        "dropped programs_per_sm (vLLM's kernel cannot express it) in 31 buckets",
-        *[f"omitted ({n}, {k}) bfloat16: split_k 2: vLLM's kernel has no split-K and the nearest "
-          f"layout (block_k 128, no split) was never timed; vLLM keeps its own entry or default "
-          f"for this shape (`--split-k nearest` exports it anyway)"
-          for n, k in ((2048, 6144), (4096, 12288))]]
+        "dropped programs_per_sm (vLLM's kernel cannot express it) in 53 buckets",
+        "dropped tma (vLLM's kernel cannot express it) in 109 buckets",
+        *[f"omitted ({n}, {k}) bfloat16: split_k {split}: vLLM's kernel has no split-K and the "
+          f"nearest layout (block_k 128, no split) was never timed; vLLM keeps its own entry or "
+          f"default for this shape (`--split-k nearest` exports it anyway)"
+          for n, k, split in ((2048, 6144, 4), (4096, 12288, 2))]]
     assert out.read_bytes() == EXPORTED.read_bytes()
     assert out.with_suffix(".provenance.json").read_bytes() == \
         EXPORTED.with_suffix(".provenance.json").read_bytes()
