@@ -483,12 +483,16 @@ class _TmaOperand:
     """A 2-D operand as Triton's host-side tensor descriptor presents it to the launcher.
 
     The first launch of a kind passes real ``TensorDescriptor`` objects (Triton specialises on
-    them); later direct launches pass this lighter object with the four attributes the launcher
-    reads (``base``, ``shape``, ``strides``, ``padding``). The launcher validated the alignment
+    them); later direct launches pass this lighter object with the attributes the launcher reads
+    (``base``, ``shape``, ``strides``, ``padding``; triton 3.8 also ``round_f32_to_tf32``, and
+    ``element_strides`` in im2col mode). The launcher validated the alignment
     and strides a descriptor needs before choosing the tensor-memory path.
     """
 
     __slots__ = ("base", "shape", "strides", "padding")
+    # read by triton 3.8's descriptor packing (tiled mode, no TF32 rounding of fp32 operands)
+    round_f32_to_tf32 = False
+    element_strides = None
 
     def __init__(self, base: torch.Tensor, shape: tuple[int, int], strides: tuple[int, int]):
         self.base, self.shape, self.strides, self.padding = base, shape, strides, "zero"
