@@ -26,12 +26,13 @@ module, tried = vllm_plugin.find_hook()
 print("[prepare] vLLM", vllm_plugin.vllm_version(), "hook:",
       f"{module.__name__}.{vllm_plugin.HOOK}" if module else "NONE: " + "; ".join(tried))
 PY
-[ -f /tmp/model/qwen3-8b-synth-l8/model.safetensors ] || \
+# SKIP_SYNTH=1: only the config-only models (studies with load_format dummy), 45 s less
+[ "${SKIP_SYNTH:-0}" = 1 ] || [ -f /tmp/model/qwen3-8b-synth-l8/model.safetensors ] || \
   bistat synth-model --arch qwen3-8b --layers 8 --init normal --std 0.02 --seed 0 --backend torch \
     --out /tmp/model/qwen3-8b-synth-l8
 [ -f /tmp/model/qwen3-8b-config/config.json ] || \
   bistat synth-model --arch qwen3-8b --layers 36 --config-only --out /tmp/model/qwen3-8b-config
 [ -f /tmp/model/qwen3-1.7b-config/config.json ] || \
   bistat synth-model --arch qwen3-1.7b --layers 28 --config-only --out /tmp/model/qwen3-1.7b-config
-cp /tmp/model/qwen3-8b-synth-l8/bistat-synth.json "$OUT/qwen3-8b-synth-l8.bistat-synth.json"
+[ "${SKIP_SYNTH:-0}" = 1 ] || cp /tmp/model/qwen3-8b-synth-l8/bistat-synth.json "$OUT/qwen3-8b-synth-l8.bistat-synth.json"
 echo "[prepare] done in $(( $(date +%s) - t0 )) s"
