@@ -123,8 +123,10 @@ def register(group: click.Group) -> None:
     def verify_cmd(registration: Path, run_dirs: tuple[Path, ...],
                    runs_dirs: tuple[Path, ...], allowed_signers: Path | None,
                    as_json: bool) -> None:
-        """Re-check REGISTRATION's seal, and that it precedes every datum of its runs; say
-        which evidence of time and authorship holds.
+        """Re-check REGISTRATION's seal, and that it precedes every datum of its runs.
+
+        Says which evidence of time and authorship holds besides the seal's own hash: the
+        first git commit of its exact bytes, and its signature (NAME.json.sig) when signed.
 
         Checks the RUN_DIRs given, or else every run under --runs-dir that names the
         registration. Exits 1 if the seal is broken, the amendment log was edited, any
