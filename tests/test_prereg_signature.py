@@ -230,6 +230,13 @@ def test_the_finding_names_the_signature_and_analyze_refuses_a_bad_one(synthetic
     assert lines[4] == ("Seal: content hash verified; git: not in git history here (not a git "
                         "checkout, or git is not installed): the seal proves integrity, not "
                         f"time; signature: valid, key {keys['alice_fp']} (alice@example.org).")
+    result = CliRunner().invoke(
+        cli, [*args, "--json", "--allowed-signers", str(keys["allowed"])])
+    assert result.exit_code == 0, result.output
+    seal = json.loads(result.stdout)["seal"]
+    assert seal["line"] == lines[4]
+    assert (seal["git"]["status"], seal["signature"]["status"], seal["signature"]["fingerprint"]) \
+        == ("none", "valid", keys["alice_fp"])
     signature_path(reg).write_bytes(sign_bytes(reg.read_bytes(), keys["mallory"]))
     (synthetic / "findings" / "synthetic-example.md").unlink()
     result = CliRunner().invoke(cli, [*args, "--allowed-signers", str(keys["allowed"])])

@@ -101,6 +101,7 @@ def register(group: click.Group) -> None:
             data = summary_to_dict(summary)
             data["finding"] = {"markdown": str(files.markdown),
                                "plots": [str(p) for p in files.plots]}
+            data["seal"] = seal.to_dict()
             click.echo(json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False))
         else:
             click.echo(f"wrote {files.markdown} and {len(files.plots)} plots")

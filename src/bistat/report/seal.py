@@ -61,7 +61,17 @@ class SealEvidence:
         out = [self.git_text()] if self.git.status == "differs" else []
         return out + ([self.signature.line()] if self.signature.refutes else [])
 
+    def to_dict(self) -> dict[str, object]:
+        """The evidence as ``bistat analyze --json`` prints it."""
+        g, sig = self.git, self.signature
+        return {"registration": self.registration, "line": self.line(),
+                "git": {"status": g.status, "commit": g.commit, "time_utc": g.time_utc,
+                        "before_first_record": g.before, "first_record_utc": self.first_record_utc},
+                "signature": {"status": sig.status, "fingerprint": sig.fingerprint,
+                              "principal": sig.principal, "allowed_signers": sig.allowed_signers}}
+
     def git_text(self) -> str:
+        """The line's git clause (``git: ...``), in the fixed forms docs/RECORDS.md lists."""
         g = self.git
         if g.status in GIT_UNAVAILABLE:
             return f"git: not in git history here ({GIT_UNAVAILABLE[g.status]}): {_NO_TIME}"
