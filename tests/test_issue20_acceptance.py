@@ -32,8 +32,6 @@ import issue20_support as s
 
 httpx = pytest.importorskip("httpx")
 
-XFAIL = dict(strict=True)
-
 
 # --------------------------------------------------------------------------------------------------
 # fixtures

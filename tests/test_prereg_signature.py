@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from bistat.cli import cmd_analyze, cmd_register
 from bistat.declare import prereg
-from bistat.declare.prereg import RegistrationError, amend, canonical_json, register, verify
+from bistat.declare.prereg import RegistrationError, amend, register, verify
 from bistat.declare.prereg_signature import (SignatureError, check_signature, sign_bytes,
                                              signature_path)
 
