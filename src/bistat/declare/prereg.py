@@ -24,7 +24,11 @@ append-only amendment log inside the seal: ``time_utc``, ``reason``, ``old_decla
 the registration (its last sealing) precedes every recorded datum of the runs recorded against
 it: ``run.json``'s ``created_utc``, ``time_utc`` of ``schedule.jsonl`` and ``events.jsonl`` lines
 and ``started_utc`` of ``passes.jsonl`` lines (``responses.jsonl`` times are relative to the
-pass start, so the pass's ``schedule.jsonl`` start event dates them).
+pass start, so the pass's ``schedule.jsonl`` start event dates them). It also says which evidence
+the seal has besides its own hash, which whoever can rewrite the file can recompute: git's first
+commit of the file's exact bytes, older than the run's first record or not (:func:`git_evidence`;
+a shallow clone that cannot see it says so), and an optional SSH signature ``NAME.json.sig``
+(``register``/``amend`` with ``sign_key``; :mod:`bistat.declare.prereg_signature`).
 """
 
 from __future__ import annotations
