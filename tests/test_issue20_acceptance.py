@@ -32,8 +32,6 @@ import issue20_support as s
 
 httpx = pytest.importorskip("httpx")
 
-XFAIL = dict(strict=True)
-
 
 # --------------------------------------------------------------------------------------------------
 # fixtures
@@ -302,8 +300,6 @@ def _forge(root: Path) -> None:
     header_path.write_text(json.dumps(header, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
 
 
-@pytest.mark.xfail(reason="issue 20 item 4: verify reports no git evidence (only the self-computed "
-                          "hash)", **XFAIL)
 def test_item4_verify_reports_the_git_commit_that_first_holds_the_registration(git_project):
     """Contract for ``bistat verify REGISTRATION [RUN_DIR]``: besides the seal's integrity it
     prints which evidence of time holds. When the registration file is in a git repository and

@@ -9,7 +9,7 @@ import pytest
 
 from bistat.analysis.summary import analyze_run
 from bistat.declare.prereg import verify
-from bistat.report.finding import write_finding
+from finding_seal import assert_regenerates
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ROOT / "examples" / "quickstart" / "quickstart-20261129T113548Z"
@@ -33,8 +33,8 @@ def test_the_quickstart_finding_regenerates_and_says_what_the_readme_says(tmp_pa
         "blas": (256, 247), "invariant": (256, 256)}
     (comparison,) = summary.comparisons
     assert str(getattr(comparison.verdict.label, "value", comparison.verdict.label)) == "working"
-    files = write_finding(summary, tmp_path)
-    assert files.markdown.read_text() == (ROOT / "findings" / "quickstart.md").read_text()
+    assert_regenerates(summary, RUN.relative_to(ROOT), None, ROOT / "findings" / "quickstart.md",
+                       tmp_path)
 
 
 def test_quickstart_r2_is_working_by_the_default_rule_and_regenerates(tmp_path):
@@ -50,5 +50,5 @@ def test_quickstart_r2_is_working_by_the_default_rule_and_regenerates(tmp_path):
     assert c.verdict.cost.outcome.value == "undecidable"
     assert summary.operator_notes.startswith("Recorded with `bistat run preregistrations/"
                                              "quickstart-r2.json`")
-    files = write_finding(summary, tmp_path)
-    assert files.markdown.read_text() == (ROOT / "findings" / "quickstart-r2.md").read_text()
+    assert_regenerates(summary, RUN_R2.relative_to(ROOT), None, ROOT / "findings" / "quickstart-r2.md",
+                       tmp_path)

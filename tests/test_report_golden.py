@@ -14,6 +14,8 @@ import pytest
 
 from bistat.analysis.summary import analyze_run
 from bistat.report.finding import write_finding
+from bistat.report.seal import run_seal_evidence
+from finding_seal import assert_same_finding
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "synthetic"
@@ -27,18 +29,20 @@ def regenerated(tmp_path_factory):
     out1 = tmp_path_factory.mktemp("finding1")
     out2 = tmp_path_factory.mktemp("finding2")
     summary = analyze_run(EXAMPLE / "run", EXAMPLE / f"{NAME}.json")
-    write_finding(summary, out1)
-    write_finding(analyze_run(EXAMPLE / "run", EXAMPLE / f"{NAME}.json"), out2)
+    seal = run_seal_evidence(EXAMPLE / "run", EXAMPLE / f"{NAME}.json", summary.created_utc)
+    write_finding(summary, out1, seal=seal)
+    write_finding(analyze_run(EXAMPLE / "run", EXAMPLE / f"{NAME}.json"), out2, seal=seal)
     return summary, out1, out2
 
 
 def test_committed_finding_is_regenerated_byte_for_byte(regenerated):
-    _, out, _ = regenerated
-    committed = (FINDINGS / f"{NAME}.md").read_bytes()
+    """Every byte, and the seal line as this clone can state it (finding_seal)."""
+    _, out, out2 = regenerated
     fresh = (out / f"{NAME}.md").read_bytes()
-    assert fresh == committed, (
-        "findings/synthetic-example.md is stale: regenerate it with "
-        "`bistat analyze examples/synthetic/run --out findings` and review the diff")
+    assert fresh == (out2 / f"{NAME}.md").read_bytes()
+    assert_same_finding(fresh.decode("utf-8"), (FINDINGS / f"{NAME}.md").read_text(encoding="utf-8"),
+                        "findings/synthetic-example.md (bistat analyze examples/synthetic/run "
+                        "--registration examples/synthetic/synthetic-example.json --out findings)")
 
 
 #: the matplotlib release that drew the committed plots: with it they regenerate byte for byte

@@ -84,10 +84,9 @@ def test_diagnose_and_inspect_work_on_a_recorded_vllm_run():
 def test_committed_h200_findings_regenerate_byte_for_byte(name, suffix, tmp_path, monkeypatch):
     """As scripts/regenerate_findings.sh writes them: under the registration the run was
     recorded under, and under its exploratory sibling (the default rule, sealed after the data)."""
-    from bistat.report.finding import write_finding
+    from finding_seal import assert_regenerates
 
     monkeypatch.chdir(ROOT)
-    files = write_finding(analyze_run(DATA.relative_to(ROOT) / name,
-                                      Path("preregistrations") / f"{name}{suffix}.json"), tmp_path)
-    assert files.markdown.read_text() == (ROOT / "findings" / "h200" /
-                                          f"{name}{suffix}.md").read_text()
+    run, reg = DATA.relative_to(ROOT) / name, Path("preregistrations") / f"{name}{suffix}.json"
+    assert_regenerates(analyze_run(run, reg), run, reg,
+                       ROOT / "findings" / "h200" / f"{name}{suffix}.md", tmp_path)

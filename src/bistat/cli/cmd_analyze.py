@@ -1,6 +1,8 @@
 """``bistat analyze`` (recorded run -> finding) and ``bistat compact`` (JSONL -> Parquet).
 
-Thin commands: ``analyze`` calls ``bistat.analysis.summary.analyze_run`` then
+Thin commands: ``analyze`` calls ``bistat.analysis.summary.analyze_run``, computes the seal's
+evidence of the registration it analysed (``bistat.report.seal.seal_evidence``: git and the
+signature; a registration they refute is refused) and calls
 ``bistat.report.finding.write_finding``, prints ``bistat.report.gating.ci_summary`` and exits with
 ``bistat.report.gating.gate``'s code (``--fail-on``); ``compact`` calls ``bistat.store.records.compact``
 (``--slim``/``--top-k``: its ``slim``/``top_k``) and, with ``--trim``, ``bistat.store.trim.trim``
@@ -16,6 +18,8 @@ from pathlib import Path
 import click
 
 from bistat.analysis.summary import AnalysisError, analyze_run, summary_to_dict
+from bistat.declare.prereg_signature import SignatureError
+from bistat.report.seal import run_seal_evidence
 from bistat.report.gating import FailOnError, ci_summary, gate, parse_fail_on
 from bistat.declare.experiment import DeclarationError
 from bistat.declare.prereg import RegistrationError
@@ -23,7 +27,7 @@ from bistat.store.records import TRIM_SERVES, RecordsError, compact, trim_info
 from bistat.report.finding import write_finding
 from bistat.store.trim import trim
 
-_ERRORS = (AnalysisError, RecordsError, RegistrationError, DeclarationError)
+_ERRORS = (AnalysisError, RecordsError, RegistrationError, DeclarationError, SignatureError)
 
 
 #: ``--fail-on`` help, shared by every verdict-producing command.
@@ -36,7 +40,8 @@ ANALYZE_EXIT_CODES = """\b
 Exit codes: 0 whatever the verdicts, unless --fail-on names one: then the
 code of the first verdict (in comparison order) whose label it names:
 10 doubtful, 11 reported as observed, 12 untested; 1 error (unreadable
-records, broken registration); 2 usage error (a bad --fail-on label)."""
+records, a broken registration, one whose bytes differ from those git
+committed or whose signature fails); 2 usage error (a bad --fail-on label)."""
 
 
 def _fail(exc: Exception) -> click.ClickException:
@@ -65,24 +70,38 @@ def register(group: click.Group) -> None:
     @click.option("--json", "as_json", is_flag=True,
                   help="Print the summary and the verdicts as JSON instead of text.")
     @click.option("--fail-on", "fail_on", multiple=True, help=FAIL_ON_HELP)
+    @click.option("--allowed-signers", "allowed_signers", default=None,
+                  type=click.Path(dir_okay=False, path_type=Path),
+                  help="The allowed-signers file a signed registration (NAME.json.sig) is "
+                       "checked against  [default: git config gpg.ssh.allowedSignersFile]")
     def analyze(run_dir: Path, registration: Path | None, out_dir: Path, as_json: bool,
-                fail_on: tuple[str, ...]) -> None:
+                fail_on: tuple[str, ...], allowed_signers: Path | None) -> None:
         """Analyse the recorded run RUN_DIR and write the finding OUT/NAME.md with its plots.
 
         Every number is recomputed from the records; regenerating from the same data gives
-        byte-identical files. Ends with a one-screen plain-text summary for CI logs (on stderr
-        with --json). Exit code 0 whatever the verdict, unless --fail-on names it.
+        byte-identical files. A line under the verdict says which evidence the registration's
+        seal has: git's first commit of its exact bytes, before or after the run's first
+        record (or that this checkout has no such history), and its signature when signed.
+        Ends with a one-screen plain-text summary for CI logs (on stderr with --json). Exit
+        code 0 whatever the verdict, unless --fail-on names it.
         """
         labels = fail_on_labels(fail_on)
         try:
             summary = analyze_run(run_dir, registration)
-            files = write_finding(summary, out_dir)
+            seal = run_seal_evidence(run_dir, registration, summary.created_utc,
+                                     allowed_signers=allowed_signers)
+            refuted = seal.refutations()
+            if refuted:
+                raise RegistrationError(f"{seal.registration}: {'; '.join(refuted)}; check it "
+                                        f"with: bistat verify {seal.registration} {run_dir}")
+            files = write_finding(summary, out_dir, seal=seal)
         except _ERRORS as exc:
             raise _fail(exc) from exc
         if as_json:
             data = summary_to_dict(summary)
             data["finding"] = {"markdown": str(files.markdown),
                                "plots": [str(p) for p in files.plots]}
+            data["seal"] = seal.to_dict()
             click.echo(json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False))
         else:
             click.echo(f"wrote {files.markdown} and {len(files.plots)} plots")

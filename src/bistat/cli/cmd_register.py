@@ -16,6 +16,7 @@ import click
 from bistat.declare import prereg
 from bistat.declare.design_report import DesignError, DesignReport, analyse_design, format_design
 from bistat.declare.experiment import DeclarationError
+from bistat.declare.prereg_signature import NAMESPACE, signature_path
 
 
 def _fail(exc: Exception) -> click.ClickException:
@@ -43,6 +44,10 @@ def _registration_text(reg: prereg.Registration, report: DesignReport, amended: 
                      f"{'' if len(reg.amendments) == 1 else 's'}; reason: {last['reason']})")
     lines.append(f"  bistat:     {reg.sealed['bistat_version']}")
     lines.append(f"  git:        {git_text}")
+    sig = signature_path(reg.path)
+    if sig.exists():
+        lines.append(f"  signature:  {sig} (ssh-keygen -Y sign, namespace {NAMESPACE}); "
+                     f"check it with: bistat verify {reg.path} --allowed-signers FILE")
     return "\n".join(lines) + "\n\n" + format_design(report)
 
 
@@ -62,16 +67,24 @@ def register(group: click.Group) -> None:
                   type=click.Path(file_okay=False, path_type=Path),
                   help="Where recorded runs are searched before an amendment (repeatable; "
                        "default: runs).")
+    @click.option("--sign", "sign_key", default=None, metavar="KEY",
+                  type=click.Path(dir_okay=False, path_type=Path),
+                  help="Also sign the registration with this SSH key (ssh-keygen -Y sign, "
+                       "namespace bistat) into NAME.json.sig; a signed registration is amended "
+                       "only with --sign.")
     @click.option("--json", "as_json", is_flag=True, help="Print the registration as JSON.")
     def register_cmd(declaration: Path, amend: bool, reason: str | None,
                      registrations_dir: Path, runs_dirs: tuple[Path, ...],
-                     as_json: bool) -> None:
+                     sign_key: Path | None, as_json: bool) -> None:
         """Seal DECLARATION (experiments/NAME.toml) into preregistrations/NAME.json.
 
         The registration holds the fully resolved declaration, its SHA-256, the UTC time, the
         bistat version, the git commit and state of the declaration file, and the design
         analysis (printed, with its warnings). A registration is never overwritten; change it
         with --amend --reason "..." before any data is recorded.
+
+        The seal proves integrity only: commit the registration before the run (git then
+        dates it) and, with --sign KEY, sign it (the signature names who sealed it).
         """
         if reason is not None and not amend:
             raise click.UsageError("--reason is only used with --amend")
@@ -82,9 +95,10 @@ def register(group: click.Group) -> None:
                                            "changes\"")
                 reg, report = prereg.amend(
                     declaration, reason, registrations_dir=registrations_dir,
-                    runs_dirs=runs_dirs or (prereg.DEFAULT_RUNS_DIR,))
+                    runs_dirs=runs_dirs or (prereg.DEFAULT_RUNS_DIR,), sign_key=sign_key)
             else:
-                reg, report = prereg.register(declaration, registrations_dir=registrations_dir)
+                reg, report = prereg.register(declaration, registrations_dir=registrations_dir,
+                                              sign_key=sign_key)
         except (DeclarationError, prereg.RegistrationError, DesignError) as exc:
             raise _fail(exc) from exc
         if as_json:
@@ -100,17 +114,30 @@ def register(group: click.Group) -> None:
                   type=click.Path(file_okay=False, path_type=Path),
                   help="Where runs recorded against the registration are searched when no "
                        "RUN_DIR is given (repeatable; default: runs).")
+    @click.option("--allowed-signers", "allowed_signers", default=None,
+                  type=click.Path(dir_okay=False, path_type=Path),
+                  help="The allowed-signers file (ssh-keygen(1), ALLOWED SIGNERS) that "
+                       "NAME.json.sig is checked against  [default: git config "
+                       "gpg.ssh.allowedSignersFile]")
     @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
     def verify_cmd(registration: Path, run_dirs: tuple[Path, ...],
-                   runs_dirs: tuple[Path, ...], as_json: bool) -> None:
+                   runs_dirs: tuple[Path, ...], allowed_signers: Path | None,
+                   as_json: bool) -> None:
         """Re-check REGISTRATION's seal, and that it precedes every datum of its runs.
 
+        Says which evidence of time and authorship holds besides the seal's own hash: the
+        first git commit of its exact bytes, and its signature (NAME.json.sig) when signed.
+
         Checks the RUN_DIRs given, or else every run under --runs-dir that names the
-        registration. Exits 1 if the seal is broken, the amendment log was edited, or any
-        recorded datum is not later than the registration.
+        registration. Exits 1 if the seal is broken, the amendment log was edited, any
+        recorded datum is not later than the registration, the registration's bytes differ
+        from those git committed or were first committed after the run's first record, or
+        its signature (NAME.json.sig) is not of these bytes or by a key the allowed signers
+        list.
         """
         report = prereg.verify(registration, run_dirs,
-                               runs_dirs=runs_dirs or (prereg.DEFAULT_RUNS_DIR,))
+                               runs_dirs=runs_dirs or (prereg.DEFAULT_RUNS_DIR,),
+                               allowed_signers=allowed_signers)
         if as_json:
             _json_out(report.to_dict())
             if not report.ok:
@@ -132,6 +159,8 @@ def register(group: click.Group) -> None:
         else:
             lines.append("  no recorded runs checked")
         lines.append(f"  {evidence}")
+        if report.signature.line():
+            lines.append(f"  {report.signature.line()}")
         click.echo("\n".join(lines))
 
     @group.command("design")

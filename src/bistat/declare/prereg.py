@@ -24,7 +24,11 @@ append-only amendment log inside the seal: ``time_utc``, ``reason``, ``old_decla
 the registration (its last sealing) precedes every recorded datum of the runs recorded against
 it: ``run.json``'s ``created_utc``, ``time_utc`` of ``schedule.jsonl`` and ``events.jsonl`` lines
 and ``started_utc`` of ``passes.jsonl`` lines (``responses.jsonl`` times are relative to the
-pass start, so the pass's ``schedule.jsonl`` start event dates them).
+pass start, so the pass's ``schedule.jsonl`` start event dates them). It also says which evidence
+the seal has besides its own hash, which whoever can rewrite the file can recompute: git's first
+commit of the file's exact bytes, older than the run's first record or not (:func:`git_evidence`;
+a shallow clone that cannot see it says so), and an optional SSH signature ``NAME.json.sig``
+(``register``/``amend`` with ``sign_key``; :mod:`bistat.declare.prereg_signature`).
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ from typing import Any, Callable, Iterable, Sequence
 from bistat import __version__
 from bistat.declare.design_report import DesignReport, analyse_design
 from bistat.declare.experiment import DeclarationError, Experiment, load_experiment, validate_experiment
+from bistat.declare.prereg_signature import (SignatureCheck, SignatureError, check_signature,
+                                             sign_bytes, signature_path)
 from bistat.store.records import RecordsError, iter_jsonl_strict, parse_time
 
 __all__ = [
@@ -144,8 +150,10 @@ class GitEvidence:
     ``status``: ``"none"`` (not in a git repository, or git missing), ``"uncommitted"`` (no
     commit holds the path), ``"differs"`` (commits hold the path, none with these bytes:
     ``commit`` is the newest that holds it), ``"committed"`` (``commit`` is the first commit
-    holding these exact bytes, ``time_utc`` its committer time). ``before`` compares that time
-    with the run's first record when one is given (None otherwise).
+    holding these exact bytes, ``time_utc`` its committer time), ``"shallow"`` (a shallow
+    clone whose first commit holding these bytes is a boundary commit, ``commit``: its history
+    is cut there, so the bytes may be older and no time can be told). ``before`` compares
+    that time with the run's first record when one is given (None otherwise).
     """
 
     status: str
@@ -159,6 +167,9 @@ class GitEvidence:
             return "no git evidence (not in a git repository): only the seal's integrity is shown"
         if self.status == "uncommitted":
             return "no git evidence: the registration is not committed"
+        if self.status == "shallow":
+            return (f"no git evidence: a shallow clone, cut at {self.commit} which holds the "
+                    "registration; its first commit is not here (git fetch --unshallow)")
         if self.status == "differs":
             return (f"git: the registration differs from the blob committed in {self.commit}; "
                     "it was changed after it was committed")
@@ -170,6 +181,17 @@ class GitEvidence:
     def refutes(self) -> bool:
         """The evidence contradicts the seal (changed after commit, or committed after data)."""
         return self.status == "differs" or self.before is False
+
+
+def _shallow_boundary(git: Callable[..., subprocess.CompletedProcess]) -> frozenset[str]:
+    """The commits where a shallow clone's history is cut (empty for a full clone)."""
+    if git("rev-parse", "--is-shallow-repository").stdout.strip() != "true":
+        return frozenset()
+    shallow = git("rev-parse", "--path-format=absolute", "--git-path", "shallow").stdout.strip()
+    try:
+        return frozenset(Path(shallow).read_text(encoding="ascii").split())
+    except OSError:
+        return frozenset()
 
 
 def git_evidence(path: str | Path, first_record: dt.datetime | None = None) -> GitEvidence:
@@ -196,6 +218,8 @@ def git_evidence(path: str | Path, first_record: dt.datetime | None = None) -> G
         return GitEvidence("uncommitted")
     for sha, ct in commits:
         if git("rev-parse", f"{sha}:{rel}").stdout.strip() == blob:
+            if sha in _shallow_boundary(git):  # every file appears in a boundary commit
+                return GitEvidence("shallow", sha)
             when = dt.datetime.fromtimestamp(int(ct), dt.timezone.utc)
             before = None if first_record is None else when < first_record
             return GitEvidence("committed", sha, when.strftime("%Y-%m-%dT%H:%M:%SZ"), before)
@@ -336,8 +360,12 @@ def register(
     now: dt.datetime | None = None,
     release_check: Callable[[str], Any] | None = None,
     check_engine: bool = True,
+    sign_key: str | Path | None = None,
 ) -> tuple[Registration, DesignReport]:
     """Seal a declaration into ``registrations_dir/NAME.json``; never overwrites.
+
+    With ``sign_key`` (``--sign KEY``) the registration's exact bytes are also signed with
+    ``ssh-keygen -Y sign`` into ``NAME.json.sig`` (:mod:`bistat.declare.prereg_signature`).
 
     For a vLLM engine the seal also records the newest release the package index knows as the
     study is registered (``engine_release``; :func:`bistat.declare.releases.check_newest_release`, or
@@ -348,7 +376,8 @@ def register(
     DeclarationError
         The declaration does not validate.
     RegistrationError
-        A registration of that name exists already.
+        A registration of that name exists already, a signature without its registration is
+        in the way, or ``sign_key`` could not sign.
     bistat.declare.design_report.DesignError
         ``design.cv_from`` names no usable run.
     """
@@ -359,6 +388,11 @@ def register(
             f"{path} already exists; a registration is never overwritten. To change the "
             f"declaration before any data is recorded: bistat register {declaration_path} "
             "--amend --reason \"...\"; otherwise register it under a new name")
+    sig_path = signature_path(path)
+    if sig_path.exists() and sign_key is None:
+        raise RegistrationError(f"{sig_path} exists without its registration {path}; it would "
+                                "not be this registration's signature: remove it, or sign the "
+                                "new registration with --sign KEY")
     report = analyse_design(exp, base_dir=base_dir)
     when = format_time(now or _utcnow())
     declaration = exp.resolved()
@@ -382,16 +416,44 @@ def register(
         check = (release_check or check_newest_release)(package)
         sealed["engine_release"] = check.to_dict()
     data = _seal(sealed)
+    text = _dump(data)
+    signature = _sign(text, sign_key)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         with open(path, "x", encoding="utf-8") as fh:
-            fh.write(_dump(data))
+            fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
     except FileExistsError as exc:  # lost a race with another writer
         raise RegistrationError(f"{path} already exists; a registration is never "
                                 "overwritten") from exc
+    if signature is not None:
+        _write_replacing(sig_path, signature)
     return Registration(path, data), report
+
+
+def _sign(text: str, sign_key: str | Path | None) -> bytes | None:
+    """The signature of a registration's bytes (``text`` as written), before it is written."""
+    if sign_key is None:
+        return None
+    try:
+        return sign_bytes(text.encode("utf-8"), sign_key)
+    except SignatureError as exc:
+        raise RegistrationError(str(exc)) from None
+
+
+def _write_replacing(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (a temporary file, then ``os.replace``)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def amend(
@@ -403,17 +465,19 @@ def amend(
     base_dir: str | Path | None = None,
     now: dt.datetime | None = None,
     check_engine: bool = True,
+    sign_key: str | Path | None = None,
 ) -> tuple[Registration, DesignReport]:
     """Replace a registration's declaration, while no data has been recorded for it.
 
     The amendment (time, reason, old and new declaration hashes, the seal it replaces) is
-    appended to the registration's amendment log and sealed with it.
+    appended to the registration's amendment log and sealed with it. A signed registration
+    (``NAME.json.sig``) is amended only with ``sign_key``, which signs the amended bytes.
 
     Raises
     ------
     RegistrationError
         No reason given, no registration to amend, its seal is broken, the declaration is
-        unchanged, or data has been recorded for it.
+        unchanged, data has been recorded for it, or it is signed and no ``sign_key`` is given.
     """
     if not reason or not reason.strip():
         raise RegistrationError("an amendment needs a reason: --reason \"why the declaration "
@@ -424,6 +488,12 @@ def amend(
         raise RegistrationError(f"{path} does not exist; there is nothing to amend. Register "
                                 f"it first: bistat register {declaration_path}")
     old = load_registration(path)
+    sig_path = signature_path(path)
+    if sig_path.exists() and sign_key is None:
+        raise RegistrationError(f"{path} is signed ({sig_path}): an amendment would leave the "
+                                "signature invalid; sign the amended registration too: "
+                                f"bistat register {declaration_path} --amend --reason \"...\" "
+                                "--sign KEY")
     # a run that recorded no data yet (its engine could not start) does not block an
     # amendment; the ledger finds runs recorded under any --run-dir (see note_run)
     found: dict[Path, Path] = {}
@@ -465,16 +535,11 @@ def amend(
         }],
     })
     data = _seal(sealed)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(_dump(data))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    text = _dump(data)
+    signature = _sign(text, sign_key)
+    _write_replacing(path, text.encode("utf-8"))
+    if signature is not None:
+        _write_replacing(sig_path, signature)
     return Registration(path, data), report
 
 
@@ -694,6 +759,7 @@ class VerifyReport:
     earliest_datum: str | None
     problems: tuple[str, ...] = field(default_factory=tuple)
     git: GitEvidence = GitEvidence("none")
+    signature: SignatureCheck = SignatureCheck("none")
 
     @property
     def ok(self) -> bool:
@@ -706,7 +772,12 @@ class VerifyReport:
                 "earliest_datum": self.earliest_datum, "problems": list(self.problems),
                 "git": {"status": self.git.status, "commit": self.git.commit,
                         "time_utc": self.git.time_utc, "before_first_record": self.git.before,
-                        "line": self.git.line()}}
+                        "line": self.git.line()},
+                "signature": {"status": self.signature.status,
+                              "fingerprint": self.signature.fingerprint,
+                              "principal": self.signature.principal,
+                              "allowed_signers": self.signature.allowed_signers,
+                              "line": self.signature.line() or None}}
 
 
 def verify(
@@ -715,8 +786,11 @@ def verify(
     *,
     runs_dirs: Sequence[str | Path] = (DEFAULT_RUNS_DIR,),
     now: dt.datetime | None = None,
+    allowed_signers: str | Path | None = None,
 ) -> VerifyReport:
-    """Re-check a registration's seal and that it precedes every recorded datum.
+    """Re-check a registration's seal and that it precedes every recorded datum, and say which
+    evidence holds: git's first commit of its exact bytes (:func:`git_evidence`) and, when
+    ``NAME.json.sig`` exists, its signature (:func:`bistat.declare.prereg_signature.check_signature`).
 
     Parameters
     ----------
@@ -727,12 +801,16 @@ def verify(
         names this registration is checked.
     now : datetime, optional
         The current time (a registration dated in the future is refused).
+    allowed_signers : path, optional
+        The allowed-signers file a signature is checked against; default: git's
+        ``gpg.ssh.allowedSignersFile``.
 
     Returns
     -------
     VerifyReport
         ``problems`` lists every failure (a broken seal, an edited amendment log, a run
-        recorded against another registration, a datum older than the registration).
+        recorded against another registration, a datum older than the registration, bytes
+        changed after they were committed or signed, a signature by a key not allowed).
     """
     p = Path(path)
     try:
@@ -795,10 +873,17 @@ def verify(
         problems.append(f"{p}: {evidence.line()}")
     elif evidence.before is False:
         problems.append(f"{p}: {evidence.line()}; the registration does not precede the data")
+    try:
+        signature = check_signature(p, allowed_signers)
+    except SignatureError as exc:
+        signature = SignatureCheck("none")
+        problems.append(str(exc))
+    if signature.refutes:
+        problems.append(f"{p}: {signature.line()}")
     return VerifyReport(
         path=str(p), sha256=data["sha256"], name=sealed.get("name"),
         registered_utc=sealed.get("registered_utc"), sealed_utc=sealed.get("sealed_utc"),
         amendments=len(sealed.get("amendments") or []), runs=tuple(str(d) for d in dirs),
         n_data=n_data, earliest_datum=None if earliest is None else earliest[1],
-        problems=tuple(problems), git=evidence,
+        problems=tuple(problems), git=evidence, signature=signature,
     )

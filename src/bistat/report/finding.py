@@ -1,9 +1,11 @@
 """``RunSummary`` + verdicts -> the markdown finding ``findings/NAME.md`` and its PNG plots.
 
 This layer formats finished results and computes no statistic (criterion.rs' ``Report``, STYLE.md
-§6). The output is a function of the summary alone: no clock is read, no absolute path is
-printed, numbers have fixed formats and plots are saved deterministically (``bistat.report.plots``),
-so regenerating a finding from the same records gives byte-identical files.
+§6). The output is a function of the summary and of the seal's evidence (``seal``, the one line
+``Seal: ...`` that :mod:`bistat.report.seal` computes from git and the signature): no clock is
+read, no absolute path is printed, numbers have fixed formats and plots are saved
+deterministically (``bistat.report.plots``), so regenerating a finding from the same records in
+the same repository gives byte-identical files.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from bistat.report.index import RELEASE_COMPARISON_TITLE
 from bistat.core.rule import CostRule
 from bistat.analysis.anatomy import kv_tile_boundary, plot_anatomy, render_anatomy_section
 from bistat.report.plots import PLOTS, save_plots
+from bistat.report.seal import SealEvidence
 from bistat.analysis.probe_report import filler_line
 
 #: Suffix of the divergence-anatomy plot (``NAME-anatomy.png``), drawn by ``bistat.analysis.anatomy``.
@@ -117,9 +120,10 @@ def _exploratory_note(s: RunSummary) -> list[str]:
             "been chosen for.", ""]
 
 
-def _head(s: RunSummary) -> list[str]:
+def _head(s: RunSummary, seal: SealEvidence | None) -> list[str]:
     out = [_title(s), "",
            _verdict_line(s), "", *_exploratory_note(s),
+           *([] if seal is None else [seal.line(), ""]),
            _table(("", ""), [
                ("Registration", f"`{s.registration_path or '—'}`"),
                ("Registration SHA-256", f"`{s.registration_sha256}`"),
@@ -778,11 +782,14 @@ def _latency(s: RunSummary) -> list[str]:
             _table(("ratio", "point", f"{cl} interval"), ratio_rows), ""]
 
 
-def render_markdown(summary: RunSummary, plot_files: dict[str, str] | None = None) -> str:
-    """The finding as markdown. ``plot_files`` maps plot suffix -> file name beside it."""
+def render_markdown(summary: RunSummary, plot_files: dict[str, str] | None = None, *,
+                    seal: SealEvidence | None = None) -> str:
+    """The finding as markdown. ``plot_files`` maps plot suffix -> file name beside it;
+    ``seal`` (:func:`bistat.report.seal.seal_evidence`) gives the ``Seal: ...`` line under the
+    verdict, which ``bistat analyze`` always writes (without it the line is left out)."""
     suffixes = [suffix for suffix, _, _ in PLOTS] + [ANATOMY_PLOT]
     plots = plot_files or {suffix: f"{summary.name}-{suffix}.png" for suffix in suffixes}
-    parts = (_head(summary) + _summary(summary) + _verdict(summary) + _siblings(summary)
+    parts = (_head(summary, seal) + _summary(summary) + _verdict(summary) + _siblings(summary)
              + _rule(summary)
              + _amendments(summary)
              + _environment(summary) + _engine_version_section(summary)
@@ -794,11 +801,12 @@ def render_markdown(summary: RunSummary, plot_files: dict[str, str] | None = Non
     return "\n".join(parts).rstrip("\n") + "\n"
 
 
-def write_finding(summary: RunSummary, out_dir: str | Path) -> FindingFiles:
+def write_finding(summary: RunSummary, out_dir: str | Path, *,
+                  seal: SealEvidence | None = None) -> FindingFiles:
     """Write ``out_dir/NAME.md`` and its plots ``out_dir/NAME-*.png``; return the paths.
 
     The plots are :data:`bistat.report.plots.PLOTS` and, with an anatomy, ``NAME-anatomy.png``
-    (``bistat.analysis.anatomy.plot_anatomy``).
+    (``bistat.analysis.anatomy.plot_anatomy``). ``seal``: as for :func:`render_markdown`.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -807,7 +815,7 @@ def write_finding(summary: RunSummary, out_dir: str | Path) -> FindingFiles:
         paths[ANATOMY_PLOT] = plot_anatomy(summary.anatomy,
                                            out / f"{summary.name}-{ANATOMY_PLOT}.png")
     md = out / f"{summary.name}.md"
-    text = render_markdown(summary, {k: p.name for k, p in paths.items()})
+    text = render_markdown(summary, {k: p.name for k, p in paths.items()}, seal=seal)
     md.write_bytes(text.encode("utf-8"))
     return FindingFiles(md, tuple(paths.values()))
 
