@@ -10,7 +10,7 @@ Target (issue 2): the analysis in under 5 s wall on a 2-core machine with peak m
 
 Setup (not timed): a synthetic run is written as JSONL in bulk (the records' format, without
 the per-line fsync of ``RunWriter``, which only matters for crash safety), then compacted with
-``bistat.store.records.compact``, as ``bistat run`` does at its end. The control arm diverges for 10 %
+``bistat.store.compact.compact``, as ``bistat run`` does at its end. The control arm diverges for 10 %
 of prompts (so first-divergence positions are computed for ~10,000 prompts); the treatment
 arm matches everywhere.
 
@@ -92,7 +92,8 @@ print(json.dumps({"import_s": t1 - t0, "analyze_s": t2 - t1, "finding_s": t3 - t
 
 def generate(run_dir: Path, reg_path: Path) -> None:
     """Write the benchmark run (JSONL in bulk) and compact it."""
-    from bistat.store import records
+    from bistat.store.writer import RunWriter
+    from bistat.store.compact import compact
     from bistat.declare.prereg import register
 
     rng = np.random.default_rng(SEED)
@@ -103,7 +104,7 @@ def generate(run_dir: Path, reg_path: Path) -> None:
     header = {"run_id": "bench", "registration": reg.reference(), "bistat_version": "0.1.0",
               "created_utc": "2026-01-02T00:00:00Z", "command": ["bench"],
               "engine_kind": "embedded"}
-    records.RunWriter.create(run_dir, header).close()
+    RunWriter.create(run_dir, header).close()
     base = rng.integers(0, 50_000, (N_PROMPTS, N_TOKENS)).astype("<i8")
     diverging = rng.random(N_PROMPTS) < DIVERGE_FRACTION
     fp = {"gpus": [], "cpu": {"model": "bench", "count": 2, "machine": "x86_64"},
@@ -168,7 +169,7 @@ def generate(run_dir: Path, reg_path: Path) -> None:
                                         "time_utc": "2026-01-02T00:00:02Z",
                                         "status": "complete", "n_failed": 0}) + "\n")
                 seq += 1
-    records.compact(run_dir)
+    compact(run_dir)
     reg_path.write_text(str(reg.path))
 
 

@@ -11,7 +11,8 @@ from helpers_explain import blas_run, invariant_run, validate
 
 from bistat.cli import cmd_diagnose
 from bistat.explain.diagnose import diagnose_run, render_diagnosis
-from bistat.store.records import RunWriter, token_sha256
+from bistat.store.writer import RunWriter
+from bistat.store.format import token_sha256
 
 
 @pytest.fixture(scope="module")

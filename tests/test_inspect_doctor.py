@@ -12,7 +12,8 @@ from helpers_explain import blas_run, validate
 from bistat.cli import cmd_doctor, cmd_inspect
 from bistat.explain.doctor import doctor, render_doctor
 from bistat.explain.inspect_run import inspect_run, render_inspection
-from bistat.store.records import RunWriter, token_sha256
+from bistat.store.writer import RunWriter
+from bistat.store.format import token_sha256
 
 
 @pytest.fixture()

@@ -2,7 +2,7 @@
 
 Thin commands: ``analyze`` calls ``bistat.analysis.summary.analyze_run`` then
 ``bistat.report.finding.write_finding``, prints ``bistat.report.gating.ci_summary`` and exits with
-``bistat.report.gating.gate``'s code (``--fail-on``); ``compact`` calls ``bistat.store.records.compact``
+``bistat.report.gating.gate``'s code (``--fail-on``); ``compact`` calls ``bistat.store.compact.compact``
 (``--slim``/``--top-k``: its ``slim``/``top_k``) and, with ``--trim``, ``bistat.store.trim.trim``
 (``--unit``: its ``unit``).
 Library errors reach the user as ``Error: <message>`` with exit code 1.
@@ -19,7 +19,9 @@ from bistat.analysis.summary import AnalysisError, analyze_run, summary_to_dict
 from bistat.report.gating import FailOnError, ci_summary, gate, parse_fail_on
 from bistat.declare.experiment import DeclarationError
 from bistat.declare.prereg import RegistrationError
-from bistat.store.records import TRIM_SERVES, RecordsError, compact, trim_info
+from bistat.store.format import RecordsError, TRIM_SERVES
+from bistat.store.compact import compact
+from bistat.store.readers import trim_info
 from bistat.report.finding import write_finding
 from bistat.store.trim import trim
 

@@ -90,7 +90,7 @@ def _summarise(run_dir: Path, registration, fail_on: frozenset[str]) -> int:
     from bistat.declare.experiment import DeclarationError
     from bistat.report.gating import ci_summary, gate
     from bistat.declare.prereg import RegistrationError
-    from bistat.store.records import RecordsError
+    from bistat.store.format import RecordsError
 
     try:
         summary = analyze_run(run_dir, registration)
@@ -162,7 +162,8 @@ def run_command(registration: Path | None, resume_dir: Path | None, runs_dir: Pa
     Warm-up passes, then the declared passes per arm in the declared order; every response is
     written as it arrives, so a killed run loses nothing and --resume continues it.
     """
-    from bistat.store.records import RecordsError, read_header
+    from bistat.store.format import RecordsError
+    from bistat.store.readers import read_header
     from bistat.run.runner import GpuBusyError, ResumeError, new_run_dir, resume_run, start_run
     from bistat.run.workload import WorkloadError
 
@@ -227,7 +228,7 @@ def _disk_full(run_dir: Path, exc: OSError) -> None:
     before stays readable; a line cut by the failure is skipped on reading and re-run on resume."""
     import shutil
 
-    from bistat.store.records import read_jsonl
+    from bistat.store.readers import read_jsonl
 
     try:
         kept = len(read_jsonl(run_dir / "responses.jsonl")[0])
@@ -317,7 +318,7 @@ def probe_command(declaration: Path, arms: tuple[str, ...], control: str | None,
     from bistat.declare.experiment import DeclarationError, load_experiment
     from bistat.analysis.probe_report import ProbeReport, ProbeSettings
     from bistat.explain.probe import needle_from_run, run_probe
-    from bistat.store.records import RecordsError
+    from bistat.store.format import RecordsError
     from bistat.run.workload import WorkloadError
 
     if no_control and control is not None:

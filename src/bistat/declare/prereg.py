@@ -42,7 +42,8 @@ from typing import Any, Callable, Iterable, Sequence
 from bistat import __version__
 from bistat.declare.design_report import DesignReport, analyse_design
 from bistat.declare.experiment import DeclarationError, Experiment, load_experiment, validate_experiment
-from bistat.store.records import RecordsError, iter_jsonl_strict, parse_time
+from bistat.store.format import RecordsError, parse_time
+from bistat.store.readers import iter_jsonl_strict
 
 __all__ = [
     "SCHEMA",

@@ -62,7 +62,10 @@ from bistat.core.lazy import lazy_module
 
 sps = lazy_module("scipy.stats")
 
-from bistat.store import records
+from bistat.store.format import PROBE_GLOB, RecordsError
+from bistat.store.passes import counted_passes
+from bistat.store.readers import read_header, read_table
+from bistat.store.run_dir import run_declaration
 from bistat.analysis.activation import log_markers
 from bistat.analysis.anatomy import (
     JITTER,
@@ -624,21 +627,21 @@ def _refused(events: list[dict[str, Any]]) -> Cause:
 
 def _probe_reports(run_dir: Path, extra: Sequence[Path]) -> list[tuple[str, dict]]:
     out = []
-    for p in sorted(run_dir.glob(records.PROBE_GLOB)) + list(extra):
+    for p in sorted(run_dir.glob(PROBE_GLOB)) + list(extra):
         try:
             data = json.loads(Path(p).read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
-            raise records.RecordsError(f"{p}: not a readable probe report ({exc})") from exc
+            raise RecordsError(f"{p}: not a readable probe report ({exc})") from exc
         if not isinstance(data, dict) or data.get("schema") != "bistat.probe/1":
-            raise records.RecordsError(f"{p}: field 'schema' is {data.get('schema')!r} "
-                                       "(expected 'bistat.probe/1'); pass a `bistat probe "
-                                       "--output` file")
+            raise RecordsError(f"{p}: field 'schema' is {data.get('schema')!r} "
+                               "(expected 'bistat.probe/1'); pass a `bistat probe "
+                               "--output` file")
         out.append((str(p), data))
     return out
 
 
 def _roles(run_dir: Path, arms: Iterable[str]) -> dict[str, str]:
-    decl = records.run_declaration(run_dir) or {}
+    decl = run_declaration(run_dir) or {}
     try:
         roles = {str(a["name"]): str(a["role"]) for a in decl.get("arms", [])}
     except (KeyError, TypeError):
@@ -666,10 +669,10 @@ def diagnose_run(run_dir: str | Path, *, probe_reports: Sequence[str | Path] = (
         refused the setting.
     """
     run_dir = Path(run_dir)
-    header = records.read_header(run_dir)
+    header = read_header(run_dir)
     unit, _ = read_unit_and_epsilon(run_dir)
     anatomy = divergence_anatomy(run_dir, epsilon=epsilon)
-    events = records.read_table(run_dir, "events").to_dict("records")
+    events = read_table(run_dir, "events").to_dict("records")
     refused = _refused(events)
     run_id = str(header.get("run_id") or run_dir.name)
     if anatomy.n_divergences == 0 and refused.strength != "strong":
@@ -678,9 +681,9 @@ def diagnose_run(run_dir: str | Path, *, probe_reports: Sequence[str | Path] = (
                          f"Nothing to diagnose: no counted pass differs from its arm's reference "
                          f"pass ({n_pairs} pass pair(s) of {sum(a.n_prompts for a in anatomy.arms)}"
                          f" prompt(s) compared by {unit}).", (), anatomy)
-    passes = records.counted_passes(run_dir)
+    passes = counted_passes(run_dir)
     outputs = load_pass_outputs(run_dir, passes)
-    env_rows = records.read_table(run_dir, "environment").to_dict("records")
+    env_rows = read_table(run_dir, "environment").to_dict("records")
     arm_args: dict[str, dict[str, Any]] = {}
     findings: dict[str, str] = {}
     log_lines: dict[str, list[str]] = defaultdict(list)
@@ -690,7 +693,7 @@ def diagnose_run(run_dir: str | Path, *, probe_reports: Sequence[str | Path] = (
         findings[str(r.get("arm"))] = " | ".join(str(x) for x in (r.get("log_findings") or []))
         log_lines[str(r.get("arm"))] += [str(x) for x in (r.get("log_findings") or [])]
     # blocks of the diverging passes, per arm (does a divergence span engine starts?)
-    sched = records.read_table(run_dir, "schedule", ["event", "arm", "pass_index", "block"])
+    sched = read_table(run_dir, "schedule", ["event", "arm", "pass_index", "block"])
     block_of = {(str(a), int(p)): int(b) for e, a, p, b in sched.itertuples(index=False)
                 if e == "start" and b is not None and not (isinstance(b, float) and math.isnan(b))}
     div_blocks: dict[str, set[int]] = defaultdict(set)
@@ -698,8 +701,8 @@ def diagnose_run(run_dir: str | Path, *, probe_reports: Sequence[str | Path] = (
         for p in (d.reference.pass_index, d.other.pass_index):
             if (d.arm, p) in block_of:
                 div_blocks[d.arm].add(block_of[(d.arm, p)])
-    metrics = records.read_table(run_dir, "metrics", ["arm", "seq", "t", "num_requests_running",
-                                                      "step_batch_size"])
+    metrics = read_table(run_dir, "metrics", ["arm", "seq", "t", "num_requests_running",
+                                              "step_batch_size"])
     series = _batch_series(metrics)
     per_step = any(s.per_step for s in series.values())
     pairs = _pairs(outputs, passes, series, unit)

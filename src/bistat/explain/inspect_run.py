@@ -15,8 +15,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bistat.store import records
-from bistat.store.records import run_declaration
+from bistat.store.format import (
+    ENGINE_LOGS_DIR,
+    HEADER_FILE,
+    NOTES_FILE,
+    OUTPUTS_FILE,
+    PROBE_FILE,
+    PROBE_GLOB,
+    TABLES,
+)
+from bistat.store.readers import load_table, read_header
+from bistat.store.run_dir import run_declaration
 
 __all__ = ["INSPECT_SCHEMA", "PassState", "RunInspection", "TableState", "inspect_run",
            "render_inspection"]
@@ -113,15 +122,15 @@ def inspect_run(run_dir: str | Path) -> RunInspection:
 
     Raises
     ------
-    bistat.store.records.RecordsError
+    bistat.store.format.RecordsError
         No readable ``run.json`` (not a run directory) or an unknown schema version.
     """
     run_dir = Path(run_dir)
-    header = records.read_header(run_dir)
+    header = read_header(run_dir)
     tables = []
     frames = {}
-    for table in records.TABLES:
-        tr = records.load_table(run_dir, table)
+    for table in TABLES:
+        tr = load_table(run_dir, table)
         frames[table] = tr.frame
         tables.append(TableState(table, tr.source, len(tr.frame), tr.gaps))
     sched, resp = frames["schedule"], frames["responses"]
@@ -168,11 +177,11 @@ def inspect_run(run_dir: str | Path) -> RunInspection:
     events = tuple(f"arm {a}: {e} ({d})" for a, e, d in
                    zip(ev.get("arm", []), ev.get("event", []), ev.get("detail", []))
                    if e in ("refused", "start_failed", "exited")) if len(ev) else ()
-    known = ({records.HEADER_FILE, records.OUTPUTS_FILE, records.ENGINE_LOGS_DIR,
-              records.NOTES_FILE, records.PROBE_FILE}
-             | {f"{t}.{x}" for t in records.TABLES for x in ("jsonl", "parquet")})
+    known = ({HEADER_FILE, OUTPUTS_FILE, ENGINE_LOGS_DIR,
+              NOTES_FILE, PROBE_FILE}
+             | {f"{t}.{x}" for t in TABLES for x in ("jsonl", "parquet")})
     extra = tuple(sorted(p.name for p in run_dir.iterdir()
-                         if p.name not in known and not p.match(records.PROBE_GLOB)))
+                         if p.name not in known and not p.match(PROBE_GLOB)))
     reg = header.get("registration") if isinstance(header.get("registration"), Mapping) else {}
     return RunInspection(
         run_dir=str(run_dir), schema=str(header.get("schema")), run_id=header.get("run_id"),

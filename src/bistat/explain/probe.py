@@ -568,11 +568,12 @@ def _check_same_prompts(run_dir: Path, prompts: Sequence[Prompt], experiment: "E
     """Refuse a run recorded with other prompts than ``experiment``'s workload: a prompt index
     would name another prompt in each. ``run.json``'s ``workload_sha256`` decides; a run
     recorded before it was kept is checked by the prompt ids its responses recorded per index."""
-    from bistat.store import records
-    from bistat.store.records import run_declaration
+    from bistat.store.format import HEADER_FILE
+    from bistat.store.readers import read_header, read_table
+    from bistat.store.run_dir import run_declaration
 
-    header = records.read_header(run_dir)
-    run_json = run_dir / records.HEADER_FILE
+    header = read_header(run_dir)
+    run_json = run_dir / HEADER_FILE
     fix = ("choose the needle from a run of this declaration's workload, or give the needle's "
            "index with --needle INDEX")
     recorded = header.get("workload_sha256")
@@ -591,7 +592,7 @@ def _check_same_prompts(run_dir: Path, prompts: Sequence[Prompt], experiment: "E
             f"{run_json}: the run was recorded with other prompts than {declaration}'s workload "
             f"({what}; workload_sha256 {str(recorded)[:12]}… in the run, {mine[:12]}… for "
             f"{declaration}): a prompt index names another prompt in each; {fix}")
-    frame = records.read_table(run_dir, "responses", ["prompt_id", "prompt_index"])
+    frame = read_table(run_dir, "responses", ["prompt_id", "prompt_index"])
     seen: dict[int, str] = {}
     for pid, i in zip(frame["prompt_id"], frame["prompt_index"], strict=True):
         try:
@@ -640,7 +641,7 @@ def needle_from_run(run_dir: str | Path, experiment: "Experiment", *,
     ------
     NeedleError
         The run was recorded with other prompts, or no prompt diverged in it.
-    bistat.store.records.RecordsError
+    bistat.store.format.RecordsError
         The run directory cannot be read.
     """
     from bistat.analysis.anatomy import divergence_anatomy

@@ -56,7 +56,9 @@ from bistat.engines.base import (
     MetricsSample,
 )
 from bistat.engines.registry import capabilities
-from bistat.store.records import logprob_sha256, read_header, run_declaration, token_sha256
+from bistat.store.format import logprob_sha256, token_sha256
+from bistat.store.readers import read_header
+from bistat.store.run_dir import run_declaration
 
 __all__ = [
     "REPRO_SCHEMA",
@@ -391,7 +393,7 @@ def replay_prompt(run_dir: str | Path, prompt_id: str, *, arm: str | None = None
     """
     from bistat.declare.experiment import validate_experiment
     from bistat.run.fingerprint import collect_fingerprint
-    from bistat.store.records import read_table
+    from bistat.store.readers import read_table
     from bistat.run.workload import load_prompts, prompt_seed
 
     run_dir = Path(run_dir)

@@ -6,12 +6,12 @@ each arm's reference pass in full and every other output up to its first diverge
 and records what it did in both Parquet footers (``bistat.store.trim``); findings regenerate byte for
 byte from a trimmed run (``docs/RECORDS.md``, "Trimmed compaction").
 
-Where an output first diverges is what ``bistat.analysis.summary`` and ``bistat.analysis.anatomy`` compute, and
-the match unit to trim for is the registration's, so this module sits above them and above
-``bistat.store.records``, which they import. The storage layer keeps only what readers of a trimmed run
-need: ``records.trim_info`` (whether, and for what, a run is trimmed), ``records.check_trim``
-(whether that serves a reader) and the constants :data:`OUTPUT_LENGTH`, :data:`TRIM_RULE` and
-:data:`TRIM_SERVES`.
+Where an output first diverges is the one definition ``bistat.core.divergence`` holds (the
+analysis and the anatomy use it too), and the match unit to trim for is the registration's.
+What readers of a trimmed run need lives with the readers: ``bistat.store.readers.trim_info``
+(whether, and for what, a run is trimmed) and ``check_trim`` (whether that serves a reader);
+the constants :data:`OUTPUT_LENGTH`, :data:`TRIM_RULE` and :data:`TRIM_SERVES` are part of the
+format (``bistat.store.format``).
 """
 
 from __future__ import annotations
@@ -26,25 +26,26 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from bistat.core.divergence import divergence_position
-from bistat.store.records import (
-    _INT32,
+from bistat.store.compact import _INT32, _write_slim
+from bistat.store.format import (
     HEADER_FILE,
-    OUTPUT_LENGTH,
     OUTPUTS_FILE,
+    OUTPUT_LENGTH,
+    RecordsError,
     TRIM_RULE,
     TRIM_SERVES,
-    RecordsError,
-    run_declaration,
-    _fsync_dir,
+)
+from bistat.store.run_dir import run_declaration
+from bistat.store.writer import _fsync_dir
+from bistat.store.readers import (
     _parquet_is_complete,
-    _read_parquet,
     _parquet_meta,
+    _read_parquet,
     _slim_outputs,
     _trim_of,
-    _write_slim,
-    counted_passes,
     read_header,
 )
+from bistat.store.passes import counted_passes
 
 __all__ = ["trim"]
 
@@ -122,7 +123,7 @@ def trim(run_dir: str | os.PathLike, *, unit: str | None = None) -> list[Path]:
       ``text``).
 
     Each output's full length is kept in the column :data:`OUTPUT_LENGTH`; both footers get
-    ``bistat.store.trim`` (``records.trim_info``). The hashes are never recomputed. Findings regenerate
+    ``bistat.store.trim`` (``bistat.store.readers.trim_info``). The hashes are never recomputed. Findings regenerate
     byte for byte; what is lost is every comparison between two non-reference passes beyond
     where they first differ from the reference (see ``docs/RECORDS.md``, "Trimmed compaction").
 
