@@ -74,9 +74,8 @@ import pandas as pd
 from bistat.analysis import activation as act
 from bistat.analysis import anatomy as anat
 from bistat.store.format import NOTES_FILE, OUTPUT_LENGTH, PROBE_FILE, PROBE_GLOB
-from bistat.store.readers import check_trim, load_table, read_header, read_table
 from bistat.store.passes import pass_counts, pass_states
-from bistat.store.run_dir import recorded_registration_path
+from bistat.store.run_dir import RecordedRun, recorded_registration_path
 from bistat.core import stats
 from bistat.run.batching import batching_summary
 from bistat.core.classify import (
@@ -325,8 +324,8 @@ _opt_float = anat.optional_float
 # --- analyze_run and its phases ---------------------------------------------------------------
 
 
-def analyze_run(run_dir: str | Path, registration: str | Path | Registration | None = None
-                ) -> RunSummary:
+def analyze_run(run_dir: str | Path | RecordedRun,
+                registration: str | Path | Registration | None = None) -> RunSummary:
     """Analyse a recorded run against its sealed registration.
 
     In phases, each a function of this module: the registration (:func:`_registered`) and the
@@ -339,8 +338,8 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
 
     Parameters
     ----------
-    run_dir : path
-        The run directory (``run.json`` and the JSONL / Parquet tables).
+    run_dir : path or RecordedRun
+        The run directory (``run.json`` and the JSONL / Parquet tables), or the run opened.
     registration : path or Registration, optional
         The registration (``preregistrations/NAME.json``); default: the path ``run.json`` names
         in ``registration.path``. Its seal is checked (``bistat.declare.prereg.load_registration``).
@@ -354,8 +353,8 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
     AnalysisError, bistat.store.format.RecordsError, bistat.declare.prereg.RegistrationError
         With the file and field that is wrong.
     """
-    run_dir = Path(run_dir)
-    header = read_header(run_dir)
+    run = RecordedRun.of(run_dir)
+    run_dir, header = run.path, run.header
     deviations: list[str] = []   # every phase adds its departures from the declaration, in order
     registered = _registered(run_dir, header, registration, deviations)
     reg, exp, hdr_reg, sibling_of = (registered.reg, registered.exp,
@@ -363,7 +362,7 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
     created = header.get("created_utc")
     arm_names = [a.name for a in exp.arms]
 
-    tables = _load_tables(run_dir, exp.match.unit)
+    tables = _load_tables(run, exp.match.unit)
     responses = tables.responses
     unknown_arms = sorted(set(responses["arm"].dropna().unique().tolist()) - set(arm_names))
     if unknown_arms:
@@ -371,8 +370,8 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
                           f"{', '.join(unknown_arms)}")
 
     passes, series = _pass_summaries(tables, {a.name: a.role for a in exp.arms}, deviations)
-    run_id = str(header.get("run_id") or run_dir.name)
-    matching = _match(run_dir, run_id, exp, responses, passes, deviations)
+    run_id = run.run_id
+    matching = _match(run, exp, responses, passes, deviations)
     arm_summaries = matching.arms
 
     envs, fps = _environments(tables.environment, arm_names)
@@ -509,26 +508,25 @@ def _registered(run_dir: Path, header: Mapping[str, Any],
     return _Registered(reg, reg.experiment(), hdr_reg, sibling_of, exploratory)
 
 
-def _load_tables(run_dir: Path, unit: str) -> _Tables:
+def _load_tables(run: RecordedRun, unit: str) -> _Tables:
+    """Phase 1 (load): every table the analysis reads, from the run opened once."""
     gaps: list[str] = []
-    sched_read = load_table(run_dir, "schedule")
+    sched_read = run.load("schedule")
     gaps.extend(sched_read.gaps)
-    pass_read = load_table(run_dir, "passes")
+    pass_read = run.load("passes")
     gaps.extend(pass_read.gaps)
-    met_read = load_table(run_dir, "metrics", ["arm", "seq", "t", "num_requests_running",
-                                                "num_requests_waiting",
-                                                "num_preemptions_total", "source"])
+    met_read = run.load("metrics", ["arm", "seq", "t", "num_requests_running",
+                                    "num_requests_waiting", "num_preemptions_total", "source"])
     gaps.extend(met_read.gaps)
-    env_read = load_table(run_dir, "environment", ["arm", "block", "fingerprint", "engine",
-                                                   "log_findings", "modes"])
+    env_read = run.load("environment", ["arm", "block", "fingerprint", "engine", "log_findings",
+                                        "modes"])
     gaps.extend(env_read.gaps)
-    ev_read = load_table(run_dir, "events", ["arm", "event", "time_utc", "detail",
-                                             "release_check"])
+    ev_read = run.load("events", ["arm", "event", "time_utc", "detail", "release_check"])
     gaps.extend(ev_read.gaps)
     resp_cols = ["arm", "kind", "pass_index", "prompt_id", "error", "t_submit", "t_done"]
     resp_cols += {"token_ids": ["token_sha256"], "text": ["text"],
                   "token_ids+logprobs": ["token_sha256", "logprob_sha256"]}[unit]
-    resp_read = load_table(run_dir, "responses", resp_cols)
+    resp_read = run.load("responses", resp_cols)
     gaps.extend(resp_read.gaps)
     return _Tables(sched_read.frame, pass_read.frame, met_read.frame, env_read.frame,
                    ev_read.frame, resp_read.frame, tuple(gaps))
@@ -587,7 +585,7 @@ def _pass_summaries(tables: _Tables, roles: Mapping[str, str],
     return passes, series
 
 
-def _match(run_dir: Path, run_id: str, exp: Experiment, responses: pd.DataFrame,
+def _match(run: RecordedRun, exp: Experiment, responses: pd.DataFrame,
            passes: Sequence[PassSummary], deviations: list[str]) -> _Matching:
     """Phase 3 (matching): each arm's outputs over its counted passes, compared by the unit."""
     unit, multi = exp.match.unit, exp.match.multi_pass
@@ -620,10 +618,9 @@ def _match(run_dir: Path, run_id: str, exp: Experiment, responses: pd.DataFrame,
         arm_passes[arm] = cpasses
     # a trimmed run keeps other passes' outputs only to their first divergence from the
     # reference pass it assumed: refuse another reference or a unit that needs more
-    check_trim(run_dir, {a: ps[0] if ps else None for a, ps in arm_passes.items()},
-               unit)
-    outputs = _load_outputs(run_dir, {a: m.mismatched for a, m in matches.items()}, unit)
-    anatomy = _anatomy(outputs, run_id, unit, exp.match.near_tie_epsilon, arm_passes,
+    run.check_trim({a: ps[0] if ps else None for a, ps in arm_passes.items()}, unit)
+    outputs = _load_outputs(run, {a: m.mismatched for a, m in matches.items()}, unit)
+    anatomy = _anatomy(outputs, run.run_id, unit, exp.match.near_tie_epsilon, arm_passes,
                        {a: m.mismatched for a, m in matches.items()},
                        {a: int(m.ok.sum()) for a, m in matches.items()})
     for arm in arm_names:
@@ -907,7 +904,7 @@ _OUTPUT_COLUMNS = ["arm", "seq", "kind", "pass_index", "prompt_id", "token_ids",
                    "t_done", "error", OUTPUT_LENGTH]
 
 
-def _load_outputs(run_dir: Path, mismatched: Mapping[str, Sequence[str]], unit: str
+def _load_outputs(run: RecordedRun, mismatched: Mapping[str, Sequence[str]], unit: str
                   ) -> pd.DataFrame:
     """Outputs (token ids, logprobs, top-k...) of the mismatching prompts only, in one read."""
     cols = list(_OUTPUT_COLUMNS)
@@ -915,8 +912,7 @@ def _load_outputs(run_dir: Path, mismatched: Mapping[str, Sequence[str]], unit: 
     if not arms:
         return pd.DataFrame({c: [] for c in cols})
     prompts = sorted({p for a in arms for p in mismatched[a]})
-    return read_table(run_dir, "responses", cols,
-                      filters={"arm": arms, "prompt_id": prompts})
+    return run.table("responses", cols, filters={"arm": arms, "prompt_id": prompts})
 
 
 def _divergences(got: pd.DataFrame, arm: str, mismatched: Sequence[str], passes: Sequence[int],

@@ -24,8 +24,7 @@ from bistat.store.format import (
     PROBE_GLOB,
     TABLES,
 )
-from bistat.store.readers import load_table, read_header
-from bistat.store.run_dir import run_declaration
+from bistat.store.run_dir import RecordedRun, run_declaration
 
 __all__ = ["INSPECT_SCHEMA", "PassState", "RunInspection", "TableState", "inspect_run",
            "render_inspection"]
@@ -96,15 +95,13 @@ class RunInspection:
         }
 
 
-def _registration_state(run_dir: Path, reg: Mapping[str, Any]) -> str:
+def _registration_state(run: RecordedRun, reg: Mapping[str, Any]) -> str:
     from bistat.declare.prereg import RegistrationError, load_registration
 
     path = reg.get("path")
-    if not path:
+    p = run.registration_path
+    if p is None:
         return "not named: run.json has no registration.path"
-    p = Path(str(path))
-    if not p.is_absolute() and not p.exists() and (run_dir / p).exists():
-        p = run_dir / p
     if not p.exists():
         return f"not found: {path} (pass the registration to `bistat analyze --registration`)"
     try:
@@ -117,7 +114,7 @@ def _registration_state(run_dir: Path, reg: Mapping[str, Any]) -> str:
     return "seal verified"
 
 
-def inspect_run(run_dir: str | Path) -> RunInspection:
+def inspect_run(run_dir: str | Path | RecordedRun) -> RunInspection:
     """Inspect a run directory without analysing it.
 
     Raises
@@ -125,12 +122,12 @@ def inspect_run(run_dir: str | Path) -> RunInspection:
     bistat.store.format.RecordsError
         No readable ``run.json`` (not a run directory) or an unknown schema version.
     """
-    run_dir = Path(run_dir)
-    header = read_header(run_dir)
+    run = RecordedRun.of(run_dir)
+    run_dir, header = run.path, run.header
     tables = []
     frames = {}
     for table in TABLES:
-        tr = load_table(run_dir, table)
+        tr = run.load(table)
         frames[table] = tr.frame
         tables.append(TableState(table, tr.source, len(tr.frame), tr.gaps))
     sched, resp = frames["schedule"], frames["responses"]
@@ -162,7 +159,7 @@ def inspect_run(run_dir: str | Path) -> RunInspection:
         n_responses=n_resp[k], n_failed=n_fail[k], first_errors=tuple(errors[k]))
         for k in keys)
     missing: list[str] = []
-    decl = run_declaration(run_dir)
+    decl = run_declaration(run)
     if decl:
         wl = decl.get("workload") or {}
         declared = int(wl.get("passes") or 0)
@@ -187,7 +184,7 @@ def inspect_run(run_dir: str | Path) -> RunInspection:
         run_dir=str(run_dir), schema=str(header.get("schema")), run_id=header.get("run_id"),
         created_utc=header.get("created_utc"), engine_kind=header.get("engine_kind"),
         command=tuple(str(x) for x in header.get("command") or ()), registration=dict(reg),
-        registration_state=_registration_state(run_dir, reg), tables=tuple(tables),
+        registration_state=_registration_state(run, reg), tables=tuple(tables),
         passes=passes, missing=tuple(missing), events=events, extra_files=extra)
 
 

@@ -15,7 +15,7 @@ import pandas as pd
 
 from bistat.store.readers import read_table
 
-__all__ = ["COUNTING_STATUSES", "pass_counts", "pass_states", "counted_passes"]
+__all__ = ["COUNTING_STATUSES", "pass_counts", "pass_states", "counted_passes", "counted_passes_of"]
 
 #: How a ``counted`` pass may end (its last ``end`` event in ``schedule``) and still count:
 #: ``failed`` = it ran to its end with some requests failed (their prompts are excluded from
@@ -66,12 +66,18 @@ def counted_passes(run_dir: str | os.PathLike) -> dict[str, list[int]]:
     """Counted passes per arm (:func:`pass_states`, :func:`pass_counts`), as ``bistat.analysis.summary``
     counts them (which also leaves out arms its registration does not declare)."""
     run_dir = Path(run_dir)
-    resp = read_table(run_dir, "responses", ["arm", "pass_index", "kind"])
-    resp = resp[resp["kind"] == "counted"]
+    return counted_passes_of(read_table(run_dir, "responses", ["arm", "pass_index", "kind"]),
+                             read_table(run_dir, "passes"), read_table(run_dir, "schedule"))
+
+
+def counted_passes_of(responses: pd.DataFrame, passes: pd.DataFrame,
+                      schedule: pd.DataFrame) -> dict[str, list[int]]:
+    """:func:`counted_passes` from the tables as read (``responses``: ``arm``, ``pass_index``
+    and ``kind`` at least; ``passes`` and ``schedule`` whole)."""
+    resp = responses[responses["kind"] == "counted"]
     with_responses = {(str(a), int(p)) for a, p in zip(resp["arm"], resp["pass_index"])}
     out: dict[str, set[int]] = {}
-    states = pass_states(read_table(run_dir, "passes"), read_table(run_dir, "schedule"),
-                         with_responses)
+    states = pass_states(passes, schedule, with_responses)
     for key, (kind, status) in states.items():
         if pass_counts(kind, status, key in with_responses):
             out.setdefault(key[0], set()).add(key[1])

@@ -242,9 +242,17 @@ def load_table(run_dir: str | os.PathLike, table: str, columns: Sequence[str] | 
     """
     _check_table(table)
     run_dir = Path(run_dir)
+    return _load_table(run_dir, table, columns, filters, _parquet_state(run_dir, table))
+
+
+def _load_table(run_dir: Path, table: str, columns: Sequence[str] | None,
+                filters: Mapping[str, Iterable[Any]] | None,
+                state: tuple[bool, str | None]) -> TableRead:
+    """:func:`load_table` given the table's :func:`_parquet_state` (``RecordedRun`` finds it
+    once per table: it hashes the whole JSONL)."""
     cols = list(columns) if columns is not None else None
     flt = {k: frozenset(v) for k, v in (filters or {}).items()}
-    complete, changed = _parquet_state(run_dir, table)
+    complete, changed = state
     path = run_dir / f"{table}.jsonl"
     if complete:
         try:
@@ -550,7 +558,12 @@ def trim_info(run_dir: str | os.PathLike) -> dict[str, Any] | None:
         ``outputs`` (how many rows were kept in full, cut and emptied).
     """
     run_dir = Path(run_dir)
-    if not _parquet_is_complete(run_dir, "responses"):
+    return _trim_info(run_dir, _parquet_is_complete(run_dir, "responses"))
+
+
+def _trim_info(run_dir: Path, responses_parquet_complete: bool) -> dict[str, Any] | None:
+    """:func:`trim_info`, given whether ``responses.parquet`` is what a read uses."""
+    if not responses_parquet_complete:
         return None
     meta = _parquet_meta(run_dir / "responses.parquet")
     if meta.get("layout") != "slim":
@@ -597,7 +610,12 @@ def check_trim(run_dir: str | os.PathLike, references: Mapping[str, int | None],
         Naming the file, the arm or unit, and the fix. Nothing when the run is not trimmed.
     """
     run_dir = Path(run_dir)
-    info = trim_info(run_dir)
+    _check_trim(run_dir, trim_info(run_dir), references, unit)
+
+
+def _check_trim(run_dir: Path, info: Mapping[str, Any] | None,
+                references: Mapping[str, int | None], unit: str) -> None:
+    """:func:`check_trim`, given the run's :func:`trim_info`."""
     if info is None:
         return
     path = run_dir / OUTPUTS_FILE

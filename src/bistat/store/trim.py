@@ -35,7 +35,7 @@ from bistat.store.format import (
     TRIM_RULE,
     TRIM_SERVES,
 )
-from bistat.store.run_dir import run_declaration
+from bistat.store.run_dir import RecordedRun, run_declaration
 from bistat.store.writer import _fsync_dir
 from bistat.store.readers import (
     _parquet_is_complete,
@@ -43,9 +43,7 @@ from bistat.store.readers import (
     _read_parquet,
     _slim_outputs,
     _trim_of,
-    read_header,
 )
-from bistat.store.passes import counted_passes
 
 __all__ = ["trim"]
 
@@ -56,14 +54,15 @@ def _listed(values: np.ndarray | None) -> list | None:
     return None if values is None else values.tolist()
 
 
-def _trim_unit(run_dir: Path, unit: str | None) -> str:
+def _trim_unit(run: RecordedRun, unit: str | None) -> str:
     """The match unit to trim for: ``unit``, else the registration's that ``run.json`` names."""
+    run_dir = run.path
     if unit is not None:
         if unit not in _UNITS:
             raise RecordsError(f"{run_dir}: unit {unit!r} is not a match unit; expected one of "
                                f"{', '.join(repr(u) for u in _UNITS)}")
         return unit
-    decl = run_declaration(run_dir)
+    decl = run_declaration(run)
     if decl is None:
         raise RecordsError(
             f"{run_dir / HEADER_FILE}: registration.path does not name a readable registration "
@@ -149,8 +148,8 @@ def trim(run_dir: str | os.PathLike, *, unit: str | None = None) -> list[Path]:
         be read from the registration, or the run was already trimmed for a unit that keeps
         less than ``unit`` needs.
     """
-    run_dir = Path(run_dir)
-    read_header(run_dir)
+    run = RecordedRun.open(run_dir)   # the files as they are before the trim rewrites them
+    run_dir = run.path
     resp_path = run_dir / "responses.parquet"
     slim_fix = f"run `bistat compact --slim {run_dir}` first (it needs responses.jsonl)"
     if not resp_path.is_file():
@@ -165,7 +164,7 @@ def trim(run_dir: str | os.PathLike, *, unit: str | None = None) -> list[Path]:
         raise RecordsError(f"{resp_path}: responses.jsonl has grown since compaction, so the "
                            f"Parquet file is not what is read; {slim_fix}")
     out_path, out_meta = _slim_outputs(run_dir, meta)
-    unit = _trim_unit(run_dir, unit)
+    unit = _trim_unit(run, unit)
     done = _trim_of(out_meta, out_path)
     if done is not None:
         if unit in TRIM_SERVES[done["unit"]]:
@@ -185,7 +184,7 @@ def trim(run_dir: str | os.PathLike, *, unit: str | None = None) -> list[Path]:
         if c not in light:
             light[c] = None
     # each arm's reference pass as the analysis chooses it: its first counted pass
-    references = {arm: ps[0] for arm, ps in counted_passes(run_dir).items() if ps}
+    references = {arm: ps[0] for arm, ps in run.counted_passes.items() if ps}
 
     out = _read_parquet(out_path)
     encoding = json.loads(out_meta.get("encoding", "{}"))
