@@ -1,4 +1,4 @@
-"""Trimmed compaction (``bistat.store.trim.trim`` / ``bistat compact --trim``): of a slim run's outputs
+"""Trimmed compaction (``bistat.analysis.trim.trim`` / ``bistat compact --trim``): of a slim run's outputs
 only what the registered analysis reads, and findings that regenerate unchanged."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from bistat.analysis.anatomy import divergence_anatomy
 from bistat.cli import cli
 from bistat.store.format import OUTPUTS_FILE, OUTPUT_LENGTH, RecordsError
 from bistat.report.finding import write_finding
-from bistat.store.trim import trim
+from bistat.analysis.trim import trim
 
 ROOT = Path(__file__).resolve().parents[1]
 N_PROMPTS, PASSES, WARMUP, LENGTH = 8, 3, 1, 8

@@ -59,7 +59,8 @@ import numpy as np
 import pandas as pd
 
 from bistat.store.format import OUTPUT_LENGTH
-from bistat.store.run_dir import RecordedRun, run_declaration
+from bistat.declare.run_registration import run_declaration
+from bistat.store.run_dir import RecordedRun
 from bistat.core.divergence import first_divergence  # the one definition (re-exported here)
 
 __all__ = [

@@ -36,7 +36,7 @@ token index where the token ids differ (for ``token_ids+logprobs``, where the to
 logprob's bits differ); when one output is a prefix of the other, the shorter length.
 Token ids are loaded only for the mismatching prompts. A trimmed run (``bistat compact --trim``)
 keeps the other passes' outputs only up to that position, against the reference pass and by
-the unit recorded in its ``bistat.store.trim`` footer; ``bistat.store.readers.check_trim`` stops the analysis when
+the unit recorded in its ``bistat.trim`` footer; ``bistat.store.readers.check_trim`` stops the analysis when
 its reference pass or unit is another.
 
 *Divergence anatomy* (``bistat.analysis.anatomy``): each first divergence labelled a near-tie flip or a
@@ -75,7 +75,7 @@ from bistat.analysis import activation as act
 from bistat.analysis import anatomy as anat
 from bistat.store.format import NOTES_FILE, OUTPUT_LENGTH, PROBE_FILE, PROBE_GLOB
 from bistat.store.passes import pass_counts, pass_states
-from bistat.store.run_dir import RecordedRun, recorded_registration_path
+from bistat.store.run_dir import RecordedRun
 from bistat.core import stats
 from bistat.run.batching import batching_summary
 from bistat.core.classify import (
@@ -93,7 +93,8 @@ from bistat.store.format import parse_time
 from bistat.engines.base import MetricsSample
 from bistat.declare.experiment import DeclarationError, Experiment
 from bistat.run.fingerprint import same_node, version_differences
-from bistat.declare.prereg import Registration, RegistrationError, git_evidence, load_registration
+from bistat.declare.prereg import Registration, git_evidence, load_registration
+from bistat.declare.run_registration import run_registration
 from bistat.analysis.probe_report import ProbeReport, merge_reports, report_from_json
 
 __all__ = [
@@ -342,7 +343,8 @@ def analyze_run(run_dir: str | Path | RecordedRun,
         The run directory (``run.json`` and the JSONL / Parquet tables), or the run opened.
     registration : path or Registration, optional
         The registration (``preregistrations/NAME.json``); default: the path ``run.json`` names
-        in ``registration.path``. Its seal is checked (``bistat.declare.prereg.load_registration``).
+        in ``registration.path``. Found and its seal checked by the one resolver of a run's
+        registration (``bistat.declare.run_registration.run_registration``).
 
     Returns
     -------
@@ -356,7 +358,7 @@ def analyze_run(run_dir: str | Path | RecordedRun,
     run = RecordedRun.of(run_dir)
     run_dir, header = run.path, run.header
     deviations: list[str] = []   # every phase adds its departures from the declaration, in order
-    registered = _registered(run_dir, header, registration, deviations)
+    registered = _registered(run, registration, deviations)
     reg, exp, hdr_reg, sibling_of = (registered.reg, registered.exp,
                                      registered.header_registration, registered.sibling_of)
     created = header.get("created_utc")
@@ -470,15 +472,13 @@ class _Matching:
 _Pair = tuple[ArmStats, ArmStats, RunTestable, PairedCounts | None, ActivationEvidence]
 
 
-def _registered(run_dir: Path, header: Mapping[str, Any],
-                registration: str | Path | Registration | None,
+def _registered(run: RecordedRun, registration: str | Path | Registration | None,
                 deviations: list[str]) -> _Registered:
+    """Phase 1 (registration): the run's registration, or the one given, its seal checked
+    (:func:`bistat.declare.run_registration.run_registration`)."""
+    run_dir, header = run.path, run.header
     if not isinstance(registration, Registration):
-        registration = load_registration(resolve_registration(run_dir, header, registration))
-        evidence = git_evidence(registration.path)
-        if evidence.status == "differs":   # rewritten after it was committed: not the seal
-            raise RegistrationError(f"{registration.path}: {evidence.line()}; check it with: "
-                                    f"bistat verify {registration.path} {run_dir}")
+        registration = run_registration(run, registration).registration
     reg = registration
     hdr_reg = header.get("registration") or {}
     recorded_sha = hdr_reg.get("sha256") if isinstance(hdr_reg, Mapping) else None
@@ -1195,27 +1195,6 @@ def _validity(exp: Experiment, passes: Sequence[PassSummary],
 # --------------------------------------------------------------------------------------------
 # The analysis
 # --------------------------------------------------------------------------------------------
-
-
-def resolve_registration(run_dir: Path, header: Mapping[str, Any],
-                         registration: str | Path | None) -> Path:
-    """The registration file of a run: ``registration`` if given, else the one ``run.json`` names.
-
-    A relative path recorded in ``run.json`` is tried as given (relative to the working
-    directory, where ``bistat run`` was started) and then relative to the run directory
-    (:func:`bistat.store.run_dir.recorded_registration_path`).
-    """
-    if registration is not None:
-        return Path(registration)
-    p = recorded_registration_path(run_dir, header)
-    if p is None:
-        raise AnalysisError(f"{run_dir / 'run.json'}: field 'registration.path' missing; pass "
-                            "--registration PATH")
-    if not p.exists():
-        raise AnalysisError(f"{run_dir / 'run.json'}: registration.path "
-                            f"{header['registration']['path']!r} does not exist here; pass "
-                            "--registration PATH")
-    return p
 
 
 def _sibling_registration(hdr_reg: Mapping[str, Any], reg: Registration) -> Registration | None:

@@ -3,7 +3,7 @@
 Thin commands: ``analyze`` calls ``bistat.analysis.summary.analyze_run`` then
 ``bistat.report.finding.write_finding``, prints ``bistat.report.gating.ci_summary`` and exits with
 ``bistat.report.gating.gate``'s code (``--fail-on``); ``compact`` calls ``bistat.store.compact.compact``
-(``--slim``/``--top-k``: its ``slim``/``top_k``) and, with ``--trim``, ``bistat.store.trim.trim``
+(``--slim``/``--top-k``: its ``slim``/``top_k``) and, with ``--trim``, ``bistat.analysis.trim.trim``
 (``--unit``: its ``unit``).
 Library errors reach the user as ``Error: <message>`` with exit code 1.
 """
@@ -23,7 +23,7 @@ from bistat.store.format import RecordsError, TRIM_SERVES
 from bistat.store.compact import compact
 from bistat.store.readers import trim_info
 from bistat.report.finding import write_finding
-from bistat.store.trim import trim
+from bistat.analysis.trim import trim
 
 _ERRORS = (AnalysisError, RecordsError, RegistrationError, DeclarationError)
 

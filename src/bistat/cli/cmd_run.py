@@ -163,7 +163,8 @@ def run_command(registration: Path | None, resume_dir: Path | None, runs_dir: Pa
     written as it arrives, so a killed run loses nothing and --resume continues it.
     """
     from bistat.store.format import RecordsError
-    from bistat.store.readers import read_header
+    from bistat.declare.run_registration import RunRegistrationError, run_registration
+    from bistat.store.run_dir import RecordedRun
     from bistat.run.runner import GpuBusyError, ResumeError, new_run_dir, resume_run, start_run
     from bistat.run.workload import WorkloadError
 
@@ -176,18 +177,24 @@ def run_command(registration: Path | None, resume_dir: Path | None, runs_dir: Pa
     try:
         if resume_dir is not None:
             try:
-                header = read_header(resume_dir)
+                recorded = RecordedRun.open(resume_dir)
             except RecordsError as exc:
                 raise click.ClickException(f"cannot resume: {exc}") from exc
-            ref = header.get("registration") or {}
-            reg_path = Path(str(ref.get("path", "")))
-            reg = _load_sealed(reg_path, resume_dir.parent)
-            if reg.sha256 != ref.get("sha256"):
+            # the one resolver of a run's registration: found as analyze finds it, seal checked
+            try:
+                found = run_registration(recorded)
+            except RunRegistrationError as exc:
+                raise click.ClickException(f"cannot resume: {exc}") from exc
+            ref = recorded.header.get("registration") or {}
+            reg_path = found.path
+            if not found.is_recorded_seal or ref.get("sha256") is None:
                 raise click.ClickException(
-                    f"{resume_dir / 'run.json'}: recorded against registration seal {ref.get('sha256')}, "
-                    f"but {reg_path} is now sealed as {reg.sha256}; a run cannot continue under another "
+                    f"{resume_dir / 'run.json'}: recorded against registration seal "
+                    f"{ref.get('sha256')}, but {reg_path} is now sealed as "
+                    f"{found.registration.sha256}; a run cannot continue under another "
                     "registration"
                 )
+            reg = _load_sealed(reg_path, resume_dir.parent)
             click.echo(f"resuming {resume_dir}")
             # checked here first, so that a refusal or a warning comes before the run starts;
             # the runner checks again when nothing was there (a process that came since)

@@ -63,7 +63,8 @@ from bistat.core.lazy import lazy_module
 sps = lazy_module("scipy.stats")
 
 from bistat.store.format import PROBE_GLOB, RecordsError
-from bistat.store.run_dir import RecordedRun, run_declaration
+from bistat.declare.run_registration import run_declaration
+from bistat.store.run_dir import RecordedRun
 from bistat.analysis.activation import log_markers
 from bistat.analysis.anatomy import (
     JITTER,

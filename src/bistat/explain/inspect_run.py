@@ -24,7 +24,8 @@ from bistat.store.format import (
     PROBE_GLOB,
     TABLES,
 )
-from bistat.store.run_dir import RecordedRun, run_declaration
+from bistat.declare.run_registration import RunRegistrationError, run_registration
+from bistat.store.run_dir import RecordedRun
 
 __all__ = ["INSPECT_SCHEMA", "PassState", "RunInspection", "TableState", "inspect_run",
            "render_inspection"]
@@ -95,23 +96,26 @@ class RunInspection:
         }
 
 
-def _registration_state(run: RecordedRun, reg: Mapping[str, Any]) -> str:
-    from bistat.declare.prereg import RegistrationError, load_registration
-
-    path = reg.get("path")
-    p = run.registration_path
-    if p is None:
-        return "not named: run.json has no registration.path"
-    if not p.exists():
-        return f"not found: {path} (pass the registration to `bistat analyze --registration`)"
+def _registration(run: RecordedRun) -> tuple[str, dict[str, Any] | None]:
+    """The state of the run's registration (the one resolver, :func:`run_registration`) and
+    its sealed declaration, None unless the seal verifies."""
     try:
-        loaded = load_registration(p)
-    except RegistrationError as exc:
-        return f"seal broken: {exc}"
-    if reg.get("sha256") and reg.get("sha256") != loaded.sha256:
-        return (f"seal differs: the run names {reg.get('sha256')}, {p} is sealed as "
-                f"{loaded.sha256}")
-    return "seal verified"
+        found = run_registration(run)
+    except RunRegistrationError as exc:
+        if exc.reason == "not named":
+            return "not named: run.json has no registration.path", None
+        if exc.reason == "not found":
+            path = (run.header.get("registration") or {}).get("path")
+            return (f"not found: {path} (pass the registration to `bistat analyze "
+                    f"--registration`)"), None
+        if exc.reason == "seal broken":
+            return f"seal broken: {exc.__cause__ or exc}", None
+        return f"{exc.reason}: {exc}", None
+    reg = found.registration
+    if not found.is_recorded_seal:
+        return (f"seal differs: the run names {found.recorded_sha256}, {reg.path} is sealed as "
+                f"{reg.sha256}"), reg.declaration
+    return "seal verified", reg.declaration
 
 
 def inspect_run(run_dir: str | Path | RecordedRun) -> RunInspection:
@@ -159,7 +163,7 @@ def inspect_run(run_dir: str | Path | RecordedRun) -> RunInspection:
         n_responses=n_resp[k], n_failed=n_fail[k], first_errors=tuple(errors[k]))
         for k in keys)
     missing: list[str] = []
-    decl = run_declaration(run)
+    registration_state, decl = _registration(run)
     if decl:
         wl = decl.get("workload") or {}
         declared = int(wl.get("passes") or 0)
@@ -184,7 +188,7 @@ def inspect_run(run_dir: str | Path | RecordedRun) -> RunInspection:
         run_dir=str(run_dir), schema=str(header.get("schema")), run_id=header.get("run_id"),
         created_utc=header.get("created_utc"), engine_kind=header.get("engine_kind"),
         command=tuple(str(x) for x in header.get("command") or ()), registration=dict(reg),
-        registration_state=_registration_state(run, reg), tables=tuple(tables),
+        registration_state=registration_state, tables=tuple(tables),
         passes=passes, missing=tuple(missing), events=events, extra_files=extra)
 
 

@@ -570,7 +570,7 @@ def _check_same_prompts(run: "RecordedRun", prompts: Sequence[Prompt], experimen
     would name another prompt in each. ``run.json``'s ``workload_sha256`` decides; a run
     recorded before it was kept is checked by the prompt ids its responses recorded per index."""
     from bistat.store.format import HEADER_FILE
-    from bistat.store.run_dir import run_declaration
+    from bistat.declare.run_registration import run_declaration
 
     header = run.header
     run_json = run.path / HEADER_FILE

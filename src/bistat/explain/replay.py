@@ -57,7 +57,8 @@ from bistat.engines.base import (
 )
 from bistat.engines.registry import capabilities
 from bistat.store.format import logprob_sha256, token_sha256
-from bistat.store.run_dir import RecordedRun, run_declaration
+from bistat.declare.run_registration import run_declaration
+from bistat.store.run_dir import RecordedRun
 
 __all__ = [
     "REPRO_SCHEMA",

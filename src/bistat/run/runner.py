@@ -1025,8 +1025,9 @@ def resume_run(
 ) -> RunOutcome:
     """Continue a recorded run where it stopped (see the module docstring, "Resume").
 
-    The experiment must be the one the run was recorded for (the caller checks the
-    registration's hash against ``run.json``); the prompts must hash as they did. ``gpu_busy``
+    The experiment must be the one the run was recorded for (the caller finds the registration
+    with :func:`bistat.declare.run_registration.run_registration`, which checks its seal, and
+    checks its hash against ``run.json``); the prompts must hash as they did. ``gpu_busy``
     and ``allow_busy_gpu`` as for :func:`start_run`: a resumed run of vLLM engines on a busy GPU
     is refused (:class:`GpuBusyError`) before anything is written, unless allowed.
     """

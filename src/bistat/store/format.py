@@ -54,7 +54,7 @@ OUTPUT_FIELDS = ("token_ids", "text", "logprobs", "top_logprobs")
 #: The logical ``responses`` column a trimmed run adds on request: each output's full length in
 #: tokens, as recorded before trimming (null where the run is not trimmed: ``len(token_ids)``).
 OUTPUT_LENGTH = "n_output_tokens"
-#: The rule a trimmed ``outputs.parquet`` follows (``bistat.store.trim`` in both footers).
+#: The rule a trimmed ``outputs.parquet`` follows (``bistat.trim`` in both footers).
 TRIM_RULE = "bistat.trim/1"
 #: Match units a run trimmed for the key's unit can still be analysed under: a ``token_ids``
 #: trim keeps every output through its first differing token, which is at or past the first

@@ -8,7 +8,7 @@ resumed writer closed off) and report it as a *gap*. A table is read from its co
 ``<table>.parquet`` when that is complete (the JSONL has neither grown nor changed since
 compaction) and every page's CRC checks; otherwise from the JSONL, with the reason among the
 gaps. A slim ``responses.parquet`` is rejoined with :data:`OUTPUTS_FILE` transparently, so every
-layout gives the same frame. A trimmed run (``bistat.store.trim``) keeps each non-reference
+layout gives the same frame. A trimmed run (``bistat.analysis.trim``) keeps each non-reference
 output only to its first divergence; :func:`check_trim` refuses a reader it cannot serve.
 """
 
@@ -540,12 +540,12 @@ def _allowed(value: Any, allowed: frozenset) -> bool:
 
 
 # --------------------------------------------------------------------------------------------
-# Trimmed runs, as readers see them (the trim itself is bistat.store.trim)
+# Trimmed runs, as readers see them (the trim itself is bistat.analysis.trim)
 # --------------------------------------------------------------------------------------------
 
 
 def trim_info(run_dir: str | os.PathLike) -> dict[str, Any] | None:
-    """What :func:`bistat.store.trim.trim` recorded (``bistat.store.trim`` of :data:`OUTPUTS_FILE`), or None.
+    """What :func:`bistat.analysis.trim.trim` recorded (``bistat.trim`` of :data:`OUTPUTS_FILE`), or None.
 
     None also when the outputs are not what a read uses: no complete slim ``responses.parquet``
     (e.g. ``responses.jsonl`` grew since compaction and is read instead).

@@ -1,4 +1,4 @@
-"""A recorded run opened once (:class:`RecordedRun`), and where its registration is.
+"""A recorded run opened once (:class:`RecordedRun`), and where its registration file is.
 
 Every reader of a run -- the analysis, the divergence anatomy, ``diagnose``, ``inspect``, the
 trim, ``replay`` and the probe's needle lookup -- takes a :class:`RecordedRun` (or a path, which
@@ -11,7 +11,6 @@ per table, and the counted passes are worked out once.
 from __future__ import annotations
 
 import functools
-import json
 import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -29,7 +28,7 @@ from bistat.store.readers import (
     read_header,
 )
 
-__all__ = ["RecordedRun", "recorded_registration_path", "run_declaration"]
+__all__ = ["RecordedRun", "recorded_registration_path"]
 
 
 class RecordedRun:
@@ -127,8 +126,8 @@ def recorded_registration_path(run_dir: str | Path, header: Mapping[str, Any]) -
     """The registration file ``run.json`` names (``header``), or None when it names none.
 
     A relative path is tried as recorded (from where ``bistat run`` started), then relative to
-    the run directory. The analysis (which then checks the seal) and :func:`run_declaration`
-    find a run's registration this one way.
+    the run directory. This is where the one resolver of a run's registration,
+    :func:`bistat.declare.run_registration.run_registration`, looks (and then checks the seal).
     """
     reg = header.get("registration") or {}
     path = reg.get("path") if isinstance(reg, Mapping) else None
@@ -138,20 +137,3 @@ def recorded_registration_path(run_dir: str | Path, header: Mapping[str, Any]) -
     if not p.is_absolute() and not p.exists() and (Path(run_dir) / p).exists():
         p = Path(run_dir) / p
     return p
-
-
-def run_declaration(run_dir: "RecordedRun | str | Path") -> dict[str, Any] | None:
-    """The sealed declaration of the registration ``run.json`` names
-    (:func:`recorded_registration_path`), or None when unreadable. The seal is not checked here
-    (``bistat verify`` and the analysis do that).
-    """
-    p = RecordedRun.of(run_dir).registration_path
-    if p is None:
-        return None
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    sealed = data.get("sealed") if isinstance(data, Mapping) else None
-    decl = sealed.get("declaration") if isinstance(sealed, Mapping) else None
-    return decl if isinstance(decl, dict) else None

@@ -3,11 +3,13 @@ registered analysis reads (lossy, opt-in).
 
 :func:`trim` rewrites the :data:`OUTPUTS_FILE` of a run compacted with ``slim=True``, keeping
 each arm's reference pass in full and every other output up to its first divergence from it,
-and records what it did in both Parquet footers (``bistat.store.trim``); findings regenerate byte for
+and records what it did in both Parquet footers (``bistat.trim``); findings regenerate byte for
 byte from a trimmed run (``docs/RECORDS.md``, "Trimmed compaction").
 
 Where an output first diverges is the one definition ``bistat.core.divergence`` holds (the
-analysis and the anatomy use it too), and the match unit to trim for is the registration's.
+analysis and the anatomy use it too), and the match unit to trim for is the registration's
+(:func:`bistat.declare.run_registration.run_declaration`, its seal checked): so the trim sits in
+the analysis stage, above the store and the declaration.
 What readers of a trimmed run need lives with the readers: ``bistat.store.readers.trim_info``
 (whether, and for what, a run is trimmed) and ``check_trim`` (whether that serves a reader);
 the constants :data:`OUTPUT_LENGTH`, :data:`TRIM_RULE` and :data:`TRIM_SERVES` are part of the
@@ -26,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from bistat.core.divergence import divergence_position
+from bistat.declare.run_registration import RunRegistrationError, run_declaration
 from bistat.store.compact import _INT32, _write_slim
 from bistat.store.format import (
     HEADER_FILE,
@@ -35,7 +38,7 @@ from bistat.store.format import (
     TRIM_RULE,
     TRIM_SERVES,
 )
-from bistat.store.run_dir import RecordedRun, run_declaration
+from bistat.store.run_dir import RecordedRun
 from bistat.store.writer import _fsync_dir
 from bistat.store.readers import (
     _parquet_is_complete,
@@ -62,7 +65,10 @@ def _trim_unit(run: RecordedRun, unit: str | None) -> str:
             raise RecordsError(f"{run_dir}: unit {unit!r} is not a match unit; expected one of "
                                f"{', '.join(repr(u) for u in _UNITS)}")
         return unit
-    decl = run_declaration(run)
+    try:
+        decl = run_declaration(run)
+    except RunRegistrationError as exc:
+        raise RecordsError(f"{exc}; or pass the unit (bistat compact --trim --unit UNIT)") from exc
     if decl is None:
         raise RecordsError(
             f"{run_dir / HEADER_FILE}: registration.path does not name a readable registration "
@@ -122,7 +128,7 @@ def trim(run_dir: str | os.PathLike, *, unit: str | None = None) -> list[Path]:
       ``text``).
 
     Each output's full length is kept in the column :data:`OUTPUT_LENGTH`; both footers get
-    ``bistat.store.trim`` (``bistat.store.readers.trim_info``). The hashes are never recomputed. Findings regenerate
+    ``bistat.trim`` (``bistat.store.readers.trim_info``). The hashes are never recomputed. Findings regenerate
     byte for byte; what is lost is every comparison between two non-reference passes beyond
     where they first differ from the reference (see ``docs/RECORDS.md``, "Trimmed compaction").
 
