@@ -374,3 +374,43 @@ def test_no_flipped_byte_inside_any_column_chunk_is_read_as_data(tmp_path):
             assert read.source == "jsonl" and read.gaps[0].startswith(f"{pq_path}: unreadable (")
             found += 1
     assert found > 3 * unchanged   # most bytes are values; the rest header fields (measured: 650 found, 122 harmless)
+
+
+def test_recorded_run_reads_each_table_once_and_hands_out_copies(tmp_path, monkeypatch):
+    """RecordedRun: the Parquet check (a hash of the whole JSONL) once per table, each read once
+    per (columns, filters), the same frames and gaps as load_table, frames the caller may change."""
+    import bistat.store.run_dir as rd
+
+    run = _compacted(tmp_path, 4)
+    with open(run / "responses.jsonl", "a") as fh:   # grown since compaction: the JSONL is read
+        fh.write('{"schema":"bistat.responses/1","arm":"a","se')
+    states, loads = [], []
+    real_state, real_load = rd._parquet_state, rd._load_table
+    monkeypatch.setattr(rd, "_parquet_state", lambda d, t: (states.append(t), real_state(d, t))[1])
+    monkeypatch.setattr(rd, "_load_table", lambda *a: (loads.append(a[1]), real_load(*a))[1])
+    opened = rd.RecordedRun.open(run)
+    assert rd.RecordedRun.of(opened) is opened and opened.run_id == "r"
+    first = opened.load("responses", ["arm", "prompt_id"])
+    want = load_table(run, "responses", ["arm", "prompt_id"])
+    pd.testing.assert_frame_equal(first.frame, want.frame)
+    assert (first.gaps, first.source) == (want.gaps, "jsonl") and len(first.gaps) == 1
+    first.frame["prompt_id"] = "changed"
+    again = opened.table("responses", ["arm", "prompt_id"])
+    assert again["prompt_id"].tolist() == ["p0", "p1", "p2", "p3"]
+    assert opened.table("responses", ["arm"], filters={"prompt_id": ["p1", "p3"]}).shape == (2, 1)
+    assert opened.trim_info is None
+    opened.check_trim({"a": 0}, "token_ids")
+    assert opened.counted_passes == {"a": [0]}
+    assert states == ["responses", "passes", "schedule"]
+    assert loads == ["responses", "responses", "responses", "passes", "schedule"]
+    opened.table("responses", ["arm", "prompt_id"])
+    assert len(loads) == 5
+
+
+def test_store_doctests():
+    import doctest
+
+    from bistat.store import format as fmt, run_dir, writer
+    for module in (fmt, writer, run_dir):
+        result = doctest.testmod(module)
+        assert result.failed == 0 and result.attempted > 0, module.__name__
