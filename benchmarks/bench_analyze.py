@@ -7,16 +7,20 @@ Target (issue 2): the analysis in under 5 s wall on a 2-core machine with peak m
     python benchmarks/bench_analyze.py                 # generate (once), compact, measure
     python benchmarks/bench_analyze.py --repeat 3      # best of three
     python benchmarks/bench_analyze.py --jsonl         # also time reading the JSONL itself
+    git archive REV src | tar -x -C /tmp/base          # another bistat, measured side by side:
+    python benchmarks/bench_analyze.py --baseline /tmp/base/src --repeat 3
 
 Setup (not timed): a synthetic run is written as JSONL in bulk (the records' format, without
 the per-line fsync of ``RunWriter``, which only matters for crash safety), then compacted with
-``bistat.store.records.compact``, as ``bistat run`` does at its end. The control arm diverges for 10 %
+``bistat.store.compact.compact``, as ``bistat run`` does at its end. The control arm diverges for 10 %
 of prompts (so first-divergence positions are computed for ~10,000 prompts); the treatment
 arm matches everywhere.
 
 Each measurement runs in a fresh child process, which reports its own wall time (around
 ``analyze_run``, and around ``analyze_run`` + ``write_finding``) and its peak resident memory
-(``ru_maxrss``): the memory figure therefore includes the interpreter and imports.
+(``ru_maxrss``): the memory figure therefore includes the interpreter and imports. With
+``--baseline SRC`` the children alternate between this checkout's bistat and the one under SRC
+(first on ``PYTHONPATH``) on the same run, and the ratios baseline / this are printed.
 """
 
 from __future__ import annotations
@@ -76,6 +80,7 @@ all = [ {{ criterion = "match_lower_bound", arm = "treatment", at_least = 0.99 }
 CHILD = r'''
 import json, resource, sys, time
 t0 = time.perf_counter()
+import bistat
 from bistat.analysis.summary import analyze_run
 from bistat.report.finding import write_finding
 t1 = time.perf_counter()
@@ -84,7 +89,8 @@ t2 = time.perf_counter()
 write_finding(summary, sys.argv[3])
 t3 = time.perf_counter()
 a = {x.name: (x.n_matched, x.n_units, len(x.divergences)) for x in summary.arms}
-print(json.dumps({"import_s": t1 - t0, "analyze_s": t2 - t1, "finding_s": t3 - t2,
+print(json.dumps({"bistat": bistat.__file__,
+                  "import_s": t1 - t0, "analyze_s": t2 - t1, "finding_s": t3 - t2,
                   "maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   "arms": a, "verdict": summary.comparisons[0].verdict.label.value}))
 '''
@@ -92,18 +98,20 @@ print(json.dumps({"import_s": t1 - t0, "analyze_s": t2 - t1, "finding_s": t3 - t
 
 def generate(run_dir: Path, reg_path: Path) -> None:
     """Write the benchmark run (JSONL in bulk) and compact it."""
-    from bistat.store import records
+    from bistat.store.writer import RunWriter
+    from bistat.store.compact import compact
     from bistat.declare.prereg import register
 
     rng = np.random.default_rng(SEED)
     toml = run_dir.parent / "bench-analyze.toml"
     toml.write_text(DECLARATION, encoding="utf-8")
-    reg, _ = register(toml, registrations_dir=run_dir.parent,
+    # the model 'bench' exists only in these records: no engine checks at registration
+    reg, _ = register(toml, registrations_dir=run_dir.parent, check_engine=False,
                       now=dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc))
     header = {"run_id": "bench", "registration": reg.reference(), "bistat_version": "0.1.0",
               "created_utc": "2026-01-02T00:00:00Z", "command": ["bench"],
               "engine_kind": "embedded"}
-    records.RunWriter.create(run_dir, header).close()
+    RunWriter.create(run_dir, header).close()
     base = rng.integers(0, 50_000, (N_PROMPTS, N_TOKENS)).astype("<i8")
     diverging = rng.random(N_PROMPTS) < DIVERGE_FRACTION
     fp = {"gpus": [], "cpu": {"model": "bench", "count": 2, "machine": "x86_64"},
@@ -168,14 +176,21 @@ def generate(run_dir: Path, reg_path: Path) -> None:
                                         "time_utc": "2026-01-02T00:00:02Z",
                                         "status": "complete", "n_failed": 0}) + "\n")
                 seq += 1
-    records.compact(run_dir)
+    compact(run_dir)
     reg_path.write_text(str(reg.path))
 
 
-def measure(run_dir: Path, reg: str, out: Path) -> dict:
+def measure(run_dir: Path, reg: str, out: Path, src: Path | None = None) -> dict:
+    """One analysis in a fresh child; ``src``: import bistat from there instead."""
+    env = dict(os.environ)
+    if src is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(src), *filter(None, [env.get("PYTHONPATH")])])
     res = subprocess.run([sys.executable, "-c", CHILD, str(run_dir), reg, str(out)],
-                         capture_output=True, text=True, check=True)
-    return json.loads(res.stdout.strip().splitlines()[-1])
+                         capture_output=True, text=True, check=True, env=env)
+    r = json.loads(res.stdout.strip().splitlines()[-1])
+    if src is not None and not r["bistat"].startswith(str(src.resolve())):
+        raise SystemExit(f"--baseline {src}: the child imported {r['bistat']} instead")
+    return r
 
 
 def main() -> int:
@@ -183,6 +198,9 @@ def main() -> int:
     ap.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "bistat-bench",
                     help="where the benchmark run is generated (reused if present)")
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--baseline", type=Path, metavar="SRC",
+                    help="also measure the bistat package under SRC (e.g. a `git archive` of "
+                         "another commit's src/) and print baseline / this ratios")
     ap.add_argument("--jsonl", action="store_true",
                     help="also time the analysis reading JSONL (Parquet moved aside)")
     args = ap.parse_args()
@@ -200,7 +218,11 @@ def main() -> int:
     print(f"workload: {N_PROMPTS:,} prompts x {PASSES} passes x {len(ARMS)} arms = "
           f"{N_PROMPTS * PASSES * len(ARMS):,} responses")
     out = args.dir / "finding"
-    runs = [measure(run_dir, reg, out) for _ in range(args.repeat)]
+    runs, base_runs = [], []
+    for _ in range(args.repeat):   # alternate, so both see the same machine load
+        runs.append(measure(run_dir, reg, out))
+        if args.baseline is not None:
+            base_runs.append(measure(run_dir, reg, args.dir / "finding-baseline", args.baseline))
     best = min(runs, key=lambda r: r["analyze_s"])
     ok_t = best["analyze_s"] < 5.0
     ok_m = max(r["maxrss_mib"] for r in runs) < 2048
@@ -210,6 +232,17 @@ def main() -> int:
     print(f"peak RSS (child):       {max(r['maxrss_mib'] for r in runs):.0f} MiB   "
           f"target < 2048 MiB   {'OK' if ok_m else 'MISSED'}")
     print(f"result: {best['arms']} -> {best['verdict']}")
+    if base_runs:
+        base = min(base_runs, key=lambda r: r["analyze_s"])
+        if (base["arms"], base["verdict"]) != (best["arms"], best["verdict"]):
+            print(f"baseline result differs: {base['arms']} -> {base['verdict']}")
+        print(f"\nbest of {args.repeat}      baseline ({args.baseline})   this     baseline / this")
+        for key, label, unit in (("analyze_s", "analyze_run", "s"),
+                                 ("finding_s", "write_finding", "s"),
+                                 ("maxrss_mib", "peak RSS", "MiB")):
+            b = base[key] if key != "maxrss_mib" else max(r[key] for r in base_runs)
+            m = best[key] if key != "maxrss_mib" else max(r[key] for r in runs)
+            print(f"{label:<16} {b:>10.2f} {unit:<3}  {m:>10.2f} {unit:<3}  {b / m:>6.2f}x")
     if args.jsonl:
         moved = []
         for f in run_dir.glob("*.parquet"):

@@ -51,7 +51,7 @@ import httpx
 from bistat.engines.base import GenerationRequest, GenerationResult
 from bistat.engines.openai_http import OpenAIHTTPEngine, parse_completion_choice
 from bistat.engines.vllm_server import _free_port
-from bistat.store.records import RunWriter
+from bistat.store.writer import RunWriter
 from bistat.run.runner import _response_record
 from bistat.core.schedule import PlannedPass
 from bench_http_runner import wait_up  # noqa: E402 (a sibling script in benchmarks/)

@@ -4,7 +4,7 @@
 No engine runs. The script writes, with a fixed seed, what ``bistat run`` would record for a
 two-arm experiment on one GPU -- a control arm ("default") whose greedy outputs diverge between
 passes for some prompts, and a treatment arm ("batch-invariant") that matches in every pass and
-is about 20 % slower -- through the real writer (``bistat.store.records.RunWriter``)::
+is about 20 % slower -- through the real writer (``bistat.store.writer.RunWriter``)::
 
     examples/synthetic/synthetic-example.toml   the declaration
     examples/synthetic/synthetic-example.json   its registration (fixed time, so reproducible)
@@ -31,7 +31,8 @@ import numpy as np
 
 from bistat.declare.experiment import load_experiment
 from bistat.declare.prereg import register
-from bistat.store.records import RunWriter, logprob_sha256, token_sha256
+from bistat.store.writer import RunWriter
+from bistat.store.format import logprob_sha256, token_sha256
 
 NAME = "synthetic-example"
 SEED = 20260101

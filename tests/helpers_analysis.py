@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bistat.declare.prereg import Registration, register
-from bistat.store.records import RunWriter, logprob_sha256, token_sha256
+from bistat.store.writer import RunWriter
+from bistat.store.format import logprob_sha256, token_sha256
 
 REGISTERED = dt.datetime(2026, 2, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
 

@@ -121,7 +121,8 @@ def validate(instance: Any, schema_file: str) -> None:
 
 def validate_run_dir(run_dir: Path) -> int:
     """Validate run.json and every line of every JSONL table; return the number of lines checked."""
-    from bistat.store.records import TABLES, read_jsonl
+    from bistat.store.format import TABLES
+    from bistat.store.readers import read_jsonl
 
     validate(json.loads((run_dir / "run.json").read_text(encoding="utf-8")), "run.schema.json")
     n = 1

@@ -7,7 +7,10 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from bistat.store import records
+from bistat.store.writer import RunWriter
+from bistat.store.compact import compact
+from bistat.store.readers import load_table
+from bistat.store.format import token_sha256
 
 from bistat.core import stats
 from bistat.analysis.summary import AnalysisError, analyze_run
@@ -181,10 +184,10 @@ def test_incomplete_pass_is_not_counted_and_duplicates_keep_the_last(tiny):
     tmp, reg = tiny
     run = make_run(tmp, reg, control_diverges,
                    status=lambda arm, p: "interrupted" if (arm, p) == ("trt", 1) else "complete")
-    with records.RunWriter.open_existing(run) as w:   # a resumed run re-records q02 of ctl pass 1
+    with RunWriter.open_existing(run) as w:   # a resumed run re-records q02 of ctl pass 1
         w.append("responses", {"arm": "ctl", "seq": 2, "pass_index": 1, "kind": "counted",
                                "prompt_id": "q02", "prompt_index": 2, "token_ids": BASE[2],
-                               "error": None, "token_sha256": records.token_sha256(BASE[2])})
+                               "error": None, "token_sha256": token_sha256(BASE[2])})
     s = analyze_run(run)
     assert s.arm("trt").counted_passes == (0,)
     assert s.arm("ctl").n_matched == 9
@@ -263,8 +266,8 @@ def test_parquet_and_jsonl_give_the_same_finding(tiny):
     tmp, reg = tiny
     run = make_run(tmp, reg, control_diverges)
     before = render_markdown(analyze_run(run))
-    records.compact(run)
-    assert records.load_table(run, "responses").source == "parquet"
+    compact(run)
+    assert load_table(run, "responses").source == "parquet"
     assert render_markdown(analyze_run(run)) == before
 
 

@@ -19,7 +19,8 @@ from bistat.analysis.anatomy import (
     plot_anatomy,
     render_anatomy_section,
 )
-from bistat.store.records import RunWriter, token_sha256
+from bistat.store.writer import RunWriter
+from bistat.store.format import token_sha256
 
 
 @pytest.fixture(scope="module")

@@ -7,11 +7,13 @@ import json
 import click
 import pytest
 from click.testing import CliRunner
+from helpers_analysis import declaration, register_tiny
 from helpers_explain import blas_run, invariant_run, validate
 
 from bistat.cli import cmd_diagnose
 from bistat.explain.diagnose import diagnose_run, render_diagnosis
-from bistat.store.records import RunWriter, token_sha256
+from bistat.store.writer import RunWriter
+from bistat.store.format import token_sha256
 
 
 @pytest.fixture(scope="module")
@@ -99,10 +101,9 @@ FP = {"gpus": [], "cpu": {"model": "x"}, "versions": {"numpy": "2.0"}, "git": {"
 def _write_run(root, *, env=None, events=None, responses, metrics=(), arms=("ctl", "trt"),
                engine_kind="fake", engine_args=None):
     root.mkdir(parents=True, exist_ok=True)
-    reg = root / "reg.json"
-    reg.write_text(json.dumps({"sealed": {"declaration": {
-        "arms": [{"name": arms[0], "role": "control"}, {"name": arms[1], "role": "treatment"}],
-        "match": {"unit": "token_ids"}}}}))
+    # a sealed registration: a run's declaration is read only from one whose seal verifies
+    reg = register_tiny(root, declaration().replace('name = "ctl"', f'name = "{arms[0]}"')
+                        .replace('name = "trt"', f'name = "{arms[1]}"')).path
     run = root / "run"
     with RunWriter.create(run, {"run_id": "hand", "registration": {"path": str(reg)},
                                 "engine_kind": engine_kind}) as w:

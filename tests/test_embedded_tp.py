@@ -380,7 +380,7 @@ def test_tp3_matching_study_end_to_end(tmp_path, near_tie_tp_model):
 
     from bistat.analysis.summary import analyze_run
     from bistat.model.loader import save_model
-    from bistat.store.records import read_jsonl
+    from bistat.store.readers import read_jsonl
 
     model_dir = tmp_path / "model"
     save_model(near_tie_tp_model, model_dir)

@@ -24,7 +24,7 @@ from bistat.store.enginelog import EngineModes, engine_modes, logged_modes
 from bistat.engines import vllm_offline_worker as worker
 from bistat.declare.experiment import DeclarationError, validate_experiment
 from bistat.declare.prereg import register
-from bistat.store.records import read_jsonl
+from bistat.store.readers import read_jsonl
 from bistat.report.finding import render_markdown
 from bistat.run.runner import start_run
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bistat.store import records
+from bistat.store.format import OUTPUT_LENGTH, TRIM_RULE
+from bistat.store.readers import read_jsonl, read_table, trim_info
 from bistat.analysis.summary import analyze_run
 from bistat.declare.prereg import verify
 from finding_seal import assert_regenerates
@@ -93,8 +94,8 @@ def test_the_committed_data_stays_within_its_budget_and_every_run_is_trimmed():
                   if p.is_dir() and p.name != "device")
     assert runs == sorted({run for run, _ in FINDINGS.values()})
     for run in runs:
-        info = records.trim_info(run)
-        assert info is not None and info["rule"] == records.TRIM_RULE, run.name
+        info = trim_info(run)
+        assert info is not None and info["rule"] == TRIM_RULE, run.name
         registered = json.loads((REG / f"{run.name}.json").read_text())["sealed"]["declaration"]
         assert info["unit"] == registered.get("match", {}).get("unit", "token_ids"), run.name
 
@@ -265,11 +266,11 @@ def test_within_one_kv_tile_flashattention3_is_invariant_in_default_mode_too():
         "bi-triton-attn": ("TRITON_ATTN",), "default": ("FLASH_ATTN (FA3)",),
         "batch-invariant": ("FLASH_ATTN (FA3)",)}
     # the longest attention read: prompt tokens + output index of the last token, at most 123
-    resp = records.read_table(KV128, "responses", ["kind", "n_prompt_tokens", "token_ids",
-                                                   records.OUTPUT_LENGTH])
+    resp = read_table(KV128, "responses", ["kind", "n_prompt_tokens", "token_ids",
+                                           OUTPUT_LENGTH])
     resp = resp[resp["kind"] == "counted"]
-    assert resp[records.OUTPUT_LENGTH].tolist() == resp["token_ids"].map(len).tolist()  # none cut
-    keys = resp["n_prompt_tokens"] + resp[records.OUTPUT_LENGTH] - 1
+    assert resp[OUTPUT_LENGTH].tolist() == resp["token_ids"].map(len).tolist()  # none cut
+    keys = resp["n_prompt_tokens"] + resp[OUTPUT_LENGTH] - 1
     assert (int(resp["n_prompt_tokens"].min()), int(resp["n_prompt_tokens"].max()),
             int(keys.max())) == (36, 52, 123)
     # the probe stays within the tile too: nothing differs, so it reports no power
@@ -403,7 +404,7 @@ def test_tp1_control_reproduces_study_1b_on_one_gpu():
     differs. The throughput ratio has no slowdown to show: the API servers set the pace."""
     s = analyze_run(TP1, REG / "tp1-match.json")
     assert {u for _, env in s.environments for u in env.gpu_uuids} == {TP_GPU}
-    starts = [e["engine"]["args"] for e in records.read_jsonl(TP1 / "environment.jsonl")[0]]
+    starts = [e["engine"]["args"] for e in read_jsonl(TP1 / "environment.jsonl")[0]]
     assert len(starts) == 2 and {a["tensor_parallel_size"] for a in starts} == {1}
     assert {a["argv"][a["argv"].index("--tensor-parallel-size") + 1] for a in starts} == {"1"}
     assert all(v.passed for v in s.validity) and s.status.testable and not s.not_run

@@ -7,12 +7,14 @@ import json
 import click
 import pytest
 from click.testing import CliRunner
+from helpers_analysis import declaration, register_tiny
 from helpers_explain import blas_run, validate
 
 from bistat.cli import cmd_doctor, cmd_inspect
 from bistat.explain.doctor import doctor, render_doctor
 from bistat.explain.inspect_run import inspect_run, render_inspection
-from bistat.store.records import RunWriter, token_sha256
+from bistat.store.writer import RunWriter
+from bistat.store.format import token_sha256
 
 
 @pytest.fixture()
@@ -81,17 +83,26 @@ def test_inspect_reports_every_gap(tmp_path, cli):
     with open(run / "responses.jsonl", "ab") as fh:
         fh.write(b'{"schema": "bistat.responses/1", "arm": "a", "pass')   # cut by a crash
     ins = inspect_run(run)
-    assert ins.registration_state.startswith("seal broken: ")
+    assert ins.registration_state.startswith(f"seal broken: {reg}: schema None is not ")
+    assert ins.missing == ()   # the declaration of a registration that does not verify is not used
+    # the same run under a sealed registration of arm "a", two passes: its missing passes
+    sealed = register_tiny(tmp_path, declaration(passes=2).replace('name = "ctl"', 'name = "a"'))
+    header = json.loads((run / "run.json").read_text())
+    header["registration"] = {"path": str(sealed.path)}
+    (run / "run.json").write_text(json.dumps(header))
+    ins = inspect_run(run)
+    assert ins.registration_state == "seal verified"
     assert [(p.pass_index, p.status, p.n_responses, p.n_failed, p.first_errors)
             for p in ins.passes] == [(0, "failed", 2, 1, ("HTTP 500 after 3 attempts",)),
                                      (1, "started, never ended", 1, 0, ())]
     assert ins.gaps == ("responses.jsonl:4: truncated line (no newline: cut off while being "
                         "written); ignored",)
-    assert ins.missing == ("arm a: 2 of 2 counted passes not recorded complete",)
+    assert ins.missing == ("arm a: 2 of 2 counted passes not recorded complete",
+                           "arm trt: 2 of 2 counted passes not recorded complete")
     assert ins.events == ("arm a: exited (killed)",)
     assert ins.n_failed_requests == 1
     text = CliRunner().invoke(cli, ["inspect", str(run)], catch_exceptions=False).output
-    assert text.splitlines()[-8:] == [
+    assert text.splitlines()[-9:] == [
         "passes:",
         "  seq 0 a pass 0 (counted): failed; 2 response(s), 1 failed",
         "    error: HTTP 500 after 3 attempts",
@@ -99,6 +110,7 @@ def test_inspect_reports_every_gap(tmp_path, cli):
         "gaps:",
         "  responses.jsonl:4: truncated line (no newline: cut off while being written); ignored",
         "  missing: arm a: 2 of 2 counted passes not recorded complete",
+        "  missing: arm trt: 2 of 2 counted passes not recorded complete",
         "  event: arm a: exited (killed)",
     ]
     validate(ins.to_dict(), "inspect.schema.json")

@@ -15,7 +15,7 @@ import pytest
 
 from bistat import __version__
 from bistat.declare.experiment import DeclarationError
-from bistat.store.records import parse_time
+from bistat.store.format import parse_time
 from bistat.declare.prereg import (
     SCHEMA,
     RegistrationError,

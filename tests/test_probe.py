@@ -496,7 +496,8 @@ def test_an_interrupt_while_an_engine_starts_stops_that_engine():
 def _hand_run(path, outputs, *, workload_sha256="auto"):
     """A run written record by record: ``outputs`` maps (arm, pass_index, prompt_index) to
     (token ids, logprobs); passes 0, 1, 2 of every arm are counted and complete."""
-    from bistat.store.records import RunWriter, token_sha256
+    from bistat.store.writer import RunWriter
+    from bistat.store.format import token_sha256
     from bistat.run.workload import load_prompts, prompts_sha256
 
     exp = h.experiment()
@@ -627,7 +628,7 @@ def test_needle_from_a_real_embedded_run_is_its_earliest_divergence(tmp_path_fac
 
     from bistat.declare.prereg import load_registration
     from bistat.explain.probe import NeedleError, needle_from_run
-    from bistat.store.records import read_header, read_jsonl
+    from bistat.store.readers import read_header, read_jsonl
 
     run = blas_run(tmp_path_factory)
     exp = load_registration(read_header(run)["registration"]["path"]).experiment()

@@ -10,9 +10,12 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from bistat.store import records
+from bistat.store.compact import compact
+from bistat.store.readers import load_table, read_table
+from bistat.store.format import logprob_sha256, token_sha256
 from bistat.cli import cli
-from bistat.store.records import OUTPUTS_FILE, RecordsError, RunWriter
+from bistat.store.format import OUTPUTS_FILE, RecordsError
+from bistat.store.writer import RunWriter
 
 F32 = [-0.5, -0.25, -1.125, 0.0, -3.0]          # exact in float32
 NOT_F32 = [-0.1, -0.2, -0.30000000000000004]     # not exact in float32
@@ -33,8 +36,8 @@ def _resp(prompt: int, passno: int, ids, lps, *, top="chosen", text=None, error=
             "top_logprobs": top, "finish_reason": "length" if error is None else None,
             "n_prompt_tokens": 4, "t_submit": 0.01 * passno, "t_first_token": None,
             "t_done": 1.0 + prompt, "error": error, "attempts": 1 if error is None else 3,
-            "token_sha256": records.token_sha256(ids),
-            "logprob_sha256": records.logprob_sha256(lps)}
+            "token_sha256": token_sha256(ids),
+            "logprob_sha256": logprob_sha256(lps)}
 
 
 def _responses(exact: bool = True) -> list[dict]:
@@ -69,10 +72,10 @@ def _run(tmp_path, name: str, recs: list[dict]):
 def _twin(tmp_path, recs, **slim_kw):
     """The same records compacted plainly and slim; returns (plain run, slim run, JSONL frame)."""
     plain, slim = _run(tmp_path, "plain", recs), _run(tmp_path, "slim", recs)
-    jsonl = records.load_table(slim, "responses")
+    jsonl = load_table(slim, "responses")
     assert jsonl.source == "jsonl"
-    records.compact(plain)
-    written = records.compact(slim, slim=True, **slim_kw)
+    compact(plain)
+    written = compact(slim, slim=True, **slim_kw)
     assert [p.name for p in written] == ["responses.parquet", OUTPUTS_FILE, "passes.parquet"]
     return plain, slim, jsonl.frame
 
@@ -86,10 +89,10 @@ def _footer(path) -> dict[str, str]:
 @pytest.mark.parametrize("exact", [True, False], ids=["float32-exact", "float64-fallback"])
 def test_slim_round_trip_is_the_plain_read(tmp_path, exact):
     plain, slim, before = _twin(tmp_path, _responses(exact))
-    after = records.load_table(slim, "responses")
+    after = load_table(slim, "responses")
     assert after.source == "parquet"
     pd.testing.assert_frame_equal(before, after.frame)
-    pd.testing.assert_frame_equal(records.read_table(plain, "responses"), after.frame)
+    pd.testing.assert_frame_equal(read_table(plain, "responses"), after.frame)
     assert list(after.frame.columns) == list(before.columns)
     row = after.frame.iloc[1]   # prompt 1, pass 0
     assert row["token_ids"] == [9, 8, 7] and type(row["token_ids"][0]) is int
@@ -108,8 +111,8 @@ def test_slim_round_trip_is_the_plain_read(tmp_path, exact):
                       (["top_logprobs", "pass_index"], {"pass_index": [1], "arm": ["a"]}),
                       (["prompt_id"], {"text": ["text [9, 8, 7]"]}),
                       (["prompt_id"], {"no_such_field": [1]})]:
-        pd.testing.assert_frame_equal(records.read_table(plain, "responses", cols, filters=flt),
-                                      records.read_table(slim, "responses", cols, filters=flt))
+        pd.testing.assert_frame_equal(read_table(plain, "responses", cols, filters=flt),
+                                      read_table(slim, "responses", cols, filters=flt))
 
     out = pq.read_table(slim / OUTPUTS_FILE)
     assert out.num_rows == 9   # dedup: 18 responses, 9 distinct outputs
@@ -136,11 +139,11 @@ def test_slim_reads_without_the_jsonl_and_falls_back_when_it_grows(tmp_path):
     _plain, slim, before = _twin(tmp_path, _responses())
     moved = tmp_path / "kept.jsonl"
     shutil.move(slim / "responses.jsonl", moved)   # a committed run without responses.jsonl
-    pd.testing.assert_frame_equal(before, records.read_table(slim, "responses"))
+    pd.testing.assert_frame_equal(before, read_table(slim, "responses"))
     shutil.move(moved, slim / "responses.jsonl")
     with RunWriter.open_existing(slim) as w:
         w.append("responses", _resp(6, 0, [3], [-1.0]))
-    grown = records.load_table(slim, "responses")
+    grown = load_table(slim, "responses")
     assert (grown.source, len(grown.frame)) == ("jsonl", 19)
 
 
@@ -148,9 +151,9 @@ def test_identical_keys_with_different_payloads_key_on_the_payload_hash(tmp_path
     recs = _responses()
     recs[1] = dict(recs[1], text="another decoding")   # same hashes, different text
     plain, slim, before = _twin(tmp_path, recs)
-    pd.testing.assert_frame_equal(before, records.read_table(slim, "responses"))
-    pd.testing.assert_frame_equal(records.read_table(plain, "responses"),
-                                  records.read_table(slim, "responses"))
+    pd.testing.assert_frame_equal(before, read_table(slim, "responses"))
+    pd.testing.assert_frame_equal(read_table(plain, "responses"),
+                                  read_table(slim, "responses"))
     assert _footer(slim / "responses.parquet")["outputs_key"] == "payload_sha256"
     out = pq.read_table(slim / OUTPUTS_FILE)
     assert out.num_rows == 10 and out.column_names[0] == "payload_sha256"
@@ -160,9 +163,9 @@ def test_top_logprobs_that_are_not_int_float_pairs_are_kept_as_json(tmp_path):
     recs = _responses()
     recs[0] = dict(recs[0], top_logprobs=[[[1, 0], [7, -2.5]]] * 5)   # an int logprob
     recs[2] = dict(recs[2], token_ids=[4, 2 ** 40, 4],
-                   token_sha256=records.token_sha256([4, 2 ** 40, 4]))   # beyond int32
+                   token_sha256=token_sha256([4, 2 ** 40, 4]))   # beyond int32
     _plain, slim, before = _twin(tmp_path, recs)
-    after = records.read_table(slim, "responses")
+    after = read_table(slim, "responses")
     pd.testing.assert_frame_equal(before, after)
     assert type(after.iloc[0]["top_logprobs"][0][0][1]) is int
     enc = json.loads(_footer(slim / OUTPUTS_FILE)["encoding"])
@@ -174,7 +177,7 @@ def test_top_k_keeps_the_first_alternatives_and_is_recorded(tmp_path):
                   top=[[[1, -0.5], [3, -1.5], [4, -2.0]], [[2, -1.0], [3, -1.25], [5, -3.0]]])
             for p in range(3)]
     _plain, slim, before = _twin(tmp_path, recs, top_k=2)
-    after = records.read_table(slim, "responses")
+    after = read_table(slim, "responses")
     assert after["top_logprobs"].tolist() == [[[[1, -0.5], [3, -1.5]],
                                                [[2, -1.0], [3, -1.25]]]] * 3
     pd.testing.assert_frame_equal(before.drop(columns="top_logprobs"),
@@ -182,14 +185,14 @@ def test_top_k_keeps_the_first_alternatives_and_is_recorded(tmp_path):
     assert _footer(slim / OUTPUTS_FILE)["top_k"] == "2"
     assert _footer(slim / OUTPUTS_FILE)["max_alternatives_recorded"] == "3"
     assert _footer(slim / "responses.parquet")["top_k"] == "2"
-    records.compact(slim, slim=True)
+    compact(slim, slim=True)
     assert _footer(slim / OUTPUTS_FILE)["top_k"] == "recorded"
-    pd.testing.assert_frame_equal(before, records.read_table(slim, "responses"))
+    pd.testing.assert_frame_equal(before, read_table(slim, "responses"))
     with pytest.raises(RecordsError, match=r"top_k=2 applies to a slim compaction only; pass "
                                            r"slim=True \(bistat compact --slim --top-k K\)"):
-        records.compact(slim, top_k=2)
+        compact(slim, top_k=2)
     with pytest.raises(RecordsError, match="top_k must be a whole number >= 1, got 0"):
-        records.compact(slim, slim=True, top_k=0)
+        compact(slim, slim=True, top_k=0)
 
 
 def test_missing_or_foreign_outputs_file_is_named_with_the_fix(tmp_path):
@@ -199,33 +202,33 @@ def test_missing_or_foreign_outputs_file_is_named_with_the_fix(tmp_path):
              "and top_logprobs in it")
     out.unlink()
     with pytest.raises(RecordsError) as err:
-        records.read_table(slim, "responses", ["prompt_id"])
+        read_table(slim, "responses", ["prompt_id"])
     assert str(err.value) == (f"{out}: not found; {holds}; re-create it with "
                               f"`bistat compact --slim {slim}`")
     out.write_bytes(b"PAR1 this is not parquet")
     with pytest.raises(RecordsError, match=r"outputs.parquet: not a readable Parquet file \("):
-        records.read_table(slim, "responses")
+        read_table(slim, "responses")
     (slim / "responses.jsonl").unlink()
     with pytest.raises(RecordsError) as err:
-        records.read_table(slim, "responses")
+        read_table(slim, "responses")
     assert str(err.value).endswith(f"; {holds}; restore it from where the run is kept (e.g. "
                                    f"`git checkout -- {out}`); without responses.jsonl it "
                                    f"cannot be rebuilt")
     other = _run(tmp_path, "other", _responses()[:6])
-    records.compact(other, slim=True)
+    compact(other, slim=True)
     shutil.copy(other / OUTPUTS_FILE, out)
     with pytest.raises(RecordsError, match=r"outputs.parquet: does not belong to .*"
                                            r"responses.parquet \(its outputs_id '[0-9a-f]{64}' "
                                            r"differs from '[0-9a-f]{64}'\); restore it"):
-        records.read_table(slim, "responses")
+        read_table(slim, "responses")
 
 
 def test_plain_compaction_after_slim_removes_the_outputs_file(tmp_path):
     _plain, slim, before = _twin(tmp_path, _responses())
-    records.compact(slim)
+    compact(slim)
     assert not (slim / OUTPUTS_FILE).exists()
     assert "layout" not in _footer(slim / "responses.parquet")
-    pd.testing.assert_frame_equal(before, records.read_table(slim, "responses"))
+    pd.testing.assert_frame_equal(before, read_table(slim, "responses"))
 
 
 def test_cli_compact_slim(tmp_path):

@@ -12,7 +12,7 @@ import fakes
 import helpers_runner as h
 from bistat.cli import cli
 from bistat.declare.prereg import register
-from bistat.store.records import read_jsonl
+from bistat.store.readers import read_jsonl
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from bistat.engines.embedded.adapter import EmbeddedEngineAdapter
 from bistat.model.testing import tiny_random_model
 from bistat.analysis.probe_report import ProbeSettings
 from bistat.explain.probe import run_probe
-from bistat.store.records import read_jsonl
+from bistat.store.readers import read_jsonl
 from bistat.run.runner import start_run
 
 REG = {"path": "p.json", "sha256": "0" * 64, "registered_utc": "2026-01-01T00:00:00Z", "name": "fakerun"}

@@ -13,7 +13,7 @@ import pytest
 
 import fakes
 import helpers_runner as h
-from bistat.store.records import read_jsonl
+from bistat.store.readers import read_jsonl
 from bistat.run.runner import GpuBusyError, ResumeError, read_resume_state, resume_run, start_run
 
 REG = {"path": "p.json", "sha256": "0" * 64, "registered_utc": "2026-01-01T00:00:00Z", "name": "fakerun"}

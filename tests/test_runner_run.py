@@ -10,7 +10,8 @@ import pytest
 import fakes
 import helpers_runner as h
 from bistat.engines.base import MetricsSample
-from bistat.store.records import logprob_sha256, read_jsonl, read_table, token_sha256
+from bistat.store.format import logprob_sha256, token_sha256
+from bistat.store.readers import read_jsonl, read_table
 from bistat.declare.concurrency import resolve_engines_concurrent
 from bistat.run.batching import batching_summary
 from bistat.run.runner import GpuBusyError, PlainReporter, new_run_dir, start_run

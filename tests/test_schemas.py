@@ -21,7 +21,7 @@ from bistat.explain.inspect_run import inspect_run
 from bistat.declare.prereg import load_registration
 from bistat.analysis.probe_report import ProbeSettings
 from bistat.explain.probe import run_probe
-from bistat.store.records import read_header, read_jsonl
+from bistat.store.readers import read_header, read_jsonl
 
 EXPECTED = {"anatomy", "diagnosis", "doctor", "environment", "events", "inspect", "metrics",
             "passes", "probe", "repro", "repro-environment", "repro-outputs", "repro-probes",

@@ -145,7 +145,7 @@ def test_the_kv128_test_keeps_every_token_within_one_128_key_tile():
     """The longest chat prompt SmolLM2's template made in the pilot (52 tokens) plus the last of
     max_tokens outputs reads at most 128 keys; the arms are the pilot's FlashAttention-3 pair
     against the TRITON_ATTN reference, on the r2 study's engine settings."""
-    from bistat.store.records import read_table
+    from bistat.store.readers import read_table
 
     exp = _validated("h200-fa3-kv128-smollm2")
     pilot = read_table(ROOT / "data" / "h200" / "h200-match-smollm2", "responses", ["n_prompt_tokens"])

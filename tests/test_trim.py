@@ -1,4 +1,4 @@
-"""Trimmed compaction (``bistat.store.trim.trim`` / ``bistat compact --trim``): of a slim run's outputs
+"""Trimmed compaction (``bistat.analysis.trim.trim`` / ``bistat compact --trim``): of a slim run's outputs
 only what the registered analysis reads, and findings that regenerate unchanged."""
 
 from __future__ import annotations
@@ -12,13 +12,16 @@ import pytest
 from click.testing import CliRunner
 from helpers_analysis import declaration, make_run, register_tiny
 
-from bistat.store import records
+from bistat.store.format import TRIM_RULE
+from bistat.store.readers import check_trim, read_table, trim_info
+from bistat.store.compact import compact
+from bistat.store.passes import counted_passes
 from bistat.analysis.summary import analyze_run, summary_to_dict
 from bistat.analysis.anatomy import divergence_anatomy
 from bistat.cli import cli
-from bistat.store.records import OUTPUT_LENGTH, OUTPUTS_FILE, RecordsError
+from bistat.store.format import OUTPUTS_FILE, OUTPUT_LENGTH, RecordsError
 from bistat.report.finding import write_finding
-from bistat.store.trim import trim
+from bistat.analysis.trim import trim
 
 ROOT = Path(__file__).resolve().parents[1]
 N_PROMPTS, PASSES, WARMUP, LENGTH = 8, 3, 1, 8
@@ -82,7 +85,7 @@ def _make(tmp_path: Path, *, unit="token_ids+logprobs", json_top=False, status=N
     run = make_run(tmp_path, reg, _outputs(json_top), n_prompts=N_PROMPTS, passes=PASSES,
                    warmup=WARMUP, status=status or (lambda arm, p: "complete"),
                    run_name=f"run-{name}")
-    records.compact(run, slim=True)
+    compact(run, slim=True)
     (run / "responses.jsonl").unlink()   # as committed: the two Parquet files only
     return run
 
@@ -93,10 +96,10 @@ def _analysis(run: Path) -> tuple[dict, dict]:
 
 
 def _rows(run: Path) -> dict[tuple[str, int, str], dict]:
-    frame = records.read_table(run, "responses", ["arm", "pass_index", "prompt_id", "token_ids",
-                                                  "text", "logprobs", "top_logprobs",
-                                                  OUTPUT_LENGTH, "token_sha256",
-                                                  "logprob_sha256"])
+    frame = read_table(run, "responses", ["arm", "pass_index", "prompt_id", "token_ids",
+                                          "text", "logprobs", "top_logprobs",
+                                          OUTPUT_LENGTH, "token_sha256",
+                                          "logprob_sha256"])
     return {(r["arm"], int(r["pass_index"]), r["prompt_id"]): r
             for r in frame.to_dict("records")}
 
@@ -125,7 +128,7 @@ def test_trim_keeps_what_the_analysis_reads_and_findings_are_unchanged(tmp_path,
     before_rows = _rows(run)
     before = _analysis(run)
     before_md = write_finding(analyze_run(run), tmp_path / "before").markdown.read_text()
-    columns = list(records.read_table(run, "responses").columns)
+    columns = list(read_table(run, "responses").columns)
     assert before_rows[("ctl", 1, "q00")][OUTPUT_LENGTH] is None   # not trimmed: null
 
     written = trim(run)
@@ -169,15 +172,15 @@ def test_trim_keeps_what_the_analysis_reads_and_findings_are_unchanged(tmp_path,
         assert row["top_logprobs"] == full["top_logprobs"][:n]
         assert _text(row) == (full["text"] if n == len(full["token_ids"]) else None), key
     # both footers marked; what was kept counted
-    info = records.trim_info(run)
-    assert info["unit"] == "token_ids+logprobs" and info["rule"] == records.TRIM_RULE
+    info = trim_info(run)
+    assert info["unit"] == "token_ids+logprobs" and info["rule"] == TRIM_RULE
     assert info["reference_passes"] == {"ctl": REF, "trt": REF}
     for path in (run / OUTPUTS_FILE, run / "responses.parquet"):
         assert json.loads(_footer(path)["bistat.trim"]) == info
     assert sum(info["outputs"].values()) == pq.read_metadata(run / OUTPUTS_FILE).num_rows
     assert info["outputs"]["emptied"] == 1
     # same columns; the analysis, the anatomy and the finding unchanged
-    assert list(records.read_table(run, "responses").columns) == columns
+    assert list(read_table(run, "responses").columns) == columns
     after = _analysis(run)
     assert after == before
     divs = [(d["arm"], d["prompt_id"], d["other"]["pass_index"], d["position"], d["kind"],
@@ -213,7 +216,7 @@ def test_trim_refuses_a_run_that_is_not_slim(tmp_path, monkeypatch):
     with pytest.raises(RecordsError, match=r"responses\.parquet: not found; trimming works on a "
                                            r"slim compaction: run `bistat compact --slim "):
         trim(run)
-    records.compact(run)
+    compact(run)
     with pytest.raises(RecordsError, match=r"responses\.parquet: compacted without --slim; .*"
                                            r"run `bistat compact --slim .*` first"):
         trim(run)
@@ -222,7 +225,7 @@ def test_trim_refuses_a_run_that_is_not_slim(tmp_path, monkeypatch):
     # --slim --trim: both
     result = CliRunner().invoke(cli, ["compact", "--slim", "--trim", str(run)])
     assert result.exit_code == 0, result.output
-    assert "trimmed" in result.output and records.trim_info(run)["unit"] == "token_ids"
+    assert "trimmed" in result.output and trim_info(run)["unit"] == "token_ids"
 
 
 def test_a_token_ids_trim_keeps_to_the_token_difference_and_serves_both_units(tmp_path,
@@ -235,7 +238,7 @@ def test_a_token_ids_trim_keeps_to_the_token_difference_and_serves_both_units(tm
     assert _kept(rows[("ctl", 2, "q02")]) == LENGTH   # only its logprobs differ: in full
     assert _kept(rows[("ctl", 3, "q02")]) == 6
     assert _analysis(run) == before                      # registered unit token_ids+logprobs
-    records.check_trim(run, {"ctl": REF}, "token_ids")
+    check_trim(run, {"ctl": REF}, "token_ids")
 
 
 def test_a_reference_or_unit_other_than_the_trims_is_refused(tmp_path, monkeypatch):
@@ -247,29 +250,29 @@ def test_a_reference_or_unit_other_than_the_trims_is_refused(tmp_path, monkeypat
         divergence_anatomy(run, unit="token_ids")
     with pytest.raises(RecordsError, match=r"outputs\.parquet: arm 'ctl' was trimmed against "
                                            r"reference pass 1 .* pass 2 is its reference here"):
-        records.check_trim(run, {"ctl": 2, "trt": REF}, "token_ids+logprobs")
-    records.check_trim(run, {"ctl": REF, "trt": None, "other": 5}, "token_ids+logprobs")
+        check_trim(run, {"ctl": 2, "trt": REF}, "token_ids+logprobs")
+    check_trim(run, {"ctl": REF, "trt": None, "other": 5}, "token_ids+logprobs")
 
 
 def test_a_first_counted_pass_that_failed_is_the_analysis_reference(tmp_path, monkeypatch):
     """``bistat analyze`` counts a pass that ended 'failed' (its failed prompts are excluded),
     and so do the standalone anatomy (``bistat diagnose``, ``bistat replay``) and the trim: one
-    rule, ``records.counted_passes``. A trim made against another reference is refused."""
+    rule, ``bistat.store.passes.counted_passes``. A trim made against another reference is refused."""
     monkeypatch.chdir(tmp_path)
     run = _make(tmp_path, status=lambda arm, p: "failed" if (arm, p) == ("ctl", REF)
                 else "complete")
     summary = analyze_run(run)
     before = summary_to_dict(summary)
-    assert records.counted_passes(run)["ctl"][0] == REF
+    assert counted_passes(run)["ctl"][0] == REF
     anatomy_before = divergence_anatomy(run)
     trim(run)
-    assert records.trim_info(run)["reference_passes"] == {"ctl": REF, "trt": REF}
+    assert trim_info(run)["reference_passes"] == {"ctl": REF, "trt": REF}
     assert summary_to_dict(analyze_run(run)) == before
     assert divergence_anatomy(run) == anatomy_before
     assert {a.name: len(a.divergences) for a in summary.arms} == {
         a: anatomy_before.arm(a).n_divergences for a in ("ctl", "trt")}
     with pytest.raises(RecordsError, match=r"arm 'ctl' was trimmed against reference pass 1"):
-        records.check_trim(run, {"ctl": REF + 1}, "token_ids+logprobs")
+        check_trim(run, {"ctl": REF + 1}, "token_ids+logprobs")
 
 
 def test_trimming_a_copy_of_the_committed_pilot_leaves_its_analysis_unchanged(tmp_path,
@@ -280,9 +283,9 @@ def test_trimming_a_copy_of_the_committed_pilot_leaves_its_analysis_unchanged(tm
     run = tmp_path / src.name
     shutil.copytree(src, run)
     before = summary_to_dict(analyze_run(run, reg))
-    committed_trimmed = records.trim_info(src) is not None
+    committed_trimmed = trim_info(src) is not None
     written = trim(run)
-    info = records.trim_info(run)
+    info = trim_info(run)
     assert info["unit"] == "token_ids+logprobs"
     assert info["reference_passes"] == {"batch-invariant": 2, "bi-triton-attn": 2,
                                         "bi-tuned-gemm": 2, "default": 3}

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bistat.store import records
+from bistat.store.readers import read_jsonl, read_table
 from bistat.analysis.summary import analyze_run
 from bistat.core.divergence import divergence_position
 from bistat.run.batching import batching_summary
@@ -157,9 +157,9 @@ def test_the_batching_mean_the_validity_check_reads_is_the_runners(run):
     for 3.11's. The embedded engine's samples are means since the previous sample and now stand
     for the time before them; its committed runs were recorded when they stood for the time
     after, so their passes.jsonl figure differs by that weighting."""
-    metrics = records.read_table(run, "metrics")
-    passes, _ = records.read_jsonl(run / "passes.jsonl")
-    env, _ = records.read_jsonl(run / "environment.jsonl")
+    metrics = read_table(run, "metrics")
+    passes, _ = read_jsonl(run / "passes.jsonl")
+    env, _ = read_jsonl(run / "environment.jsonl")
     python = env[0]["fingerprint"]["versions"]["python"]
     exact = tuple(int(x) for x in python.split(".")[:2]) >= (3, 12)
     summary = {(x.arm, x.pass_index): x.mean_running

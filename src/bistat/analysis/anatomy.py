@@ -58,7 +58,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bistat.store import records
+from bistat.store.format import OUTPUT_LENGTH
+from bistat.declare.run_registration import run_declaration
+from bistat.store.run_dir import RecordedRun
 from bistat.core.divergence import first_divergence  # the one definition (re-exported here)
 
 __all__ = [
@@ -361,7 +363,7 @@ class PassOutput:
     t_submit: float | None
     t_done: float | None
     #: the output's full length in tokens where the records keep only a prefix of it (a trimmed
-    #: run: ``records.OUTPUT_LENGTH``); None: ``token_ids`` is the whole output
+    #: run: ``bistat.store.format.OUTPUT_LENGTH``); None: ``token_ids`` is the whole output
     n_output_tokens: int | None = None
     #: the recorded ``token_sha256`` (of the full output, also where a trimmed run keeps a prefix)
     token_sha256: str | None = None
@@ -377,7 +379,8 @@ class PassOutput:
         return self.n_output_tokens is not None and self.n_output_tokens != len(self.token_ids)
 
 
-def load_pass_outputs(run_dir: str | Path, passes: Mapping[str, Sequence[int]] | None = None
+def load_pass_outputs(run_dir: str | Path | RecordedRun,
+                      passes: Mapping[str, Sequence[int]] | None = None
                       ) -> dict[tuple[str, int, str], PassOutput]:
     """Successful responses of counted passes keyed by (arm, pass_index, prompt_id).
 
@@ -385,14 +388,14 @@ def load_pass_outputs(run_dir: str | Path, passes: Mapping[str, Sequence[int]] |
     trimmed run (``bistat compact --trim``) the outputs of passes other than each arm's reference
     pass hold a prefix only (``PassOutput.trimmed``; ``n_tokens`` is still the full length):
     enough for their first divergence from the reference pass, which
-    :func:`divergence_anatomy` checks (``records.check_trim``).
+    :func:`divergence_anatomy` checks (``bistat.store.readers.check_trim``).
     """
-    passes = records.counted_passes(run_dir) if passes is None else passes
+    run = RecordedRun.of(run_dir)
+    passes = run.counted_passes if passes is None else passes
     cols = ["arm", "seq", "pass_index", "kind", "prompt_id", "token_ids", "text", "logprobs",
             "top_logprobs", "finish_reason", "n_prompt_tokens", "t_submit", "t_done", "error",
-            records.OUTPUT_LENGTH, "token_sha256"]
-    frame = records.read_table(run_dir, "responses", cols,
-                               filters={"arm": list(passes), "kind": ["counted"]})
+            OUTPUT_LENGTH, "token_sha256"]
+    frame = run.table("responses", cols, filters={"arm": list(passes), "kind": ["counted"]})
     out: dict[tuple[str, int, str], PassOutput] = {}
     wanted = {(a, int(p)) for a, ps in passes.items() for p in ps}
     for row in frame.itertuples(index=False):
@@ -414,7 +417,7 @@ def load_pass_outputs(run_dir: str | Path, passes: Mapping[str, Sequence[int]] |
             finish_reason=row.finish_reason if isinstance(row.finish_reason, str) else None,
             n_prompt_tokens=_opt_int(row.n_prompt_tokens),
             t_submit=optional_float(row.t_submit), t_done=optional_float(row.t_done),
-            n_output_tokens=_opt_int(getattr(row, records.OUTPUT_LENGTH)),
+            n_output_tokens=_opt_int(getattr(row, OUTPUT_LENGTH)),
             token_sha256=row.token_sha256 if isinstance(row.token_sha256, str) else None)
     return out
 
@@ -457,14 +460,14 @@ def optional_float(x: Any) -> float | None:
     return None if math.isnan(v) else v
 
 
-def read_unit_and_epsilon(run_dir: str | Path) -> tuple[str, float]:
+def read_unit_and_epsilon(run_dir: str | Path | RecordedRun) -> tuple[str, float]:
     """The match unit and ε of the run's registration, or the defaults.
 
     ``match.near_tie_epsilon`` is read from the sealed declaration when it has the field; older
     registrations without it get :data:`DEFAULT_NEAR_TIE_EPSILON`.
     """
     unit, eps = "token_ids", DEFAULT_NEAR_TIE_EPSILON
-    decl = records.run_declaration(run_dir)
+    decl = run_declaration(run_dir)
     match = decl.get("match") if decl else None
     if isinstance(match, Mapping):
         unit = str(match.get("unit", unit))
@@ -512,14 +515,14 @@ def anatomy_of_pair(arm: str, ref: PassOutput, other: PassOutput, unit: str, eps
         relative_position=(pos / shorter) if shorter else None)
 
 
-def divergence_anatomy(run_dir: str | Path, *, epsilon: float | None = None,
+def divergence_anatomy(run_dir: str | Path | RecordedRun, *, epsilon: float | None = None,
                        unit: str | None = None) -> Anatomy:
     """The divergence anatomy of a recorded run.
 
     Parameters
     ----------
-    run_dir : path
-        The run directory.
+    run_dir : path or RecordedRun
+        The run directory, or the run opened.
     epsilon : float, optional
         ε in nats; default: the registration's ``match.near_tie_epsilon``, else
         :data:`DEFAULT_NEAR_TIE_EPSILON`.
@@ -531,8 +534,8 @@ def divergence_anatomy(run_dir: str | Path, *, epsilon: float | None = None,
     -------
     Anatomy
     """
-    run_dir = Path(run_dir)
-    reg_unit, reg_eps = read_unit_and_epsilon(run_dir)
+    run = RecordedRun.of(run_dir)
+    reg_unit, reg_eps = read_unit_and_epsilon(run)
     unit = unit or reg_unit
     if unit not in ("token_ids", "text", "token_ids+logprobs"):
         raise ValueError(f"unit ({unit!r}) must be one of 'token_ids', 'text', "
@@ -540,10 +543,9 @@ def divergence_anatomy(run_dir: str | Path, *, epsilon: float | None = None,
     eps = reg_eps if epsilon is None else float(epsilon)
     if not eps >= 0:
         raise ValueError(f"epsilon ({epsilon!r}) must be a number >= 0 (nats)")
-    passes = records.counted_passes(run_dir)
-    records.check_trim(run_dir, {arm: plist[0] if plist else None
-                                 for arm, plist in passes.items()}, unit)
-    outputs = load_pass_outputs(run_dir, passes)
+    passes = run.counted_passes
+    run.check_trim({arm: plist[0] if plist else None for arm, plist in passes.items()}, unit)
+    outputs = load_pass_outputs(run, passes)
     top_k = max((len(pos) for o in outputs.values() if o.top_logprobs for pos in o.top_logprobs),
                 default=None)
     divs: list[DivergenceAnatomy] = []
@@ -566,8 +568,7 @@ def divergence_anatomy(run_dir: str | Path, *, epsilon: float | None = None,
                     arm_divs.append(d)
         arms.append(arm_anatomy(arm, ref_pass, plist, n_prompts, arm_divs))
         divs.extend(arm_divs)
-    header = records.read_header(run_dir)
-    return Anatomy(run_id=str(header.get("run_id") or run_dir.name), unit=unit, epsilon=eps,
+    return Anatomy(run_id=run.run_id, unit=unit, epsilon=eps,
                    top_k=top_k, arms=tuple(arms), divergences=tuple(divs))
 
 

@@ -1,6 +1,6 @@
 """Recorded run -> :class:`RunSummary`: match counts, first divergences, throughput, batching, validity.
 
-This module reads a run directory (``bistat.store.records``) and the sealed registration, counts what
+This module reads a run directory (``bistat.store.readers``) and the sealed registration, counts what
 the records show and calls the pure statistics (``bistat.core.stats``) and the mechanical classifier
 (``bistat.core.classify``). It renders nothing: ``bistat.report.finding`` turns the summary into a finding.
 
@@ -9,8 +9,8 @@ Definitions (also in ``docs/RECORDS.md``, "How a run is analysed")
 *Counted passes* of an arm: passes recorded with ``kind = "counted"`` whose last ``end`` event in
 ``schedule.jsonl`` has ``status = "complete"`` or ``"failed"`` (it ran to its end with some
 requests failed; their prompts are excluded) -- when the schedule has no ``end`` event for a pass,
-the pass counts if it has responses (one rule: ``records.pass_states`` and
-``records.pass_counts``, shared with the anatomy and the trim). Warm-up passes and incomplete
+the pass counts if it has responses (one rule: ``bistat.store.passes.pass_states`` and
+``pass_counts``, shared with the anatomy and the trim). Warm-up passes and incomplete
 passes are never counted; incomplete counted passes are listed as deviations. When a prompt has several responses in one
 pass (a resumed run), the last one recorded counts.
 
@@ -36,7 +36,7 @@ token index where the token ids differ (for ``token_ids+logprobs``, where the to
 logprob's bits differ); when one output is a prefix of the other, the shorter length.
 Token ids are loaded only for the mismatching prompts. A trimmed run (``bistat compact --trim``)
 keeps the other passes' outputs only up to that position, against the reference pass and by
-the unit recorded in its ``bistat.store.trim`` footer; ``records.check_trim`` stops the analysis when
+the unit recorded in its ``bistat.trim`` footer; ``bistat.store.readers.check_trim`` stops the analysis when
 its reference pass or unit is another.
 
 *Divergence anatomy* (``bistat.analysis.anatomy``): each first divergence labelled a near-tie flip or a
@@ -73,7 +73,9 @@ import pandas as pd
 
 from bistat.analysis import activation as act
 from bistat.analysis import anatomy as anat
-from bistat.store import records
+from bistat.store.format import NOTES_FILE, OUTPUT_LENGTH, PROBE_FILE, PROBE_GLOB
+from bistat.store.passes import pass_counts, pass_states
+from bistat.store.run_dir import RecordedRun
 from bistat.core import stats
 from bistat.run.batching import batching_summary
 from bistat.core.classify import (
@@ -87,11 +89,12 @@ from bistat.core.classify import (
 from bistat.core.divergence import divergence_position
 from bistat.declare.engine_version import EngineVersionReport, engine_version_report
 from bistat.store.enginelog import JitCompile, jit_compiles, logged_modes
-from bistat.store.records import parse_time
+from bistat.store.format import parse_time
 from bistat.engines.base import MetricsSample
 from bistat.declare.experiment import DeclarationError, Experiment
 from bistat.run.fingerprint import same_node, version_differences
-from bistat.declare.prereg import Registration, RegistrationError, git_evidence, load_registration
+from bistat.declare.prereg import Registration, git_evidence, load_registration
+from bistat.declare.run_registration import run_registration
 from bistat.analysis.probe_report import ProbeReport, merge_reports, report_from_json
 
 __all__ = [
@@ -322,8 +325,8 @@ _opt_float = anat.optional_float
 # --- analyze_run and its phases ---------------------------------------------------------------
 
 
-def analyze_run(run_dir: str | Path, registration: str | Path | Registration | None = None
-                ) -> RunSummary:
+def analyze_run(run_dir: str | Path | RecordedRun,
+                registration: str | Path | Registration | None = None) -> RunSummary:
     """Analyse a recorded run against its sealed registration.
 
     In phases, each a function of this module: the registration (:func:`_registered`) and the
@@ -336,11 +339,12 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
 
     Parameters
     ----------
-    run_dir : path
-        The run directory (``run.json`` and the JSONL / Parquet tables).
+    run_dir : path or RecordedRun
+        The run directory (``run.json`` and the JSONL / Parquet tables), or the run opened.
     registration : path or Registration, optional
         The registration (``preregistrations/NAME.json``); default: the path ``run.json`` names
-        in ``registration.path``. Its seal is checked (``bistat.declare.prereg.load_registration``).
+        in ``registration.path``. Found and its seal checked by the one resolver of a run's
+        registration (``bistat.declare.run_registration.run_registration``).
 
     Returns
     -------
@@ -348,19 +352,19 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
 
     Raises
     ------
-    AnalysisError, bistat.store.records.RecordsError, bistat.declare.prereg.RegistrationError
+    AnalysisError, bistat.store.format.RecordsError, bistat.declare.prereg.RegistrationError
         With the file and field that is wrong.
     """
-    run_dir = Path(run_dir)
-    header = records.read_header(run_dir)
+    run = RecordedRun.of(run_dir)
+    run_dir, header = run.path, run.header
     deviations: list[str] = []   # every phase adds its departures from the declaration, in order
-    registered = _registered(run_dir, header, registration, deviations)
+    registered = _registered(run, registration, deviations)
     reg, exp, hdr_reg, sibling_of = (registered.reg, registered.exp,
                                      registered.header_registration, registered.sibling_of)
     created = header.get("created_utc")
     arm_names = [a.name for a in exp.arms]
 
-    tables = _load_tables(run_dir, exp.match.unit)
+    tables = _load_tables(run, exp.match.unit)
     responses = tables.responses
     unknown_arms = sorted(set(responses["arm"].dropna().unique().tolist()) - set(arm_names))
     if unknown_arms:
@@ -368,8 +372,8 @@ def analyze_run(run_dir: str | Path, registration: str | Path | Registration | N
                           f"{', '.join(unknown_arms)}")
 
     passes, series = _pass_summaries(tables, {a.name: a.role for a in exp.arms}, deviations)
-    run_id = str(header.get("run_id") or run_dir.name)
-    matching = _match(run_dir, run_id, exp, responses, passes, deviations)
+    run_id = run.run_id
+    matching = _match(run, exp, responses, passes, deviations)
     arm_summaries = matching.arms
 
     envs, fps = _environments(tables.environment, arm_names)
@@ -468,15 +472,13 @@ class _Matching:
 _Pair = tuple[ArmStats, ArmStats, RunTestable, PairedCounts | None, ActivationEvidence]
 
 
-def _registered(run_dir: Path, header: Mapping[str, Any],
-                registration: str | Path | Registration | None,
+def _registered(run: RecordedRun, registration: str | Path | Registration | None,
                 deviations: list[str]) -> _Registered:
+    """Phase 1 (registration): the run's registration, or the one given, its seal checked
+    (:func:`bistat.declare.run_registration.run_registration`)."""
+    run_dir, header = run.path, run.header
     if not isinstance(registration, Registration):
-        registration = load_registration(resolve_registration(run_dir, header, registration))
-        evidence = git_evidence(registration.path)
-        if evidence.status == "differs":   # rewritten after it was committed: not the seal
-            raise RegistrationError(f"{registration.path}: {evidence.line()}; check it with: "
-                                    f"bistat verify {registration.path} {run_dir}")
+        registration = run_registration(run, registration).registration
     reg = registration
     hdr_reg = header.get("registration") or {}
     recorded_sha = hdr_reg.get("sha256") if isinstance(hdr_reg, Mapping) else None
@@ -506,26 +508,25 @@ def _registered(run_dir: Path, header: Mapping[str, Any],
     return _Registered(reg, reg.experiment(), hdr_reg, sibling_of, exploratory)
 
 
-def _load_tables(run_dir: Path, unit: str) -> _Tables:
+def _load_tables(run: RecordedRun, unit: str) -> _Tables:
+    """Phase 1 (load): every table the analysis reads, from the run opened once."""
     gaps: list[str] = []
-    sched_read = records.load_table(run_dir, "schedule")
+    sched_read = run.load("schedule")
     gaps.extend(sched_read.gaps)
-    pass_read = records.load_table(run_dir, "passes")
+    pass_read = run.load("passes")
     gaps.extend(pass_read.gaps)
-    met_read = records.load_table(run_dir, "metrics", ["arm", "seq", "t", "num_requests_running",
-                                                        "num_requests_waiting",
-                                                        "num_preemptions_total", "source"])
+    met_read = run.load("metrics", ["arm", "seq", "t", "num_requests_running",
+                                    "num_requests_waiting", "num_preemptions_total", "source"])
     gaps.extend(met_read.gaps)
-    env_read = records.load_table(run_dir, "environment", ["arm", "block", "fingerprint", "engine",
-                                                           "log_findings", "modes"])
+    env_read = run.load("environment", ["arm", "block", "fingerprint", "engine", "log_findings",
+                                        "modes"])
     gaps.extend(env_read.gaps)
-    ev_read = records.load_table(run_dir, "events", ["arm", "event", "time_utc", "detail",
-                                                     "release_check"])
+    ev_read = run.load("events", ["arm", "event", "time_utc", "detail", "release_check"])
     gaps.extend(ev_read.gaps)
     resp_cols = ["arm", "kind", "pass_index", "prompt_id", "error", "t_submit", "t_done"]
     resp_cols += {"token_ids": ["token_sha256"], "text": ["text"],
                   "token_ids+logprobs": ["token_sha256", "logprob_sha256"]}[unit]
-    resp_read = records.load_table(run_dir, "responses", resp_cols)
+    resp_read = run.load("responses", resp_cols)
     gaps.extend(resp_read.gaps)
     return _Tables(sched_read.frame, pass_read.frame, met_read.frame, env_read.frame,
                    ev_read.frame, resp_read.frame, tuple(gaps))
@@ -543,7 +544,7 @@ def _pass_summaries(tables: _Tables, roles: Mapping[str, str],
     counted_keys = responses.loc[responses["kind"] == "counted", ["arm", "pass_index"]]
     with_responses = {(str(a), int(p)) for a, p in counted_keys.drop_duplicates().itertuples(
         index=False)}
-    states = records.pass_states(passes_df, schedule, with_responses)   # kind, end status
+    states = pass_states(passes_df, schedule, with_responses)   # kind, end status
     pass_rows: dict[tuple[str, int], dict[str, Any]] = {}
     for rec in passes_df.to_dict("records") if not passes_df.empty else []:
         pass_rows[(str(rec["arm"]), int(rec["pass_index"]))] = rec
@@ -563,7 +564,7 @@ def _pass_summaries(tables: _Tables, roles: Mapping[str, str],
         stat = end or "no end event"
         # "failed" = the pass ran to its end with some requests failed: it counts, and its failed
         # prompts are excluded from matching below; "interrupted" passes were re-run in full.
-        counted = arm in roles and records.pass_counts(kind, end, (arm, pidx) in with_responses)
+        counted = arm in roles and pass_counts(kind, end, (arm, pidx) in with_responses)
         b = batching.get((arm, seq if seq is not None else -1), {})
         batch_rec = rec.get("batching") if isinstance(rec.get("batching"), Mapping) else {}
         passes.append(PassSummary(
@@ -584,7 +585,7 @@ def _pass_summaries(tables: _Tables, roles: Mapping[str, str],
     return passes, series
 
 
-def _match(run_dir: Path, run_id: str, exp: Experiment, responses: pd.DataFrame,
+def _match(run: RecordedRun, exp: Experiment, responses: pd.DataFrame,
            passes: Sequence[PassSummary], deviations: list[str]) -> _Matching:
     """Phase 3 (matching): each arm's outputs over its counted passes, compared by the unit."""
     unit, multi = exp.match.unit, exp.match.multi_pass
@@ -617,10 +618,9 @@ def _match(run_dir: Path, run_id: str, exp: Experiment, responses: pd.DataFrame,
         arm_passes[arm] = cpasses
     # a trimmed run keeps other passes' outputs only to their first divergence from the
     # reference pass it assumed: refuse another reference or a unit that needs more
-    records.check_trim(run_dir, {a: ps[0] if ps else None for a, ps in arm_passes.items()},
-                       unit)
-    outputs = _load_outputs(run_dir, {a: m.mismatched for a, m in matches.items()}, unit)
-    anatomy = _anatomy(outputs, run_id, unit, exp.match.near_tie_epsilon, arm_passes,
+    run.check_trim({a: ps[0] if ps else None for a, ps in arm_passes.items()}, unit)
+    outputs = _load_outputs(run, {a: m.mismatched for a, m in matches.items()}, unit)
+    anatomy = _anatomy(outputs, run.run_id, unit, exp.match.near_tie_epsilon, arm_passes,
                        {a: m.mismatched for a, m in matches.items()},
                        {a: int(m.ok.sum()) for a, m in matches.items()})
     for arm in arm_names:
@@ -901,10 +901,10 @@ def _match_arm(pid: np.ndarray, key: np.ndarray, failed: np.ndarray, prompt_ids:
 #: Columns read for the mismatching prompts: first divergences and their anatomy.
 _OUTPUT_COLUMNS = ["arm", "seq", "kind", "pass_index", "prompt_id", "token_ids", "text",
                    "logprobs", "top_logprobs", "finish_reason", "n_prompt_tokens", "t_submit",
-                   "t_done", "error", records.OUTPUT_LENGTH]
+                   "t_done", "error", OUTPUT_LENGTH]
 
 
-def _load_outputs(run_dir: Path, mismatched: Mapping[str, Sequence[str]], unit: str
+def _load_outputs(run: RecordedRun, mismatched: Mapping[str, Sequence[str]], unit: str
                   ) -> pd.DataFrame:
     """Outputs (token ids, logprobs, top-k...) of the mismatching prompts only, in one read."""
     cols = list(_OUTPUT_COLUMNS)
@@ -912,8 +912,7 @@ def _load_outputs(run_dir: Path, mismatched: Mapping[str, Sequence[str]], unit: 
     if not arms:
         return pd.DataFrame({c: [] for c in cols})
     prompts = sorted({p for a in arms for p in mismatched[a]})
-    return records.read_table(run_dir, "responses", cols,
-                              filters={"arm": arms, "prompt_id": prompts})
+    return run.table("responses", cols, filters={"arm": arms, "prompt_id": prompts})
 
 
 def _divergences(got: pd.DataFrame, arm: str, mismatched: Sequence[str], passes: Sequence[int],
@@ -980,7 +979,7 @@ def _pass_outputs(got: pd.DataFrame, arm: str, passes: Sequence[int]
                 for pos in top),
             finish_reason=_opt_str(row.finish_reason), n_prompt_tokens=_opt_int(row.n_prompt_tokens),
             t_submit=_opt_float(row.t_submit), t_done=_opt_float(row.t_done),
-            n_output_tokens=_opt_int(getattr(row, records.OUTPUT_LENGTH)))
+            n_output_tokens=_opt_int(getattr(row, OUTPUT_LENGTH)))
     return out
 
 
@@ -1198,27 +1197,6 @@ def _validity(exp: Experiment, passes: Sequence[PassSummary],
 # --------------------------------------------------------------------------------------------
 
 
-def resolve_registration(run_dir: Path, header: Mapping[str, Any],
-                         registration: str | Path | None) -> Path:
-    """The registration file of a run: ``registration`` if given, else the one ``run.json`` names.
-
-    A relative path recorded in ``run.json`` is tried as given (relative to the working
-    directory, where ``bistat run`` was started) and then relative to the run directory
-    (:func:`bistat.store.records.recorded_registration_path`).
-    """
-    if registration is not None:
-        return Path(registration)
-    p = records.recorded_registration_path(run_dir, header)
-    if p is None:
-        raise AnalysisError(f"{run_dir / 'run.json'}: field 'registration.path' missing; pass "
-                            "--registration PATH")
-    if not p.exists():
-        raise AnalysisError(f"{run_dir / 'run.json'}: registration.path "
-                            f"{header['registration']['path']!r} does not exist here; pass "
-                            "--registration PATH")
-    return p
-
-
 def _sibling_registration(hdr_reg: Mapping[str, Any], reg: Registration) -> Registration | None:
     """The registration a run was recorded under, when ``reg`` is its sibling: the same resolved
     declaration but for ``name`` and ``rule`` (several rules registered together for one run,
@@ -1362,8 +1340,8 @@ def _probe_report(run_dir: Path) -> tuple[ProbeReport | None, tuple[str, ...]]:
     """``run_dir/probe*.json`` (``bistat probe --output``) when present, and the files' names:
     ``probe.json``, or several runs of the same probe on different arms (``probe.json`` beside
     e.g. ``probe-ARM.json``) merged into one report, decided again over all their arms."""
-    paths = sorted(run_dir.glob(records.PROBE_GLOB),
-                   key=lambda p: (p.name != records.PROBE_FILE, p.name))
+    paths = sorted(run_dir.glob(PROBE_GLOB),
+                   key=lambda p: (p.name != PROBE_FILE, p.name))
     if not paths:
         return None, ()
     reports = []
@@ -1393,7 +1371,7 @@ def _display_path(path: str | Path) -> str:
 
 def _operator_notes(run_dir: Path) -> str | None:
     """The text of ``run_dir/NOTES.md``, stripped; None when absent or empty."""
-    path = run_dir / records.NOTES_FILE
+    path = run_dir / NOTES_FILE
     if not path.is_file():
         return None
     try:

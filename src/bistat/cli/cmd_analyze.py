@@ -4,8 +4,8 @@ Thin commands: ``analyze`` calls ``bistat.analysis.summary.analyze_run``, comput
 evidence of the registration it analysed (``bistat.report.seal.seal_evidence``: git and the
 signature; a registration they refute is refused) and calls
 ``bistat.report.finding.write_finding``, prints ``bistat.report.gating.ci_summary`` and exits with
-``bistat.report.gating.gate``'s code (``--fail-on``); ``compact`` calls ``bistat.store.records.compact``
-(``--slim``/``--top-k``: its ``slim``/``top_k``) and, with ``--trim``, ``bistat.store.trim.trim``
+``bistat.report.gating.gate``'s code (``--fail-on``); ``compact`` calls ``bistat.store.compact.compact``
+(``--slim``/``--top-k``: its ``slim``/``top_k``) and, with ``--trim``, ``bistat.analysis.trim.trim``
 (``--unit``: its ``unit``).
 Library errors reach the user as ``Error: <message>`` with exit code 1.
 """
@@ -23,9 +23,11 @@ from bistat.report.seal import run_seal_evidence
 from bistat.report.gating import FailOnError, ci_summary, gate, parse_fail_on
 from bistat.declare.experiment import DeclarationError
 from bistat.declare.prereg import RegistrationError
-from bistat.store.records import TRIM_SERVES, RecordsError, compact, trim_info
+from bistat.store.format import RecordsError, TRIM_SERVES
+from bistat.store.compact import compact
+from bistat.store.readers import trim_info
 from bistat.report.finding import write_finding
-from bistat.store.trim import trim
+from bistat.analysis.trim import trim
 
 _ERRORS = (AnalysisError, RecordsError, RegistrationError, DeclarationError, SignatureError)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from bistat.store.records import RecordsError
+from bistat.store.format import RecordsError
 
 __all__ = ["register"]
 

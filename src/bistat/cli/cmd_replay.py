@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from bistat.cli.exitcodes import ERROR
-from bistat.store.records import RecordsError
+from bistat.store.format import RecordsError
 
 __all__ = ["register"]
 

@@ -90,7 +90,7 @@ def _summarise(run_dir: Path, registration, fail_on: frozenset[str]) -> int:
     from bistat.declare.experiment import DeclarationError
     from bistat.report.gating import ci_summary, gate
     from bistat.declare.prereg import RegistrationError
-    from bistat.store.records import RecordsError
+    from bistat.store.format import RecordsError
 
     try:
         summary = analyze_run(run_dir, registration)
@@ -162,7 +162,9 @@ def run_command(registration: Path | None, resume_dir: Path | None, runs_dir: Pa
     Warm-up passes, then the declared passes per arm in the declared order; every response is
     written as it arrives, so a killed run loses nothing and --resume continues it.
     """
-    from bistat.store.records import RecordsError, read_header
+    from bistat.store.format import RecordsError
+    from bistat.declare.run_registration import RunRegistrationError, run_registration
+    from bistat.store.run_dir import RecordedRun
     from bistat.run.runner import GpuBusyError, ResumeError, new_run_dir, resume_run, start_run
     from bistat.run.workload import WorkloadError
 
@@ -175,18 +177,24 @@ def run_command(registration: Path | None, resume_dir: Path | None, runs_dir: Pa
     try:
         if resume_dir is not None:
             try:
-                header = read_header(resume_dir)
+                recorded = RecordedRun.open(resume_dir)
             except RecordsError as exc:
                 raise click.ClickException(f"cannot resume: {exc}") from exc
-            ref = header.get("registration") or {}
-            reg_path = Path(str(ref.get("path", "")))
-            reg = _load_sealed(reg_path, resume_dir.parent)
-            if reg.sha256 != ref.get("sha256"):
+            # the one resolver of a run's registration: found as analyze finds it, seal checked
+            try:
+                found = run_registration(recorded)
+            except RunRegistrationError as exc:
+                raise click.ClickException(f"cannot resume: {exc}") from exc
+            ref = recorded.header.get("registration") or {}
+            reg_path = found.path
+            if not found.is_recorded_seal or ref.get("sha256") is None:
                 raise click.ClickException(
-                    f"{resume_dir / 'run.json'}: recorded against registration seal {ref.get('sha256')}, "
-                    f"but {reg_path} is now sealed as {reg.sha256}; a run cannot continue under another "
+                    f"{resume_dir / 'run.json'}: recorded against registration seal "
+                    f"{ref.get('sha256')}, but {reg_path} is now sealed as "
+                    f"{found.registration.sha256}; a run cannot continue under another "
                     "registration"
                 )
+            reg = _load_sealed(reg_path, resume_dir.parent)
             click.echo(f"resuming {resume_dir}")
             # checked here first, so that a refusal or a warning comes before the run starts;
             # the runner checks again when nothing was there (a process that came since)
@@ -227,7 +235,7 @@ def _disk_full(run_dir: Path, exc: OSError) -> None:
     before stays readable; a line cut by the failure is skipped on reading and re-run on resume."""
     import shutil
 
-    from bistat.store.records import read_jsonl
+    from bistat.store.readers import read_jsonl
 
     try:
         kept = len(read_jsonl(run_dir / "responses.jsonl")[0])
@@ -317,7 +325,7 @@ def probe_command(declaration: Path, arms: tuple[str, ...], control: str | None,
     from bistat.declare.experiment import DeclarationError, load_experiment
     from bistat.analysis.probe_report import ProbeReport, ProbeSettings
     from bistat.explain.probe import needle_from_run, run_probe
-    from bistat.store.records import RecordsError
+    from bistat.store.format import RecordsError
     from bistat.run.workload import WorkloadError
 
     if no_control and control is not None:

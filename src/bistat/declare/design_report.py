@@ -43,7 +43,8 @@ _sps = lazy_module("scipy.stats")
 
 from bistat.core import design, stats
 from bistat.declare.experiment import Experiment
-from bistat.store.records import RecordsError, iter_jsonl_strict
+from bistat.store.format import RecordsError
+from bistat.store.readers import iter_jsonl_strict
 from bistat.core.rule import (
     ControlDiverges,
     CostRule,

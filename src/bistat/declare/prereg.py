@@ -48,7 +48,8 @@ from bistat.declare.design_report import DesignReport, analyse_design
 from bistat.declare.experiment import DeclarationError, Experiment, load_experiment, validate_experiment
 from bistat.declare.prereg_signature import (SignatureCheck, SignatureError, check_signature,
                                              sign_bytes, signature_path)
-from bistat.store.records import RecordsError, iter_jsonl_strict, parse_time
+from bistat.store.format import RecordsError, parse_time
+from bistat.store.readers import iter_jsonl_strict
 
 __all__ = [
     "SCHEMA",

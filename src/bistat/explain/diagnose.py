@@ -62,7 +62,9 @@ from bistat.core.lazy import lazy_module
 
 sps = lazy_module("scipy.stats")
 
-from bistat.store import records
+from bistat.store.format import PROBE_GLOB, RecordsError
+from bistat.declare.run_registration import run_declaration
+from bistat.store.run_dir import RecordedRun
 from bistat.analysis.activation import log_markers
 from bistat.analysis.anatomy import (
     JITTER,
@@ -624,21 +626,21 @@ def _refused(events: list[dict[str, Any]]) -> Cause:
 
 def _probe_reports(run_dir: Path, extra: Sequence[Path]) -> list[tuple[str, dict]]:
     out = []
-    for p in sorted(run_dir.glob(records.PROBE_GLOB)) + list(extra):
+    for p in sorted(run_dir.glob(PROBE_GLOB)) + list(extra):
         try:
             data = json.loads(Path(p).read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
-            raise records.RecordsError(f"{p}: not a readable probe report ({exc})") from exc
+            raise RecordsError(f"{p}: not a readable probe report ({exc})") from exc
         if not isinstance(data, dict) or data.get("schema") != "bistat.probe/1":
-            raise records.RecordsError(f"{p}: field 'schema' is {data.get('schema')!r} "
-                                       "(expected 'bistat.probe/1'); pass a `bistat probe "
-                                       "--output` file")
+            raise RecordsError(f"{p}: field 'schema' is {data.get('schema')!r} "
+                               "(expected 'bistat.probe/1'); pass a `bistat probe "
+                               "--output` file")
         out.append((str(p), data))
     return out
 
 
-def _roles(run_dir: Path, arms: Iterable[str]) -> dict[str, str]:
-    decl = records.run_declaration(run_dir) or {}
+def _roles(run: RecordedRun, arms: Iterable[str]) -> dict[str, str]:
+    decl = run_declaration(run) or {}
     try:
         roles = {str(a["name"]): str(a["role"]) for a in decl.get("arms", [])}
     except (KeyError, TypeError):
@@ -646,14 +648,14 @@ def _roles(run_dir: Path, arms: Iterable[str]) -> dict[str, str]:
     return roles or {a: "unknown" for a in arms}
 
 
-def diagnose_run(run_dir: str | Path, *, probe_reports: Sequence[str | Path] = (),
+def diagnose_run(run_dir: str | Path | RecordedRun, *, probe_reports: Sequence[str | Path] = (),
                  epsilon: float | None = None) -> Diagnosis:
     """Rank the likely causes of a recorded run's divergences.
 
     Parameters
     ----------
-    run_dir : path
-        The run directory.
+    run_dir : path or RecordedRun
+        The run directory, or the run opened.
     probe_reports : paths
         ``bistat probe --output`` files to weigh (``RUN_DIR/probe*.json`` are read too).
     epsilon : float, optional
@@ -665,22 +667,21 @@ def diagnose_run(run_dir: str | Path, *, probe_reports: Sequence[str | Path] = (
         ``nothing_to_diagnose`` when no counted pass differs from its reference and no engine
         refused the setting.
     """
-    run_dir = Path(run_dir)
-    header = records.read_header(run_dir)
-    unit, _ = read_unit_and_epsilon(run_dir)
-    anatomy = divergence_anatomy(run_dir, epsilon=epsilon)
-    events = records.read_table(run_dir, "events").to_dict("records")
+    run = RecordedRun.of(run_dir)
+    run_dir, header, run_id = run.path, run.header, run.run_id
+    unit, _ = read_unit_and_epsilon(run)
+    anatomy = divergence_anatomy(run, epsilon=epsilon)
+    events = run.table("events").to_dict("records")
     refused = _refused(events)
-    run_id = str(header.get("run_id") or run_dir.name)
     if anatomy.n_divergences == 0 and refused.strength != "strong":
         n_pairs = sum(max(len(a.counted_passes) - 1, 0) * a.n_prompts for a in anatomy.arms)
         return Diagnosis(run_id, 0, True,
                          f"Nothing to diagnose: no counted pass differs from its arm's reference "
                          f"pass ({n_pairs} pass pair(s) of {sum(a.n_prompts for a in anatomy.arms)}"
                          f" prompt(s) compared by {unit}).", (), anatomy)
-    passes = records.counted_passes(run_dir)
-    outputs = load_pass_outputs(run_dir, passes)
-    env_rows = records.read_table(run_dir, "environment").to_dict("records")
+    passes = run.counted_passes
+    outputs = load_pass_outputs(run, passes)
+    env_rows = run.table("environment").to_dict("records")
     arm_args: dict[str, dict[str, Any]] = {}
     findings: dict[str, str] = {}
     log_lines: dict[str, list[str]] = defaultdict(list)
@@ -690,7 +691,7 @@ def diagnose_run(run_dir: str | Path, *, probe_reports: Sequence[str | Path] = (
         findings[str(r.get("arm"))] = " | ".join(str(x) for x in (r.get("log_findings") or []))
         log_lines[str(r.get("arm"))] += [str(x) for x in (r.get("log_findings") or [])]
     # blocks of the diverging passes, per arm (does a divergence span engine starts?)
-    sched = records.read_table(run_dir, "schedule", ["event", "arm", "pass_index", "block"])
+    sched = run.table("schedule", ["event", "arm", "pass_index", "block"])
     block_of = {(str(a), int(p)): int(b) for e, a, p, b in sched.itertuples(index=False)
                 if e == "start" and b is not None and not (isinstance(b, float) and math.isnan(b))}
     div_blocks: dict[str, set[int]] = defaultdict(set)
@@ -698,12 +699,11 @@ def diagnose_run(run_dir: str | Path, *, probe_reports: Sequence[str | Path] = (
         for p in (d.reference.pass_index, d.other.pass_index):
             if (d.arm, p) in block_of:
                 div_blocks[d.arm].add(block_of[(d.arm, p)])
-    metrics = records.read_table(run_dir, "metrics", ["arm", "seq", "t", "num_requests_running",
-                                                      "step_batch_size"])
+    metrics = run.table("metrics", ["arm", "seq", "t", "num_requests_running", "step_batch_size"])
     series = _batch_series(metrics)
     per_step = any(s.per_step for s in series.values())
     pairs = _pairs(outputs, passes, series, unit)
-    roles = _roles(run_dir, passes)
+    roles = _roles(run, passes)
     causes = [
         refused,
         _environment(env_rows, div_blocks),

@@ -15,8 +15,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bistat.store import records
-from bistat.store.records import run_declaration
+from bistat.store.format import (
+    ENGINE_LOGS_DIR,
+    HEADER_FILE,
+    NOTES_FILE,
+    OUTPUTS_FILE,
+    PROBE_FILE,
+    PROBE_GLOB,
+    TABLES,
+)
+from bistat.declare.run_registration import RunRegistrationError, run_registration
+from bistat.store.run_dir import RecordedRun
 
 __all__ = ["INSPECT_SCHEMA", "PassState", "RunInspection", "TableState", "inspect_run",
            "render_inspection"]
@@ -87,41 +96,42 @@ class RunInspection:
         }
 
 
-def _registration_state(run_dir: Path, reg: Mapping[str, Any]) -> str:
-    from bistat.declare.prereg import RegistrationError, load_registration
-
-    path = reg.get("path")
-    if not path:
-        return "not named: run.json has no registration.path"
-    p = Path(str(path))
-    if not p.is_absolute() and not p.exists() and (run_dir / p).exists():
-        p = run_dir / p
-    if not p.exists():
-        return f"not found: {path} (pass the registration to `bistat analyze --registration`)"
+def _registration(run: RecordedRun) -> tuple[str, dict[str, Any] | None]:
+    """The state of the run's registration (the one resolver, :func:`run_registration`) and
+    its sealed declaration, None unless the seal verifies."""
     try:
-        loaded = load_registration(p)
-    except RegistrationError as exc:
-        return f"seal broken: {exc}"
-    if reg.get("sha256") and reg.get("sha256") != loaded.sha256:
-        return (f"seal differs: the run names {reg.get('sha256')}, {p} is sealed as "
-                f"{loaded.sha256}")
-    return "seal verified"
+        found = run_registration(run)
+    except RunRegistrationError as exc:
+        if exc.reason == "not named":
+            return "not named: run.json has no registration.path", None
+        if exc.reason == "not found":
+            path = (run.header.get("registration") or {}).get("path")
+            return (f"not found: {path} (pass the registration to `bistat analyze "
+                    f"--registration`)"), None
+        if exc.reason == "seal broken":
+            return f"seal broken: {exc.__cause__ or exc}", None
+        return f"{exc.reason}: {exc}", None
+    reg = found.registration
+    if not found.is_recorded_seal:
+        return (f"seal differs: the run names {found.recorded_sha256}, {reg.path} is sealed as "
+                f"{reg.sha256}"), reg.declaration
+    return "seal verified", reg.declaration
 
 
-def inspect_run(run_dir: str | Path) -> RunInspection:
+def inspect_run(run_dir: str | Path | RecordedRun) -> RunInspection:
     """Inspect a run directory without analysing it.
 
     Raises
     ------
-    bistat.store.records.RecordsError
+    bistat.store.format.RecordsError
         No readable ``run.json`` (not a run directory) or an unknown schema version.
     """
-    run_dir = Path(run_dir)
-    header = records.read_header(run_dir)
+    run = RecordedRun.of(run_dir)
+    run_dir, header = run.path, run.header
     tables = []
     frames = {}
-    for table in records.TABLES:
-        tr = records.load_table(run_dir, table)
+    for table in TABLES:
+        tr = run.load(table)
         frames[table] = tr.frame
         tables.append(TableState(table, tr.source, len(tr.frame), tr.gaps))
     sched, resp = frames["schedule"], frames["responses"]
@@ -153,7 +163,7 @@ def inspect_run(run_dir: str | Path) -> RunInspection:
         n_responses=n_resp[k], n_failed=n_fail[k], first_errors=tuple(errors[k]))
         for k in keys)
     missing: list[str] = []
-    decl = run_declaration(run_dir)
+    registration_state, decl = _registration(run)
     if decl:
         wl = decl.get("workload") or {}
         declared = int(wl.get("passes") or 0)
@@ -168,17 +178,17 @@ def inspect_run(run_dir: str | Path) -> RunInspection:
     events = tuple(f"arm {a}: {e} ({d})" for a, e, d in
                    zip(ev.get("arm", []), ev.get("event", []), ev.get("detail", []))
                    if e in ("refused", "start_failed", "exited")) if len(ev) else ()
-    known = ({records.HEADER_FILE, records.OUTPUTS_FILE, records.ENGINE_LOGS_DIR,
-              records.NOTES_FILE, records.PROBE_FILE}
-             | {f"{t}.{x}" for t in records.TABLES for x in ("jsonl", "parquet")})
+    known = ({HEADER_FILE, OUTPUTS_FILE, ENGINE_LOGS_DIR,
+              NOTES_FILE, PROBE_FILE}
+             | {f"{t}.{x}" for t in TABLES for x in ("jsonl", "parquet")})
     extra = tuple(sorted(p.name for p in run_dir.iterdir()
-                         if p.name not in known and not p.match(records.PROBE_GLOB)))
+                         if p.name not in known and not p.match(PROBE_GLOB)))
     reg = header.get("registration") if isinstance(header.get("registration"), Mapping) else {}
     return RunInspection(
         run_dir=str(run_dir), schema=str(header.get("schema")), run_id=header.get("run_id"),
         created_utc=header.get("created_utc"), engine_kind=header.get("engine_kind"),
         command=tuple(str(x) for x in header.get("command") or ()), registration=dict(reg),
-        registration_state=_registration_state(run_dir, reg), tables=tuple(tables),
+        registration_state=registration_state, tables=tuple(tables),
         passes=passes, missing=tuple(missing), events=events, extra_files=extra)
 
 

@@ -138,6 +138,7 @@ from bistat.run.workload import Prompt, load_prompts, prompt_seed, prompts_sha25
 
 if TYPE_CHECKING:  # pragma: no cover
     from bistat.declare.experiment import Arm, Experiment
+    from bistat.store.run_dir import RecordedRun
 
 __all__ = [
     "NeedleError",
@@ -563,16 +564,16 @@ def _workload_words(workload: Mapping[str, Any] | None) -> dict[str, Any]:
     return {k: workload.get(k) for k in ("source", "n_prompts", "seed")}
 
 
-def _check_same_prompts(run_dir: Path, prompts: Sequence[Prompt], experiment: "Experiment",
+def _check_same_prompts(run: "RecordedRun", prompts: Sequence[Prompt], experiment: "Experiment",
                         declaration: str) -> None:
     """Refuse a run recorded with other prompts than ``experiment``'s workload: a prompt index
     would name another prompt in each. ``run.json``'s ``workload_sha256`` decides; a run
     recorded before it was kept is checked by the prompt ids its responses recorded per index."""
-    from bistat.store import records
-    from bistat.store.records import run_declaration
+    from bistat.store.format import HEADER_FILE
+    from bistat.declare.run_registration import run_declaration
 
-    header = records.read_header(run_dir)
-    run_json = run_dir / records.HEADER_FILE
+    header = run.header
+    run_json = run.path / HEADER_FILE
     fix = ("choose the needle from a run of this declaration's workload, or give the needle's "
            "index with --needle INDEX")
     recorded = header.get("workload_sha256")
@@ -580,7 +581,7 @@ def _check_same_prompts(run_dir: Path, prompts: Sequence[Prompt], experiment: "E
         mine = prompts_sha256(prompts)
         if recorded == mine:
             return
-        theirs = _workload_words((run_declaration(run_dir) or {}).get("workload"))
+        theirs = _workload_words((run_declaration(run) or {}).get("workload"))
         ours = _workload_words(experiment.workload.model_dump())
         what = "; ".join(f"workload.{k} {theirs[k]!r} in the run, {ours[k]!r} in {declaration}"
                          for k in ours if theirs.get(k) is not None and theirs[k] != ours[k])
@@ -591,7 +592,7 @@ def _check_same_prompts(run_dir: Path, prompts: Sequence[Prompt], experiment: "E
             f"{run_json}: the run was recorded with other prompts than {declaration}'s workload "
             f"({what}; workload_sha256 {str(recorded)[:12]}… in the run, {mine[:12]}… for "
             f"{declaration}): a prompt index names another prompt in each; {fix}")
-    frame = records.read_table(run_dir, "responses", ["prompt_id", "prompt_index"])
+    frame = run.table("responses", ["prompt_id", "prompt_index"])
     seen: dict[int, str] = {}
     for pid, i in zip(frame["prompt_id"], frame["prompt_index"], strict=True):
         try:
@@ -604,12 +605,12 @@ def _check_same_prompts(run_dir: Path, prompts: Sequence[Prompt], experiment: "E
             where = (f"prompt {i} is {here!r} in {declaration}" if here is not None else
                      f"{declaration}'s workload holds {len(prompts)} prompt(s)")
             raise NeedleError(
-                f"{run_dir}: the run was recorded with other prompts than {declaration}'s workload "
-                f"(its responses record prompt {i} as {pid!r}, but {where}; {run_json} has no "
+                f"{run.path}: the run was recorded with other prompts than {declaration}'s "
+                f"workload (its responses record prompt {i} as {pid!r}, but {where}; {run_json} has no "
                 f"workload_sha256 to compare): a prompt index names another prompt in each; {fix}")
 
 
-def needle_from_run(run_dir: str | Path, experiment: "Experiment", *,
+def needle_from_run(run_dir: "str | Path | RecordedRun", experiment: "Experiment", *,
                     declaration: str = "the declaration", base_dir: Path | None = None
                     ) -> NeedleSource:
     """The needle a recorded run of the same workload suggests: the prompt that diverged first.
@@ -622,7 +623,7 @@ def needle_from_run(run_dir: str | Path, experiment: "Experiment", *,
 
     Parameters
     ----------
-    run_dir : path
+    run_dir : path or RecordedRun
         The recorded run.
     experiment : Experiment
         The probe's declaration; its workload must hold the prompts the run was recorded with.
@@ -640,16 +641,18 @@ def needle_from_run(run_dir: str | Path, experiment: "Experiment", *,
     ------
     NeedleError
         The run was recorded with other prompts, or no prompt diverged in it.
-    bistat.store.records.RecordsError
+    bistat.store.format.RecordsError
         The run directory cannot be read.
     """
     from bistat.analysis.anatomy import divergence_anatomy
+    from bistat.store.run_dir import RecordedRun
 
-    run_dir = Path(run_dir)
+    run = RecordedRun.of(run_dir)
+    run_dir = run.path
     wl = experiment.workload
     prompts = load_prompts(wl.source, wl.n_prompts, wl.seed, base_dir=base_dir)
-    _check_same_prompts(run_dir, prompts, experiment, declaration)
-    anatomy = divergence_anatomy(run_dir, unit=NEEDLE_UNIT)
+    _check_same_prompts(run, prompts, experiment, declaration)
+    anatomy = divergence_anatomy(run, unit=NEEDLE_UNIT)
     index = {p.prompt_id: p.index for p in prompts}
     found = [d for d in anatomy.divergences if d.prompt_id in index]
     if not found:

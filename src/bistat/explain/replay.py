@@ -56,7 +56,9 @@ from bistat.engines.base import (
     MetricsSample,
 )
 from bistat.engines.registry import capabilities
-from bistat.store.records import logprob_sha256, read_header, run_declaration, token_sha256
+from bistat.store.format import logprob_sha256, token_sha256
+from bistat.declare.run_registration import run_declaration
+from bistat.store.run_dir import RecordedRun
 
 __all__ = [
     "REPRO_SCHEMA",
@@ -360,7 +362,7 @@ def _write_json(path: Path, data: Mapping[str, Any]) -> None:
                                allow_nan=False) + "\n", encoding="utf-8")
 
 
-def replay_prompt(run_dir: str | Path, prompt_id: str, *, arm: str | None = None,
+def replay_prompt(run_dir: str | Path | RecordedRun, prompt_id: str, *, arm: str | None = None,
                   out_dir: str | Path | None = None, max_fillers: int = 128,
                   top_k: int | None = None, base_dir: Path | None = None,
                   engine_factory: Callable[[Any, Any], Engine] | None = None) -> ReplayReport:
@@ -368,7 +370,7 @@ def replay_prompt(run_dir: str | Path, prompt_id: str, *, arm: str | None = None
 
     Parameters
     ----------
-    run_dir : path
+    run_dir : path or RecordedRun
         The recorded run; its registration (``run.json`` ``registration.path``) gives the engine,
         arm settings and workload.
     prompt_id : str
@@ -391,18 +393,17 @@ def replay_prompt(run_dir: str | Path, prompt_id: str, *, arm: str | None = None
     """
     from bistat.declare.experiment import validate_experiment
     from bistat.run.fingerprint import collect_fingerprint
-    from bistat.store.records import read_table
     from bistat.run.workload import load_prompts, prompt_seed
 
-    run_dir = Path(run_dir)
-    header = read_header(run_dir)
-    decl = run_declaration(run_dir)
+    run = RecordedRun.of(run_dir)
+    run_dir, header = run.path, run.header
+    decl = run_declaration(run)
     if decl is None:
         raise ReplayError(f"{run_dir / 'run.json'}: registration.path does not name a readable "
                           "registration; the replay needs the registered declaration")
     exp = validate_experiment(decl, source="registration declaration")
     wl = exp.workload
-    anatomy = divergence_anatomy(run_dir)
+    anatomy = divergence_anatomy(run)
     divs = [d for d in anatomy.divergences if d.prompt_id == prompt_id]
     arm_names = [a.name for a in exp.arms]
     if arm is None:
@@ -507,7 +508,7 @@ def replay_prompt(run_dir: str | Path, prompt_id: str, *, arm: str | None = None
     # --- the pack -------------------------------------------------------------------------
     pack.mkdir(parents=True, exist_ok=True)
     around = div.position if div is not None else None
-    outputs = load_pass_outputs(run_dir)
+    outputs = load_pass_outputs(run)
     recorded: dict[str, Any] = {}
     if div is not None:
         for side, s in (("reference", div.reference), ("other", div.other)):
@@ -539,7 +540,7 @@ def replay_prompt(run_dir: str | Path, prompt_id: str, *, arm: str | None = None
                            "requests": [_request_dict(r) for r in batch],
                            "needle_position": position,
                            "expected": _result_dict(res, _identical(alone, res)[1])})
-    env_rows = read_table(run_dir, "environment").to_dict("records")
+    env_rows = run.table("environment").to_dict("records")
     recorded_env = [r.get("fingerprint") for r in env_rows if r.get("arm") == arm]
     engine_rows = [r.get("engine") for r in env_rows if r.get("arm") == arm]
     prompt_obj = by_id[prompt_id]

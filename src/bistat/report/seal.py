@@ -20,10 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from bistat.analysis.summary import resolve_registration
 from bistat.declare.prereg import GitEvidence, git_evidence, parse_time
 from bistat.declare.prereg_signature import SignatureCheck, check_signature
-from bistat.store.records import read_header
+from bistat.declare.run_registration import run_registration
 
 __all__ = ["SEAL_PREFIX", "GIT_UNAVAILABLE", "SealEvidence", "seal_evidence", "run_seal_evidence"]
 
@@ -119,6 +118,6 @@ def run_seal_evidence(run_dir: str | Path, registration: str | Path | None,
                       allowed_signers: str | Path | None = None) -> SealEvidence:
     """:func:`seal_evidence` of the registration file ``bistat analyze RUN_DIR [--registration
     REGISTRATION]`` analyses: ``registration`` when given, else the one ``run.json`` names
-    (:func:`bistat.analysis.summary.resolve_registration`)."""
-    path = resolve_registration(Path(run_dir), read_header(run_dir), registration)
+    (:func:`bistat.declare.run_registration.run_registration`, the one resolver)."""
+    path = run_registration(run_dir, registration).path
     return seal_evidence(path, first_record_utc, allowed_signers=allowed_signers)

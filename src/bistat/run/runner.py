@@ -2,7 +2,7 @@
 
 The runner drives engines through the :class:`bistat.engines.base.Engine` protocol only (no
 engine is special-cased) and writes the run directory of ``docs/CONTRACTS.md`` through
-:class:`bistat.store.records.RunWriter`:
+:class:`bistat.store.writer.RunWriter`:
 
 * the schedule (:mod:`bistat.core.schedule`): warm-up passes after every engine start (recorded with
   ``kind = "warmup"``, discarded by the analysis), then the declared counted passes per arm,
@@ -78,15 +78,10 @@ from bistat.engines.base import (
 from bistat.declare.concurrency import resolve_engines_concurrent
 from bistat.engines.registry import capabilities
 from bistat.run.fingerprint import collect_fingerprint
-from bistat.store.records import (
-    ENGINE_LOGS_DIR,
-    RunWriter,
-    compact,
-    logprob_sha256,
-    read_header,
-    read_jsonl,
-    token_sha256,
-)
+from bistat.store.format import ENGINE_LOGS_DIR, logprob_sha256, token_sha256
+from bistat.store.writer import RunWriter
+from bistat.store.compact import compact
+from bistat.store.readers import read_header, read_jsonl
 from bistat.core.schedule import Block, PlannedPass, plan_schedule
 from bistat.run.workload import Prompt, load_prompts, prompts_sha256, requests_for_pass
 
@@ -1030,8 +1025,9 @@ def resume_run(
 ) -> RunOutcome:
     """Continue a recorded run where it stopped (see the module docstring, "Resume").
 
-    The experiment must be the one the run was recorded for (the caller checks the
-    registration's hash against ``run.json``); the prompts must hash as they did. ``gpu_busy``
+    The experiment must be the one the run was recorded for (the caller finds the registration
+    with :func:`bistat.declare.run_registration.run_registration`, which checks its seal, and
+    checks its hash against ``run.json``); the prompts must hash as they did. ``gpu_busy``
     and ``allow_busy_gpu`` as for :func:`start_run`: a resumed run of vLLM engines on a busy GPU
     is refused (:class:`GpuBusyError`) before anything is written, unless allowed.
     """

@@ -1,3 +1,7 @@
-"""What a run leaves on disk: the records format with its writer and readers (``records``), the
-engine logs kept beside them (``enginelog``) and slimming a run for committing (``trim``).
+"""What a run leaves on disk, one module per job: ``format`` (the names, schemas, JSON encoding
+and hashes of the records), ``writer`` (appending them), ``readers`` (reading them back, whichever
+way a table is stored), ``compact`` (Parquet beside the JSONL, plain or slim), ``passes`` (which
+recorded passes count), ``run_dir`` (a run directory opened once, and where its registration
+is), ``enginelog`` (the engine logs kept beside the records) and ``trim`` (slimming a run for
+committing).
 """

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from bistat.store.records import ENGINE_LOGS_DIR, parse_time
+from bistat.store.format import ENGINE_LOGS_DIR, parse_time
 
 __all__ = ["JIT_WARNING", "EngineModes", "JitCompile", "engine_modes", "jit_compiles",
            "logged_modes"]

@@ -3,15 +3,17 @@ registered analysis reads (lossy, opt-in).
 
 :func:`trim` rewrites the :data:`OUTPUTS_FILE` of a run compacted with ``slim=True``, keeping
 each arm's reference pass in full and every other output up to its first divergence from it,
-and records what it did in both Parquet footers (``bistat.store.trim``); findings regenerate byte for
+and records what it did in both Parquet footers (``bistat.trim``); findings regenerate byte for
 byte from a trimmed run (``docs/RECORDS.md``, "Trimmed compaction").
 
-Where an output first diverges is what ``bistat.analysis.summary`` and ``bistat.analysis.anatomy`` compute, and
-the match unit to trim for is the registration's, so this module sits above them and above
-``bistat.store.records``, which they import. The storage layer keeps only what readers of a trimmed run
-need: ``records.trim_info`` (whether, and for what, a run is trimmed), ``records.check_trim``
-(whether that serves a reader) and the constants :data:`OUTPUT_LENGTH`, :data:`TRIM_RULE` and
-:data:`TRIM_SERVES`.
+Where an output first diverges is the one definition ``bistat.core.divergence`` holds (the
+analysis and the anatomy use it too), and the match unit to trim for is the registration's
+(:func:`bistat.declare.run_registration.run_declaration`, its seal checked): so the trim sits in
+the analysis stage, above the store and the declaration.
+What readers of a trimmed run need lives with the readers: ``bistat.store.readers.trim_info``
+(whether, and for what, a run is trimmed) and ``check_trim`` (whether that serves a reader);
+the constants :data:`OUTPUT_LENGTH`, :data:`TRIM_RULE` and :data:`TRIM_SERVES` are part of the
+format (``bistat.store.format``).
 """
 
 from __future__ import annotations
@@ -26,24 +28,24 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from bistat.core.divergence import divergence_position
-from bistat.store.records import (
-    _INT32,
+from bistat.declare.run_registration import RunRegistrationError, run_declaration
+from bistat.store.compact import _INT32, _write_slim
+from bistat.store.format import (
     HEADER_FILE,
-    OUTPUT_LENGTH,
     OUTPUTS_FILE,
+    OUTPUT_LENGTH,
+    RecordsError,
     TRIM_RULE,
     TRIM_SERVES,
-    RecordsError,
-    run_declaration,
-    _fsync_dir,
+)
+from bistat.store.run_dir import RecordedRun
+from bistat.store.writer import _fsync_dir
+from bistat.store.readers import (
     _parquet_is_complete,
-    _read_parquet,
     _parquet_meta,
+    _read_parquet,
     _slim_outputs,
     _trim_of,
-    _write_slim,
-    counted_passes,
-    read_header,
 )
 
 __all__ = ["trim"]
@@ -55,14 +57,18 @@ def _listed(values: np.ndarray | None) -> list | None:
     return None if values is None else values.tolist()
 
 
-def _trim_unit(run_dir: Path, unit: str | None) -> str:
+def _trim_unit(run: RecordedRun, unit: str | None) -> str:
     """The match unit to trim for: ``unit``, else the registration's that ``run.json`` names."""
+    run_dir = run.path
     if unit is not None:
         if unit not in _UNITS:
             raise RecordsError(f"{run_dir}: unit {unit!r} is not a match unit; expected one of "
                                f"{', '.join(repr(u) for u in _UNITS)}")
         return unit
-    decl = run_declaration(run_dir)
+    try:
+        decl = run_declaration(run)
+    except RunRegistrationError as exc:
+        raise RecordsError(f"{exc}; or pass the unit (bistat compact --trim --unit UNIT)") from exc
     if decl is None:
         raise RecordsError(
             f"{run_dir / HEADER_FILE}: registration.path does not name a readable registration "
@@ -122,7 +128,7 @@ def trim(run_dir: str | os.PathLike, *, unit: str | None = None) -> list[Path]:
       ``text``).
 
     Each output's full length is kept in the column :data:`OUTPUT_LENGTH`; both footers get
-    ``bistat.store.trim`` (``records.trim_info``). The hashes are never recomputed. Findings regenerate
+    ``bistat.trim`` (``bistat.store.readers.trim_info``). The hashes are never recomputed. Findings regenerate
     byte for byte; what is lost is every comparison between two non-reference passes beyond
     where they first differ from the reference (see ``docs/RECORDS.md``, "Trimmed compaction").
 
@@ -148,8 +154,8 @@ def trim(run_dir: str | os.PathLike, *, unit: str | None = None) -> list[Path]:
         be read from the registration, or the run was already trimmed for a unit that keeps
         less than ``unit`` needs.
     """
-    run_dir = Path(run_dir)
-    read_header(run_dir)
+    run = RecordedRun.open(run_dir)   # the files as they are before the trim rewrites them
+    run_dir = run.path
     resp_path = run_dir / "responses.parquet"
     slim_fix = f"run `bistat compact --slim {run_dir}` first (it needs responses.jsonl)"
     if not resp_path.is_file():
@@ -164,7 +170,7 @@ def trim(run_dir: str | os.PathLike, *, unit: str | None = None) -> list[Path]:
         raise RecordsError(f"{resp_path}: responses.jsonl has grown since compaction, so the "
                            f"Parquet file is not what is read; {slim_fix}")
     out_path, out_meta = _slim_outputs(run_dir, meta)
-    unit = _trim_unit(run_dir, unit)
+    unit = _trim_unit(run, unit)
     done = _trim_of(out_meta, out_path)
     if done is not None:
         if unit in TRIM_SERVES[done["unit"]]:
@@ -184,7 +190,7 @@ def trim(run_dir: str | os.PathLike, *, unit: str | None = None) -> list[Path]:
         if c not in light:
             light[c] = None
     # each arm's reference pass as the analysis chooses it: its first counted pass
-    references = {arm: ps[0] for arm, ps in counted_passes(run_dir).items() if ps}
+    references = {arm: ps[0] for arm, ps in run.counted_passes.items() if ps}
 
     out = _read_parquet(out_path)
     encoding = json.loads(out_meta.get("encoding", "{}"))
