@@ -33,6 +33,9 @@ done
 analyze data/h200-tp/tp1-match findings/h200 tp1-match tp1-match-exploratory
 # the newest vLLM (issues 19 and 22)
 analyze data/h200-v033/h200-v033-match-smollm2 findings/h200 h200-v033-match-smollm2
+# issue 23's end-to-end latency goal on vLLM 0.33.0 (tuned GEMM vs default, batch 8)
+analyze data/h200-v033/h200-v033-i23-latency-qwen3-8b-b8 findings/h200 h200-v033-i23-latency-qwen3-8b-b8
+analyze data/h200-v033/h200-v033-i23-latency-qwen3-17b-b8 findings/h200 h200-v033-i23-latency-qwen3-17b-b8
 # Study 1(a) on two releases, both runs under the default rule (r2's exploratory sibling)
 bistat compare data/h200/h200-match-smollm2-r2 data/h200-v033/h200-v033-match-smollm2 \
   --earlier-registration preregistrations/h200-match-smollm2-r2-exploratory.json \

@@ -33,6 +33,9 @@ TP1 = DATA_TP / "tp1-match"
 #: the re-runs on the newest vLLM (issues 19 and 22), in their own folder and budget
 DATA_V033 = ROOT / "data" / "h200-v033"
 V033_SMOL = DATA_V033 / "h200-v033-match-smollm2"
+#: issue 23's end-to-end latency runs (tuned GEMM vs default at batch 8)
+I23_B8 = DATA_V033 / "h200-v033-i23-latency-qwen3-8b-b8"
+I23_B8_17 = DATA_V033 / "h200-v033-i23-latency-qwen3-17b-b8"
 #: every committed finding of findings/h200 -> (its run directory, the registration analysed
 #: against); the first registration of each run is the one it was recorded under
 FINDINGS = {
@@ -52,6 +55,8 @@ FINDINGS = {
     "h200-cost-qwen3-1_7b-latency-b8": (B8_17, "h200-cost-qwen3-1_7b-latency-b8"),
     "tp1-match": (TP1, "tp1-match"),
     "h200-v033-match-smollm2": (V033_SMOL, "h200-v033-match-smollm2"),
+    "h200-v033-i23-latency-qwen3-8b-b8": (I23_B8, "h200-v033-i23-latency-qwen3-8b-b8"),
+    "h200-v033-i23-latency-qwen3-17b-b8": (I23_B8_17, "h200-v033-i23-latency-qwen3-17b-b8"),
 }
 #: the default rule applied to every run as an exploratory analysis (registered after the data;
 #: issue 18): NAME-exploratory for each run's own registration NAME
@@ -67,7 +72,7 @@ def _ratios(s):
 
 
 @pytest.mark.parametrize("run", [SMOL, B8, THR, SYNTH, KV128, R2, THR2, B32, B8_17, TP1,
-                                 V033_SMOL],
+                                 V033_SMOL, I23_B8, I23_B8_17],
                          ids=lambda p: p.name)
 def test_each_run_postdates_the_registration_it_was_recorded_under(run):
     """Each run against its own registration (a sibling sharing the run, -improved or -goal,
