@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -213,20 +212,9 @@ def copy_bandwidth(nbytes: int = COPY_BYTES, repeats: int = 10) -> dict[str, Any
 def host_cost_us(fn: Callable[[], Any], calls: int = HOST_CALLS,
                  repeats: int = HOST_REPEATS) -> tuple[float, float]:
     """(host us per call, wall us per call) of ``calls`` back-to-back eager calls; medians."""
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    host, wall = [], []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        t2 = time.perf_counter()
-        host.append((t1 - t0) / calls * 1e6)
-        wall.append((t2 - t0) / calls * 1e6)
-    return statistics.median(host), statistics.median(wall)
+    from bistat_kernels.host_cost import per_call_us
+
+    return per_call_us(fn, calls, repeats, warmup=10)
 
 
 def _invariance(a_big: torch.Tensor, b: torch.Tensor, ms: Sequence[int],

@@ -282,14 +282,12 @@ def stage_hostcost(out: Path) -> dict:
             fns = {"torch_mm": lambda: torch.mm(a, b),
                    "tuned_direct": lambda: mp.matmul_persistent(a, b),
                    "plugin_op": lambda: op(a, b, None)}
-            for name, fn in fns.items():
-                row[f"{name}_enqueue_us"] = round(host_cost.enqueue_us(fn), 2)
-                row[f"{name}_wall_us"] = round(host_cost.wall_us(fn), 2)
             mp.set_fast_launch(False)
-            row["tuned_jit_enqueue_us"] = round(host_cost.enqueue_us(
-                lambda: mp.matmul_persistent(a, b)), 2)
-            row["tuned_jit_wall_us"] = round(host_cost.wall_us(
-                lambda: mp.matmul_persistent(a, b)), 2)
+            fns["tuned_jit"] = lambda: mp.matmul_persistent(a, b)
+            for name, fn in fns.items():
+                mp.set_fast_launch(name != "tuned_jit")
+                enqueue, wall = host_cost.per_call_us(fn)
+                row[f"{name}_enqueue_us"], row[f"{name}_wall_us"] = round(enqueue, 2), round(wall, 2)
             mp.set_fast_launch(True)
             rows.append(row)
             log("hostcost: " + json.dumps(row))
