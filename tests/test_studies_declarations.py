@@ -85,11 +85,51 @@ NEWEST = {"h200-v033-match-smollm2": "h200-match-smollm2-r2",
           "h200-v033-cost-qwen3-8b-throughput": "h200-cost-qwen3-8b-throughput-r2"}
 
 
+#: Issue 23's end-to-end goals on vLLM 0.33.0 (the tuned GEMM against the default; cost margin
+#: 0.05), each with the vLLM 0.33.0 Study 2 declaration it follows and what it changes.
+ISSUE23 = {"h200-v033-i23-latency-qwen3-8b-b8": ("h200-v033-cost-qwen3-8b-latency-b8", {}),
+           "h200-v033-i23-latency-qwen3-8b-b32": ("h200-v033-cost-qwen3-8b-latency-b8",
+                                                  {"n_prompts": 32, "concurrency": 32}),
+           "h200-v033-i23-latency-qwen3-17b-b8": ("h200-v033-cost-qwen3-8b-latency-b8", {}),
+           "h200-v033-i23-throughput-qwen3-8b-serial": ("h200-v033-cost-qwen3-8b-throughput",
+                                                        {"passes": 16})}
+
+
 def test_the_declarations_are_the_whole_set():
     names = ({p.stem for p in EXP.glob("h200-*.toml")}
              | {p.stem for p in EXP.glob("tp*-match*.toml")})
     assert names == (set(ALL) | set(FIXTURES) | set(PROBES) | set(MECHANISM) | set(EXPLORATORY)
-                     | set(NEWEST))
+                     | set(NEWEST) | set(ISSUE23))
+
+
+@pytest.mark.parametrize("name", sorted(ISSUE23))
+def test_each_issue23_study_is_its_study2_declaration_with_two_arms_and_a_five_percent_margin(
+        name):
+    """The arms default and bi-tuned-gemm of the Study 2 declaration on 0.33.0, the same engine
+    arguments and rule but for the cost margin (0.05: issue 23's goals), the workload changed only
+    where the table says; registered before any data (its runs, if any, postdate it)."""
+    from bistat.declare.prereg import load_registration
+
+    base, workload_changes = ISSUE23[name]
+    mine, theirs = load_experiment(EXP / f"{name}.toml"), load_experiment(EXP / f"{base}.toml")
+    assert [(a.name, a.role, a.env) for a in mine.arms] == [
+        (a.name, a.role, a.env) for a in theirs.arms if a.name in ("default", "bi-tuned-gemm")]
+    assert mine.engine.required_version == "0.33.0"
+    assert mine.engine.args == theirs.engine.args and mine.engine.kind == theirs.engine.kind
+    assert mine.engine.model == ("/tmp/model/qwen3-1.7b-config" if "17b" in name
+                                 else theirs.engine.model)
+    assert (mine.engine.engines_concurrent is False) == name.endswith("-serial")
+    w_mine, w_theirs = mine.workload.model_dump(), theirs.workload.model_dump()
+    assert {k: v for k, v in w_mine.items() if w_theirs[k] != v} == workload_changes
+    assert mine.rule.labels == theirs.rule.labels and mine.rule.cost.margin == 0.05
+    assert mine.rule.cost.metric == theirs.rule.cost.metric
+    reg = load_registration(ROOT / "preregistrations" / f"{name}.json")
+    assert reg.experiment().resolved() == mine.resolved()
+    # sealed with the package-index check off (BISTAT_PACKAGE_INDEX=off): the seal says so, and
+    # so do the findings ("the newest vllm release is unknown"), rather than claiming a newest
+    release = reg.sealed["engine_release"]
+    assert (release["package"], release["index"], release["newest"]) == ("vllm", "off", None)
+    assert "BISTAT_PACKAGE_INDEX=off" in release["error"]
 
 
 @pytest.mark.parametrize("name", sorted(NEWEST))
