@@ -401,6 +401,8 @@ def matmul_persistent(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | Non
                        (split_k, _SPLITK_REDUCE_BLOCK, bias is not None), 4, 3)
     if plan_key is not None and key in _COMPILED and (reduce_key is None
                                                       or reduce_key in _COMPILED):
+        if len(_PLANS) >= MAX_PLANS:  # one plan per call shape: bound them (a few hundred bytes each)
+            _PLANS.clear()
         _PLANS[plan_key] = _make_plan(
             _COMPILED[key], _TAILS[key], grid0, tma, M, N, K, sa0, sb1, c.device, dtype,
             split_k if reduce_key is not None else 1,
@@ -450,6 +452,9 @@ def _make_plan(compiled, tail: tuple, grid0: int, tma: bool, M: int, N: int, K: 
 
 
 _PLANS: dict[tuple, object] = {}  # plan key (see matmul_persistent) -> plan
+#: Plans kept at most; then they are dropped and rebuilt (a rebuild is one direct launch through
+#: the compiled kernel). vLLM's eager steps can see every M up to its batched-token limit.
+MAX_PLANS = 16384
 
 
 # ---- the launch --------------------------------------------------------------------------------

@@ -98,6 +98,19 @@ def test_anything_triton_specialises_on_goes_back_through_the_jit_call(fake_kern
     assert kinds == ["jit", "direct", "jit", "jit", "jit", "jit", "jit", "direct"]
 
 
+def test_plans_are_one_per_call_shape_and_bounded(fake_kernel, monkeypatch):
+    monkeypatch.setattr(mp, "MAX_PLANS", 3)
+    b = torch.randn(32, 64).t()
+    for m in (1, 2, 3):
+        mp.matmul_persistent(torch.randn(m, 64), b, config=CFG)
+        mp.matmul_persistent(torch.randn(m, 64), b, config=CFG)
+    assert len(mp._PLANS) == 3
+    mp.matmul_persistent(torch.randn(4, 64), b, config=CFG)  # a fourth shape: the cache restarts
+    assert len(mp._PLANS) == 1
+    kinds = [entry[0] for entry in fake_kernel]
+    assert kinds == ["jit"] + ["direct"] * 6  # one compile; every later launch direct
+
+
 def test_the_direct_path_can_be_switched_off(fake_kernel, monkeypatch):
     monkeypatch.setattr(mp, "_FAST_LAUNCH", False)
     a, b = torch.randn(4, 64), torch.randn(32, 64).t()
