@@ -16,9 +16,9 @@ Beside the graph timing, the document carries:
   streaming its weight once at the speed HBM delivers.
 - ``host``: host cost per call in eager mode, the path vLLM takes above its CUDA-graph sizes:
   :data:`HOST_CALLS` back-to-back calls from Python at M in :data:`HOST_MS`, no CUDA graph,
-  synchronised only before and after. ``*_us`` is the Python loop's time per call before the final
-  synchronisation; the calls are few enough that the launch queue never fills, so that is the
-  host's cost however long the kernels run; ``*_wall_us`` includes the wait for the GPU.
+  synchronised only before and after, the operators' runs interleaved. ``*_us`` is the Python
+  loop's time per call before the final synchronisation; the calls are few enough that the
+  launch queue never fills, so that is the host's cost however long the kernels run; ``*_wall_us`` includes the wait for the GPU.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ ROOFLINE_MAX_M = 16
 COPY_BYTES = 2 * 2**30  # the bandwidth copy: at least 2 GiB, far beyond the L2 cache
 HOST_MS: tuple[int, ...] = (1, 16)
 HOST_CALLS = 200  # <= 2 kernels a call: the launch queue (about 1024 entries) never fills
-HOST_REPEATS = 7
+HOST_REPEATS = 9
 HOST_GOAL_US = 5.0  # tuned - torch.mm host cost per call
 
 
@@ -209,12 +209,13 @@ def copy_bandwidth(nbytes: int = COPY_BYTES, repeats: int = 10) -> dict[str, Any
             "counted": "bytes read + bytes written per copy", "repeats": repeats}
 
 
-def host_cost_us(fn: Callable[[], Any], calls: int = HOST_CALLS,
-                 repeats: int = HOST_REPEATS) -> tuple[float, float]:
-    """(host us per call, wall us per call) of ``calls`` back-to-back eager calls; medians."""
-    from bistat_kernels.host_cost import per_call_us
+def host_cost_us(fns: dict[str, Callable[[], Any]], calls: int = HOST_CALLS,
+                 repeats: int = HOST_REPEATS) -> dict[str, tuple[float, float]]:
+    """name -> (host us per call, wall us per call) of ``calls`` back-to-back eager calls of each
+    operator, their runs interleaved (:func:`bistat_kernels.host_cost.side_by_side_us`); medians."""
+    from bistat_kernels.host_cost import side_by_side_us
 
-    return per_call_us(fn, calls, repeats, warmup=10)
+    return side_by_side_us(fns, calls, repeats, warmup=10)
 
 
 def _invariance(a_big: torch.Tensor, b: torch.Tensor, ms: Sequence[int],
@@ -296,10 +297,11 @@ def bench_shape(shape: GemmShape, ms: Sequence[int], dtype: torch.dtype = torch.
         a = a_big[:m]
         row: dict[str, Any] = {"model": shape.model, "layer": shape.layer, "n": shape.n,
                                "k": shape.k, "m": m}
-        row["tuned_us"], row["tuned_wall_us"] = host_cost_us(lambda: mp.matmul_persistent(a, b))
-        row["torch_mm_us"], row["torch_mm_wall_us"] = host_cost_us(lambda: torch.mm(a, b))
+        fns = {"tuned": lambda: mp.matmul_persistent(a, b), "torch_mm": lambda: torch.mm(a, b)}
         if vllm_kernel is not None and m in {r.m for r in rows if r.vllm_ms is not None}:
-            row["vllm_us"], row["vllm_wall_us"] = host_cost_us(lambda: vllm_kernel.mm(a, b))
+            fns["vllm"] = lambda: vllm_kernel.mm(a, b)
+        for name, (host_us, wall_us) in host_cost_us(fns).items():
+            row[f"{name}_us"], row[f"{name}_wall_us"] = host_us, wall_us
         row["tuned_minus_mm_us"] = row["tuned_us"] - row["torch_mm_us"]
         host.append(row)
     del b_copies

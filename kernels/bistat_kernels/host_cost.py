@@ -10,14 +10,18 @@ divided by ``calls``. The GPU works through the queue meanwhile; as long as the 
 fill (the CUDA launch queue holds about a thousand launches, ``calls`` stays well below), issuing
 never waits for the GPU, so the figure is host time alone. It also returns the time per call
 with the final synchronisation: what the GPU and the host together allow. Each is the median of
-``repeats`` runs. ``bistat kernels bench`` and ``kernels/device/gpu_call.py hostcost`` use it.
+``repeats`` runs. :func:`side_by_side_us` measures several operators that way with their runs
+interleaved (run r of each, in an order that rotates with r), so that a change of the host's
+speed during the measurement (clock, another process) reaches all of them alike rather than
+whichever ran at the time; ``bistat kernels bench`` and ``kernels/device/gpu_call.py hostcost``
+use it.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -46,3 +50,35 @@ def per_call_us(fn: Callable[[], Any], calls: int = 400, repeats: int = 7,
         host.append((t1 - t0) / calls * 1e6)
         wall.append((t2 - t0) / calls * 1e6)
     return statistics.median(host), statistics.median(wall)
+
+
+def _issue(fn: Callable[[], Any], calls: int) -> tuple[float, float]:
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    return (t1 - t0) / calls * 1e6, (t2 - t0) / calls * 1e6
+
+
+def side_by_side_us(fns: Mapping[str, Callable[[], Any]], calls: int = 400, repeats: int = 9,
+                    warmup: int = 20) -> dict[str, tuple[float, float]]:
+    """:func:`per_call_us` of each operator, their runs interleaved: name -> (host, wall) medians.
+
+    Run ``r`` of every operator comes before run ``r + 1`` of any, and the order within a round
+    rotates by one each round, so no operator always runs first after another's queue drained.
+    """
+    names = list(fns)
+    for name in names:
+        for _ in range(warmup):
+            fns[name]()
+    torch.cuda.synchronize()
+    host: dict[str, list[float]] = {name: [] for name in names}
+    wall: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            h, w = _issue(fns[name], calls)
+            host[name].append(h)
+            wall[name].append(w)
+    return {name: (statistics.median(host[name]), statistics.median(wall[name])) for name in names}

@@ -23,15 +23,17 @@ candidate it keeps.
 
 Split-K runs in one of two ways, a per-bucket launch choice. *Parallel*: every (split, tile) pair
 is its own persistent work item; each writes its float32 partial sum to a workspace
-``[SPLIT_K, M, N]`` and ``_splitk_reduce_kernel`` computes ``((p0 + p1) + ...) + bias``. *Fused*
-(``FUSE_SPLITS``): one work item per tile runs the splits one after another; each split starts
-from a fresh float32 zero accumulator and runs the very same ``tl.dot(a, b, acc)`` chain over the
-same K-tiles with the same masks (one helper, :func:`_split_partial`, serves both modes), and the
-partial sums are added in registers in the reduce kernel's order: ``total = p0``, then
-``total = total + p1``, ... , then ``+ bias`` in float32, then the cast. Storing a float32 partial
-to the workspace and loading it back is exact, and float32 addition is the same IEEE operation in
-either kernel, so fused and parallel produce the same bits: the same operations on the same values
-in the same order, with no workspace and no second kernel.
+``[SPLIT_K, M, N]`` and counts itself in the tile's counter, and the program that brings the
+tile's last partial, whichever split it computed, adds the partials ``total = p0``, then
+``total = total + p1``, ... , then ``+ bias`` in float32, then the cast (one launch; the counter
+goes back to zero). *Fused* (``FUSE_SPLITS``): one work item per tile runs the splits one after
+another; each split starts from a fresh float32 zero accumulator and runs the very same
+``tl.dot(a, b, acc)`` chain over the same K-tiles with the same masks (one helper,
+:func:`_split_partial`, serves both modes), and the partial sums are added in registers in the
+same order. Storing a float32 partial to the workspace and loading it back is exact, and float32
+addition is the same IEEE operation in either place, so fused and parallel produce the same bits:
+the same operations on the same values in the same order. Which program adds the partials
+decides nothing but where the sum happens.
 """
 
 from __future__ import annotations
@@ -46,7 +48,6 @@ from bistat_kernels import tables
 
 _TORCH_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16",
                       torch.float32: "float32"}
-_SPLITK_REDUCE_BLOCK = 1024
 
 # Resolved once per process (first launch): the multiprocessor count and the device's name.
 # Plain module values, not functools.lru_cache (torch.compile's tracer rejects lru_cache).
@@ -133,9 +134,34 @@ def _store_output(c_ptr, bias_ptr, total, offs_cm, offs_cn, c_mask, N, stride_cm
     tl.store(c_ptrs, total.to(c_ptr.dtype.element_ty), mask=c_mask)
 
 
+@triton.jit
+def _split_store_and_fixup(ws_ptr, lock_ptr, c_ptr, bias_ptr, accumulator, split, tile,
+                           offs_cm, offs_cn, c_mask, M, N, stride_cm, stride_cn,
+                           SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr):
+    # One split's float32 partial goes to the workspace [SPLIT_K, M, N]; the program that brings a
+    # tile's last partial (whichever split that is) adds the tile's partials in split order,
+    # total = p0, total = total + p1, ..., then + bias and the cast: the same operations in the
+    # same order as the fused mode, whatever order the programs arrive in.
+    mn = M.to(tl.int64) * N
+    offs = offs_cm.to(tl.int64)[:, None] * N + offs_cn.to(tl.int64)[None, :]
+    tl.store(ws_ptr + split.to(tl.int64) * mn + offs, accumulator, mask=c_mask)
+    # every thread's stores are issued before one thread releases them with the count (gpu scope)
+    tl.debug_barrier()
+    arrived = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    if arrived == SPLIT_K - 1:
+        # the partials of other programs are read from L2 (.cg), never from a stale L1 line
+        total = tl.load(ws_ptr + offs, mask=c_mask, other=0.0, cache_modifier=".cg")
+        for s in tl.static_range(1, SPLIT_K):
+            total += tl.load(ws_ptr + s * mn + offs, mask=c_mask, other=0.0, cache_modifier=".cg")
+        # the counter goes back to zero for the next launch on this stream (they run in order)
+        tl.atomic_xchg(lock_ptr + tile, 0, sem="relaxed", scope="gpu")
+        _store_output(c_ptr, bias_ptr, total, offs_cm, offs_cn, c_mask, N, stride_cm,
+                      stride_cn, HAS_BIAS)
+
+
 @triton.jit(do_not_specialize=["M"])
 def _matmul_persistent_kernel(
-    a_ptr, b_ptr, c_ptr, ws_ptr, bias_ptr,
+    a_ptr, b_ptr, c_ptr, ws_ptr, bias_ptr, lock_ptr,
     M, N, K,
     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
@@ -153,7 +179,7 @@ def _matmul_persistent_kernel(
 
     if FUSE_SPLITS:
         # Fused split-K: num_pid_m x num_pid_n tiles; each runs its SPLIT_K splits in order and
-        # adds the partial sums as _splitk_reduce_kernel does: total = p0; total = total + p1; ...
+        # adds the partial sums as the parallel mode does: total = p0; total = total + p1; ...
         for tile_id in tl.range(start_pid, num_mn, NUM_PROGRAMS):
             pid_m, pid_n = _compute_pid(tile_id, num_pid_in_group, num_pid_m, GROUP_SIZE_M)
             offs_am, offs_bn = _operand_offsets(pid_m, pid_n, M, N, BLOCK_SIZE_M, BLOCK_SIZE_N,
@@ -189,31 +215,9 @@ def _matmul_persistent_kernel(
                 _store_output(c_ptr, bias_ptr, accumulator, offs_cm, offs_cn, c_mask, N,
                               stride_cm, stride_cn, HAS_BIAS)
             else:
-                # float32 partial sums, workspace [SPLIT_K, M, N] contiguous
-                ws_offs = (split.to(tl.int64) * M * N + offs_cm.to(tl.int64)[:, None] * N
-                           + offs_cn.to(tl.int64)[None, :])
-                tl.store(ws_ptr + ws_offs, accumulator, mask=c_mask)
-
-
-@triton.jit(do_not_specialize=["M"])
-def _splitk_reduce_kernel(
-    ws_ptr, c_ptr, bias_ptr, M, N, stride_cm, stride_cn,
-    SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr,
-):
-    # C[m, n] = ((ws[0, m, n] + ws[1, m, n]) + ...) + bias[n], always in this order.
-    pid = tl.program_id(axis=0)
-    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
-    total = M.to(tl.int64) * N
-    mask = offs < total
-    acc = tl.load(ws_ptr + offs, mask=mask, other=0.0)
-    for s in tl.static_range(1, SPLIT_K):
-        acc += tl.load(ws_ptr + s * total + offs, mask=mask, other=0.0)
-    offs_m = offs // N
-    offs_n = offs % N
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_n, mask=mask, other=0.0).to(tl.float32)
-    tl.store(c_ptr + offs_m * stride_cm + offs_n * stride_cn,
-             acc.to(c_ptr.dtype.element_ty), mask=mask)
+                _split_store_and_fixup(ws_ptr, lock_ptr, c_ptr, bias_ptr, accumulator, split,
+                                       tile_id % num_mn, offs_cm, offs_cn, c_mask, M, N,
+                                       stride_cm, stride_cn, SPLIT_K, HAS_BIAS)
 
 
 @triton.jit
@@ -234,7 +238,7 @@ def _split_partial_tma(a_desc, w_desc, row0, col0, k_tile0, k_tiles_per_split,
 
 @triton.jit(do_not_specialize=["M"])
 def _matmul_persistent_tma_kernel(
-    a_desc, w_desc, c_ptr, ws_ptr, bias_ptr,
+    a_desc, w_desc, c_ptr, ws_ptr, bias_ptr, lock_ptr,
     M, N, K,
     stride_cm, stride_cn,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
@@ -280,9 +284,9 @@ def _matmul_persistent_tma_kernel(
                 _store_output(c_ptr, bias_ptr, accumulator, offs_cm, offs_cn, c_mask, N,
                               stride_cm, stride_cn, HAS_BIAS)
             else:
-                ws_offs = (split.to(tl.int64) * M * N + offs_cm.to(tl.int64)[:, None] * N
-                           + offs_cn.to(tl.int64)[None, :])
-                tl.store(ws_ptr + ws_offs, accumulator, mask=c_mask)
+                _split_store_and_fixup(ws_ptr, lock_ptr, c_ptr, bias_ptr, accumulator, split,
+                                       tile_id % num_mn, offs_cm, offs_cn, c_mask, M, N,
+                                       stride_cm, stride_cn, SPLIT_K, HAS_BIAS)
 
 
 def _device_facts(device: torch.device) -> tuple[int, str | None]:
@@ -332,7 +336,7 @@ def matmul_persistent(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | Non
     -----
     The table entry for ``(dtype, N, K)`` fixes ``block_k`` and ``split_k`` for all M (see the
     module docstring); ``config.fuse_splits`` adds split-K partial sums inside the GEMM kernel
-    (no float32 workspace, no reduce kernel) with the same bits as the parallel mode;
+    (no float32 workspace, no counters) with the same bits as the parallel mode;
     ``config.tma`` loads the operand tiles through tensor descriptors where the operands allow it
     (16-byte aligned, unit inner stride; otherwise pointer loads, with the same bits). Shapes
     without an entry use vLLM 0.25.0's fixed configuration, which is logged once per shape. On a
@@ -366,18 +370,18 @@ def matmul_persistent(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | Non
     if M == 0 or N == 0:
         return c
     split_k = config.split_k
-    fused = config.fuse_splits  # always False when split_k == 1 (GemmConfig normalises it)
-    if split_k > 1 and not fused:
-        ws = torch.empty((split_k, M, N), device=a.device, dtype=torch.float32)  # [S, M, N]
-    else:
-        ws = c  # unused by the kernel: no split, or splits added in the kernel
-    block_m = config.block_m
-    num_tiles = (-(-M // block_m) * -(-N // config.block_n) * (1 if fused else split_k))
+    parallel = split_k > 1 and not config.fuse_splits  # fuse_splits is False when split_k == 1
+    num_mn = -(-M // config.block_m) * -(-N // config.block_n)
     num_programs = num_sms * config.programs_per_sm
-    grid0 = min(num_programs, num_tiles)
+    grid0 = min(num_programs, num_mn * (split_k if parallel else 1))
     sa0, sa1 = a.stride()
     sb0, sb1 = b.stride()
     a_ptr, b_ptr = a.data_ptr(), b.data_ptr()
+    if parallel:
+        ws = torch.empty((split_k, M, N), device=a.device, dtype=torch.float32)  # [S, M, N]
+        locks = _lock_buffer(a.device, _current_stream(a.device), num_mn)
+    else:
+        ws = locks = c  # unused by the kernel: no split, or splits added in one program
     c_large = M * N > 2**31
     tma = (config.tma and sa1 == 1 and sb0 == 1 and dtype is not torch.float32
            and (sa0 * 2) % 16 == 0 and (sb1 * 2) % 16 == 0 and a_ptr % 16 == 0
@@ -385,70 +389,183 @@ def matmul_persistent(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | Non
     key = (config, dtype, N, K, sa0, sa1, sb0, sb1, a_ptr % 16 == 0, b_ptr % 16 == 0,
            None if bias is None else bias.data_ptr() % 16 == 0, M * K > 2**31, K * N > 2**31,
            c_large, tma, a.device.index)
-    has_bias = bias is not None and (split_k == 1 or fused)
+    has_bias = bias is not None
     if tma:
         head = (_TmaOperand(a, (M, K), (sa0, 1)), _TmaOperand(b, (N, K), (sb1, 1)),
-                c, ws, bias, M, N, K, N, 1)
+                c, ws, bias, locks, M, N, K, N, 1)
     else:
-        head = (a, b, c, ws, bias, M, N, K, sa0, sa1, sb0, sb1, N, 1)
+        head = (a, b, c, ws, bias, locks, M, N, K, sa0, sa1, sb0, sb1, N, 1)
     _launch(key, grid0, head, config, num_programs, has_bias, tma)
-    reduce_key = None
-    reduce_grid = -(-(M * N) // _SPLITK_REDUCE_BLOCK)
-    if split_k > 1 and not fused:
-        reduce_key = ("reduce", split_k, dtype, N, key[10], a.device.index)
-        _launch_direct(reduce_key, _splitk_reduce_kernel, reduce_grid,
-                       (ws, c, bias, M, N, N, 1),
-                       (split_k, _SPLITK_REDUCE_BLOCK, bias is not None), 4, 3)
-    if plan_key is not None and key in _COMPILED and (reduce_key is None
-                                                      or reduce_key in _COMPILED):
-        if len(_PLANS) >= MAX_PLANS:  # one plan per call shape: bound them (a few hundred bytes each)
+    if plan_key is not None and key in _COMPILED:
+        if len(_PLANS) >= MAX_PLANS:  # one plan per call shape: bound them (a few hundred bytes)
             _PLANS.clear()
-        _PLANS[plan_key] = _make_plan(
-            _COMPILED[key], _TAILS[key], grid0, tma, M, N, K, sa0, sb1, c.device, dtype,
-            split_k if reduce_key is not None else 1,
-            None if reduce_key is None else (_COMPILED[reduce_key], _TAILS[reduce_key],
-                                             reduce_grid))
+        _PLANS[plan_key] = _make_plan(_COMPILED[key], _TAILS[key], grid0, tma, M, N, K, sa0, sb1,
+                                      c.device, dtype, split_k if parallel else 1, num_mn)
     return c
 
 
 def _make_plan(compiled, tail: tuple, grid0: int, tma: bool, M: int, N: int, K: int, sa0: int,
-               sb1: int, device: torch.device, dtype: torch.dtype, split_k: int,
-               reduce: tuple | None):
-    """A launch with everything but the tensors fixed: allocate, launch, (reduce,) return.
+               sb1: int, device: torch.device, dtype: torch.dtype, split_k: int, num_mn: int):
+    """A launch with everything but the tensors fixed: allocate, launch, return.
 
     The same arguments in the same order as the first launch of its kind passed to Triton; the
     tensors' strides and alignment are part of the plan's key, so only their addresses change.
+    Where the compiled kernel's launcher allows it (:func:`_raw_launcher`), the plan calls the
+    launcher Triton's own wrapper calls, with the descriptor arguments expanded as Triton expands
+    them and kept per operand address; otherwise it calls the compiled kernel's ``run``.
     """
     stream_of, device_now = _STREAM_OF, _DEVICE_NOW
     function, packed = compiled.function, compiled.packed_metadata
     run = compiled.run
-    if reduce is not None:
-        r_compiled, r_tail, r_grid = reduce
-        r_run, r_function, r_packed = r_compiled.run, r_compiled.function, r_compiled.packed_metadata
+    raw = _raw_launcher(compiled, tma)
+    parallel = split_k > 1
     sa1, sb0 = 1, 1  # when tma is off the strides are read from the tensors (they are in the key)
 
     def plan(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         c = torch.empty((M, N), device=device, dtype=dtype)  # [M, N]
-        if reduce is not None:
-            ws = torch.empty((split_k, M, N), device=device, dtype=torch.float32)  # [S, M, N]
-        else:
-            ws = c
         stream = stream_of(device_now())
-        if tma:
+        if parallel:
+            ws = torch.empty((split_k, M, N), device=device, dtype=torch.float32)  # [S, M, N]
+            locks = _lock_buffer(device, stream, num_mn)
+        else:
+            ws = locks = c
+        if raw is not None:
+            if tma:
+                raw(grid0, stream, function, packed,
+                    (*raw.descriptor(0, a, (M, K), (sa0, sa1)),
+                     *raw.descriptor(1, b, (N, K), (sb1, sb0)),
+                     c, ws, bias, locks, M, N, K, N, 1, *tail))
+            else:
+                as0, as1 = a.stride()
+                bs0, bs1 = b.stride()
+                raw(grid0, stream, function, packed,
+                    (a, b, c, ws, bias, locks, M, N, K, as0, as1, bs0, bs1, N, 1, *tail))
+        elif tma:
             run(grid0, 1, 1, stream, function, packed, None, None, None,
                 _TmaOperand(a, (M, K), (sa0, sa1)), _TmaOperand(b, (N, K), (sb1, sb0)),
-                c, ws, bias, M, N, K, N, 1, *tail)
+                c, ws, bias, locks, M, N, K, N, 1, *tail)
         else:
             as0, as1 = a.stride()
             bs0, bs1 = b.stride()
             run(grid0, 1, 1, stream, function, packed, None, None, None,
-                a, b, c, ws, bias, M, N, K, as0, as1, bs0, bs1, N, 1, *tail)
-        if reduce is not None:
-            r_run(r_grid, 1, 1, stream, r_function, r_packed, None, None, None,
-                  ws, c, bias, M, N, N, 1, *r_tail)
+                a, b, c, ws, bias, locks, M, N, K, as0, as1, bs0, bs1, N, 1, *tail)
         return c
 
     return plan
+
+
+# ---- split-K tile counters ---------------------------------------------------------------------
+#
+# Parallel split-K counts each tile's arrived partials in an int32 counter that the last program
+# of the tile sets back to zero, so a buffer is zero between launches. Launches on one stream run
+# in order and may share a buffer; launches on two streams may run at once and must not, so the
+# buffer is kept per (device, stream). A buffer that has to grow is replaced, and the old one is
+# kept alive: a CUDA graph captured with it still points at it.
+
+_LOCKS: dict[tuple, torch.Tensor] = {}  # (device index, stream handle) -> int32 counters, zeros
+_RETIRED_LOCKS: list[torch.Tensor] = []
+
+
+def _lock_buffer(device: torch.device, stream: int, tiles: int) -> torch.Tensor:
+    locks = _LOCKS.get((device.index, stream))
+    if locks is None or locks.numel() < tiles:
+        if locks is not None:
+            _RETIRED_LOCKS.append(locks)
+        size = max(tiles, 1024 if locks is None else 2 * locks.numel())
+        locks = torch.zeros(size, device=device, dtype=torch.int32)
+        _LOCKS[(device.index, stream)] = locks
+    return locks
+
+
+def _current_stream(device: torch.device) -> int:
+    return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+
+
+# ---- the compiled kernel's launcher, without Triton's per-call Python ---------------------------
+#
+# ``CompiledKernel.run`` (Triton's ``CudaLauncher``) allocates the kernel's scratch memory and,
+# for a kernel with tensor-descriptor arguments, goes through a wrapper that expands every
+# descriptor into the CUDA tensor map and the shape and strides the kernel takes, encoding the
+# tensor map again on each call (``make_tensordesc_arg``). That is about 8 us per eager call on the
+# H200's host for the two descriptors (kernels/results/host_cost_nvidia_h200.json: the m=1 rows,
+# which use descriptor loads, against the m=16 rows, which do not). A tensor map is a function
+# of the address, shape, strides and the kernel's block and swizzle only; a plan fixes all but the
+# address, so :class:`_RawLauncher` keeps each expansion per address, using Triton's own
+# ``make_tensordesc_arg`` to make it, and calls the launcher the wrapper calls. Three calling
+# conventions are known: triton 3.6 (a launcher compiled per kernel, arguments flattened after
+# the scratch pointers and the metadata) and triton 3.7/3.8 (one launcher for all kernels, the
+# argument list last, after the kernel's argument annotations and signature). Anything else (no
+# such wrapper, scratch memory, a sanitizer, descriptors Triton does not lower to tensor maps)
+# keeps ``run``.
+
+_DESCRIPTORS_KEPT = 64  # per operand of a plan; then the kept expansions start again
+
+
+class _RawLauncher:
+    """Launch one compiled kernel as Triton's ``CudaLauncher.__call__`` would, minus its Python."""
+
+    __slots__ = ("launch", "listed", "coop", "pdl", "annotations", "signature", "metas", "make",
+                 "kept")
+
+    def __init__(self, launch, listed: bool, run, metas, make):
+        self.launch, self.listed, self.metas, self.make = launch, listed, metas, make
+        self.coop, self.pdl = run.launch_cooperative_grid, run.launch_pdl
+        self.annotations = getattr(run, "arg_annotations", None)
+        self.signature = getattr(run, "kernel_signature", None)
+        self.kept: tuple[dict, ...] = tuple({} for _ in metas)
+
+    def descriptor(self, i: int, base: torch.Tensor, shape: tuple, strides: tuple) -> list:
+        """Descriptor argument ``i`` expanded as Triton expands it (kept per address)."""
+        kept = self.kept[i]
+        ptr = base.data_ptr()
+        expanded = kept.get(ptr)
+        if expanded is None:
+            if len(kept) >= _DESCRIPTORS_KEPT:
+                kept.clear()
+            expanded = kept[ptr] = self.make(_TmaOperand(base, shape, strides), self.metas[i])
+        return expanded
+
+    def __call__(self, grid0: int, stream: int, function, packed, args: tuple) -> None:
+        if self.listed:  # triton 3.7, 3.8: a list after expanding descriptors, else the tuple
+            self.launch(grid0, 1, 1, stream, function, self.coop, self.pdl, packed, None, None,
+                        None, None, None, self.annotations, self.signature,
+                        list(args) if self.metas else args)
+        else:  # triton 3.6
+            self.launch(grid0, 1, 1, stream, function, self.coop, self.pdl, None, None, packed,
+                        None, None, None, *args)
+
+
+def _raw_launcher(compiled, tma: bool) -> _RawLauncher | None:
+    """The launcher under ``compiled.run``, or None where only ``run`` is known to be right."""
+    run = getattr(compiled, "run", None)
+    launch = getattr(run, "launch", None)
+    if launch is None or getattr(run, "gsan_enabled", False):
+        return None
+    if (getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1)
+            or not hasattr(run, "launch_cooperative_grid") or not hasattr(run, "launch_pdl")):
+        return None
+    listed = hasattr(run, "arg_annotations") and hasattr(run, "kernel_signature")
+    closure = getattr(launch, "__closure__", None)
+    if not tma:
+        # no descriptor: Triton's wrapper is the launcher itself (a C function)
+        return None if closure else _RawLauncher(launch, listed, run, (), None)
+    if not closure:
+        return None
+    cells = dict(zip(launch.__code__.co_freevars, (c.cell_contents for c in closure)))
+    inner, metas = cells.get("launcher"), cells.get("tensordesc_meta")
+    if inner is None or not metas or len(metas) != 2 or any(m is None for m in metas):
+        return None
+    make = cells.get("make_tensordesc_arg")  # triton 3.8 passes it in: (arg, meta, base_args)
+    if make is not None:
+        make3 = make
+        make = lambda arg, meta: make3(arg, meta, None)  # noqa: E731 (its third argument is unused)
+    else:
+        import sys
+
+        make = getattr(sys.modules.get(type(run).__module__), "make_tensordesc_arg", None)
+        if make is None:
+            return None
+    return _RawLauncher(inner, listed, run, tuple(metas), make)
 
 
 _PLANS: dict[tuple, object] = {}  # plan key (see matmul_persistent) -> plan
@@ -469,9 +586,8 @@ MAX_PLANS = 16384
 # "The same kind" is a key holding everything Triton specialises on: for the GEMM, the config (every
 # constexpr and launch option), the dtype, N and K and the four operand strides (values, so
 # their ==1 and %16 classes too), each pointer's 16-byte alignment, the int64-offset flags and
-# the device. M is declared ``do_not_specialize`` and the output and workspace are fresh
-# allocations (always aligned), so neither needs more; for the split-K reduce kernel, the number
-# of splits, the dtype, N and the bias's alignment (M is not specialised there either). The path is off under
+# the device. M is declared ``do_not_specialize`` and the output, workspace and split-K counters
+# are allocations of their own (always aligned), so neither needs more. The path is off under
 # ``BISTAT_GEMM_FAST_LAUNCH=0``, in Triton's interpreter (no compiled kernel), and while a
 # launch hook is installed (profilers: Triton then builds launch metadata per call; with none,
 # it passes the empty hook chains, which do nothing, where the direct path passes None).
@@ -534,14 +650,6 @@ def _launch(key: tuple, grid0: int, head: tuple, config: tables.GemmConfig, num_
         jit_head = head
         kernel = _matmul_persistent_kernel
     _launch_jit(key, kernel, grid0, jit_head, tail, config.num_warps, config.num_stages)
-
-
-def _launch_direct(key: tuple, kernel, grid0: int, head: tuple, tail: tuple, num_warps: int,
-                   num_stages: int) -> None:
-    """Launch ``kernel`` directly when this kind was launched before, else through Triton."""
-    if _FAST_LAUNCH and _run_direct(key, grid0, head):
-        return
-    _launch_jit(key, kernel, grid0, head, tail, num_warps, num_stages)
 
 
 def _run_direct(key: tuple, grid0: int, head: tuple) -> bool:

@@ -8,8 +8,9 @@ Method, per weight shape ``(N, K)``:
 2. *Launch parameters* per M bucket: with that layout fixed, every launch candidate of the bucket
    is timed at the bucket's upper bound M, and the fastest one that passes both gates is kept.
    For split-K layouts the prefill buckets (M > 512) try every candidate twice, with the
-   splits' partial sums added by the separate reduce kernel (parallel) and inside the GEMM
-   kernel (fused): a launch choice per bucket that leaves the bits unchanged, so timing decides.
+   splits run by separate programs whose last one adds the partial sums (parallel) and by one
+   program, one split after another (fused): a launch choice per bucket that leaves the bits
+   unchanged, so timing decides.
    Smaller buckets try the parallel form only (see ``FUSED_CLASSES``).
 
 Both gates run on every candidate before it is timed: gate 1 compares rows of the candidate's
@@ -97,8 +98,9 @@ _LAUNCH_CANDIDATES: dict[str, tuple[tuple[int, int, int, int, int], ...]] = {
 
 
 # Bucket classes whose split-K candidates also come in the fused form. Fused split-K runs a tile's
-# splits one after another in one program: it saves the workspace and the reduce kernel, which
-# pays at prefill sizes, but gives up the extra parallelism split-K exists for at decode sizes.
+# splits one after another in one program: it saves the workspace and the partials' round trip,
+# which pays at prefill sizes, but gives up the extra parallelism split-K exists for at decode
+# sizes.
 # Measured on the H200: at M = 1 and 16 the best fused candidate of qwen3-8b/qkv (split-K 2) was
 # 13 % and 4 % slower than the best parallel one, at M = 256 within 2 %, at M = 4096 17 % faster
 # (kernels/results/call4_retune_partial/, device call 10, not adopted); for both split-K `down` shapes fused
@@ -165,7 +167,7 @@ def reduction_candidates(n: int, k: int, num_sms: int) -> list[tuple[int, int]]:
     Split-K 2 (BLOCK_K 128) is tried for every N <= 8192 and wherever even 32-column tiles leave
     multiprocessors idle at M = 1; with K >= 4096 split-K 4 as well; BLOCK_K 256 (fewer, longer
     loads per K-step at decode sizes) wherever K >= 2048. The fused mode (partial
-    sums added in the GEMM kernel) spares prefill sizes the workspace and the reduce kernel, so
+    sums added in the program that computed them) spares prefill sizes the workspace, so
     a split layout chosen for decode no longer costs much at large M.
     """
     out = [(64, 1), (128, 1)]

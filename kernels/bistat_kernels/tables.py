@@ -7,8 +7,8 @@ values change with the batch size M; they change how output tiles are scheduled,
 in which an output element's K-reduction is summed, which is what keeps a row's bits independent
 of the batch it sits in. Values above the largest bucket reuse the largest bucket. For split-K
 layouts a bucket may also set ``fuse_splits`` (optional, default false): the splits' partial sums
-are then added in the GEMM kernel itself rather than by a separate reduce kernel, in the same
-order, so it too is a launch choice that leaves the bits unchanged.
+are then added by the one program that computed them all rather than by the last of several, in
+the same order, so it too is a launch choice that leaves the bits unchanged.
 
 The launcher resolves the table of the device it runs on once, into the module-level value
 ``_DEVICE_TABLE``, and picks the M bucket by a linear scan over a short sorted tuple: no
@@ -49,8 +49,8 @@ class GemmConfig:
     ``block_k`` and ``split_k`` fix the K-reduction order; the other fields only schedule tiles.
     ``fuse_splits`` (split-K only) runs the splits of an output tile one after another in one
     program and adds their partial sums there, in split order, instead of writing them to a
-    float32 workspace for ``_splitk_reduce_kernel``: the same sums in the same order, without the
-    workspace and the second kernel. It means nothing when ``split_k == 1`` and is normalised to
+    float32 workspace for the tile's last program to add: the same sums in the same order,
+    without the workspace. It means nothing when ``split_k == 1`` and is normalised to
     ``False`` there, so that equal launches compare (and deduplicate) equal.
     """
 

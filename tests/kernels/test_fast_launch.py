@@ -79,8 +79,10 @@ def test_the_direct_launch_passes_what_the_jit_call_bound(fake_kernel):
             assert isinstance(y, torch.Tensor) and x.shape == y.shape and x.stride() == y.stride()
         else:
             assert x == y, f"argument {i}: JIT {x!r}, direct {y!r}"
-    assert launched[0] is a and launched[5:14] == (5, 96, 64, 64, 1, 1, 64, 96, 1)
-    assert launched[14:] == (16, 32, 64, 8, 1, 4, False, False, False, False, True, False)
+    # a, b, c, workspace, bias, split-K counters (the output again: no split), then the sizes
+    assert launched[0] is a and launched[4] is None and launched[5] is launched[2]
+    assert launched[6:15] == (5, 96, 64, 64, 1, 1, 64, 96, 1)
+    assert launched[15:] == (16, 32, 64, 8, 1, 4, False, False, False, False, True, False)
 
 
 def test_anything_triton_specialises_on_goes_back_through_the_jit_call(fake_kernel):
@@ -192,3 +194,127 @@ def test_gpu_direct_launch_and_descriptor_loads_give_triton_path_bits(tma):
             for _ in range(2):  # the first launch of a kind through Triton, then directly
                 out = mp.matmul_persistent(a[:m], w.t(), bias, config=cfg)
                 assert torch.equal(out, ref[:m]), (split, fused, m)
+
+
+# ---- the plan's launch below Triton's CudaLauncher (descriptor arguments kept per address) ----
+
+_nvidia_driver = pytest.importorskip("triton.backends.nvidia.driver")
+
+
+class _FakeUtils:
+    """Stands in for the CUDA utilities: a tensor map is the tuple of what it encodes."""
+
+    def __init__(self):
+        self.fills = 0
+
+    def fill_tma_descriptor_tiled(self, ptr, swizzle, elem_size, elem_type, block, shape, strides,
+                                  padding):
+        self.fills += 1
+        return ("tensor-map", ptr, swizzle, elem_size, elem_type, tuple(block), tuple(shape),
+                tuple(strides), padding)
+
+    fill_tma_descriptor = fill_tma_descriptor_tiled  # triton 3.6's name
+
+
+class _FakeDriver:
+    def __init__(self):
+        self.utils = _FakeUtils()
+
+
+def _cuda_launcher(record, tma: bool):
+    """Triton's own CudaLauncher (installed version) around a recording C launcher."""
+    launcher_cls = _nvidia_driver.CudaLauncher
+    run = object.__new__(launcher_cls)
+    if tma:
+        signature = {0: "tensordesc<bf16[16, 64]>", 1: "tensordesc<bf16[32, 64]>", 2: "*bf16",
+                     3: "*fp32", 4: "*bf16", 5: "*i32", 6: "i32", 7: "i32", 8: "i32", 9: "i32",
+                     10: "i32", 11: "constexpr"}
+        metas = [{"swizzle": 3, "elem_size": 2, "elem_type": 10, "block_size": [16, 64],
+                  "fp4_padded": False},
+                 {"swizzle": 3, "elem_size": 2, "elem_type": 10, "block_size": [32, 64],
+                  "fp4_padded": False}]
+        run.launch = _nvidia_driver.wrap_handle_tensordesc(record, signature, metas)
+    else:
+        run.launch = record  # no descriptor: Triton's wrapper is the C launcher itself
+    run.num_ctas = 1
+    run.global_scratch_size = run.profile_scratch_size = 0
+    run.global_scratch_align = run.profile_scratch_align = 1
+    run.launch_cooperative_grid, run.launch_pdl = False, True
+    if "arg_annotations" in launcher_cls.__init__.__code__.co_names:
+        run.arg_annotations, run.kernel_signature = "annotations", "kernel-signature"
+    return run
+
+
+def _assert_same_call(ours, triton_s):
+    """The same C call, argument for argument (tensors: the very same objects)."""
+    assert len(ours) == len(triton_s)
+    for i, (x, y) in enumerate(zip(ours, triton_s)):
+        if isinstance(y, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in y):
+            assert type(x) is type(y), f"argument {i}: {type(x)} vs {type(y)}"
+            _assert_same_call(x, y)
+        elif isinstance(y, torch.Tensor):
+            assert x is y, f"argument {i}: another tensor"
+        else:
+            assert type(x) is type(y) and x == y, f"argument {i}: ours {x!r}, Triton's {y!r}"
+
+
+@pytest.mark.parametrize("tma", [False, True])
+def test_the_plan_hands_the_c_launcher_what_triton_does(tma, monkeypatch):
+    import triton
+
+    fake = _FakeDriver()
+    monkeypatch.setattr(triton.runtime.driver, "_active", fake)
+    class Record:  # a C launcher has no closure; a Python function here would
+        def __call__(self, *args):
+            calls.append(args)
+
+    calls: list = []
+    run = _cuda_launcher(Record(), tma)
+    raw = mp._raw_launcher(type("Compiled", (), {"run": run})(), tma)
+    assert raw is not None
+    a = torch.zeros(5, 64, dtype=torch.bfloat16)
+    w = torch.zeros(96, 64, dtype=torch.bfloat16)
+    c, ws, locks = torch.empty(5, 96), torch.empty(1), torch.zeros(4, dtype=torch.int32)
+    tail = (16,)
+    if tma:
+        kernel_args = (mp._TmaOperand(a, (5, 64), (64, 1)), mp._TmaOperand(w, (96, 64), (64, 1)),
+                       c, ws, None, locks, 5, 96, 64, 96, 1, *tail)
+    else:
+        kernel_args = (a, w, c, ws, None, locks, 5, 96, 64, 64, 1, 1, 64, 96, 1, *tail)
+    run(7, 1, 1, 1234, "function", ("packed",), None, None, None, *kernel_args)
+    fills_by_triton = fake.utils.fills
+    if tma:
+        args = (*raw.descriptor(0, a, (5, 64), (64, 1)), *raw.descriptor(1, w, (96, 64), (64, 1)),
+                *kernel_args[2:])
+    else:
+        args = kernel_args
+    raw(7, 1234, "function", ("packed",), args)
+    assert len(calls) == 2
+    _assert_same_call(calls[1], calls[0])
+    if tma:
+        assert fills_by_triton == 2 and fake.utils.fills == 4
+        # kept per address: the same operands again encode nothing; a new activation one map
+        raw.descriptor(0, a, (5, 64), (64, 1)), raw.descriptor(1, w, (96, 64), (64, 1))
+        assert fake.utils.fills == 4
+        raw.descriptor(0, torch.zeros(5, 64, dtype=torch.bfloat16), (5, 64), (64, 1))
+        assert fake.utils.fills == 5
+
+
+def test_anything_unknown_below_run_keeps_run():
+    class Run:
+        def __call__(self, *args):
+            pass
+
+    run = Run()
+    assert mp._raw_launcher(type("Compiled", (), {"run": run})(), False) is None  # no .launch
+    run.launch = print  # a C function, but scratch memory unknown
+    assert mp._raw_launcher(type("Compiled", (), {"run": run})(), False) is None
+    run.global_scratch_size, run.profile_scratch_size = 0, 128  # profiler scratch: keep run
+    run.launch_cooperative_grid = run.launch_pdl = False
+    assert mp._raw_launcher(type("Compiled", (), {"run": run})(), False) is None
+    run.profile_scratch_size = 0
+    assert mp._raw_launcher(type("Compiled", (), {"run": run})(), False) is not None
+    run.gsan_enabled = True  # triton 3.8's sanitizer adds an argument
+    assert mp._raw_launcher(type("Compiled", (), {"run": run})(), False) is None
+    run.gsan_enabled = False
+    assert mp._raw_launcher(type("Compiled", (), {"run": run})(), True) is None  # no wrapper

@@ -1,4 +1,4 @@
-"""Fused split-K: the same bits as parallel split-K + reduce kernel, without the workspace.
+"""Fused split-K: the same bits as parallel split-K (workspace + tile counters), without either.
 
 Under the Triton interpreter at tiny shapes: ragged M, N and K (last split short or empty), with
 and without bias, bf16/fp16/fp32; row-alone invariance with fused buckets in a table; the table
@@ -13,7 +13,7 @@ import copy
 import json
 
 import pytest
-from helpers_kernels import small_table_dict, torch
+from helpers_kernels import needs_gpu, small_table_dict, torch
 
 from bistat_kernels import make_results  # noqa: E402
 from bistat_kernels import matmul_persistent as mp  # noqa: E402
@@ -73,15 +73,14 @@ def test_fused_sums_the_splits_in_order_then_adds_the_bias():
     assert not torch.allclose(out, expected - bias, rtol=1e-6, atol=1e-5)  # bias added once
 
 
-def test_fused_allocates_no_workspace_and_runs_no_reduce_kernel(monkeypatch):
-    class Forbidden:
-        def __getitem__(self, grid):
-            raise AssertionError("the reduce kernel was launched")
+def test_fused_allocates_no_workspace_and_counts_nothing(monkeypatch):
+    def forbidden(*args):
+        raise AssertionError("split-K counters were asked for")
 
     a, w, bias = _inputs(3, 40, 200, torch.float32, seed=13)
     parallel = tables.GemmConfig(16, 16, 32, 8, 4, 2, 3)
     expected = mp.matmul_persistent(a, w.t(), bias, config=parallel)
-    monkeypatch.setattr(mp, "_splitk_reduce_kernel", Forbidden())
+    monkeypatch.setattr(mp, "_lock_buffer", forbidden)
     real_empty = torch.empty
     shapes = []
 
@@ -94,8 +93,36 @@ def test_fused_allocates_no_workspace_and_runs_no_reduce_kernel(monkeypatch):
         16, 16, 32, 8, 4, 2, 3, fuse_splits=True))
     assert shapes == [(3, 40)]  # the output only
     _assert_same_bits(out, expected)
-    with pytest.raises(AssertionError, match="the reduce kernel was launched"):
+    with pytest.raises(AssertionError, match="split-K counters were asked for"):
         mp.matmul_persistent(a, w.t(), bias, config=parallel)
+
+
+def test_parallel_split_k_leaves_every_tile_counter_at_zero():
+    # 3 x 3 tiles of 16 x 16, 4 splits: 36 work items over the interpreter's 4 programs, so the
+    # program that brings a tile's last partial is not always the one with the last split
+    a, w, bias = _inputs(40, 40, 250, torch.float32, seed=21)
+    parallel = tables.GemmConfig(16, 16, 32, 8, 4, 2, 4)
+    fused = dataclasses.replace(parallel, fuse_splits=True)
+    first = mp.matmul_persistent(a, w.t(), bias, config=parallel)
+    locks = mp._LOCKS[(None, 0)]
+    assert locks.dtype == torch.int32 and locks.numel() >= 9
+    assert int(locks.abs().sum()) == 0
+    for m in (40, 17, 1):  # counters reused by the next launches: the same bits every time
+        _assert_same_bits(mp.matmul_persistent(a[:m], w.t(), bias, config=parallel), first[:m])
+    _assert_same_bits(mp.matmul_persistent(a, w.t(), bias, config=fused), first)
+    assert int(locks.abs().sum()) == 0
+
+
+def test_counters_are_kept_per_stream_and_grow_without_freeing():
+    mp._LOCKS.pop((None, 12345), None)
+    small = mp._lock_buffer(torch.device("cpu"), 12345, 10)
+    assert small.numel() == 1024 and mp._lock_buffer(torch.device("cpu"), 12345, 1024) is small
+    other = mp._lock_buffer(torch.device("cpu"), 777, 10)
+    assert other is not small  # another stream: its own counters
+    big = mp._lock_buffer(torch.device("cpu"), 12345, 5000)
+    assert big.numel() == 5000 and int(big.sum()) == 0
+    assert any(t is small for t in mp._RETIRED_LOCKS)  # a captured graph may still point at it
+    mp._LOCKS.pop((None, 12345)), mp._LOCKS.pop((None, 777))
 
 
 def _fused_table_dict() -> dict:
@@ -321,3 +348,46 @@ def test_check_section_counts_fused_configurations():
         "sums added inside the GEMM kernel)")
     assert make_results._check_configs(gates[:2]) == (
         "two launch configurations including split-K 2")
+
+
+@needs_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("tma", [False, True])
+def test_gpu_parallel_split_k_sums_in_split_order_whichever_program_arrives_last(tma):
+    # Many tiles and splits on 132 SMs: the program bringing a tile's last partial varies from
+    # launch to launch, the bits must not. Reference: the fused mode (one program, split order).
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    w = torch.randn(4096, 12288, device="cuda", dtype=torch.bfloat16, generator=gen) * 0.02
+    a = torch.randn(300, 12288, device="cuda", dtype=torch.bfloat16, generator=gen)
+    bias = torch.randn(4096, device="cuda", dtype=torch.bfloat16, generator=gen)
+    for split in (2, 3, 4):
+        for block_m, block_n in ((16, 64), (64, 128)):
+            parallel = tables.GemmConfig(block_m, block_n, 128, 8, 4, 4, split, tma=tma)
+            fused = dataclasses.replace(parallel, fuse_splits=True)
+            for m in (1, 16, 300):
+                for with_bias in (None, bias):
+                    expected = mp.matmul_persistent(a[:m], w.t(), with_bias, config=fused)
+                    for _ in range(5):  # the first through Triton, then the plan
+                        _assert_same_bits(
+                            mp.matmul_persistent(a[:m], w.t(), with_bias, config=parallel),
+                            expected)
+    torch.cuda.synchronize()
+    assert all(int(t.abs().sum()) == 0 for t in mp._LOCKS.values())
+
+
+@needs_gpu
+@pytest.mark.gpu
+def test_gpu_plans_launch_below_run_on_this_triton():
+    # the plans' C-launcher path is taken on this Triton (not silently the slower run())
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    w = torch.randn(2048, 6144, device="cuda", dtype=torch.bfloat16, generator=gen)
+    a = torch.randn(8, 6144, device="cuda", dtype=torch.bfloat16, generator=gen)
+    for tma in (False, True):
+        cfg = tables.GemmConfig(16, 64, 128, 8, 4, 4, 4, tma=tma)
+        mp.matmul_persistent(a, w.t(), config=cfg)
+        mp.matmul_persistent(a, w.t(), config=cfg)
+    kinds = [(key, compiled) for key, compiled in mp._COMPILED.items()
+             if key[0].block_n == 64 and key[0].split_k == 4]
+    assert {key[14] for key, _ in kinds} == {False, True}
+    for key, compiled in kinds:
+        assert mp._raw_launcher(compiled, key[14]) is not None, key
