@@ -377,11 +377,12 @@ def matmul_persistent(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | Non
     sa0, sa1 = a.stride()
     sb0, sb1 = b.stride()
     a_ptr, b_ptr = a.data_ptr(), b.data_ptr()
+    # the counters are passed (int32, one kernel signature) even where no split uses them
+    locks = _lock_buffer(a.device, _current_stream(a.device), num_mn if parallel else 0)
     if parallel:
         ws = torch.empty((split_k, M, N), device=a.device, dtype=torch.float32)  # [S, M, N]
-        locks = _lock_buffer(a.device, _current_stream(a.device), num_mn)
     else:
-        ws = locks = c  # unused by the kernel: no split, or splits added in one program
+        ws = c  # unused by the kernel: no split, or splits added in one program
     c_large = M * N > 2**31
     tma = (config.tma and sa1 == 1 and sb0 == 1 and dtype is not torch.float32
            and (sa0 * 2) % 16 == 0 and (sb1 * 2) % 16 == 0 and a_ptr % 16 == 0
@@ -419,16 +420,15 @@ def _make_plan(compiled, tail: tuple, grid0: int, tma: bool, M: int, N: int, K: 
     run = compiled.run
     raw = _raw_launcher(compiled, tma)
     parallel = split_k > 1
+    tiles = num_mn if parallel else 0
     sa1, sb0 = 1, 1  # when tma is off the strides are read from the tensors (they are in the key)
 
     def plan(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         c = torch.empty((M, N), device=device, dtype=dtype)  # [M, N]
         stream = stream_of(device_now())
-        if parallel:
-            ws = torch.empty((split_k, M, N), device=device, dtype=torch.float32)  # [S, M, N]
-            locks = _lock_buffer(device, stream, num_mn)
-        else:
-            ws = locks = c
+        locks = _lock_buffer(device, stream, tiles)
+        ws = (torch.empty((split_k, M, N), device=device, dtype=torch.float32)  # [S, M, N]
+              if parallel else c)
         if raw is not None:
             if tma:
                 raw(grid0, stream, function, packed,
@@ -468,7 +468,7 @@ _RETIRED_LOCKS: list[torch.Tensor] = []
 
 def _lock_buffer(device: torch.device, stream: int, tiles: int) -> torch.Tensor:
     locks = _LOCKS.get((device.index, stream))
-    if locks is None or locks.numel() < tiles:
+    if locks is None or locks.numel() < tiles:  # (tiles = 0: any buffer, for the signature)
         if locks is not None:
             _RETIRED_LOCKS.append(locks)
         size = max(tiles, 1024 if locks is None else 2 * locks.numel())

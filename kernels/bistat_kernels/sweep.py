@@ -257,7 +257,7 @@ def _compile_worker(args: tuple[str, list[tuple[int, ...]]]) -> list[str]:
                 _warm_tma(cfg, dtype, ws_dtype)
                 continue
             mp._matmul_persistent_kernel.warmup(
-                dtype, dtype, dtype, ws_dtype, None,
+                dtype, dtype, dtype, ws_dtype, None, torch.int32,
                 64, 64, 64, 64, 1, 1, 64, 64, 1,
                 BLOCK_SIZE_M=cfg.block_m, BLOCK_SIZE_N=cfg.block_n, BLOCK_SIZE_K=cfg.block_k,
                 GROUP_SIZE_M=cfg.group_m, SPLIT_K=cfg.split_k,
@@ -278,10 +278,11 @@ def _warm_tma(cfg: tables.GemmConfig, dtype: torch.dtype, ws_dtype: torch.dtype)
     w = torch.zeros(64, 64, device="cuda", dtype=dtype)  # [N, K]
     c = torch.empty(64, 64, device="cuda", dtype=dtype)
     ws = torch.empty(1, device="cuda", dtype=ws_dtype)
+    locks = torch.zeros(1, device="cuda", dtype=torch.int32)
     mp._matmul_persistent_tma_kernel.warmup(
         TensorDescriptor(a, [64, 64], [64, 1], [cfg.block_m, cfg.block_k]),
         TensorDescriptor(w, [64, 64], [64, 1], [cfg.block_n, cfg.block_k]),
-        c, ws, None, 64, 64, 64, 64, 1,
+        c, ws, None, locks, 64, 64, 64, 64, 1,
         BLOCK_SIZE_M=cfg.block_m, BLOCK_SIZE_N=cfg.block_n, BLOCK_SIZE_K=cfg.block_k,
         GROUP_SIZE_M=cfg.group_m, SPLIT_K=cfg.split_k,
         NUM_PROGRAMS=_WORKER_NUM_SMS * cfg.programs_per_sm, C_LARGE=False, HAS_BIAS=False,

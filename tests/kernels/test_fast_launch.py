@@ -79,8 +79,9 @@ def test_the_direct_launch_passes_what_the_jit_call_bound(fake_kernel):
             assert isinstance(y, torch.Tensor) and x.shape == y.shape and x.stride() == y.stride()
         else:
             assert x == y, f"argument {i}: JIT {x!r}, direct {y!r}"
-    # a, b, c, workspace, bias, split-K counters (the output again: no split), then the sizes
-    assert launched[0] is a and launched[4] is None and launched[5] is launched[2]
+    # a, b, c, workspace (the output again: no split), bias, split-K counters, then the sizes
+    assert launched[0] is a and launched[3] is launched[2] and launched[4] is None
+    assert launched[5].dtype == torch.int32 and launched[5] is mp._LOCKS[(None, 1007)]
     assert launched[6:15] == (5, 96, 64, 64, 1, 1, 64, 96, 1)
     assert launched[15:] == (16, 32, 64, 8, 1, 4, False, False, False, False, True, False)
 
