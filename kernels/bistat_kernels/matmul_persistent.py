@@ -199,7 +199,9 @@ def _matmul_persistent_kernel(
     else:
         # Tiles: SPLIT_K x num_pid_m x num_pid_n, walked by NUM_PROGRAMS persistent programs.
         num_tiles = num_mn * SPLIT_K
-        for tile_id in tl.range(start_pid, num_tiles, NUM_PROGRAMS, flatten=True):
+        # Triton 3.6 cannot fuse the tile loop with the K loop around the split-K fix-up
+        # (TritonGPUFuseNestedLoops fails on the H200), so only unsplit launches flatten.
+        for tile_id in tl.range(start_pid, num_tiles, NUM_PROGRAMS, flatten=SPLIT_K == 1):
             split = tile_id // num_mn
             pid_m, pid_n = _compute_pid(tile_id % num_mn, num_pid_in_group, num_pid_m,
                                         GROUP_SIZE_M)
@@ -270,7 +272,9 @@ def _matmul_persistent_tma_kernel(
                           stride_cn, HAS_BIAS)
     else:
         num_tiles = num_mn * SPLIT_K
-        for tile_id in tl.range(start_pid, num_tiles, NUM_PROGRAMS, flatten=True):
+        # Triton 3.6 cannot fuse the tile loop with the K loop around the split-K fix-up
+        # (TritonGPUFuseNestedLoops fails on the H200), so only unsplit launches flatten.
+        for tile_id in tl.range(start_pid, num_tiles, NUM_PROGRAMS, flatten=SPLIT_K == 1):
             split = tile_id // num_mn
             pid_m, pid_n = _compute_pid(tile_id % num_mn, num_pid_in_group, num_pid_m,
                                         GROUP_SIZE_M)
