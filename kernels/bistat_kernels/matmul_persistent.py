@@ -404,13 +404,15 @@ def matmul_persistent(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | Non
     if plan_key is not None and key in _COMPILED:
         if len(_PLANS) >= MAX_PLANS:  # one plan per call shape: bound them (a few hundred bytes)
             _PLANS.clear()
-        _PLANS[plan_key] = _make_plan(_COMPILED[key], _TAILS[key], grid0, tma, M, N, K, sa0, sb1,
-                                      c.device, dtype, split_k if parallel else 1, num_mn)
+        _PLANS[plan_key] = _make_plan(_COMPILED[key], _TAILS[key], grid0, tma, M, N, K,
+                                      (sa0, sa1, sb0, sb1), c.device, dtype,
+                                      split_k if parallel else 1, num_mn)
     return c
 
 
-def _make_plan(compiled, tail: tuple, grid0: int, tma: bool, M: int, N: int, K: int, sa0: int,
-               sb1: int, device: torch.device, dtype: torch.dtype, split_k: int, num_mn: int):
+def _make_plan(compiled, tail: tuple, grid0: int, tma: bool, M: int, N: int, K: int,
+               strides: tuple[int, int, int, int], device: torch.device, dtype: torch.dtype,
+               split_k: int, num_mn: int):
     """A launch with everything but the tensors fixed: allocate, launch, return.
 
     The same arguments in the same order as the first launch of its kind passed to Triton; the
@@ -425,7 +427,11 @@ def _make_plan(compiled, tail: tuple, grid0: int, tma: bool, M: int, N: int, K: 
     raw = _raw_launcher(compiled, tma)
     parallel = split_k > 1
     tiles = num_mn if parallel else 0
-    sa1, sb0 = 1, 1  # when tma is off the strides are read from the tensors (they are in the key)
+    # everything after the tensors, fixed by the plan's key (the strides are in it)
+    if tma:
+        rest = (M, N, K, N, 1, *tail)
+    else:
+        rest = (M, N, K, *strides, N, 1, *tail)
 
     def plan(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         c = torch.empty((M, N), device=device, dtype=dtype)  # [M, N]
@@ -436,23 +442,17 @@ def _make_plan(compiled, tail: tuple, grid0: int, tma: bool, M: int, N: int, K: 
         if raw is not None:
             if tma:
                 raw(grid0, stream, function, packed,
-                    (*raw.descriptor(0, a, (M, K), (sa0, sa1)),
-                     *raw.descriptor(1, b, (N, K), (sb1, sb0)),
-                     c, ws, bias, locks, M, N, K, N, 1, *tail))
+                    (*raw.descriptor(0, a, (M, K), (strides[0], 1)),
+                     *raw.descriptor(1, b, (N, K), (strides[3], 1)), c, ws, bias, locks, *rest))
             else:
-                as0, as1 = a.stride()
-                bs0, bs1 = b.stride()
-                raw(grid0, stream, function, packed,
-                    (a, b, c, ws, bias, locks, M, N, K, as0, as1, bs0, bs1, N, 1, *tail))
+                raw(grid0, stream, function, packed, (a, b, c, ws, bias, locks, *rest))
         elif tma:
             run(grid0, 1, 1, stream, function, packed, None, None, None,
-                _TmaOperand(a, (M, K), (sa0, sa1)), _TmaOperand(b, (N, K), (sb1, sb0)),
-                c, ws, bias, locks, M, N, K, N, 1, *tail)
+                _TmaOperand(a, (M, K), (strides[0], 1)), _TmaOperand(b, (N, K), (strides[3], 1)),
+                c, ws, bias, locks, *rest)
         else:
-            as0, as1 = a.stride()
-            bs0, bs1 = b.stride()
             run(grid0, 1, 1, stream, function, packed, None, None, None,
-                a, b, c, ws, bias, locks, M, N, K, as0, as1, bs0, bs1, N, 1, *tail)
+                a, b, c, ws, bias, locks, *rest)
         return c
 
     return plan
@@ -690,11 +690,14 @@ def _stream_functions():
 def _hooks_idle() -> bool:
     """No launch hook is installed (triton >= 3.6 keeps an empty ``HookChain`` there; older
     versions None). With one, Triton builds launch metadata per call: the JIT path does that."""
-    runtime = triton.knobs.runtime
+    runtime = _RUNTIME_KNOBS
     for hook in (runtime.launch_enter_hook, runtime.launch_exit_hook):
         if hook is not None and getattr(hook, "calls", True):
             return False
     return True
+
+
+_RUNTIME_KNOBS = triton.knobs.runtime  # one object for the process; its hooks are read per call
 
 
 def _interpreting() -> bool:
