@@ -140,7 +140,10 @@ _EARLIER_RUNS = (
     ("call4_retune_partial", "device call 10 (`results/log_call4.txt`): a re-tune that reached "
      "only qwen3-8b/qkv before its budget ran out (its kernels compiled inside the timed loop; "
      "kernels/README.md says why); the bench used that qkv entry with the other 14 of the "
-     "committed table, before the fused buckets; that table was not adopted"))
+     "committed table, before the fused buckets; that table was not adopted"),
+    ("tma_sweep/call5", "the descriptor-load (TMA) table of 2026-12-02 with split-K partials added "
+     "by a second (reduce) kernel and plans launched through the compiled kernel's `run`; "
+     "its table, sweep and log are in `results/tma_sweep/`"))
 
 
 def _history_section(results_dir: Path) -> list[str]:

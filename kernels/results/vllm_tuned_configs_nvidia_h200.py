@@ -7,7 +7,8 @@
 # time and ratio to torch.mm of bistat's launch and the fields vLLM cannot express
 # (dropped). Machine-readable: the .provenance.json file beside this one.
 # Omitted (not expressible):
-#   (2048, 6144) bfloat16 qwen3-1.7b/down: split_k 4: vLLM's kernel has no split-K and the nearest layout (block_k 128, no split) was never timed; vLLM keeps its own entry or default for this shape (`--split-k nearest` exports it anyway)
+#   (576, 1536) bfloat16 smollm2-135m/down: split_k 2: vLLM's kernel has no split-K and the nearest layout (block_k 128, no split) was never timed; vLLM keeps its own entry or default for this shape (`--split-k nearest` exports it anyway)
+#   (2048, 6144) bfloat16 qwen3-1.7b/down: split_k 2: vLLM's kernel has no split-K and the nearest layout (block_k 128, no split) was never timed; vLLM keeps its own entry or default for this shape (`--split-k nearest` exports it anyway)
 #   (4096, 12288) bfloat16 qwen3-8b/down: split_k 2: vLLM's kernel has no split-K and the nearest layout (block_k 128, no split) was never timed; vLLM keeps its own entry or default for this shape (`--split-k nearest` exports it anyway)
 from vllm.model_executor.determinism.batch_invariant_configs import (
     _MatmulMConfig,
@@ -16,264 +17,244 @@ from vllm.model_executor.determinism.batch_invariant_configs import (
 
 BISTAT_TUNED_CONFIGS: dict[str, dict[tuple[int, int], _MatmulShapeConfig]] = {
     "hopper": {
-        # smollm2-135m/o: NVIDIA H200 GPU-51e4dd93-480b-dda7-7bbe-a9a9121eb2a5, driver 580.159.04, compute capability 9.0
-        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-12-02T11:41:14Z
-        #   command: kernels/device/gpu_call.py sweep hostcost probe bench --retune --out /tmp/ks3 --budget-s 500
-        #   sweep score (decode-weighted geomean of time / torch.mm): 1.0695
+        # smollm2-135m/o: NVIDIA H200 GPU-db5bca65-93a3-b386-6c86-0a697e92dcbd, driver 580.159.04, compute capability 9.0
+        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-12-02T15:04:51Z
+        #   command: kernels/device/gpu_call.py sweep hostcost probe bench --retune --vllm-kernel .cache/vllm033/vllm --out /root/out/k6 --budget-s 500
+        #   sweep score (decode-weighted geomean of time / torch.mm): 1.0641
         (576, 576): _MatmulShapeConfig(
             block_k=128,
             m_buckets=(
-                (1, _MatmulMConfig(16, 32, 4, 6)),  # 0.00361 ms = 1.003x torch.mm at M=1
-                (4, _MatmulMConfig(16, 32, 4, 6)),  # 0.0036 ms = 0.989x torch.mm at M=4; dropped programs_per_sm=2
-                (16, _MatmulMConfig(16, 32, 4, 6)),  # 0.00352 ms = 0.951x torch.mm at M=16; dropped programs_per_sm=2
-                (32, _MatmulMConfig(16, 32, 4, 6)),  # 0.00359 ms = 0.976x torch.mm at M=32; dropped programs_per_sm=2
-                (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.00397 ms = 1.067x torch.mm at M=64; dropped programs_per_sm=2, tma=True
-                (128, _MatmulMConfig(64, 64, 4, 4)),  # 0.00396 ms = 1.050x torch.mm at M=128; dropped programs_per_sm=2, tma=True
-                (256, _MatmulMConfig(64, 64, 4, 4)),  # 0.00398 ms = 1.039x torch.mm at M=256; dropped programs_per_sm=2, tma=True
-                (512, _MatmulMConfig(64, 64, 4, 4)),  # 0.00408 ms = 1.041x torch.mm at M=512; dropped tma=True
-                (1024, _MatmulMConfig(64, 128, 4, 4)),  # 0.00497 ms = 1.183x torch.mm at M=1024; dropped programs_per_sm=2, tma=True
-                (2048, _MatmulMConfig(128, 128, 4, 3)),  # 0.00699 ms = 1.387x torch.mm at M=2048; dropped tma=True
-                (4096, _MatmulMConfig(64, 128, 4, 4)),  # 0.01085 ms = 1.582x torch.mm at M=4096; dropped tma=True
+                (1, _MatmulMConfig(16, 32, 4, 6)),  # 0.00358 ms = 0.989x torch.mm at M=1; dropped programs_per_sm=2
+                (4, _MatmulMConfig(16, 32, 4, 6)),  # 0.00353 ms = 0.986x torch.mm at M=4; dropped programs_per_sm=2
+                (16, _MatmulMConfig(16, 32, 4, 6)),  # 0.00351 ms = 0.949x torch.mm at M=16
+                (32, _MatmulMConfig(16, 32, 4, 6)),  # 0.00349 ms = 0.959x torch.mm at M=32
+                (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.00392 ms = 1.074x torch.mm at M=64; dropped programs_per_sm=2, tma=True
+                (128, _MatmulMConfig(64, 64, 4, 4)),  # 0.00392 ms = 1.054x torch.mm at M=128; dropped programs_per_sm=2, tma=True
+                (256, _MatmulMConfig(64, 64, 4, 4)),  # 0.00399 ms = 1.036x torch.mm at M=256; dropped programs_per_sm=2, tma=True
+                (512, _MatmulMConfig(64, 64, 4, 4)),  # 0.004 ms = 1.034x torch.mm at M=512; dropped tma=True
+                (1024, _MatmulMConfig(64, 128, 4, 4)),  # 0.00492 ms = 1.183x torch.mm at M=1024; dropped tma=True
+                (2048, _MatmulMConfig(128, 128, 4, 3)),  # 0.00687 ms = 1.360x torch.mm at M=2048; dropped tma=True
+                (4096, _MatmulMConfig(64, 128, 4, 4)),  # 0.01093 ms = 1.586x torch.mm at M=4096; dropped tma=True
             ),
         ),
-        # smollm2-135m/down: NVIDIA H200 GPU-51e4dd93-480b-dda7-7bbe-a9a9121eb2a5, driver 580.159.04, compute capability 9.0
-        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-12-02T11:41:14Z
-        #   command: kernels/device/gpu_call.py sweep hostcost probe bench --retune --out /tmp/ks3 --budget-s 500
-        #   sweep score (decode-weighted geomean of time / torch.mm): 1.1715
-        (576, 1536): _MatmulShapeConfig(
-            block_k=128,
-            m_buckets=(
-                (1, _MatmulMConfig(16, 32, 4, 6)),  # 0.00562 ms = 1.068x torch.mm at M=1; dropped programs_per_sm=2
-                (4, _MatmulMConfig(16, 32, 4, 6)),  # 0.00561 ms = 1.109x torch.mm at M=4; dropped programs_per_sm=2
-                (16, _MatmulMConfig(16, 32, 4, 6)),  # 0.00556 ms = 1.086x torch.mm at M=16
-                (32, _MatmulMConfig(16, 32, 4, 6)),  # 0.00555 ms = 1.086x torch.mm at M=32
-                (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.00603 ms = 1.173x torch.mm at M=64; dropped tma=True
-                (128, _MatmulMConfig(64, 64, 4, 4)),  # 0.00597 ms = 1.146x torch.mm at M=128; dropped tma=True
-                (256, _MatmulMConfig(64, 64, 4, 5)),  # 0.00579 ms = 1.099x torch.mm at M=256; dropped programs_per_sm=3, tma=True
-                (512, _MatmulMConfig(64, 64, 4, 5)),  # 0.00586 ms = 1.054x torch.mm at M=512; dropped programs_per_sm=3, tma=True
-                (1024, _MatmulMConfig(64, 128, 4, 4)),  # 0.00726 ms = 1.226x torch.mm at M=1024; dropped tma=True
-                (2048, _MatmulMConfig(128, 128, 8, 3)),  # 0.01144 ms = 1.409x torch.mm at M=2048; dropped tma=True
-                (4096, _MatmulMConfig(128, 128, 4, 3)),  # 0.02073 ms = 1.748x torch.mm at M=4096; dropped tma=True
-            ),
-        ),
-        # smollm2-135m/qkv: NVIDIA H200 GPU-51e4dd93-480b-dda7-7bbe-a9a9121eb2a5, driver 580.159.04, compute capability 9.0
-        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-12-02T11:41:14Z
-        #   command: kernels/device/gpu_call.py sweep hostcost probe bench --retune --out /tmp/ks3 --budget-s 500
-        #   sweep score (decode-weighted geomean of time / torch.mm): 0.9868
+        # smollm2-135m/qkv: NVIDIA H200 GPU-db5bca65-93a3-b386-6c86-0a697e92dcbd, driver 580.159.04, compute capability 9.0
+        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-12-02T15:04:51Z
+        #   command: kernels/device/gpu_call.py sweep hostcost probe bench --retune --vllm-kernel .cache/vllm033/vllm --out /root/out/k6 --budget-s 500
+        #   sweep score (decode-weighted geomean of time / torch.mm): 0.988
         (960, 576): _MatmulShapeConfig(
             block_k=128,
             m_buckets=(
-                (1, _MatmulMConfig(16, 32, 4, 6)),  # 0.00368 ms = 0.918x torch.mm at M=1; dropped programs_per_sm=2
-                (4, _MatmulMConfig(16, 32, 4, 6)),  # 0.00363 ms = 0.912x torch.mm at M=4
-                (16, _MatmulMConfig(16, 32, 4, 6)),  # 0.00358 ms = 0.960x torch.mm at M=16; dropped programs_per_sm=2
-                (32, _MatmulMConfig(16, 32, 4, 6)),  # 0.00358 ms = 0.962x torch.mm at M=32
-                (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.00399 ms = 1.064x torch.mm at M=64; dropped tma=True
-                (128, _MatmulMConfig(64, 64, 4, 4)),  # 0.00401 ms = 1.055x torch.mm at M=128; dropped programs_per_sm=2, tma=True
-                (256, _MatmulMConfig(64, 64, 4, 4)),  # 0.004 ms = 1.015x torch.mm at M=256; dropped programs_per_sm=2, tma=True
-                (512, _MatmulMConfig(64, 64, 4, 4)),  # 0.0042 ms = 0.977x torch.mm at M=512; dropped programs_per_sm=2, tma=True
-                (1024, _MatmulMConfig(64, 128, 4, 4)),  # 0.00522 ms = 1.099x torch.mm at M=1024; dropped programs_per_sm=2, tma=True
-                (2048, _MatmulMConfig(128, 128, 8, 3)),  # 0.00729 ms = 1.123x torch.mm at M=2048; dropped tma=True
-                (4096, _MatmulMConfig(128, 128, 4, 3)),  # 0.01162 ms = 1.171x torch.mm at M=4096; dropped tma=True
+                (1, _MatmulMConfig(16, 32, 4, 6)),  # 0.00362 ms = 0.910x torch.mm at M=1; dropped programs_per_sm=2
+                (4, _MatmulMConfig(16, 32, 4, 6)),  # 0.00365 ms = 0.924x torch.mm at M=4; dropped programs_per_sm=2
+                (16, _MatmulMConfig(16, 32, 4, 6)),  # 0.00354 ms = 0.962x torch.mm at M=16; dropped programs_per_sm=2
+                (32, _MatmulMConfig(16, 32, 4, 6)),  # 0.00359 ms = 0.962x torch.mm at M=32
+                (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.004 ms = 1.061x torch.mm at M=64; dropped tma=True
+                (128, _MatmulMConfig(64, 64, 4, 4)),  # 0.004 ms = 1.050x torch.mm at M=128; dropped tma=True
+                (256, _MatmulMConfig(64, 64, 4, 4)),  # 0.00402 ms = 1.028x torch.mm at M=256; dropped tma=True
+                (512, _MatmulMConfig(64, 64, 4, 4)),  # 0.00423 ms = 0.981x torch.mm at M=512; dropped programs_per_sm=2, tma=True
+                (1024, _MatmulMConfig(64, 128, 4, 4)),  # 0.00517 ms = 1.100x torch.mm at M=1024; dropped programs_per_sm=2, tma=True
+                (2048, _MatmulMConfig(128, 128, 4, 3)),  # 0.00732 ms = 1.133x torch.mm at M=2048; dropped tma=True
+                (4096, _MatmulMConfig(128, 128, 4, 3)),  # 0.01173 ms = 1.185x torch.mm at M=4096; dropped tma=True
             ),
         ),
-        # qwen3-1.7b/o: NVIDIA H200 GPU-51e4dd93-480b-dda7-7bbe-a9a9121eb2a5, driver 580.159.04, compute capability 9.0
-        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-12-02T11:41:14Z
-        #   command: kernels/device/gpu_call.py sweep hostcost probe bench --retune --out /tmp/ks3 --budget-s 500
-        #   sweep score (decode-weighted geomean of time / torch.mm): 1.1661
+        # qwen3-1.7b/o: NVIDIA H200 GPU-db5bca65-93a3-b386-6c86-0a697e92dcbd, driver 580.159.04, compute capability 9.0
+        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-12-02T15:04:51Z
+        #   command: kernels/device/gpu_call.py sweep hostcost probe bench --retune --vllm-kernel .cache/vllm033/vllm --out /root/out/k6 --budget-s 500
+        #   sweep score (decode-weighted geomean of time / torch.mm): 1.1445
         (2048, 2048): _MatmulShapeConfig(
             block_k=128,
             m_buckets=(
-                (1, _MatmulMConfig(16, 32, 4, 6)),  # 0.00784 ms = 1.252x torch.mm at M=1
-                (4, _MatmulMConfig(16, 32, 4, 6)),  # 0.00734 ms = 1.161x torch.mm at M=4
-                (16, _MatmulMConfig(16, 32, 4, 6)),  # 0.00712 ms = 1.137x torch.mm at M=16
-                (32, _MatmulMConfig(16, 32, 4, 6)),  # 0.00715 ms = 1.121x torch.mm at M=32; dropped programs_per_sm=2
-                (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.00792 ms = 1.218x torch.mm at M=64; dropped programs_per_sm=2, tma=True
-                (128, _MatmulMConfig(64, 64, 4, 4)),  # 0.00793 ms = 1.168x torch.mm at M=128; dropped programs_per_sm=2, tma=True
-                (256, _MatmulMConfig(64, 64, 4, 5)),  # 0.00744 ms = 1.102x torch.mm at M=256; dropped programs_per_sm=3, tma=True
-                (512, _MatmulMConfig(64, 128, 4, 4)),  # 0.00928 ms = 0.999x torch.mm at M=512; dropped programs_per_sm=2, tma=True
-                (1024, _MatmulMConfig(128, 128, 4, 3)),  # 0.01491 ms = 1.094x torch.mm at M=1024; dropped tma=True
-                (2048, _MatmulMConfig(128, 128, 4, 3)),  # 0.02653 ms = 1.104x torch.mm at M=2048; dropped tma=True
-                (4096, _MatmulMConfig(128, 128, 4, 3)),  # 0.05133 ms = 1.124x torch.mm at M=4096; dropped tma=True
+                (1, _MatmulMConfig(16, 32, 4, 6)),  # 0.00758 ms = 1.223x torch.mm at M=1; dropped programs_per_sm=2
+                (4, _MatmulMConfig(16, 32, 4, 6)),  # 0.00724 ms = 1.158x torch.mm at M=4
+                (16, _MatmulMConfig(16, 32, 4, 6)),  # 0.00695 ms = 1.125x torch.mm at M=16
+                (32, _MatmulMConfig(16, 32, 4, 6)),  # 0.00706 ms = 1.128x torch.mm at M=32; dropped programs_per_sm=2
+                (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.00786 ms = 1.234x torch.mm at M=64; dropped tma=True
+                (128, _MatmulMConfig(64, 64, 4, 4)),  # 0.00769 ms = 1.131x torch.mm at M=128; dropped programs_per_sm=2, tma=True
+                (256, _MatmulMConfig(64, 64, 4, 5)),  # 0.00729 ms = 1.064x torch.mm at M=256; dropped programs_per_sm=3, tma=True
+                (512, _MatmulMConfig(64, 128, 4, 4)),  # 0.00917 ms = 1.008x torch.mm at M=512; dropped programs_per_sm=2, tma=True
+                (1024, _MatmulMConfig(128, 128, 4, 3)),  # 0.01486 ms = 1.092x torch.mm at M=1024; dropped tma=True
+                (2048, _MatmulMConfig(128, 128, 4, 3)),  # 0.02652 ms = 1.092x torch.mm at M=2048; dropped tma=True
+                (4096, _MatmulMConfig(128, 128, 4, 3)),  # 0.05152 ms = 1.115x torch.mm at M=4096; dropped tma=True
             ),
         ),
-        # smollm2-135m/gate_up: NVIDIA H200 GPU-51e4dd93-480b-dda7-7bbe-a9a9121eb2a5, driver 580.159.04, compute capability 9.0
-        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-12-02T11:41:14Z
-        #   command: kernels/device/gpu_call.py sweep hostcost probe bench --retune --out /tmp/ks3 --budget-s 500
-        #   sweep score (decode-weighted geomean of time / torch.mm): 1.0711
+        # smollm2-135m/gate_up: NVIDIA H200 GPU-db5bca65-93a3-b386-6c86-0a697e92dcbd, driver 580.159.04, compute capability 9.0
+        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-12-02T15:04:51Z
+        #   command: kernels/device/gpu_call.py sweep hostcost probe bench --retune --vllm-kernel .cache/vllm033/vllm --out /root/out/k6 --budget-s 500
+        #   sweep score (decode-weighted geomean of time / torch.mm): 1.0671
         (3072, 576): _MatmulShapeConfig(
             block_k=128,
             m_buckets=(
-                (1, _MatmulMConfig(16, 32, 4, 6)),  # 0.00461 ms = 1.095x torch.mm at M=1; dropped programs_per_sm=2, tma=True
-                (4, _MatmulMConfig(16, 32, 4, 6)),  # 0.00442 ms = 1.057x torch.mm at M=4
-                (16, _MatmulMConfig(16, 32, 4, 6)),  # 0.00415 ms = 0.970x torch.mm at M=16; dropped programs_per_sm=2
-                (32, _MatmulMConfig(32, 32, 4, 6)),  # 0.00466 ms = 1.091x torch.mm at M=32; dropped programs_per_sm=2
-                (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.00431 ms = 0.993x torch.mm at M=64; dropped tma=True
-                (128, _MatmulMConfig(64, 64, 4, 4)),  # 0.00439 ms = 0.993x torch.mm at M=128; dropped tma=True
-                (256, _MatmulMConfig(64, 128, 4, 4)),  # 0.00519 ms = 1.133x torch.mm at M=256; dropped tma=True
-                (512, _MatmulMConfig(128, 128, 4, 3)),  # 0.00718 ms = 1.247x torch.mm at M=512; dropped tma=True
-                (1024, _MatmulMConfig(64, 128, 4, 4)),  # 0.0103 ms = 1.223x torch.mm at M=1024; dropped tma=True
-                (2048, _MatmulMConfig(128, 128, 8, 3)),  # 0.0163 ms = 1.187x torch.mm at M=2048; dropped tma=True
-                (4096, _MatmulMConfig(128, 128, 4, 3)),  # 0.03071 ms = 1.184x torch.mm at M=4096; dropped tma=True
+                (1, _MatmulMConfig(16, 32, 4, 6)),  # 0.00448 ms = 1.074x torch.mm at M=1; dropped tma=True
+                (4, _MatmulMConfig(16, 32, 4, 6)),  # 0.00438 ms = 1.063x torch.mm at M=4
+                (16, _MatmulMConfig(16, 32, 4, 6)),  # 0.00406 ms = 0.971x torch.mm at M=16
+                (32, _MatmulMConfig(32, 32, 4, 6)),  # 0.00454 ms = 1.076x torch.mm at M=32
+                (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.0043 ms = 1.007x torch.mm at M=64; dropped programs_per_sm=2, tma=True
+                (128, _MatmulMConfig(64, 64, 4, 4)),  # 0.00437 ms = 0.989x torch.mm at M=128; dropped programs_per_sm=2, tma=True
+                (256, _MatmulMConfig(64, 128, 4, 4)),  # 0.00509 ms = 1.134x torch.mm at M=256; dropped tma=True
+                (512, _MatmulMConfig(128, 128, 4, 3)),  # 0.0071 ms = 1.246x torch.mm at M=512; dropped tma=True
+                (1024, _MatmulMConfig(64, 128, 4, 4)),  # 0.01005 ms = 1.206x torch.mm at M=1024; dropped tma=True
+                (2048, _MatmulMConfig(128, 128, 8, 3)),  # 0.01621 ms = 1.177x torch.mm at M=2048; dropped tma=True
+                (4096, _MatmulMConfig(128, 128, 4, 3)),  # 0.03086 ms = 1.192x torch.mm at M=4096; dropped tma=True
             ),
         ),
-        # qwen3-1.7b/qkv: NVIDIA H200 GPU-51e4dd93-480b-dda7-7bbe-a9a9121eb2a5, driver 580.159.04, compute capability 9.0
-        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-12-02T11:41:14Z
-        #   command: kernels/device/gpu_call.py sweep hostcost probe bench --retune --out /tmp/ks3 --budget-s 500
-        #   sweep score (decode-weighted geomean of time / torch.mm): 1.0779
+        # qwen3-1.7b/qkv: NVIDIA H200 GPU-db5bca65-93a3-b386-6c86-0a697e92dcbd, driver 580.159.04, compute capability 9.0
+        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-12-02T15:04:51Z
+        #   command: kernels/device/gpu_call.py sweep hostcost probe bench --retune --vllm-kernel .cache/vllm033/vllm --out /root/out/k6 --budget-s 500
+        #   sweep score (decode-weighted geomean of time / torch.mm): 1.0664
         (4096, 2048): _MatmulShapeConfig(
             block_k=128,
             m_buckets=(
-                (1, _MatmulMConfig(16, 32, 4, 6)),  # 0.00849 ms = 1.125x torch.mm at M=1; dropped programs_per_sm=2, tma=True
-                (4, _MatmulMConfig(16, 32, 4, 6)),  # 0.00851 ms = 1.167x torch.mm at M=4; dropped programs_per_sm=2, tma=True
-                (16, _MatmulMConfig(16, 32, 4, 6)),  # 0.00778 ms = 1.047x torch.mm at M=16; dropped programs_per_sm=2
-                (32, _MatmulMConfig(32, 32, 4, 6)),  # 0.00916 ms = 1.246x torch.mm at M=32; dropped programs_per_sm=2
-                (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.00869 ms = 1.154x torch.mm at M=64; dropped tma=True
-                (128, _MatmulMConfig(64, 64, 4, 4)),  # 0.00891 ms = 1.114x torch.mm at M=128; dropped tma=True
-                (256, _MatmulMConfig(64, 128, 4, 4)),  # 0.0098 ms = 1.017x torch.mm at M=256; dropped tma=True
-                (512, _MatmulMConfig(128, 128, 4, 3)),  # 0.01547 ms = 1.091x torch.mm at M=512; dropped tma=True
-                (1024, _MatmulMConfig(128, 128, 4, 3)),  # 0.02708 ms = 1.097x torch.mm at M=1024; dropped tma=True
-                (2048, _MatmulMConfig(128, 128, 4, 3)),  # 0.05253 ms = 1.128x torch.mm at M=2048; dropped tma=True
-                (4096, _MatmulMConfig(128, 128, 4, 3)),  # 0.10166 ms = 1.114x torch.mm at M=4096; dropped tma=True
+                (1, _MatmulMConfig(16, 32, 4, 6)),  # 0.00865 ms = 1.147x torch.mm at M=1; dropped programs_per_sm=2, tma=True
+                (4, _MatmulMConfig(16, 32, 4, 6)),  # 0.00855 ms = 1.160x torch.mm at M=4; dropped tma=True
+                (16, _MatmulMConfig(16, 32, 4, 6)),  # 0.00785 ms = 1.033x torch.mm at M=16; dropped programs_per_sm=2
+                (32, _MatmulMConfig(32, 32, 4, 6)),  # 0.009 ms = 1.187x torch.mm at M=32; dropped programs_per_sm=2
+                (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.00867 ms = 1.170x torch.mm at M=64; dropped programs_per_sm=2, tma=True
+                (128, _MatmulMConfig(64, 64, 4, 4)),  # 0.00876 ms = 1.102x torch.mm at M=128; dropped tma=True
+                (256, _MatmulMConfig(64, 128, 4, 4)),  # 0.00978 ms = 0.958x torch.mm at M=256; dropped programs_per_sm=2, tma=True
+                (512, _MatmulMConfig(128, 128, 4, 3)),  # 0.01524 ms = 1.076x torch.mm at M=512; dropped tma=True
+                (1024, _MatmulMConfig(128, 128, 4, 3)),  # 0.02702 ms = 1.088x torch.mm at M=1024; dropped tma=True
+                (2048, _MatmulMConfig(128, 128, 4, 3)),  # 0.05254 ms = 1.119x torch.mm at M=2048; dropped tma=True
+                (4096, _MatmulMConfig(128, 128, 4, 3)),  # 0.10164 ms = 1.093x torch.mm at M=4096; dropped tma=True
             ),
         ),
-        # qwen3-8b/o: NVIDIA H200 GPU-51e4dd93-480b-dda7-7bbe-a9a9121eb2a5, driver 580.159.04, compute capability 9.0
-        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-12-02T11:41:14Z
-        #   command: kernels/device/gpu_call.py sweep hostcost probe bench --retune --out /tmp/ks3 --budget-s 500
-        #   sweep score (decode-weighted geomean of time / torch.mm): 1.0133
+        # qwen3-8b/o: NVIDIA H200 GPU-db5bca65-93a3-b386-6c86-0a697e92dcbd, driver 580.159.04, compute capability 9.0
+        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-12-02T15:04:51Z
+        #   command: kernels/device/gpu_call.py sweep hostcost probe bench --retune --vllm-kernel .cache/vllm033/vllm --out /root/out/k6 --budget-s 500
+        #   sweep score (decode-weighted geomean of time / torch.mm): 1.0245
         (4096, 4096): _MatmulShapeConfig(
             block_k=128,
             m_buckets=(
-                (1, _MatmulMConfig(16, 32, 4, 6)),  # 0.01367 ms = 1.046x torch.mm at M=1; dropped tma=True
-                (4, _MatmulMConfig(16, 32, 4, 6)),  # 0.01359 ms = 1.051x torch.mm at M=4; dropped programs_per_sm=2, tma=True
-                (16, _MatmulMConfig(16, 32, 4, 6)),  # 0.01225 ms = 0.934x torch.mm at M=16; dropped programs_per_sm=2
-                (32, _MatmulMConfig(32, 32, 4, 6)),  # 0.01467 ms = 1.087x torch.mm at M=32
-                (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.01458 ms = 1.194x torch.mm at M=64; dropped programs_per_sm=2, tma=True
-                (128, _MatmulMConfig(64, 64, 4, 4)),  # 0.01503 ms = 1.055x torch.mm at M=128; dropped programs_per_sm=2, tma=True
-                (256, _MatmulMConfig(64, 128, 4, 4)),  # 0.01675 ms = 0.988x torch.mm at M=256; dropped tma=True
-                (512, _MatmulMConfig(128, 128, 4, 3)),  # 0.02802 ms = 1.130x torch.mm at M=512; dropped tma=True
-                (1024, _MatmulMConfig(128, 128, 4, 3)),  # 0.05222 ms = 1.155x torch.mm at M=1024; dropped tma=True
-                (2048, _MatmulMConfig(128, 128, 4, 3)),  # 0.10185 ms = 1.153x torch.mm at M=2048; dropped tma=True
-                (4096, _MatmulMConfig(128, 128, 4, 3)),  # 0.2015 ms = 1.149x torch.mm at M=4096; dropped tma=True
+                (1, _MatmulMConfig(16, 32, 4, 6)),  # 0.01419 ms = 1.064x torch.mm at M=1; dropped programs_per_sm=2, tma=True
+                (4, _MatmulMConfig(16, 32, 4, 6)),  # 0.01402 ms = 1.047x torch.mm at M=4; dropped programs_per_sm=2, tma=True
+                (16, _MatmulMConfig(16, 32, 4, 6)),  # 0.01291 ms = 0.950x torch.mm at M=16; dropped programs_per_sm=2
+                (32, _MatmulMConfig(32, 32, 4, 6)),  # 0.01493 ms = 1.095x torch.mm at M=32; dropped programs_per_sm=2
+                (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.01532 ms = 1.206x torch.mm at M=64; dropped tma=True
+                (128, _MatmulMConfig(64, 64, 4, 4)),  # 0.0153 ms = 1.034x torch.mm at M=128; dropped tma=True
+                (256, _MatmulMConfig(64, 128, 4, 4)),  # 0.01749 ms = 1.015x torch.mm at M=256; dropped programs_per_sm=2, tma=True
+                (512, _MatmulMConfig(128, 128, 4, 3)),  # 0.02878 ms = 1.113x torch.mm at M=512; dropped tma=True
+                (1024, _MatmulMConfig(128, 128, 4, 3)),  # 0.05227 ms = 1.129x torch.mm at M=1024; dropped tma=True
+                (2048, _MatmulMConfig(128, 128, 4, 3)),  # 0.10243 ms = 1.134x torch.mm at M=2048; dropped tma=True
+                (4096, _MatmulMConfig(128, 128, 4, 3)),  # 0.20133 ms = 1.115x torch.mm at M=4096; dropped tma=True
             ),
         ),
-        # qwen3-8b/qkv: NVIDIA H200 GPU-51e4dd93-480b-dda7-7bbe-a9a9121eb2a5, driver 580.159.04, compute capability 9.0
-        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-12-02T11:41:14Z
-        #   command: kernels/device/gpu_call.py sweep hostcost probe bench --retune --out /tmp/ks3 --budget-s 500
-        #   sweep score (decode-weighted geomean of time / torch.mm): 1.0887
+        # qwen3-8b/qkv: NVIDIA H200 GPU-db5bca65-93a3-b386-6c86-0a697e92dcbd, driver 580.159.04, compute capability 9.0
+        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-12-02T15:04:51Z
+        #   command: kernels/device/gpu_call.py sweep hostcost probe bench --retune --vllm-kernel .cache/vllm033/vllm --out /root/out/k6 --budget-s 500
+        #   sweep score (decode-weighted geomean of time / torch.mm): 1.0663
         (6144, 4096): _MatmulShapeConfig(
             block_k=128,
             m_buckets=(
-                (1, _MatmulMConfig(16, 64, 4, 6)),  # 0.01721 ms = 1.076x torch.mm at M=1; dropped tma=True
-                (4, _MatmulMConfig(16, 64, 4, 6)),  # 0.01665 ms = 1.007x torch.mm at M=4; dropped programs_per_sm=2, tma=True
-                (16, _MatmulMConfig(16, 64, 4, 6)),  # 0.01724 ms = 0.994x torch.mm at M=16; dropped programs_per_sm=2
-                (32, _MatmulMConfig(16, 128, 4, 6)),  # 0.01918 ms = 1.116x torch.mm at M=32; dropped programs_per_sm=2, tma=True
-                (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.01799 ms = 1.044x torch.mm at M=64; dropped programs_per_sm=2, tma=True
-                (128, _MatmulMConfig(64, 128, 4, 4)),  # 0.01946 ms = 1.098x torch.mm at M=128; dropped tma=True
-                (256, _MatmulMConfig(128, 128, 4, 3)),  # 0.02935 ms = 1.281x torch.mm at M=256; dropped tma=True
-                (512, _MatmulMConfig(64, 128, 4, 4)),  # 0.04328 ms = 1.184x torch.mm at M=512; dropped tma=True
-                (1024, _MatmulMConfig(128, 128, 4, 3)),  # 0.078 ms = 1.116x torch.mm at M=1024; dropped tma=True
-                (2048, _MatmulMConfig(128, 128, 4, 3)),  # 0.15044 ms = 1.127x torch.mm at M=2048; dropped tma=True
-                (4096, _MatmulMConfig(128, 128, 4, 3)),  # 0.29833 ms = 1.137x torch.mm at M=4096; dropped tma=True
+                (1, _MatmulMConfig(16, 64, 4, 6)),  # 0.01686 ms = 1.014x torch.mm at M=1; dropped tma=True
+                (4, _MatmulMConfig(16, 64, 4, 6)),  # 0.01736 ms = 1.007x torch.mm at M=4; dropped tma=True
+                (16, _MatmulMConfig(16, 64, 4, 6)),  # 0.01695 ms = 0.985x torch.mm at M=16
+                (32, _MatmulMConfig(16, 128, 4, 6)),  # 0.01945 ms = 1.082x torch.mm at M=32; dropped programs_per_sm=2, tma=True
+                (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.01886 ms = 1.050x torch.mm at M=64; dropped programs_per_sm=2, tma=True
+                (128, _MatmulMConfig(64, 128, 4, 4)),  # 0.02017 ms = 1.095x torch.mm at M=128; dropped tma=True
+                (256, _MatmulMConfig(128, 128, 8, 3)),  # 0.02958 ms = 1.326x torch.mm at M=256; dropped tma=True
+                (512, _MatmulMConfig(64, 128, 4, 4)),  # 0.04456 ms = 1.166x torch.mm at M=512; dropped tma=True
+                (1024, _MatmulMConfig(128, 128, 4, 3)),  # 0.07778 ms = 1.089x torch.mm at M=1024; dropped tma=True
+                (2048, _MatmulMConfig(128, 128, 4, 3)),  # 0.15196 ms = 1.117x torch.mm at M=2048; dropped tma=True
+                (4096, _MatmulMConfig(128, 128, 4, 3)),  # 0.29962 ms = 1.111x torch.mm at M=4096; dropped tma=True
             ),
         ),
-        # qwen3-1.7b/gate_up: NVIDIA H200 GPU-51e4dd93-480b-dda7-7bbe-a9a9121eb2a5, driver 580.159.04, compute capability 9.0
-        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-12-02T11:41:14Z
-        #   command: kernels/device/gpu_call.py sweep hostcost probe bench --retune --out /tmp/ks3 --budget-s 500
-        #   sweep score (decode-weighted geomean of time / torch.mm): 1.0258
+        # qwen3-1.7b/gate_up: NVIDIA H200 GPU-db5bca65-93a3-b386-6c86-0a697e92dcbd, driver 580.159.04, compute capability 9.0
+        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-12-02T15:04:51Z
+        #   command: kernels/device/gpu_call.py sweep hostcost probe bench --retune --vllm-kernel .cache/vllm033/vllm --out /root/out/k6 --budget-s 500
+        #   sweep score (decode-weighted geomean of time / torch.mm): 1.0313
         (12288, 2048): _MatmulShapeConfig(
             block_k=128,
             m_buckets=(
-                (1, _MatmulMConfig(16, 128, 4, 4)),  # 0.0162 ms = 0.970x torch.mm at M=1; dropped programs_per_sm=2, tma=True
-                (4, _MatmulMConfig(16, 256, 4, 4)),  # 0.01621 ms = 0.993x torch.mm at M=4; dropped programs_per_sm=2, tma=True
-                (16, _MatmulMConfig(16, 128, 4, 4)),  # 0.01618 ms = 0.957x torch.mm at M=16
-                (32, _MatmulMConfig(32, 128, 4, 4)),  # 0.01629 ms = 0.975x torch.mm at M=32; dropped programs_per_sm=2, tma=True
-                (64, _MatmulMConfig(64, 128, 4, 4)),  # 0.01609 ms = 0.960x torch.mm at M=64; dropped tma=True
-                (128, _MatmulMConfig(64, 128, 4, 4)),  # 0.02024 ms = 1.182x torch.mm at M=128; dropped tma=True
-                (256, _MatmulMConfig(64, 128, 4, 4)),  # 0.02589 ms = 1.177x torch.mm at M=256; dropped tma=True
-                (512, _MatmulMConfig(128, 128, 8, 3)),  # 0.04298 ms = 1.140x torch.mm at M=512; dropped tma=True
-                (1024, _MatmulMConfig(128, 128, 4, 3)),  # 0.07923 ms = 1.117x torch.mm at M=1024; dropped tma=True
-                (2048, _MatmulMConfig(128, 128, 4, 3)),  # 0.15546 ms = 1.141x torch.mm at M=2048; dropped tma=True
-                (4096, _MatmulMConfig(128, 128, 4, 3)),  # 0.30478 ms = 1.148x torch.mm at M=4096; dropped tma=True
+                (1, _MatmulMConfig(16, 128, 4, 4)),  # 0.01608 ms = 0.978x torch.mm at M=1; dropped tma=True
+                (4, _MatmulMConfig(16, 128, 4, 4)),  # 0.01632 ms = 0.963x torch.mm at M=4; dropped tma=True
+                (16, _MatmulMConfig(16, 128, 4, 4)),  # 0.01633 ms = 0.967x torch.mm at M=16; dropped programs_per_sm=2
+                (32, _MatmulMConfig(32, 128, 4, 4)),  # 0.01668 ms = 0.964x torch.mm at M=32; dropped programs_per_sm=2, tma=True
+                (64, _MatmulMConfig(64, 128, 4, 4)),  # 0.01644 ms = 0.941x torch.mm at M=64; dropped tma=True
+                (128, _MatmulMConfig(128, 128, 8, 3)),  # 0.02082 ms = 1.192x torch.mm at M=128; dropped tma=True
+                (256, _MatmulMConfig(64, 128, 4, 4)),  # 0.02623 ms = 1.180x torch.mm at M=256; dropped tma=True
+                (512, _MatmulMConfig(128, 128, 4, 3)),  # 0.04399 ms = 1.127x torch.mm at M=512; dropped tma=True
+                (1024, _MatmulMConfig(128, 128, 4, 3)),  # 0.08012 ms = 1.098x torch.mm at M=1024; dropped tma=True
+                (2048, _MatmulMConfig(128, 128, 4, 3)),  # 0.15713 ms = 1.122x torch.mm at M=2048; dropped tma=True
+                (4096, _MatmulMConfig(128, 128, 4, 3)),  # 0.30778 ms = 1.139x torch.mm at M=4096; dropped tma=True
             ),
         ),
-        # qwen3-8b/gate_up: NVIDIA H200 GPU-51e4dd93-480b-dda7-7bbe-a9a9121eb2a5, driver 580.159.04, compute capability 9.0
-        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-12-02T11:41:14Z
-        #   command: kernels/device/gpu_call.py sweep hostcost probe bench --retune --out /tmp/ks3 --budget-s 500
-        #   sweep score (decode-weighted geomean of time / torch.mm): 1.0578
+        # qwen3-8b/gate_up: NVIDIA H200 GPU-db5bca65-93a3-b386-6c86-0a697e92dcbd, driver 580.159.04, compute capability 9.0
+        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-12-02T15:04:51Z
+        #   command: kernels/device/gpu_call.py sweep hostcost probe bench --retune --vllm-kernel .cache/vllm033/vllm --out /root/out/k6 --budget-s 500
+        #   sweep score (decode-weighted geomean of time / torch.mm): 1.0465
         (24576, 4096): _MatmulShapeConfig(
             block_k=64,
             m_buckets=(
-                (1, _MatmulMConfig(16, 128, 4, 4)),  # 0.05142 ms = 1.033x torch.mm at M=1; dropped programs_per_sm=2, tma=True
-                (4, _MatmulMConfig(16, 128, 4, 4)),  # 0.05202 ms = 0.915x torch.mm at M=4; dropped programs_per_sm=2, tma=True
-                (16, _MatmulMConfig(16, 256, 4, 4)),  # 0.05228 ms = 1.030x torch.mm at M=16
-                (32, _MatmulMConfig(32, 128, 4, 4)),  # 0.05359 ms = 1.042x torch.mm at M=32; dropped programs_per_sm=2
-                (64, _MatmulMConfig(64, 256, 4, 4)),  # 0.05418 ms = 1.034x torch.mm at M=64; dropped tma=True
-                (128, _MatmulMConfig(64, 256, 4, 4)),  # 0.06829 ms = 1.242x torch.mm at M=128; dropped tma=True
-                (256, _MatmulMConfig(64, 128, 4, 4)),  # 0.08697 ms = 1.198x torch.mm at M=256; dropped programs_per_sm=2, tma=True
-                (512, _MatmulMConfig(128, 256, 8, 3)),  # 0.13865 ms = 1.020x torch.mm at M=512; dropped tma=True
-                (1024, _MatmulMConfig(128, 256, 8, 3)),  # 0.26582 ms = 0.996x torch.mm at M=1024; dropped tma=True
-                (2048, _MatmulMConfig(128, 256, 8, 3)),  # 0.53378 ms = 1.011x torch.mm at M=2048; dropped tma=True
-                (4096, _MatmulMConfig(128, 256, 8, 3)),  # 1.0865 ms = 1.032x torch.mm at M=4096
+                (1, _MatmulMConfig(16, 128, 4, 4)),  # 0.05418 ms = 1.036x torch.mm at M=1; dropped programs_per_sm=2, tma=True
+                (4, _MatmulMConfig(16, 128, 4, 4)),  # 0.05426 ms = 0.919x torch.mm at M=4; dropped programs_per_sm=2, tma=True
+                (16, _MatmulMConfig(16, 128, 4, 4)),  # 0.05415 ms = 1.012x torch.mm at M=16; dropped programs_per_sm=2
+                (32, _MatmulMConfig(32, 128, 4, 4)),  # 0.05545 ms = 1.022x torch.mm at M=32; dropped programs_per_sm=2, tma=True
+                (64, _MatmulMConfig(64, 256, 4, 4)),  # 0.05514 ms = 0.995x torch.mm at M=64; dropped tma=True
+                (128, _MatmulMConfig(64, 256, 4, 4)),  # 0.07072 ms = 1.211x torch.mm at M=128; dropped tma=True
+                (256, _MatmulMConfig(64, 128, 4, 4)),  # 0.09054 ms = 1.173x torch.mm at M=256; dropped programs_per_sm=2, tma=True
+                (512, _MatmulMConfig(128, 256, 8, 3)),  # 0.14132 ms = 1.014x torch.mm at M=512; dropped tma=True
+                (1024, _MatmulMConfig(128, 256, 8, 3)),  # 0.2721 ms = 0.993x torch.mm at M=1024; dropped tma=True
+                (2048, _MatmulMConfig(128, 256, 8, 3)),  # 0.55074 ms = 1.015x torch.mm at M=2048; dropped tma=True
+                (4096, _MatmulMConfig(128, 256, 8, 3)),  # 1.1006 ms = 1.019x torch.mm at M=4096
             ),
         ),
-        # smollm2-135m/lm_head: NVIDIA H200 GPU-51e4dd93-480b-dda7-7bbe-a9a9121eb2a5, driver 580.159.04, compute capability 9.0
-        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-12-02T11:41:14Z
-        #   command: kernels/device/gpu_call.py sweep hostcost probe bench --retune --out /tmp/ks3 --budget-s 500
-        #   sweep score (decode-weighted geomean of time / torch.mm): 1.026
+        # smollm2-135m/lm_head: NVIDIA H200 GPU-db5bca65-93a3-b386-6c86-0a697e92dcbd, driver 580.159.04, compute capability 9.0
+        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-12-02T15:04:51Z
+        #   command: kernels/device/gpu_call.py sweep hostcost probe bench --retune --vllm-kernel .cache/vllm033/vllm --out /root/out/k6 --budget-s 500
+        #   sweep score (decode-weighted geomean of time / torch.mm): 1.0246
         (49152, 576): _MatmulShapeConfig(
             block_k=64,
             m_buckets=(
-                (1, _MatmulMConfig(16, 64, 4, 4)),  # 0.01722 ms = 0.999x torch.mm at M=1; dropped programs_per_sm=2, tma=True
-                (4, _MatmulMConfig(16, 64, 4, 6)),  # 0.01785 ms = 0.940x torch.mm at M=4; dropped programs_per_sm=2, tma=True
-                (16, _MatmulMConfig(16, 64, 4, 4)),  # 0.01789 ms = 0.991x torch.mm at M=16; dropped programs_per_sm=2, tma=True
-                (32, _MatmulMConfig(32, 64, 4, 6)),  # 0.01874 ms = 0.997x torch.mm at M=32; dropped programs_per_sm=2
-                (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.01878 ms = 0.939x torch.mm at M=64; dropped programs_per_sm=2, tma=True
-                (128, _MatmulMConfig(64, 256, 4, 4)),  # 0.02244 ms = 1.025x torch.mm at M=128; dropped tma=True
-                (256, _MatmulMConfig(128, 256, 8, 3)),  # 0.03193 ms = 1.106x torch.mm at M=256; dropped tma=True
-                (512, _MatmulMConfig(128, 256, 8, 3)),  # 0.05308 ms = 1.071x torch.mm at M=512; dropped tma=True
-                (1024, _MatmulMConfig(128, 256, 8, 4)),  # 0.09604 ms = 1.057x torch.mm at M=1024; dropped tma=True
-                (2048, _MatmulMConfig(128, 256, 8, 4)),  # 0.18786 ms = 1.065x torch.mm at M=2048; dropped tma=True
-                (4096, _MatmulMConfig(128, 256, 8, 4)),  # 0.37206 ms = 1.077x torch.mm at M=4096; dropped tma=True
+                (1, _MatmulMConfig(16, 128, 4, 4)),  # 0.01776 ms = 0.992x torch.mm at M=1; dropped programs_per_sm=2, tma=True
+                (4, _MatmulMConfig(16, 256, 4, 6)),  # 0.01843 ms = 0.955x torch.mm at M=4; dropped tma=True
+                (16, _MatmulMConfig(16, 64, 4, 6)),  # 0.01847 ms = 1.004x torch.mm at M=16; dropped programs_per_sm=2, tma=True
+                (32, _MatmulMConfig(32, 128, 4, 6)),  # 0.01867 ms = 0.954x torch.mm at M=32; dropped tma=True
+                (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.02006 ms = 0.968x torch.mm at M=64; dropped programs_per_sm=2, tma=True
+                (128, _MatmulMConfig(64, 256, 4, 4)),  # 0.02216 ms = 0.965x torch.mm at M=128; dropped tma=True
+                (256, _MatmulMConfig(128, 128, 4, 4)),  # 0.03322 ms = 1.083x torch.mm at M=256; dropped tma=True
+                (512, _MatmulMConfig(128, 256, 8, 3)),  # 0.05406 ms = 1.040x torch.mm at M=512
+                (1024, _MatmulMConfig(128, 256, 8, 4)),  # 0.10106 ms = 1.094x torch.mm at M=1024; dropped tma=True
+                (2048, _MatmulMConfig(128, 256, 8, 4)),  # 0.19495 ms = 1.065x torch.mm at M=2048; dropped tma=True
+                (4096, _MatmulMConfig(128, 256, 8, 4)),  # 0.38061 ms = 1.076x torch.mm at M=4096; dropped tma=True
             ),
         ),
-        # qwen3-1.7b/lm_head: NVIDIA H200 GPU-51e4dd93-480b-dda7-7bbe-a9a9121eb2a5, driver 580.159.04, compute capability 9.0
-        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-12-02T11:41:14Z
-        #   command: kernels/device/gpu_call.py sweep hostcost probe bench --retune --out /tmp/ks3 --budget-s 500
-        #   sweep score (decode-weighted geomean of time / torch.mm): 0.9656
+        # qwen3-1.7b/lm_head: NVIDIA H200 GPU-db5bca65-93a3-b386-6c86-0a697e92dcbd, driver 580.159.04, compute capability 9.0
+        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-12-02T15:04:51Z
+        #   command: kernels/device/gpu_call.py sweep hostcost probe bench --retune --vllm-kernel .cache/vllm033/vllm --out /root/out/k6 --budget-s 500
+        #   sweep score (decode-weighted geomean of time / torch.mm): 1.0069
         (151936, 2048): _MatmulShapeConfig(
-            block_k=64,
+            block_k=128,
             m_buckets=(
-                (1, _MatmulMConfig(16, 128, 4, 6)),  # 0.14482 ms = 0.934x torch.mm at M=1; dropped programs_per_sm=2, tma=True
-                (4, _MatmulMConfig(16, 128, 4, 6)),  # 0.14635 ms = 0.879x torch.mm at M=4; dropped tma=True
-                (16, _MatmulMConfig(16, 128, 4, 6)),  # 0.14667 ms = 0.917x torch.mm at M=16
-                (32, _MatmulMConfig(32, 128, 4, 6)),  # 0.15221 ms = 0.897x torch.mm at M=32; dropped tma=True
-                (64, _MatmulMConfig(64, 256, 4, 4)),  # 0.15856 ms = 1.001x torch.mm at M=64; dropped tma=True
-                (128, _MatmulMConfig(64, 256, 4, 4)),  # 0.17296 ms = 1.020x torch.mm at M=128; dropped tma=True
-                (256, _MatmulMConfig(128, 256, 8, 3)),  # 0.24882 ms = 1.129x torch.mm at M=256; dropped tma=True
-                (512, _MatmulMConfig(128, 256, 8, 3)),  # 0.43077 ms = 1.022x torch.mm at M=512; dropped tma=True
-                (1024, _MatmulMConfig(128, 256, 8, 3)),  # 0.83282 ms = 0.988x torch.mm at M=1024; dropped tma=True
-                (2048, _MatmulMConfig(128, 256, 8, 3)),  # 1.6596 ms = 1.003x torch.mm at M=2048; dropped tma=True
-                (4096, _MatmulMConfig(128, 256, 8, 3)),  # 3.3662 ms = 0.981x torch.mm at M=4096; dropped tma=True
+                (1, _MatmulMConfig(16, 128, 4, 6)),  # 0.14578 ms = 0.950x torch.mm at M=1; dropped tma=True
+                (4, _MatmulMConfig(16, 128, 4, 4)),  # 0.14688 ms = 0.847x torch.mm at M=4; dropped tma=True
+                (16, _MatmulMConfig(16, 256, 4, 4)),  # 0.1495 ms = 0.945x torch.mm at M=16
+                (32, _MatmulMConfig(32, 128, 4, 4)),  # 0.15292 ms = 0.957x torch.mm at M=32
+                (64, _MatmulMConfig(64, 128, 4, 4)),  # 0.15794 ms = 0.956x torch.mm at M=64; dropped tma=True
+                (128, _MatmulMConfig(128, 128, 8, 3)),  # 0.17397 ms = 0.997x torch.mm at M=128; dropped tma=True
+                (256, _MatmulMConfig(128, 128, 4, 3)),  # 0.27036 ms = 1.167x torch.mm at M=256; dropped tma=True
+                (512, _MatmulMConfig(128, 128, 8, 3)),  # 0.49426 ms = 1.120x torch.mm at M=512; dropped tma=True
+                (1024, _MatmulMConfig(128, 128, 4, 3)),  # 0.93551 ms = 1.079x torch.mm at M=1024; dropped tma=True
+                (2048, _MatmulMConfig(128, 128, 4, 3)),  # 1.8645 ms = 1.100x torch.mm at M=2048; dropped tma=True
+                (4096, _MatmulMConfig(128, 128, 4, 3)),  # 3.687 ms = 1.108x torch.mm at M=4096; dropped tma=True
             ),
         ),
-        # qwen3-8b/lm_head: NVIDIA H200 GPU-51e4dd93-480b-dda7-7bbe-a9a9121eb2a5, driver 580.159.04, compute capability 9.0
-        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-12-02T11:41:14Z
-        #   command: kernels/device/gpu_call.py sweep hostcost probe bench --retune --out /tmp/ks3 --budget-s 500
+        # qwen3-8b/lm_head: NVIDIA H200 GPU-db5bca65-93a3-b386-6c86-0a697e92dcbd, driver 580.159.04, compute capability 9.0
+        #   torch 2.11.0+cu130, triton 3.6.0, measured 2026-12-02T15:04:51Z
+        #   command: kernels/device/gpu_call.py sweep hostcost probe bench --retune --vllm-kernel .cache/vllm033/vllm --out /root/out/k6 --budget-s 500
         #   sweep score (decode-weighted geomean of time / torch.mm): 0.9411
         (151936, 4096): _MatmulShapeConfig(
             block_k=64,
             m_buckets=(
-                (1, _MatmulMConfig(16, 64, 4, 6)),  # 0.285 ms = 0.918x torch.mm at M=1; dropped programs_per_sm=2, tma=True
-                (4, _MatmulMConfig(16, 128, 4, 6)),  # 0.28828 ms = 0.859x torch.mm at M=4; dropped tma=True
-                (16, _MatmulMConfig(16, 128, 4, 6)),  # 0.29263 ms = 0.930x torch.mm at M=16; dropped programs_per_sm=2
-                (32, _MatmulMConfig(32, 128, 4, 6)),  # 0.30124 ms = 0.943x torch.mm at M=32; dropped programs_per_sm=2, tma=True
-                (64, _MatmulMConfig(64, 256, 4, 4)),  # 0.3076 ms = 0.951x torch.mm at M=64; dropped tma=True
-                (128, _MatmulMConfig(64, 256, 4, 4)),  # 0.33108 ms = 1.001x torch.mm at M=128; dropped tma=True
-                (256, _MatmulMConfig(128, 256, 8, 3)),  # 0.46172 ms = 1.069x torch.mm at M=256; dropped tma=True
-                (512, _MatmulMConfig(128, 256, 8, 3)),  # 0.82987 ms = 1.005x torch.mm at M=512; dropped tma=True
-                (1024, _MatmulMConfig(128, 256, 8, 3)),  # 1.6424 ms = 1.000x torch.mm at M=1024
-                (2048, _MatmulMConfig(128, 256, 8, 3)),  # 3.2814 ms = 1.003x torch.mm at M=2048
-                (4096, _MatmulMConfig(128, 256, 8, 3)),  # 6.5574 ms = 0.893x torch.mm at M=4096
+                (1, _MatmulMConfig(16, 64, 4, 6)),  # 0.29038 ms = 0.874x torch.mm at M=1; dropped programs_per_sm=2, tma=True
+                (4, _MatmulMConfig(16, 64, 4, 6)),  # 0.30011 ms = 0.876x torch.mm at M=4; dropped programs_per_sm=2, tma=True
+                (16, _MatmulMConfig(16, 128, 4, 6)),  # 0.29874 ms = 0.885x torch.mm at M=16; dropped tma=True
+                (32, _MatmulMConfig(32, 128, 4, 6)),  # 0.30862 ms = 0.946x torch.mm at M=32; dropped programs_per_sm=2, tma=True
+                (64, _MatmulMConfig(64, 256, 4, 4)),  # 0.31715 ms = 0.948x torch.mm at M=64
+                (128, _MatmulMConfig(64, 256, 4, 4)),  # 0.34206 ms = 1.016x torch.mm at M=128; dropped tma=True
+                (256, _MatmulMConfig(128, 256, 8, 3)),  # 0.47538 ms = 1.049x torch.mm at M=256; dropped tma=True
+                (512, _MatmulMConfig(128, 256, 8, 3)),  # 0.84454 ms = 0.982x torch.mm at M=512; dropped tma=True
+                (1024, _MatmulMConfig(128, 256, 8, 3)),  # 1.6463 ms = 0.974x torch.mm at M=1024; dropped tma=True
+                (2048, _MatmulMConfig(128, 256, 8, 3)),  # 3.2911 ms = 0.982x torch.mm at M=2048; dropped tma=True
+                (4096, _MatmulMConfig(128, 256, 8, 3)),  # 7.3799 ms = 1.107x torch.mm at M=4096
             ),
         ),
     },

@@ -54,15 +54,15 @@ def _expected(entry: tables.ShapeConfig, m: int) -> dict[str, int]:
             "GROUP_SIZE_M": 8, "num_warps": c.num_warps, "num_stages": c.num_stages}
 
 
-def test_the_h200_table_exports_13_shapes_and_says_what_it_left_out():
+def test_the_h200_table_exports_12_shapes_and_says_what_it_left_out():
     table = tables.load_table(TABLE)
     export = export_vllm.export_table(table, source="kernels/bistat_kernels/tables/nvidia_h200.json")
     assert export.arch_family == "hopper"  # provenance: compute capability 9.0
-    assert len(export.shapes) == 13
-    assert [(o["n"], o["k"], o["split_k"]) for o in export.omitted] == [(2048, 6144, 4),
-                                                                       (4096, 12288, 2)]
+    assert len(export.shapes) == 12
+    assert [(o["n"], o["k"], o["split_k"]) for o in export.omitted] == [
+        (576, 1536, 2), (2048, 6144, 2), (4096, 12288, 2)]
     assert "vLLM's kernel has no split-K" in export.omitted[0]["reason"]
-    assert export.dropped_summary() == {"programs_per_sm": 53, "tma": 109}
+    assert export.dropped_summary() == {"programs_per_sm": 42, "tma": 104}
     parsed = export_vllm.parse_vllm_source(export.python_text)
     assert list(parsed) == ["hopper"]
     for s in export.shapes:
@@ -93,12 +93,12 @@ def test_the_committed_export_regenerates_byte_for_byte(tmp_path, monkeypatch):
                                 catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert result.output.splitlines()[1:] == [
-        "dropped programs_per_sm (vLLM's kernel cannot express it) in 53 buckets",
-        "dropped tma (vLLM's kernel cannot express it) in 109 buckets",
+        "dropped programs_per_sm (vLLM's kernel cannot express it) in 42 buckets",
+        "dropped tma (vLLM's kernel cannot express it) in 104 buckets",
         *[f"omitted ({n}, {k}) bfloat16: split_k {split}: vLLM's kernel has no split-K and the "
           f"nearest layout (block_k 128, no split) was never timed; vLLM keeps its own entry or "
           f"default for this shape (`--split-k nearest` exports it anyway)"
-          for n, k, split in ((2048, 6144, 4), (4096, 12288, 2))]]
+          for n, k, split in ((576, 1536, 2), (2048, 6144, 2), (4096, 12288, 2))]]
     assert out.read_bytes() == EXPORTED.read_bytes()
     assert out.with_suffix(".provenance.json").read_bytes() == \
         EXPORTED.with_suffix(".provenance.json").read_bytes()
@@ -218,14 +218,15 @@ def test_vllm_0_33_0s_own_loader_reads_the_export(monkeypatch):
     for (dtype, n, k), entry in sorted(table.entries.items()):
         for m in (1, 2, 5, 16, 33, 100, 1000, 4096, 10000):
             got = vllm_cfg._get_matmul_config(m, n, k, torch.bfloat16, default)
-            if entry.split_k > 1:  # omitted: vLLM's own entry for this shape stays
-                assert (n, k) in own_hopper
-                assert got["BLOCK_SIZE_K"] == own_hopper[(n, k)].block_k
+            if entry.split_k > 1:  # omitted: vLLM's own entry (or its default) for this shape stays
+                own = own_hopper.get((n, k))
+                assert got["BLOCK_SIZE_K"] == (default["BLOCK_SIZE_K"] if own is None
+                                               else own.block_k)
                 continue
             assert got == _expected(entry, m), (n, k, m)
             checked += 1
         assert vllm_cfg._get_matmul_config(1, n, k, torch.float16, default) is default
-    assert checked == 13 * 9
+    assert checked == 12 * 9
 
 
 def test_every_exported_bucket_is_in_the_sidecar_with_its_measurement():
