@@ -138,10 +138,10 @@ def _store_output(c_ptr, bias_ptr, total, offs_cm, offs_cn, c_mask, N, stride_cm
 def _split_store_and_fixup(ws_ptr, lock_ptr, c_ptr, bias_ptr, accumulator, split, tile,
                            offs_cm, offs_cn, c_mask, M, N, stride_cm, stride_cn,
                            SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr):
-    # One split's float32 partial goes to the workspace [SPLIT_K, M, N]; the program that brings a
-    # tile's last partial (whichever split that is) adds the tile's partials in split order,
-    # total = p0, total = total + p1, ..., then + bias and the cast: the same operations in the
-    # same order as the fused mode, whatever order the programs arrive in.
+    # One split's float32 partial goes to the workspace (its start, as [SPLIT_K, M, N]); the
+    # program that brings a tile's last partial (whichever split that is) adds the tile's
+    # partials in split order, total = p0, total = total + p1, ..., then + bias and the cast: the
+    # same operations in the same order as the fused mode, whatever order the programs arrive in.
     mn = M.to(tl.int64) * N
     offs = offs_cm.to(tl.int64)[:, None] * N + offs_cn.to(tl.int64)[None, :]
     tl.store(ws_ptr + split.to(tl.int64) * mn + offs, accumulator, mask=c_mask)
@@ -384,7 +384,7 @@ def matmul_persistent(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | Non
     # the counters are passed (int32, one kernel signature) even where no split uses them
     locks = _lock_buffer(a.device, _current_stream(a.device), num_mn if parallel else 0)
     if parallel:
-        ws = torch.empty((split_k, M, N), device=a.device, dtype=torch.float32)  # [S, M, N]
+        ws = _workspace(a.device, _current_stream(a.device), split_k, M, N)  # >= S*M*N, flat
     else:
         ws = c  # unused by the kernel: no split, or splits added in one program
     c_large = M * N > 2**31
@@ -437,8 +437,7 @@ def _make_plan(compiled, tail: tuple, grid0: int, tma: bool, M: int, N: int, K: 
         c = torch.empty((M, N), device=device, dtype=dtype)  # [M, N]
         stream = stream_of(device_now())
         locks = _lock_buffer(device, stream, tiles)
-        ws = (torch.empty((split_k, M, N), device=device, dtype=torch.float32)  # [S, M, N]
-              if parallel else c)
+        ws = _workspace(device, stream, split_k, M, N) if parallel else c  # >= S*M*N, flat
         if raw is not None:
             if tma:
                 raw(grid0, stream, function, packed,
@@ -458,13 +457,16 @@ def _make_plan(compiled, tail: tuple, grid0: int, tma: bool, M: int, N: int, K: 
     return plan
 
 
-# ---- split-K tile counters ---------------------------------------------------------------------
+# ---- split-K tile counters and workspace ---------------------------------------------------------
 #
 # Parallel split-K counts each tile's arrived partials in an int32 counter that the last program
-# of the tile sets back to zero, so a buffer is zero between launches. Launches on one stream run
-# in order and may share a buffer; launches on two streams may run at once and must not, so the
-# buffer is kept per (device, stream). A buffer that has to grow is replaced, and the old one is
-# kept alive: a CUDA graph captured with it still points at it.
+# of the tile sets back to zero, so a buffer is zero between launches; the float32 partials live
+# in a workspace that the same launch has finished reading when it ends. Launches on one stream
+# run in order and may share both; launches on two streams may run at once and must not, so they
+# are kept per (device, stream). A buffer that has to grow is replaced, and the old one is kept
+# alive: a CUDA graph captured with it still points at it. (Two graphs captured on one stream
+# must therefore not be replayed at the same time on two streams, as with any captured
+# workspace.) Workspaces above WORKSPACE_KEPT_MAX elements are allocated per call instead.
 
 _LOCKS: dict[tuple, torch.Tensor] = {}  # (device index, stream handle) -> int32 counters, zeros
 _RETIRED_LOCKS: list[torch.Tensor] = []
@@ -479,6 +481,27 @@ def _lock_buffer(device: torch.device, stream: int, tiles: int) -> torch.Tensor:
         locks = torch.zeros(size, device=device, dtype=torch.int32)
         _LOCKS[(device.index, stream)] = locks
     return locks
+
+
+WORKSPACE_KEPT_MAX = 1 << 24  # float32 elements (64 MiB) kept per (device, stream) at most
+_WORKSPACES: dict[tuple, torch.Tensor] = {}  # (device index, stream handle) -> float32, flat
+_RETIRED_WORKSPACES: list[torch.Tensor] = []
+
+
+def _workspace(device: torch.device, stream: int, split_k: int, M: int, N: int) -> torch.Tensor:
+    """This stream's float32 workspace, flat, with room for [split_k, M, N] at its start (the
+    kernel indexes it from its address; above WORKSPACE_KEPT_MAX a fresh one for this call)."""
+    need = split_k * M * N
+    if need > WORKSPACE_KEPT_MAX:
+        return torch.empty(need, device=device, dtype=torch.float32)
+    ws = _WORKSPACES.get((device.index, stream))
+    if ws is None or ws.numel() < need:
+        if ws is not None:
+            _RETIRED_WORKSPACES.append(ws)
+        size = min(WORKSPACE_KEPT_MAX, max(need, 1 << 20 if ws is None else 2 * ws.numel()))
+        ws = torch.empty(size, device=device, dtype=torch.float32)
+        _WORKSPACES[(device.index, stream)] = ws
+    return ws
 
 
 def _current_stream(device: torch.device) -> int:

@@ -395,3 +395,39 @@ def test_gpu_plans_launch_below_run_on_this_triton():
     assert {key[14] for key, _ in kinds} == {False, True}
     for key, compiled in kinds:
         assert mp._raw_launcher(compiled, key[14]) is not None, key
+
+
+def test_the_workspace_is_kept_per_stream_grows_and_large_ones_are_not_kept(monkeypatch):
+    cpu = torch.device("cpu")
+    mp._WORKSPACES.pop((None, 4242), None)
+    first = mp._workspace(cpu, 4242, 2, 3, 40)
+    assert first.dtype == torch.float32 and first.dim() == 1 and first.numel() == 1 << 20
+    assert mp._workspace(cpu, 4242, 4, 100, 100) is first  # fits: the same buffer
+    assert mp._workspace(cpu, 77, 2, 3, 40) is not first  # another stream: its own
+    monkeypatch.setattr(mp, "WORKSPACE_KEPT_MAX", 1 << 21)
+    grown = mp._workspace(cpu, 4242, 2, 1000, 1000)
+    assert grown.numel() == 1 << 21 and any(t is first for t in mp._RETIRED_WORKSPACES)
+    big = mp._workspace(cpu, 4242, 4, 1000, 1000)  # above the bound: this call's own
+    assert big.numel() == 4_000_000 and mp._WORKSPACES[(None, 4242)] is grown
+    mp._WORKSPACES.pop((None, 4242)), mp._WORKSPACES.pop((None, 77))
+
+
+@needs_gpu
+@pytest.mark.gpu
+def test_gpu_split_k_in_a_cuda_graph_replays_the_eager_bits():
+    # counters and workspace captured on the capture stream, replayed on the current one
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    w = torch.randn(4096, 12288, device="cuda", dtype=torch.bfloat16, generator=gen) * 0.02
+    a = torch.randn(16, 12288, device="cuda", dtype=torch.bfloat16, generator=gen)
+    cfg = tables.GemmConfig(16, 64, 128, 8, 4, 4, 2, tma=True)
+    eager = mp.matmul_persistent(a, w.t(), config=cfg)
+    mp.matmul_persistent(a, w.t(), config=cfg)  # compiled and planned before the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = mp.matmul_persistent(a, w.t(), config=cfg)
+    for _ in range(3):
+        out.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        _assert_same_bits(out, eager)
+        _assert_same_bits(mp.matmul_persistent(a, w.t(), config=cfg), eager)  # eager between
