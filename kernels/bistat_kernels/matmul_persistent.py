@@ -739,6 +739,25 @@ def set_fast_launch(enabled: bool) -> None:
     _PLANS.clear()
 
 
+def precompile_buckets(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None,
+                       entry: tables.ShapeConfig) -> int:
+    """Launch every distinct bucket configuration of ``entry`` once on ``a[:1]``: the kinds a later
+    call of any M will need are then compiled (Triton's cache) and kept (:func:`_launch`).
+
+    The launches use the caller's own ``b``, ``bias`` and the first row of ``a``, so their kinds
+    (strides, alignment, dtype, bias or not) are exactly those of the calls to come; only M, which
+    is not specialised, differs. Returns the number of configurations launched. Nothing is
+    launched while a CUDA graph is being captured (the launches would be captured with it) or
+    when ``a`` has no rows.
+    """
+    if a.shape[0] == 0 or (a.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return 0
+    configs = list(dict.fromkeys(entry.config_for(b_.m_max) for b_ in entry.buckets))
+    for config in configs:
+        matmul_persistent(a[:1], b, bias, config=config)
+    return len(configs)
+
+
 def default_matmul(a: torch.Tensor, b: torch.Tensor,
                    bias: torch.Tensor | None = None) -> torch.Tensor:
     """The same kernel with vLLM 0.25.0's fixed configuration for every M (the baseline)."""

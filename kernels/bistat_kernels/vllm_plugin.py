@@ -43,8 +43,11 @@ not with ``torch.library.custom_op``: a step that is not a CUDA-graph replay (vL
 steps of up to 512 tokens) pays the dispatch on every GEMM call, and ``custom_op``'s
 wrapper with a lookup per call added 14.8 us of host time per call over vLLM's direct call on the
 H200 machine's host, this operator 3.8 us (``benchmarks/bench_plugin_dispatch.py``,
-``kernels/results/plugin_dispatch_h200_host.txt``; 145 calls per Qwen3-8B decode step). The launch configuration of each (M, N, K) is looked up
-once and kept.
+``kernels/results/plugin_dispatch_h200_host.txt``; 145 calls per Qwen3-8B decode step). The
+launch configuration of each (M, N, K) is looked up once and kept, and the first call of each
+weight shape compiles every bucket of its table entry (:func:`_precompile`; off with
+``BISTAT_GEMM_PRECOMPILE=0``), so that no batch size first seen during a measured pass pays a
+Triton compilation there.
 """
 
 import importlib
@@ -58,6 +61,10 @@ from types import ModuleType
 from typing import Any, Optional, Union
 
 ENABLE_ENV = "BISTAT_TUNED_GEMM"
+#: ``BISTAT_GEMM_PRECOMPILE=0`` turns off compiling a shape's every bucket at its first call.
+PRECOMPILE_ENV = "BISTAT_GEMM_PRECOMPILE"
+PRECOMPILE = os.environ.get(PRECOMPILE_ENV, "1").strip().lower() not in {"0", "false", "no", "off"}
+_PRECOMPILED: set = set()  # (dtype, N, K, strides, bias?, device) compiled at a first call
 #: Where vLLM keeps its batch-invariant GEMM, newest layout first (0.33.0: determinism/; 0.25.0:
 #: layers/). The first that imports and passes :func:`hook_problems` is hooked.
 TARGET_MODULES = ("vllm.model_executor.determinism.batch_invariant",
@@ -115,6 +122,8 @@ def tuned_matmul_op() -> Any:
         else:
             cfg = tables.lookup_config(M, N, K, mp.dtype_name(a.dtype), device_name)
             _CONFIGS[where] = (table, cfg)
+            if PRECOMPILE and table is not None:
+                _precompile(a, b, bias, table, mp.dtype_name(a.dtype), N, K)
         key = (N, K, cfg.block_m, cfg.block_n, cfg.block_k, cfg.split_k)
         CALLS[key] = CALLS.get(key, 0) + 1
         return mp.matmul_persistent(a, b, bias, config=cfg)
@@ -130,6 +139,26 @@ def tuned_matmul_op() -> Any:
 
     _LIB, _OP = lib, torch.ops.bistat.matmul_persistent.default
     return _OP
+
+
+def _precompile(a: Any, b: Any, bias: Any, table: Any, dtype: str, n: int, k: int) -> None:
+    """At the first call of a weight shape (vLLM's profiling and warm-up runs, before any
+    measured request), compile every bucket of its table entry, so that no later batch size pays
+    a Triton compilation in the middle of a pass."""
+    import time
+
+    from bistat_kernels import matmul_persistent as mp
+
+    entry = table.lookup(dtype, n, k)
+    seen = (dtype, n, k, a.stride(), b.stride(), bias is not None, a.device.index)
+    if entry is None or seen in _PRECOMPILED:
+        return
+    start = time.perf_counter()
+    launched = mp.precompile_buckets(a, b, bias, entry)
+    if launched:
+        _PRECOMPILED.add(seen)
+        _log.warning("bistat_kernels: precompiled %d bucket configurations of %s N=%d K=%d in "
+                     "%.1f s", launched, dtype, n, k, time.perf_counter() - start)
 
 
 class UnsupportedVLLMError(RuntimeError):

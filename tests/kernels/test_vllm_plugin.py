@@ -185,6 +185,52 @@ def test_the_op_keeps_each_lookup_until_the_table_changes():
         vllm_plugin.CALLS.clear()
 
 
+def test_the_first_call_of_a_shape_compiles_every_bucket_of_it(monkeypatch, caplog):
+    """Every bucket's kind is launched (so compiled) at a shape's first call, on the caller's own
+    weight and the first row of its input; later calls of any M of that shape launch once."""
+    launched = []
+    real = mp.matmul_persistent
+
+    def recording(a, b, bias=None, *, config=None):
+        launched.append((a.shape[0], config))
+        return real(a, b, bias, config=config)
+
+    monkeypatch.setattr(mp, "matmul_persistent", recording)
+    monkeypatch.setattr(vllm_plugin, "_PRECOMPILED", set())
+    monkeypatch.setattr(vllm_plugin, "_CONFIGS", {})
+    monkeypatch.setattr(vllm_plugin, "PRECOMPILE", True)
+    table = tables.parse_table(small_table_dict())
+    entry = table.lookup("float32", 40, 72)
+    op = vllm_plugin.tuned_matmul_op()
+    a = torch.randn(6, 72, generator=torch.Generator().manual_seed(6))
+    w = torch.randn(40, 72, generator=torch.Generator().manual_seed(7))
+    try:
+        tables.set_device_table(table)
+        with caplog.at_level(logging.WARNING, logger="bistat_kernels.vllm_plugin"):
+            out = op(a, w.t(), None)
+        buckets = [entry.config_for(b.m_max) for b in entry.buckets]
+        assert len(set(buckets)) == 4
+        assert launched == [(1, c) for c in buckets] + [(6, entry.config_for(6))]
+        assert torch.equal(out, real(a, w.t(), config=entry.config_for(6)))
+        assert "precompiled 4 bucket configurations of float32 N=40 K=72" in caplog.text
+        launched.clear()
+        op(a[:2], w.t(), None)  # another M of the same shape: nothing compiled again
+        assert launched == [(2, entry.config_for(2))]
+        monkeypatch.setattr(vllm_plugin, "PRECOMPILE", False)  # BISTAT_GEMM_PRECOMPILE=0
+        launched.clear()
+        b = torch.randn(100, 37, generator=torch.Generator().manual_seed(8))
+        op(torch.randn(3, 100), b, None)
+        assert [m for m, _ in launched] == [3]
+    finally:
+        tables.reset_device_table()
+        vllm_plugin.CALLS.clear()
+
+
+def test_precompiling_launches_nothing_without_rows():
+    entry = tables.parse_table(small_table_dict()).lookup("float32", 40, 72)
+    assert mp.precompile_buckets(torch.empty(0, 72), torch.randn(72, 40), None, entry) == 0
+
+
 def test_the_entry_point_is_declared_for_vllm():
     try:
         points = importlib.metadata.entry_points(group="vllm.general_plugins")
