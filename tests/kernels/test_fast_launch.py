@@ -319,3 +319,20 @@ def test_anything_unknown_below_run_keeps_run():
     assert mp._raw_launcher(type("Compiled", (), {"run": run})(), False) is None
     run.gsan_enabled = False
     assert mp._raw_launcher(type("Compiled", (), {"run": run})(), True) is None  # no wrapper
+
+
+@needs_gpu
+@pytest.mark.gpu
+def test_gpu_precompiled_buckets_are_the_kinds_every_later_call_needs():
+    table = tables.load_table(tables.table_path_for(torch.cuda.get_device_name(0)))
+    gen = torch.Generator(device="cuda").manual_seed(6)
+    for n, k in ((4096, 4096), (4096, 12288)):  # a plain entry and a split-K one (fused buckets)
+        entry = table.lookup("bfloat16", n, k)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+        a = torch.randn(4096, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+        launched = mp.precompile_buckets(a, w.t(), None, entry)
+        assert launched == len({entry.config_for(b.m_max) for b in entry.buckets})
+        kinds = len(mp._COMPILED)
+        for m in (1, 3, 17, 33, 100, 200, 300, 700, 1500, 3000, 4096):
+            mp.matmul_persistent(a[:m], w.t(), config=entry.config_for(m))
+        assert len(mp._COMPILED) == kinds, (n, k)
