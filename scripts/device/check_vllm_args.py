@@ -91,7 +91,8 @@ def _predicted_mode(model_dir: Path, args: dict[str, Any], env: dict[str, str]) 
     ``_uses_breakable_cudagraph_for_batch_invariance``): with ``VLLM_BATCH_INVARIANT=1``, bf16,
     unquantized, not eager, on a GPU family with a tuned table, and any of the model's qkv / o /
     gate_up / down (N, K) shapes in that table, vLLM sets ``VLLM_USE_BREAKABLE_CUDAGRAPH=1`` and
-    compilation mode NONE; otherwise torch.compile (VLLM_COMPILE). The Hopper table comes from the
+    compilation mode NONE, unless the environment already sets that variable (``0`` opts out);
+    otherwise torch.compile (VLLM_COMPILE). The Hopper table comes from the
     release's hook manifest (kernels/bistat_kernels/vllm_hooks/VERSION.json, read from the wheel)."""
     import json
 
@@ -105,6 +106,8 @@ def _predicted_mode(model_dir: Path, args: dict[str, Any], env: dict[str, str]) 
         return "eager (enforce_eager): no torch.compile, no CUDA graphs"
     if env.get("VLLM_BATCH_INVARIANT") != "1" or "hopper" not in tables:
         return "torch.compile (VLLM_COMPILE) + CUDA graphs"
+    if env.get("VLLM_USE_BREAKABLE_CUDAGRAPH") == "0":  # the arm opts out of vLLM's choice
+        return "torch.compile (VLLM_COMPILE) + CUDA graphs (VLLM_USE_BREAKABLE_CUDAGRAPH=0)"
     if not (model_dir / "config.json").is_file():
         return f"not predicted ({model_dir} is not a local model folder)"
     cfg = json.loads((model_dir / "config.json").read_text())
