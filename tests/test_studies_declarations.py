@@ -93,13 +93,16 @@ ISSUE23 = {"h200-v033-i23-latency-qwen3-8b-b8": ("h200-v033-cost-qwen3-8b-latenc
            "h200-v033-i23-latency-qwen3-17b-b8": ("h200-v033-cost-qwen3-8b-latency-b8", {}),
            "h200-v033-i23-throughput-qwen3-8b-serial": ("h200-v033-cost-qwen3-8b-throughput",
                                                         {"passes": 16})}
+#: Issue 23's batch-8 latency goal with a third arm, the tuned GEMM with torch.compile forced on.
+ISSUE23_COMPILED = {"h200-v033-i23-latency-qwen3-8b-b8-compiled": (
+    "h200-v033-i23-latency-qwen3-8b-b8", {"passes": 90})}
 
 
 def test_the_declarations_are_the_whole_set():
     names = ({p.stem for p in EXP.glob("h200-*.toml")}
              | {p.stem for p in EXP.glob("tp*-match*.toml")})
     assert names == (set(ALL) | set(FIXTURES) | set(PROBES) | set(MECHANISM) | set(EXPLORATORY)
-                     | set(NEWEST) | set(ISSUE23))
+                     | set(NEWEST) | set(ISSUE23) | set(ISSUE23_COMPILED))
 
 
 @pytest.mark.parametrize("name", sorted(ISSUE23))
@@ -130,6 +133,31 @@ def test_each_issue23_study_is_its_study2_declaration_with_two_arms_and_a_five_p
     release = reg.sealed["engine_release"]
     assert (release["package"], release["index"], release["newest"]) == ("vllm", "off", None)
     assert "BISTAT_PACKAGE_INDEX=off" in release["error"]
+
+
+@pytest.mark.parametrize("name", sorted(ISSUE23_COMPILED))
+def test_the_compiled_issue23_study_adds_one_arm_that_opts_out_of_breakable_graphs(name):
+    """Its issue-23 study with a third arm: bi-tuned-gemm's environment plus
+    VLLM_USE_BREAKABLE_CUDAGRAPH=0 (torch.compile, as the default arm); more passes (its design
+    analysis at the prior CV); sealed with the newest release checked on PyPI."""
+    from bistat.declare.prereg import load_registration
+
+    base, workload_changes = ISSUE23_COMPILED[name]
+    mine, theirs = load_experiment(EXP / f"{name}.toml"), load_experiment(EXP / f"{base}.toml")
+    tuned = next(a for a in theirs.arms if a.name == "bi-tuned-gemm")
+    assert [(a.name, a.role, a.env) for a in mine.arms] == [
+        *[(a.name, a.role, a.env) for a in theirs.arms],
+        ("bi-tuned-gemm-compiled", "treatment", {**tuned.env, "VLLM_USE_BREAKABLE_CUDAGRAPH": "0"})]
+    assert mine.engine == theirs.engine and mine.rule == theirs.rule
+    w_mine, w_theirs = mine.workload.model_dump(), theirs.workload.model_dump()
+    assert {k: v for k, v in w_mine.items() if w_theirs[k] != v} == workload_changes
+    assert mine.design.expected_cv == 0.1
+    reg = load_registration(ROOT / "preregistrations" / f"{name}.json")
+    assert reg.experiment().resolved() == mine.resolved()
+    release = reg.sealed["engine_release"]
+    assert (release["package"], release["index"], release["error"]) == (
+        "vllm", "https://pypi.org/pypi", None)
+    assert release["newest"] == "0.34.0"  # one release past the 0.33.0 the study requires
 
 
 @pytest.mark.parametrize("name", sorted(NEWEST))
