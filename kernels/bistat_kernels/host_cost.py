@@ -36,23 +36,11 @@ def per_call_us(fn: Callable[[], Any], calls: int = 400, repeats: int = 7,
     does not fill (see the module docstring), the wall time is what the GPU and the host together
     allow.
     """
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    host, wall = [], []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        t2 = time.perf_counter()
-        host.append((t1 - t0) / calls * 1e6)
-        wall.append((t2 - t0) / calls * 1e6)
-    return statistics.median(host), statistics.median(wall)
+    return side_by_side_us({"fn": fn}, calls, repeats, warmup)["fn"]
 
 
 def _issue(fn: Callable[[], Any], calls: int) -> tuple[float, float]:
+    """One repeat: (host us per call, wall us per call) of ``calls`` back-to-back calls."""
     t0 = time.perf_counter()
     for _ in range(calls):
         fn()
