@@ -26,9 +26,12 @@ from typing import Any
 import torch
 
 from bistat_kernels.matmul_persistent import matmul_persistent
-from bistat_kernels.tables import ShapeConfig
+from bistat_kernels.tables import GemmTable, ShapeConfig
 
 PROBE_MS: tuple[int, ...] = (1, 2, 3, 7, 8, 16, 64, 255, 256, 1024, 4096)
+# Batch sizes gate 2 checks, besides the largest one probed (probe_cases).
+ACCURACY_MS: tuple[int, ...] = (1, 16, 256)
+PROBE_SCHEMA = "bistat_kernels.probe/1"
 # Allowed max |ours - reference| / max |reference| per dtype: about the rounding of the output
 # dtype (bf16 keeps 8 significant bits, fp16 11) with headroom; fp32 must stay far below TF32.
 ACCURACY_TOLERANCE: dict[torch.dtype, float] = {
@@ -252,3 +255,35 @@ def probe_shape(n: int, k: int, dtype: torch.dtype, device: str | torch.device,
     invariance = check_invariance(a_full, b, bias, m_values, mm)
     accuracy = tuple(check_accuracy(a_full[:m], b, bias, mm) for m in accuracy_ms)
     return ShapeProbe(invariance=invariance, accuracy=accuracy, case=case)
+
+
+def probe_cases(cases: Iterable[ProbeCase], table: GemmTable | None,
+                device: str | torch.device, max_m: int, with_bias: bool = False,
+                report: Callable[[ProbeCase, ShapeProbe], None] | None = None,
+                ) -> list[ShapeProbe]:
+    """Both gates on every case, in order: :func:`probe_shape` with the table's entry for the
+    case's (dtype, N, K), or the fixed default where the table has none or there is no table.
+
+    Gate 2 runs at M in :data:`ACCURACY_MS` and ``max_m`` (those up to ``max_m``). ``report``
+    is called with each case and its result as soon as it is done (a progress line).
+    """
+    accuracy_ms = sorted({m for m in (*ACCURACY_MS, max_m) if m <= max_m})
+    results = []
+    for case in cases:
+        entry = table.lookup(case.dtype, case.n, case.k) if table is not None else None
+        res = probe_shape(case.n, case.k, getattr(torch, case.dtype), device, entry,
+                          max_m=max_m, accuracy_ms=accuracy_ms, with_bias=with_bias,
+                          case=case.case)
+        if report is not None:
+            report(case, res)
+        results.append(res)
+    return results
+
+
+def probe_document(results: Sequence[ShapeProbe], table: GemmTable | None,
+                   provenance: dict[str, Any]) -> dict[str, Any]:
+    """The probe's JSON document (:data:`PROBE_SCHEMA`), the layout kernels/RESULTS.md reads."""
+    shapes = [r.to_dict() for r in results]
+    return {"schema": PROBE_SCHEMA, "table": table.source if table is not None else None,
+            "provenance": provenance, "passed": all(r["passed"] for r in shapes),
+            "shapes": shapes}

@@ -316,6 +316,13 @@ def _mismatch_text(g: dict[str, Any], key: str) -> str | None:
             f"{inv['rows_checked']} rows equal, mismatches at M = {', '.join(map(str, ms))}")
 
 
+def _invariance(gates: list[dict[str, Any]], key: str) -> tuple[int, int, tuple[str, ...]]:
+    """One kernel's row-invariance gates (``key``: ``tuned_invariance`` or ``vllm_invariance``):
+    the shapes that passed, the shapes gated, and a line per shape that did not pass."""
+    return (sum(1 for g in gates if g.get(key, {}).get("passed")), len(gates),
+            tuple(t for g in gates if (t := _mismatch_text(g, key)) is not None))
+
+
 def _vllm_column(doc: dict[str, Any]) -> VllmColumn | None:
     v, s = doc.get("vllm"), doc["summary"]
     if v is None:
@@ -328,9 +335,7 @@ def _vllm_column(doc: dict[str, Any]) -> VllmColumn | None:
         v.get("arch_family"), len(tuned), len(benched & tuned),
         s["geomean_vllm_over_mm"], s["decode_geomean_vllm_over_mm"],
         s["geomean_tuned_over_vllm"], s["decode_geomean_tuned_over_vllm"],
-        s["n_vllm_rows"], s["n_rows"],
-        sum(1 for g in gates if g.get("vllm_invariance", {}).get("passed")), len(gates),
-        tuple(t for g in gates if (t := _mismatch_text(g, "vllm_invariance")) is not None),
+        s["n_vllm_rows"], s["n_rows"], *_invariance(gates, "vllm_invariance"),
         tuple(f"{g['model']}/{g['layer']} {e}" for g in gates
               for e in g.get("vllm_accuracy_failures", [])))
 
@@ -398,10 +403,7 @@ def bench(doc: dict[str, Any], source: str) -> Bench:
                        None if r.get("vllm_ms") is None else r["vllm_ms"] * 1000,
                        r.get("vllm_over_mm"), r.get("vllm_tuned")) for r in rows),
         tuple(per_model), tuple(per_step), _vllm_column(doc),
-        None if gates is None else sum(1 for g in gates if g["tuned_invariance"]["passed"]),
-        None if gates is None else len(gates),
-        () if gates is None else tuple(t for g in gates
-                                       if (t := _mismatch_text(g, "tuned_invariance"))),
+        *((None, None, ()) if gates is None else _invariance(gates, "tuned_invariance")),
         _roofline(doc), _host(doc))
 
 

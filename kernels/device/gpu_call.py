@@ -211,27 +211,22 @@ def _table_path(out: Path) -> Path:
 def stage_probe(out: Path, max_m: int) -> bool:
     table = tables.load_table(_table_path(out))
     tables.set_device_table(table)
-    results = []
     # every table entry, then issue 23's edge cases: K a power of two (vLLM #55131) and float32
     # in IEEE precision (vLLM #55466), each probed with its own table entry or the default
     cases = probe.with_edge_cases([probe.ProbeCase(n, k, dt)
                                    for (dt, n, k) in sorted(table.entries)])
-    for case in cases:
-        dtype, n, k = case.dtype, case.n, case.k
-        entry = table.lookup(dtype, n, k)
-        res = probe.probe_shape(n, k, getattr(torch, dtype), "cuda", entry, max_m=max_m,
-                                accuracy_ms=(1, 16, 256, max_m), case=case.case)
-        results.append(res.to_dict())
-        log(f"probe: {case.case} {dtype} N={n} K={k} invariance {res.invariance.rows_equal}/"
-            f"{res.invariance.rows_checked} accuracy "
+
+    def progress(case: probe.ProbeCase, res: probe.ShapeProbe) -> None:
+        log(f"probe: {case.case} {case.dtype} N={case.n} K={case.k} invariance "
+            f"{res.invariance.rows_equal}/{res.invariance.rows_checked} accuracy "
             + " ".join(f"M={r.m}:{r.max_rel_err:.2e}(mm {r.torch_mm_max_rel_err:.2e})"
                        for r in res.accuracy) + (" PASS" if res.passed else " FAIL"))
+
+    results = probe.probe_cases(cases, table, "cuda", max_m, report=progress)
     slug = tables.device_slug(table.device_name)
-    write(out / f"probe_{slug}.json", {"schema": "bistat_kernels.probe/1", "table": table.source,
-                                       "provenance": gpu_provenance(0, sys.argv),
-                                       "passed": all(r["passed"] for r in results),
-                                       "shapes": results})
-    return all(r["passed"] for r in results)
+    write(out / f"probe_{slug}.json",
+          probe.probe_document(results, table, gpu_provenance(0, sys.argv)))
+    return all(r.passed for r in results)
 
 
 def stage_bench(out: Path, vllm_kernel_path: Path | None = None) -> dict:

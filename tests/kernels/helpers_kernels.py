@@ -19,6 +19,17 @@ needs_gpu = pytest.mark.skipif(INTERPRETING or not torch.cuda.is_available(),
 PROVENANCE = {"gpu_name": "test", "command": "tests/kernels/helpers_kernels.py"}
 
 
+def table_dict(entries: list[tuple[int, int, int, int, list[dict]]]) -> dict:
+    """A table document of fp32 entries ``(n, k, block_k, split_k, buckets)`` on "Test GPU"."""
+    return {
+        "schema": tables.SCHEMA,
+        "device_name": "Test GPU",
+        "entries": [{"dtype": "float32", "n": n, "k": k, "block_k": block_k, "split_k": split_k,
+                     "buckets": buckets, "provenance": PROVENANCE}
+                    for n, k, block_k, split_k, buckets in entries],
+    }
+
+
 def small_table_dict() -> dict:
     """Two fp32 shapes; buckets differ in every launch parameter, including programs per SM."""
     buckets = [
@@ -28,16 +39,7 @@ def small_table_dict() -> dict:
         {"m_max": 16, "block_m": 32, "block_n": 16, "group_m": 2, "num_warps": 2, "num_stages": 2},
         {"m_max": 64, "block_m": 64, "block_n": 32, "group_m": 8, "num_warps": 4, "num_stages": 3},
     ]
-    return {
-        "schema": tables.SCHEMA,
-        "device_name": "Test GPU",
-        "entries": [
-            {"dtype": "float32", "n": 40, "k": 72, "block_k": 32, "split_k": 1,
-             "buckets": buckets, "provenance": PROVENANCE},
-            {"dtype": "float32", "n": 37, "k": 100, "block_k": 16, "split_k": 3,
-             "buckets": buckets[:2] + buckets[3:], "provenance": PROVENANCE},
-        ],
-    }
+    return table_dict([(40, 72, 32, 1, buckets), (37, 100, 16, 3, buckets[:2] + buckets[3:])])
 
 
 def assert_verbose_allclose(actual, expected, rtol: float, atol: float) -> None:

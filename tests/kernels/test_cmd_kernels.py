@@ -93,3 +93,52 @@ def test_probe_edge_cases_add_k_pow2_and_fp32_rows(tmp_path, monkeypatch):
 
     probe = results_model.probe(doc, "probe.json")
     assert probe.with_cases and [r.case for r in probe.rows] == ["table", "k_pow2"]
+
+
+def _gpu_call():
+    """kernels/device/gpu_call.py as a module (a script, not part of the package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_call", KERNELS / "device" / "gpu_call.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_device_probe_stage_writes_the_cli_probes_document(tmp_path, monkeypatch):
+    from helpers_kernels import small_table_dict
+
+    from bistat_kernels import probe, tables
+
+    # No power-of-two-K cases: the device stage adds them in bfloat16 too, which the interpreter
+    # cannot compute; the fp32 cases of the (fp32) table's shapes are the table's own rows.
+    monkeypatch.setattr(probe, "POW2_KS", ())
+    table_file = tmp_path / "test_gpu.json"
+    table_file.write_text(json.dumps(small_table_dict()), encoding="utf-8")
+    cli_out = tmp_path / "cli.json"
+    result = _run(["probe", "--table", str(table_file), "--dtype", "float32", "--max-m", "4",
+                   "--edge-cases", "--output", str(cli_out)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+
+    # The device stage on the CPU: its GPU's table, provenance and device "cuda" stood in for.
+    gpu_call = _gpu_call()
+    monkeypatch.setattr(gpu_call, "_table_path", lambda out: table_file)
+    monkeypatch.setattr(gpu_call, "gpu_provenance", lambda *a: {"gpu_name": "test"})
+    probe_cases = probe.probe_cases
+    monkeypatch.setattr(probe, "probe_cases", lambda cases, table, device, max_m, **kw:
+                        probe_cases(cases, table, "cpu", max_m, **kw))
+    try:
+        assert gpu_call.stage_probe(tmp_path, max_m=4) is True
+    finally:
+        tables.reset_device_table()
+
+    cli = json.loads(cli_out.read_text(encoding="utf-8"))
+    device = json.loads((tmp_path / "probe_test_gpu.json").read_text(encoding="utf-8"))
+    assert list(device) == list(cli) == ["schema", "table", "provenance", "passed", "shapes"]
+    assert device["schema"] == cli["schema"] and device["table"] == cli["table"] == str(table_file)
+    assert device["provenance"] == {"gpu_name": "test"}
+    assert [(s["n"], s["k"], s["dtype"], s["case"]) for s in device["shapes"]] == [
+        (37, 100, "float32", "table"), (40, 72, "float32", "table")]
+    # same cases, same seeds: the same rows, both gates' numbers included
+    assert device["shapes"] == cli["shapes"]
+    assert device["passed"] is cli["passed"] is True

@@ -61,3 +61,53 @@ def test_accuracy_gate_fails_unwritten_or_wrong_outputs():
     off = probe.check_accuracy(a, b, None, mm=lambda x, y, z: x @ y * 1.01)
     assert not off.passed and off.max_rel_err == pytest.approx(0.01, rel=1e-3)
     assert off.torch_mm_max_rel_err < 1e-6
+
+
+def test_probe_cases_probe_each_case_with_its_entry_in_order():
+    table = tables.parse_table(small_table_dict(), "small_table")
+    cases = [probe.ProbeCase(40, 72, "float32"), probe.ProbeCase(24, 40, "float32", "k_pow2")]
+    reported = []
+    tables.set_device_table(table)
+    try:
+        results = probe.probe_cases(cases, table, "cpu", max_m=16,
+                                    report=lambda c, r: reported.append((c, r)))
+    finally:
+        tables.reset_device_table()
+    assert [c for c, _ in reported] == cases
+    assert [r for _, r in reported] == results
+    # 40x72 has an entry: its bucket bounds (4 and the next size 5) are probed; 24x40 has none
+    assert results[0].invariance.m_values == (1, 2, 3, 4, 5, 7, 8, 16)
+    assert results[1].invariance.m_values == (1, 2, 3, 7, 8, 16)
+    assert [(r.invariance.n, r.invariance.k, r.case) for r in results] == [
+        (40, 72, "table"), (24, 40, "k_pow2")]
+    # gate 2 at 1, 16 and 256 up to max_m, and at max_m itself, each once
+    assert [[a.m for a in r.accuracy] for r in results] == [[1, 16], [1, 16]]
+    assert all(r.passed for r in results)
+
+
+def test_probe_cases_without_a_table_use_the_default_and_check_accuracy_up_to_max_m():
+    (result,) = probe.probe_cases([probe.ProbeCase(40, 72, "float32")], None, "cpu", max_m=8)
+    assert result.invariance.m_values == (1, 2, 3, 7, 8)
+    assert [a.m for a in result.accuracy] == [1, 8]
+    assert result.passed
+
+
+def _shape_probe(rows_equal: int) -> probe.ShapeProbe:
+    inv = probe.InvarianceResult(8, 16, "float32", (1, 2), 3, rows_equal,
+                                 () if rows_equal == 3 else ((2, 1),))
+    acc = probe.AccuracyResult(8, 16, 2, "float32", 1e-7, 2e-7, 1e-7, 2e-7, 1e-5, True)
+    return probe.ShapeProbe(inv, (acc,), "k_pow2")
+
+
+def test_probe_document_is_the_layout_results_md_reads():
+    prov = {"gpu_name": "test", "command": "x"}
+    table = tables.parse_table(small_table_dict(), "small_table")
+    good, bad = _shape_probe(3), _shape_probe(2)
+    doc = probe.probe_document([good, bad], table, prov)
+    assert list(doc) == ["schema", "table", "provenance", "passed", "shapes"]
+    assert doc["schema"] == "bistat_kernels.probe/1" and doc["table"] == "small_table"
+    assert doc["provenance"] is prov and doc["passed"] is False
+    assert doc["shapes"] == [good.to_dict(), bad.to_dict()]
+    assert [s["passed"] for s in doc["shapes"]] == [True, False]
+    alone = probe.probe_document([good], None, prov)
+    assert alone["table"] is None and alone["passed"] is True

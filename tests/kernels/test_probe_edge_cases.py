@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import triton
 import triton.language as tl
-from helpers_kernels import PROVENANCE, torch
+from helpers_kernels import table_dict, torch
 
 from bistat_kernels import matmul_persistent as mp  # noqa: E402
 from bistat_kernels import probe, tables  # noqa: E402
@@ -31,14 +31,8 @@ def _pow2_table_dict() -> dict:
     ]
     fused = [dict(b) for b in buckets]
     fused[2]["fuse_splits"] = True
-    return {"schema": tables.SCHEMA, "device_name": "Test GPU", "entries": [
-        {"dtype": "float32", "n": 64, "k": 512, "block_k": 64, "split_k": 1, "buckets": buckets,
-         "provenance": PROVENANCE},
-        {"dtype": "float32", "n": 64, "k": 1024, "block_k": 128, "split_k": 1,
-         "buckets": buckets, "provenance": PROVENANCE},
-        {"dtype": "float32", "n": 48, "k": 1024, "block_k": 64, "split_k": 2, "buckets": fused,
-         "provenance": PROVENANCE},
-    ]}
+    return table_dict([(64, 512, 64, 1, buckets), (64, 1024, 128, 1, buckets),
+                       (48, 1024, 64, 2, fused)])
 
 
 @pytest.fixture(scope="module")

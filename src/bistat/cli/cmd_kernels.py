@@ -99,36 +99,28 @@ def probe_command(table_path: Path | None, models: tuple[str, ...], shapes: tupl
         if table is None:
             raise click.ClickException("no table for this device; pass --table, --model or --shape")
         wanted = [(n, k) for (dt, n, k) in sorted(table.entries) if dt == dtype]
-    accuracy_ms = sorted({m for m in (1, 16, 256, max_m) if m <= max_m})
     cases = [probe.ProbeCase(n, k, dtype) for n, k in wanted]
     if edge_cases:
         cases = probe.with_edge_cases(cases, dtype)
-    results = []
-    for case in cases:
-        n, k = case.n, case.k
-        entry = table.lookup(case.dtype, n, k) if table is not None else None
-        res = probe.probe_shape(n, k, getattr(torch, case.dtype), device, entry, max_m=max_m,
-                                accuracy_ms=accuracy_ms, with_bias=bias, case=case.case)
-        results.append(res.to_dict())
+
+    def echo(case: probe.ProbeCase, res: probe.ShapeProbe) -> None:
         inv = res.invariance
         acc = " ".join(f"M={r.m}:{r.max_rel_err:.2e}(torch.mm {r.torch_mm_max_rel_err:.2e})"
                        for r in res.accuracy)
         label = "" if case.case == "table" else f" [{case.case}]"
-        click.echo(f"N={n} K={k} {case.dtype}{label}: invariance {inv.rows_equal}/"
+        click.echo(f"N={case.n} K={case.k} {case.dtype}{label}: invariance {inv.rows_equal}/"
                    f"{inv.rows_checked} rows equal; rel err {acc}; "
                    f"{'PASS' if res.passed else 'FAIL'}")
+
+    results = probe.probe_cases(cases, table, device, max_m, with_bias=bias, report=echo)
     if output is not None:
         from bistat_kernels.provenance import gpu_provenance
 
-        # the layout kernels/RESULTS.md reads (gpu_call.py's probe stage writes the same)
         prov = (gpu_provenance(0, sys.argv) if device == "cuda" else
                 {"gpu_name": "none (Triton interpreter on the CPU)", "command": " ".join(sys.argv)})
-        output.write_text(json.dumps({"schema": "bistat_kernels.probe/1",
-                                      "table": table.source if table is not None else None,
-                                      "provenance": prov,
-                                      "passed": all(r["passed"] for r in results),
-                                      "shapes": results}, indent=1) + "\n", encoding="utf-8")
-    if not all(r["passed"] for r in results):
+        output.write_text(json.dumps(probe.probe_document(results, table, prov), indent=1)
+                          + "\n", encoding="utf-8")
+    if not all(r.passed for r in results):
         sys.exit(1)
 
 
