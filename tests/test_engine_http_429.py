@@ -98,7 +98,7 @@ def _answer(ids):
 
 
 def limited_app(calls: collections.Counter, *, limited: int | None,
-                retry_after=None, cycle: int | None = None) -> Starlette:
+                retry_after=None, cycle: int | None = None, status: int = 429) -> Starlette:
     """429 for the first ``limited`` attempts of each prompt (every attempt when None), then 200;
     with ``cycle``, the count starts again every ``cycle`` attempts (each pass's request);
     ``retry_after(n)`` gives the header of the n-th 429 (None: no header)."""
@@ -113,7 +113,7 @@ def limited_app(calls: collections.Counter, *, limited: int | None,
             value = retry_after(calls[key]) if retry_after else None
             if value is not None:
                 headers["Retry-After"] = value
-            return JSONResponse({"error": {"message": "rate limited"}}, status_code=429,
+            return JSONResponse({"error": {"message": "rate limited"}}, status_code=status,
                                 headers=headers)
         return JSONResponse(_answer([10, 11, 12]))
 
@@ -202,6 +202,18 @@ def test_a_retry_after_beyond_the_bound_fails_at_once():
     assert (r.attempts, r.rate_limited, r.retry_wait_s) == (1, 1, 0.0)
     assert r.error.endswith("gave up: the next wait (Retry-After 3600 s: 3600 s) would take the "
                             "waits to 3600 s, past max_retry_wait_s = 60 s")
+
+
+def test_a_503_s_retry_after_is_honoured_within_the_retries():
+    calls: collections.Counter = collections.Counter()
+    app = limited_app(calls, limited=2, retry_after=lambda n: "1", status=503)
+    with BackgroundServer(app) as srv:
+        (ok,) = _pass(srv.url, n=1, retries=2, backoff_s=0.01)
+        calls.clear()
+        (failed,) = _pass(srv.url, n=1, retries=1, backoff_s=0.01)
+    assert (ok.error, ok.attempts, ok.rate_limited, ok.retry_wait_s) == (None, 3, 0, 2.0)
+    assert (failed.attempts, failed.rate_limited, failed.retry_wait_s) == (2, 0, 1.0)
+    assert failed.error == 'after 2 attempt(s): HTTP 503: {"error":{"message":"rate limited"}}'
 
 
 # -- what the runner records ------------------------------------------------------------------

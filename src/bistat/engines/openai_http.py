@@ -20,8 +20,9 @@ without using up ``retries``: after at least its ``Retry-After`` (delay-seconds 
 RFC 9110 section 10.2.3) and at least the exponential backoff, until the waits of the request
 would pass ``max_retry_wait_s`` in total (:class:`RetryPolicy`). Each result records its
 ``attempts``, how many were answered 429 (``rate_limited``) and the seconds waited between them
-(``retry_wait_s``, part of its latency). Other 4xx answers are not retried (the request itself is
-wrong). One request's failure never raises.
+(``retry_wait_s``, part of its latency). A ``Retry-After`` on a 503 is honoured the same way,
+within ``retries``. Other 4xx answers are not retried (the request itself is wrong). One request's
+failure never raises.
 
 The retry loop is bistat's own rather than tenacity's (which would fit): tenacity is not on the
 lent GPU machine's image, where bistat is installed without its dependencies
@@ -423,12 +424,11 @@ class OpenAIHTTPEngine:
             raise _Retryable(f"{type(exc).__name__}: {exc}", dead_endpoint=dead) from exc
         if resp.status_code != 200:
             detail = resp.text[:300]
-            if resp.status_code == RATE_LIMITED:
-                raise _Retryable(f"HTTP 429: {detail}", rate_limited=True, retry_after=retry_after_s(
-                    resp.headers.get("retry-after"), answer_time(resp.headers)))
-            if resp.status_code in _RETRY_STATUS:
+            if resp.status_code in _RETRY_STATUS:   # a 503 may send Retry-After too
+                after = retry_after_s(resp.headers.get("retry-after"), answer_time(resp.headers))
                 raise _Retryable(f"HTTP {resp.status_code}: {detail}",
-                                 dead_endpoint=resp.status_code >= 500)
+                                 dead_endpoint=resp.status_code >= 500,
+                                 rate_limited=resp.status_code == RATE_LIMITED, retry_after=after)
             raise _Fatal(f"HTTP {resp.status_code}: {detail}")
         try:
             data = json.loads(resp.content)
