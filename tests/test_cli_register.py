@@ -298,7 +298,7 @@ def test_help_everywhere(cli):
 
 def test_real_cli_has_the_commands():
     from bistat.cli import cli as real
-    assert {"register", "verify", "design"} <= set(real.commands)
+    assert {"register", "verify", "design", "check-release"} <= set(real.commands)
 
 
 def test_design_single_pass_and_uncomputable_labels(cli, work):

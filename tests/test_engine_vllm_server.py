@@ -168,7 +168,8 @@ def test_from_experiment_splits_adapter_keys_from_server_flags():
                                          SimpleNamespace(name="a", env={}, args={"gemm": "blas"}))
     assert str(exc.value) == ("arms[a].args / engine.args: unknown key(s) ['gemm'] for engine "
                               "'openai'; expected some of ['api_key_env', 'backoff_s', "
-                              "'metrics_interval_s', 'request_timeout_s', 'retries', 'url']")
+                              "'max_retry_wait_s', 'metrics_interval_s', 'request_timeout_s', "
+                              "'retries', 'url']")
 
 
 def test_version_probe_reads_the_commit_of_vcs_versioning_builds(tmp_path):

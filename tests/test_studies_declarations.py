@@ -128,8 +128,8 @@ def test_each_issue23_study_is_its_study2_declaration_with_two_arms_and_a_five_p
     assert mine.rule.cost.metric == theirs.rule.cost.metric
     reg = load_registration(ROOT / "preregistrations" / f"{name}.json")
     assert reg.experiment().resolved() == mine.resolved()
-    # sealed with the package-index check off (BISTAT_PACKAGE_INDEX=off): the seal says so, and
-    # so do the findings ("the newest vllm release is unknown"), rather than claiming a newest
+    # sealed with the package-index check off (BISTAT_PACKAGE_INDEX=off): the seal says so; the
+    # newest release was checked later (test_each_issue23_release_was_checked_after_its_seal)
     release = reg.sealed["engine_release"]
     assert (release["package"], release["index"], release["newest"]) == ("vllm", "off", None)
     assert "BISTAT_PACKAGE_INDEX=off" in release["error"]
@@ -158,6 +158,35 @@ def test_the_compiled_issue23_study_adds_one_arm_that_opts_out_of_breakable_grap
     assert (release["package"], release["index"], release["error"]) == (
         "vllm", "https://pypi.org/pypi", None)
     assert release["newest"] == "0.34.0"  # one release past the 0.33.0 the study requires
+
+
+@pytest.mark.parametrize("name", sorted(ISSUE23))
+def test_each_issue23_release_was_checked_after_its_seal(name):
+    """`bistat check-release` asked PyPI after the runs (the seal's check was off): one line in
+    NAME.releases.jsonl beside the untouched seal, and each finding states that release with
+    its time, after the run's first record, never as known at registration."""
+    import json
+
+    from bistat.declare.prereg import load_registration, release_log_checks, verify
+    from bistat.declare.release_log import release_log_path
+
+    reg = load_registration(ROOT / "preregistrations" / f"{name}.json")
+    (line,) = release_log_checks(reg)
+    assert (line.by, line.registration_sha256) == ("check-release", reg.sha256)
+    assert (line.check.package, line.check.newest, line.check.index, line.check.error) == (
+        "vllm", "0.34.0", "https://pypi.org/pypi", None)
+    assert "2026-12-02T14:51:00Z" < line.check.checked_utc < "2026-12-02T14:52:00Z"
+    assert verify(reg.path, runs_dirs=()).release_checks == 1
+    assert release_log_path(reg.path).read_text().count("\n") == 1
+    finding = ROOT / "findings" / "h200" / f"{name}.md"
+    if not finding.exists():   # registered, not run (findings/not-run.toml)
+        return
+    run = json.loads((ROOT / "data" / "h200-v033" / name / "run.json").read_text())
+    assert run["created_utc"] < line.check.checked_utc
+    assert (f"vllm 0.33.0 (g4ba787ec9) is older than the newest release known, 0.34.0 "
+            f"(https://pypi.org/pypi, checked {line.check.checked_utc} by `bistat check-release`, "
+            f"after the run's first record ({run['created_utc']})); the newest release was "
+            "unknown at registration and when the run started.") in finding.read_text()
 
 
 @pytest.mark.parametrize("name", sorted(NEWEST))

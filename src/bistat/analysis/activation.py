@@ -116,8 +116,8 @@ def _probe_outcome(entry: Mapping[str, Any] | None, entries: Iterable[Mapping[st
 #: wait, retries), not the engine: never a "requested setting".
 HANDLING_KEYS = frozenset({"log_path", "url", "command", "python", "health_timeout_s",
                            "stop_grace_s", "start_timeout_s", "pass_idle_timeout_s",
-                           "metrics_interval_s", "retries", "backoff_s", "request_timeout_s",
-                           "stream_outputs"})
+                           "metrics_interval_s", "retries", "backoff_s", "max_retry_wait_s",
+                           "request_timeout_s", "stream_outputs"})
 
 
 def _requested(arm: Mapping[str, Any], control: Mapping[str, Any]) -> tuple[str, ...]:

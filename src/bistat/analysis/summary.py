@@ -93,7 +93,8 @@ from bistat.store.format import parse_time
 from bistat.engines.base import MetricsSample
 from bistat.declare.experiment import DeclarationError, Experiment
 from bistat.run.fingerprint import same_node, version_differences
-from bistat.declare.prereg import Registration, git_evidence, load_registration
+from bistat.declare.prereg import (Registration, git_evidence, load_registration,
+                                   release_log_checks)
 from bistat.declare.run_registration import run_registration
 from bistat.analysis.probe_report import ProbeReport, merge_reports, report_from_json
 
@@ -398,7 +399,8 @@ def analyze_run(run_dir: str | Path | RecordedRun,
     comparisons, pairs = _comparisons(exp, matching, validity, arm_reasons, evidence)
     siblings = _sibling_verdicts(reg, created, passes, fps, envs, pairs)
 
-    engine_version = _engine_version(exp, reg, tables.environment, tables.events, run_dir)
+    engine_version = _engine_version(exp, reg, tables.environment, tables.events, run_dir,
+                                     created)
     deviations.extend(engine_version.deviations)
     passes_df = tables.passes
     return RunSummary(
@@ -1253,15 +1255,19 @@ def sibling_registrations(reg: Registration) -> list[Registration]:
 
 
 def _engine_version(exp: Experiment, reg: Registration, env: pd.DataFrame, events: pd.DataFrame,
-                    run_dir: Path) -> EngineVersionReport:
+                    run_dir: Path, created_utc: str | None) -> EngineVersionReport:
     """The engine's version against the newest release and the required one, and each arm's
-    execution mode (:mod:`bistat.declare.engine_version`; modes from the kept logs where not recorded)."""
+    execution mode (:mod:`bistat.declare.engine_version`; modes from the kept logs where not
+    recorded). The newest-release checks are the seal's, the run's and those of the
+    registration's release log (``NAME.releases.jsonl``, verified: a broken log raises
+    ``RegistrationError``)."""
     env_rows = env.to_dict("records") if len(env) else []
     needs_logs = any(not isinstance(r.get("modes"), Mapping) for r in env_rows)
     return engine_version_report(
         exp.engine.kind, reg.declaration, reg.sealed, env_rows,
         events.to_dict("records") if len(events) else [],
-        logged_modes(run_dir) if needs_logs else None)
+        logged_modes(run_dir) if needs_logs else None,
+        later_checks=release_log_checks(reg), first_record_utc=created_utc)
 
 
 def sealed_after_data(reg: Registration, created_utc: str | None) -> bool:

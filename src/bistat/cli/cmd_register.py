@@ -1,4 +1,5 @@
-"""``bistat register``, ``bistat verify`` and ``bistat design``: sealed pre-registration.
+"""``bistat register``, ``bistat verify``, ``bistat check-release`` and ``bistat design``: sealed
+pre-registration.
 
 Thin commands: each parses its arguments, calls one function of ``bistat.declare.prereg`` or
 ``bistat.declare.design_report`` and formats the result. Library errors reach the user as
@@ -17,6 +18,7 @@ from bistat.declare import prereg
 from bistat.declare.design_report import DesignError, DesignReport, analyse_design, format_design
 from bistat.declare.experiment import DeclarationError
 from bistat.declare.prereg_signature import NAMESPACE, signature_path
+from bistat.declare.release_log import LoggedCheck, release_log_path
 
 
 def _fail(exc: Exception) -> click.ClickException:
@@ -48,7 +50,40 @@ def _registration_text(reg: prereg.Registration, report: DesignReport, amended: 
     if sig.exists():
         lines.append(f"  signature:  {sig} (ssh-keygen -Y sign, namespace {NAMESPACE}); "
                      f"check it with: bistat verify {reg.path} --allowed-signers FILE")
+    release = reg.sealed.get("engine_release")
+    if not amended and isinstance(release, dict):
+        lines.append(f"  release:    {_release_text(release)}")
+    if amended:
+        logged = [c for c in prereg.release_log_checks(reg)
+                  if c.by == "amend" and c.registration_sha256 == reg.sha256]
+        if logged:
+            lines.append(f"  release:    {_release_text(logged[-1].check.to_dict())}; "
+                         f"appended to {release_log_path(reg.path)}")
     return "\n".join(lines) + "\n\n" + format_design(report)
+
+
+def _release_text(check: dict[str, Any]) -> str:
+    """``vllm 0.33.0 newest (INDEX, checked TIME)`` or why the newest release is unknown."""
+    newest = (f"newest {check['package']} {check['newest']}" if check.get("newest") else
+              f"newest {check['package']} unknown ({check.get('error')})")
+    return f"{newest} ({check.get('index')}, checked {check.get('checked_utc')})"
+
+
+def _check_text(reg: prereg.Registration, line: LoggedCheck) -> str:
+    c = line.check
+    sealed = reg.sealed.get("engine_release")
+    at_registration = (_release_text(sealed) if isinstance(sealed, dict)
+                       else "no check (sealed before checks were recorded)")
+    return "\n".join([
+        f"Newest {c.package} release for '{reg.name}': {c.newest}",
+        f"  index:        {c.index}",
+        f"  checked:      {c.checked_utc}",
+        f"  recorded in:  {release_log_path(reg.path)}, line {line.line} (sha256 {line.sha256})",
+        f"  seal:         {reg.path} unchanged (sha256 {reg.sha256}); at registration: "
+        f"{at_registration}",
+        f"  findings state it with its time; regenerate them: bistat analyze RUN_DIR "
+        f"--registration {reg.path}",
+    ]) + "\n"
 
 
 def register(group: click.Group) -> None:
@@ -159,9 +194,39 @@ def register(group: click.Group) -> None:
         else:
             lines.append("  no recorded runs checked")
         lines.append(f"  {evidence}")
+        if report.release_checks:
+            lines.append(f"  release log: {report.release_checks} later newest-release check"
+                         f"{'' if report.release_checks == 1 else 's'} in "
+                         f"{release_log_path(report.path)}, chain intact")
         if report.signature.line():
             lines.append(f"  {report.signature.line()}")
         click.echo("\n".join(lines))
+
+    @group.command("check-release")
+    @click.argument("registration", type=click.Path(dir_okay=False, path_type=Path))
+    @click.option("--json", "as_json", is_flag=True, help="Print the appended check as JSON.")
+    def check_release_cmd(registration: Path, as_json: bool) -> None:
+        """Check the newest release of REGISTRATION's engine now, and record it beside it.
+
+        Asks the package index ($BISTAT_PACKAGE_INDEX, default PyPI's JSON API) for the
+        engine's newest release (vLLM engines) and appends the answer, timestamped and hashed
+        into a chain, to NAME.releases.jsonl beside NAME.json. The sealed registration is not
+        touched and verifies as before; its engine_release stays the check made at
+        registration. A finding states the newest release of the latest check with its time,
+        before or after the run's first record. Exits 1, appending nothing, when the index gives
+        no newest release (switched off, unreachable, unreadable answer).
+        """
+        try:
+            reg, line = prereg.check_release(registration)
+        except prereg.RegistrationError as exc:
+            raise _fail(exc) from exc
+        if as_json:
+            _json_out({"registration": str(reg.path), "log": str(release_log_path(reg.path)),
+                       "line": line.line, "by": line.by, "sha256": line.sha256,
+                       "registration_sha256": line.registration_sha256,
+                       "check": line.check.to_dict()})
+        else:
+            click.echo(_check_text(reg, line), nl=False)
 
     @group.command("design")
     @click.argument("declaration", type=click.Path(dir_okay=False, path_type=Path))

@@ -29,6 +29,10 @@ the seal has besides its own hash, which whoever can rewrite the file can recomp
 commit of the file's exact bytes, older than the run's first record or not (:func:`git_evidence`;
 a shallow clone that cannot see it says so), and an optional SSH signature ``NAME.json.sig``
 (``register``/``amend`` with ``sign_key``; :mod:`bistat.declare.prereg_signature`).
+
+Newest-release checks made after the seal (``check_release``, and each ``amend``) are appended to
+``NAME.releases.jsonl`` beside the registration (:mod:`bistat.declare.release_log`), never to the
+sealed file; ``verify`` checks that log's hash chain too.
 """
 
 from __future__ import annotations
@@ -48,6 +52,9 @@ from bistat.declare.design_report import DesignReport, analyse_design
 from bistat.declare.experiment import DeclarationError, Experiment, load_experiment, validate_experiment
 from bistat.declare.prereg_signature import (SignatureCheck, SignatureError, check_signature,
                                              sign_bytes, signature_path)
+from bistat.declare.release_log import (LoggedCheck, ReleaseLogError, append_release_check,
+                                        read_release_log, release_log_path)
+from bistat.declare.releases import ReleaseCheck
 from bistat.store.format import RecordsError, parse_time
 from bistat.store.readers import iter_jsonl_strict
 
@@ -71,6 +78,8 @@ __all__ = [
     "ledger_runs",
     "note_run",
     "verify",
+    "release_log_checks",
+    "check_release",
     "format_time",
     "parse_time",
 ]
@@ -394,6 +403,10 @@ def register(
         raise RegistrationError(f"{sig_path} exists without its registration {path}; it would "
                                 "not be this registration's signature: remove it, or sign the "
                                 "new registration with --sign KEY")
+    log = release_log_path(path)
+    if log.exists():
+        raise RegistrationError(f"{log} exists without its registration {path}; it would not be "
+                                "this registration's release log: move it aside")
     report = analyse_design(exp, base_dir=base_dir)
     when = format_time(now or _utcnow())
     declaration = exp.resolved()
@@ -467,6 +480,7 @@ def amend(
     now: dt.datetime | None = None,
     check_engine: bool = True,
     sign_key: str | Path | None = None,
+    release_check: Callable[[str], ReleaseCheck] | None = None,
 ) -> tuple[Registration, DesignReport]:
     """Replace a registration's declaration, while no data has been recorded for it.
 
@@ -474,11 +488,17 @@ def amend(
     appended to the registration's amendment log and sealed with it. A signed registration
     (``NAME.json.sig``) is amended only with ``sign_key``, which signs the amended bytes.
 
+    For a vLLM engine the amendment also checks the newest release, as ``register`` does, and
+    appends the check to the release log ``NAME.releases.jsonl`` (``by: "amend"``, against the
+    new seal; :mod:`bistat.declare.release_log`) whatever it found: the seal's
+    ``engine_release`` stays the check made at registration.
+
     Raises
     ------
     RegistrationError
         No reason given, no registration to amend, its seal is broken, the declaration is
-        unchanged, data has been recorded for it, or it is signed and no ``sign_key`` is given.
+        unchanged, data has been recorded for it, it is signed and no ``sign_key`` is given,
+        or its release log does not verify.
     """
     if not reason or not reason.strip():
         raise RegistrationError("an amendment needs a reason: --reason \"why the declaration "
@@ -506,6 +526,7 @@ def amend(
         raise RegistrationError(
             f"cannot amend {path}: data has been recorded for it ({shown}); a registration "
             "cannot change after data exists. Register the changed declaration under a new name")
+    logged = release_log_checks(old)
     declaration = exp.resolved()
     new_sha = sha256_hex(declaration)
     if new_sha == old.declaration_sha256:
@@ -538,10 +559,21 @@ def amend(
     data = _seal(sealed)
     text = _dump(data)
     signature = _sign(text, sign_key)
+    from bistat.declare.engine_version import ENGINE_PACKAGES
+    from bistat.declare.releases import check_newest_release
+
+    package = ENGINE_PACKAGES.get(exp.engine.kind)
+    check = None if package is None else (release_check or check_newest_release)(package)
+    if check is not None:
+        _check_clock(check, old, logged)
     _write_replacing(path, text.encode("utf-8"))
     if signature is not None:
         _write_replacing(sig_path, signature)
-    return Registration(path, data), report
+    amended = Registration(path, data)
+    if check is not None:
+        append_release_check(path, check, by="amend", name=amended.name,
+                             registration_sha256=amended.sha256, logged=logged)
+    return amended, report
 
 
 def _read(path: str | Path) -> dict[str, Any]:
@@ -638,6 +670,96 @@ def load_registration(path: str | Path) -> Registration:
     if problems:
         raise RegistrationError("\n".join(problems))
     return Registration(Path(path), data)
+
+
+# --------------------------------------------------------------------------------------------
+# newest-release checks after the seal
+
+
+def release_log_checks(reg: Registration) -> tuple[LoggedCheck, ...]:
+    """The verified newest-release checks of ``reg``'s release log (``NAME.releases.jsonl``,
+    :mod:`bistat.declare.release_log`), in order; () when it has none.
+
+    Raises
+    ------
+    RegistrationError
+        The log does not verify (the message names the file, the line, the field and the fix).
+    """
+    try:
+        return read_release_log(reg.path, name=reg.name,
+                                seals={reg.sha256, *reg.previous_sha256s},
+                                registered_utc=reg.registered_utc)
+    except ReleaseLogError as exc:
+        raise RegistrationError(str(exc)) from None
+
+
+def _check_clock(check: ReleaseCheck, reg: Registration, logged: Sequence[LoggedCheck]) -> None:
+    """Refuse a check dated before the registration or the log's last check (a wrong clock): the
+    log would no longer verify. Checks are dated to the second, so the comparison is too."""
+    last = logged[-1].check.checked_utc if logged else reg.registered_utc
+    if parse_time(check.checked_utc) < parse_time(last).replace(microsecond=0):
+        where = f"the last check in {release_log_path(reg.path)}" if logged else "the registration"
+        raise RegistrationError(f"the clock reads {check.checked_utc}, before {last} ({where}); "
+                                "nothing was recorded: fix the system clock")
+
+
+def check_release(
+    path: str | Path,
+    *,
+    release_check: Callable[[str], ReleaseCheck] | None = None,
+) -> tuple[Registration, LoggedCheck]:
+    """Ask the package index for the newest release of the registration's engine now and append
+    the answer to its release log (``by: "check-release"``); the sealed file is not touched.
+
+    A check that found no release (the index is switched off, unreachable or answers something
+    unreadable) is an error and nothing is appended: the log holds only what the index answered.
+
+    Parameters
+    ----------
+    path : path
+        The registration (``preregistrations/NAME.json``).
+    release_check : callable, optional
+        ``release_check(package) -> ReleaseCheck``; default
+        :func:`bistat.declare.releases.check_newest_release` (``$BISTAT_PACKAGE_INDEX``).
+
+    Returns
+    -------
+    (Registration, LoggedCheck)
+        The registration and the line appended.
+
+    Raises
+    ------
+    RegistrationError
+        No such registration, its seal or its release log is broken, its engine has no releases
+        to compare with, or the index gave no newest release.
+    """
+    from bistat.declare.engine_version import ENGINE_PACKAGES
+    from bistat.declare.releases import INDEX_ENV, check_newest_release
+
+    p = Path(path)
+    if not p.exists():
+        raise RegistrationError(f"{p}: no such registration; fix the path, or register the "
+                                f"declaration first (bistat register experiments/{p.stem}.toml)")
+    reg = load_registration(p)
+    kind = reg.declaration.get("engine", {}).get("kind")
+    package = ENGINE_PACKAGES.get(kind)
+    if package is None:
+        raise RegistrationError(
+            f"{p}: engine.kind: {kind!r} is not released on a package index, so there is no "
+            f"newest release to check (only {', '.join(sorted(ENGINE_PACKAGES))} are)")
+    logged = release_log_checks(reg)
+    check = (release_check or check_newest_release)(package)
+    log = release_log_path(p)
+    if check.newest is None:
+        fix = (f"unset {INDEX_ENV} (it is 'off') and run again" if check.index == "off" else
+               f"run it on a machine that reaches {check.index}, or set {INDEX_ENV} to a "
+               "reachable copy of PyPI's JSON API")
+        raise RegistrationError(f"{p}: cannot check the newest {package} release: {check.error} "
+                                f"(index {check.index}); nothing was appended to {log}: {fix}")
+    _check_clock(check, reg, logged)
+    line = append_release_check(p, check, by="check-release", name=reg.name,
+                                registration_sha256=reg.sha256, logged=logged)
+    return reg, line
 
 
 # --------------------------------------------------------------------------------------------
@@ -761,6 +883,7 @@ class VerifyReport:
     problems: tuple[str, ...] = field(default_factory=tuple)
     git: GitEvidence = GitEvidence("none")
     signature: SignatureCheck = SignatureCheck("none")
+    release_checks: int = 0   # verified lines of NAME.releases.jsonl
 
     @property
     def ok(self) -> bool:
@@ -778,7 +901,8 @@ class VerifyReport:
                               "fingerprint": self.signature.fingerprint,
                               "principal": self.signature.principal,
                               "allowed_signers": self.signature.allowed_signers,
-                              "line": self.signature.line() or None}}
+                              "line": self.signature.line() or None},
+                "release_checks": self.release_checks}
 
 
 def verify(
@@ -809,9 +933,9 @@ def verify(
     Returns
     -------
     VerifyReport
-        ``problems`` lists every failure (a broken seal, an edited amendment log, a run
-        recorded against another registration, a datum older than the registration, bytes
-        changed after they were committed or signed, a signature by a key not allowed).
+        ``problems`` lists every failure (a broken seal, an edited amendment log or release
+        log, a run recorded against another registration, a datum older than the registration,
+        bytes changed after they were committed or signed, a signature by a key not allowed).
     """
     p = Path(path)
     try:
@@ -820,6 +944,12 @@ def verify(
         return VerifyReport(str(p), None, None, None, None, 0, (), 0, None, (str(exc),))
     problems = _seal_problems(p, data)
     reg = Registration(p, data)
+    release_checks = 0
+    if not problems:
+        try:
+            release_checks = len(release_log_checks(reg))
+        except RegistrationError as exc:
+            problems.append(str(exc))
     sealed = data["sealed"]
     sealed_at: dt.datetime | None
     try:
@@ -887,4 +1017,5 @@ def verify(
         amendments=len(sealed.get("amendments") or []), runs=tuple(str(d) for d in dirs),
         n_data=n_data, earliest_datum=None if earliest is None else earliest[1],
         problems=tuple(problems), git=evidence, signature=signature,
+        release_checks=release_checks,
     )

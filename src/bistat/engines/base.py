@@ -54,6 +54,8 @@ class GenerationResult:
     t_done: float
     error: str | None = None
     attempts: int = 1
+    rate_limited: int = 0      # attempts answered 429 (HTTP engines)
+    retry_wait_s: float = 0.0  # seconds waited between attempts (inside t_submit..t_done)
 
 
 @dataclass(frozen=True)

@@ -13,19 +13,34 @@ vLLM's ``prompt_logprobs`` request field on ``/v1/completions``, with token-id p
 ``echo``) and ``reset_prefix_cache()`` (vLLM's ``POST /reset_prefix_cache``). Servers without them
 raise :class:`~bistat.engines.base.EngineUnsupported` / return False.
 
-Transport errors, timeouts, 408/429/5xx answers and bodies that are not the expected JSON are
-retried ``retries`` times with exponential backoff; then the request is reported with ``error``
-set. Other 4xx answers are not retried (the request itself is wrong). One request's failure never
-raises.
+Transport errors, timeouts, 408/5xx answers and bodies that are not the expected JSON are retried
+``retries`` times with exponential backoff; then the request is reported with ``error`` set.
+A 429 (rate limited: ``bistat serve`` beyond ``max_queued_prompts``, hosted endpoints) is retried
+without using up ``retries``: after at least its ``Retry-After`` (delay-seconds or an HTTP-date,
+RFC 9110 section 10.2.3) and at least the exponential backoff, until the waits of the request
+would pass ``max_retry_wait_s`` in total (:class:`RetryPolicy`). Each result records its
+``attempts``, how many were answered 429 (``rate_limited``) and the seconds waited between them
+(``retry_wait_s``, part of its latency). A ``Retry-After`` on a 503 is honoured the same way,
+within ``retries``. Other 4xx answers are not retried (the request itself is wrong). One request's
+failure never raises.
+
+The retry loop is bistat's own rather than tenacity's (which would fit): tenacity is not on the
+lent GPU machine's image, where bistat is installed without its dependencies
+(``scripts/device/install.sh``), and its wait and stop rules would be callables of our own here
+anyway; HTTP-dates are parsed by the standard library (:func:`email.utils.parsedate_to_datetime`
+reads all three forms RFC 9110 allows).
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime as _dt
+import email.utils
 import json
 import math
 import time
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
 
 import httpx
 
@@ -42,15 +57,115 @@ from bistat.engines.base import (
 from bistat.engines.metrics import MetricsParseError, parse_vllm_metrics
 
 _RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+RATE_LIMITED = 429
+
+
+def retry_after_s(value: str | None, now: _dt.datetime) -> float | None:
+    """Seconds to wait that a ``Retry-After`` header asks for, or None (absent or unreadable).
+
+    ``value`` is delay-seconds (``"120"``) or an HTTP-date (``"Wed, 21 Oct 2015 07:28:00 GMT"``,
+    and the obsolete RFC 850 and asctime forms), counted from ``now`` (the answer's ``Date``
+    header where it has one, so the two clocks need not agree); a date in the past is 0.
+
+    >>> now = _dt.datetime(2015, 10, 21, 7, 27, 30, tzinfo=_dt.timezone.utc)
+    >>> retry_after_s("120", now), retry_after_s("Wed, 21 Oct 2015 07:28:00 GMT", now)
+    (120.0, 30.0)
+    """
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # an HTTP-date is always GMT
+        when = when.replace(tzinfo=_dt.timezone.utc)
+    return max(0.0, (when - now).total_seconds())
+
+
+def answer_time(headers: Mapping[str, str]) -> _dt.datetime:
+    """The answer's ``Date`` header, else this machine's clock."""
+    try:
+        when = email.utils.parsedate_to_datetime(headers.get("date", ""))
+    except (TypeError, ValueError, IndexError):
+        return _dt.datetime.now(_dt.timezone.utc)
+    return when if when.tzinfo is not None else when.replace(tzinfo=_dt.timezone.utc)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """When a failed attempt is repeated, and after how long (pure).
+
+    Attributes
+    ----------
+    retries : int
+        Further attempts after failures other than 429 (transport errors, timeouts, 408, 5xx,
+        bad bodies).
+    backoff_s : float
+        Wait before the first retry, doubled before each further one (429s included).
+    backoff_max_s : float
+        Longest backoff between two attempts (a longer ``Retry-After`` is still honoured).
+    max_wait_s : float
+        Longest total wait between the attempts of one request: the retry whose wait would pass
+        it is not made, and the request fails.
+    """
+
+    retries: int = 3
+    backoff_s: float = 0.5
+    backoff_max_s: float = 10.0
+    max_wait_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.retries < 0:
+            raise ValueError(f"retries must be >= 0, got {self.retries}")
+        if not self.backoff_s > 0:
+            raise ValueError(f"backoff_s must be > 0 (the first retry's wait), got "
+                             f"{self.backoff_s}")
+        if not self.max_wait_s >= 0:
+            raise ValueError(f"max_retry_wait_s must be >= 0, got {self.max_wait_s}")
+
+    def next_wait(self, *, attempt: int, failures: int, waited_s: float, rate_limited: bool,
+                  retry_after: float | None) -> tuple[float | None, str | None]:
+        """``(seconds, None)`` to wait before attempt ``attempt + 1``, or ``(None, why)`` to give
+        up (``why`` is None when the ``retries`` are used up, else the wait bound's reason).
+
+        Parameters
+        ----------
+        attempt : int
+            Attempts made so far (the one that just failed included).
+        failures : int
+            Failed attempts so far that were not 429s.
+        waited_s : float
+            Seconds already waited between this request's attempts.
+        rate_limited : bool
+            The attempt that just failed was answered 429.
+        retry_after : float or None
+            Its ``Retry-After`` in seconds (:func:`retry_after_s`).
+        """
+        if not rate_limited and failures > self.retries:
+            return None, None
+        backoff = min(self.backoff_max_s, self.backoff_s * 2 ** (attempt - 1))
+        wait = backoff if retry_after is None else max(retry_after, backoff)
+        if waited_s + wait > self.max_wait_s:
+            asked = f"Retry-After {retry_after:g} s" if retry_after is not None else "backoff"
+            return None, (f"the next wait ({asked}: {wait:g} s) would take the waits to "
+                          f"{waited_s + wait:g} s, past max_retry_wait_s = {self.max_wait_s:g} s")
+        return wait, None
 
 
 class _Retryable(Exception):
     """A failed attempt worth repeating; ``dead_endpoint`` when the endpoint itself failed (the
-    connection was refused or reset, or it answered 5xx), not the request."""
+    connection was refused or reset, or it answered 5xx), not the request; ``rate_limited`` when
+    it was answered 429, with ``retry_after`` its ``Retry-After`` in seconds."""
 
-    def __init__(self, message: str, dead_endpoint: bool = False) -> None:
+    def __init__(self, message: str, dead_endpoint: bool = False, rate_limited: bool = False,
+                 retry_after: float | None = None) -> None:
         super().__init__(message)
         self.dead_endpoint = dead_endpoint
+        self.rate_limited = rate_limited
+        self.retry_after = retry_after
 
 
 class _Fatal(Exception):
@@ -160,9 +275,12 @@ class OpenAIHTTPEngine:
     model : str or None
         The served model id; None takes the server's only model.
     retries : int
-        Further attempts after a failed one (transport errors, timeouts, 5xx, bad bodies).
+        Further attempts after a failed one (transport errors, timeouts, 5xx, bad bodies); 429s
+        are retried within ``max_retry_wait_s`` instead.
     backoff_s : float
         Wait before the first retry; doubled before each further one (capped at 10 s).
+    max_retry_wait_s : float
+        Longest total wait between one request's attempts (``Retry-After`` and backoff).
     request_timeout_s : float
         Per-attempt timeout (connect, read, write).
     metrics_interval_s : float
@@ -178,12 +296,15 @@ class OpenAIHTTPEngine:
                                       prefix_cache_reset=True)
 
     def __init__(self, base_url: str, *, model: str | None = None, retries: int = 3,
-                 backoff_s: float = 0.5, request_timeout_s: float = 600.0,
+                 backoff_s: float = 0.5, max_retry_wait_s: float = 120.0,
+                 request_timeout_s: float = 600.0,
                  metrics_interval_s: float = 1.0, api_key: str | None = None,
                  kind: str = "openai", start_timeout_s: float = 10.0) -> None:
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
         self.model = model
         self.retries = retries
+        self.retry_policy = RetryPolicy(retries=retries, backoff_s=backoff_s,
+                                        max_wait_s=max_retry_wait_s)
         self._dead_endpoint_failures = 0
         self.backoff_s = backoff_s
         self.request_timeout_s = request_timeout_s
@@ -198,15 +319,15 @@ class OpenAIHTTPEngine:
     def from_experiment(cls, experiment: Any, arm: Any) -> "OpenAIHTTPEngine":
         """Build from a declaration: ``engine.args`` overridden by ``arm.args``.
 
-        Keys: ``url`` (required), ``retries``, ``backoff_s``, ``request_timeout_s``,
-        ``metrics_interval_s``, ``api_key_env`` (the name of an environment variable holding the
-        key; a key never sits in a declaration).
+        Keys: ``url`` (required), ``retries``, ``backoff_s``, ``max_retry_wait_s``,
+        ``request_timeout_s``, ``metrics_interval_s``, ``api_key_env`` (the name of an
+        environment variable holding the key; a key never sits in a declaration).
         """
         import os
 
         args = {**dict(experiment.engine.args), **dict(arm.args)}
-        allowed = {"url", "retries", "backoff_s", "request_timeout_s", "metrics_interval_s",
-                   "api_key_env"}
+        allowed = {"url", "retries", "backoff_s", "max_retry_wait_s", "request_timeout_s",
+                   "metrics_interval_s", "api_key_env"}
         unknown = sorted(set(args) - allowed)
         if unknown:
             raise ValueError(f"arms[{arm.name}].args / engine.args: unknown key(s) {unknown} for "
@@ -303,9 +424,11 @@ class OpenAIHTTPEngine:
             raise _Retryable(f"{type(exc).__name__}: {exc}", dead_endpoint=dead) from exc
         if resp.status_code != 200:
             detail = resp.text[:300]
-            if resp.status_code in _RETRY_STATUS:
+            if resp.status_code in _RETRY_STATUS:   # a 503 may send Retry-After too
+                after = retry_after_s(resp.headers.get("retry-after"), answer_time(resp.headers))
                 raise _Retryable(f"HTTP {resp.status_code}: {detail}",
-                                 dead_endpoint=resp.status_code >= 500)
+                                 dead_endpoint=resp.status_code >= 500,
+                                 rate_limited=resp.status_code == RATE_LIMITED, retry_after=after)
             raise _Fatal(f"HTTP {resp.status_code}: {detail}")
         try:
             data = json.loads(resp.content)
@@ -319,7 +442,8 @@ class OpenAIHTTPEngine:
                    on_result: Callable[[GenerationResult], None]) -> None:
         async with sem:
             t_submit = time.monotonic() - t0
-            attempts, error, parsed = 0, None, None
+            attempts, failures, rate_limited, waited = 0, 0, 0, 0.0
+            error, parsed = None, None
             try:
                 body = self.request_body(req)
             except ValueError as exc:
@@ -335,11 +459,19 @@ class OpenAIHTTPEngine:
                     break
                 except _Retryable as exc:
                     error = str(exc)
-                    if attempts > self.retries:
+                    rate_limited += exc.rate_limited
+                    failures += not exc.rate_limited
+                    wait, why = self.retry_policy.next_wait(
+                        attempt=attempts, failures=failures, waited_s=waited,
+                        rate_limited=exc.rate_limited, retry_after=exc.retry_after)
+                    if wait is None:
                         if exc.dead_endpoint:
                             self._dead_endpoint_failures += 1
+                        if why is not None:
+                            error += f"; gave up: {why}"
                         break
-                    await asyncio.sleep(min(10.0, self.backoff_s * 2 ** (attempts - 1)))
+                    waited += wait
+                    await asyncio.sleep(wait)
             t_done = time.monotonic() - t0
         if parsed is not None:
             ids, text, lps, top, finish, n_prompt = parsed
@@ -347,13 +479,13 @@ class OpenAIHTTPEngine:
                 prompt_id=req.prompt_id, token_ids=ids, text=text, logprobs=lps,
                 top_logprobs=top, finish_reason=finish, n_prompt_tokens=n_prompt,
                 t_submit=t_submit, t_first_token=None, t_done=t_done, error=None,
-                attempts=attempts)
+                attempts=attempts, rate_limited=rate_limited, retry_wait_s=waited)
         else:
             result = GenerationResult(
                 prompt_id=req.prompt_id, token_ids=[], text="", logprobs=None, top_logprobs=None,
                 finish_reason=None, n_prompt_tokens=None, t_submit=t_submit, t_first_token=None,
                 t_done=t_done, error=f"after {attempts} attempt(s): {error}",
-                attempts=max(attempts, 1))
+                attempts=max(attempts, 1), rate_limited=rate_limited, retry_wait_s=waited)
         on_result(result)
 
     # -- optional capabilities -------------------------------------------------------------

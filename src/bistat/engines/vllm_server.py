@@ -273,7 +273,8 @@ class VLLMServerEngine:
     #: declaration keys that configure bistat's handling rather than ``vllm serve``
     ADAPTER_KEYS = ("url", "command", "python", "health_timeout_s", "stop_grace_s", "log_path",
                     "enable_prefix_caching", "tensor_parallel_size")
-    HTTP_KEYS = ("retries", "backoff_s", "request_timeout_s", "metrics_interval_s")
+    HTTP_KEYS = ("retries", "backoff_s", "max_retry_wait_s", "request_timeout_s",
+                 "metrics_interval_s")
 
     @classmethod
     def declaration_problems(cls, experiment: Any) -> list[tuple[str, str]]:

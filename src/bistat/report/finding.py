@@ -22,6 +22,7 @@ from bistat.analysis.summary import RunSummary
 from bistat.core.classify import format_decided
 from bistat.report.index import RELEASE_COMPARISON_TITLE
 from bistat.core.rule import CostRule
+from bistat.declare.release_log import release_log_path
 from bistat.analysis.anatomy import kv_tile_boundary, plot_anatomy, render_anatomy_section
 from bistat.report.plots import PLOTS, save_plots
 from bistat.report.seal import SealEvidence
@@ -337,7 +338,7 @@ def _engine_version_section(s: RunSummary) -> list[str]:
     ev = s.engine_version
     if ev is None or ev.package is None:
         return []
-    rows = [(where, c.newest or "unknown", c.checked_utc, c.index, c.error or "—")
+    rows = [(ev.label(where, c), c.newest or "unknown", c.checked_utc, c.index, c.error or "—")
             for where, c in ev.checks]
     out = ["## Engine version", "", *[f"{line}" for line in ev.comparison], ""]
     if rows:
@@ -345,6 +346,12 @@ def _engine_version_section(s: RunSummary) -> list[str]:
                 "that found one):", "",
                 _table(("checked", "newest release", "time (UTC)", "index", "why unknown"), rows),
                 ""]
+        if any(where in ("check-release", "amend") for where, _ in ev.checks):
+            log = (f"`{release_log_path(s.registration_path).as_posix()}`"
+                   if s.registration_path else "`NAME.releases.jsonl` beside it")
+            out += [f"Checks made after the registration was sealed come from its release log "
+                    f"({log}: `bistat check-release`, `bistat register --amend`), hashed and "
+                    "chained; the seal itself records only the check made at registration.", ""]
     out += [f"Required version (`engine.required_version`): `{ev.required}`; "
             + ("every arm ran a version it allows." if not ev.deviations
                else "arms ran versions it excludes (see Deviations).")

@@ -319,6 +319,8 @@ def _response_record(
         "t_done": result.t_done,
         "error": result.error,
         "attempts": result.attempts,
+        "rate_limited": result.rate_limited,
+        "retry_wait_s": result.retry_wait_s,
         "token_sha256": token_sha256(result.token_ids) if ok else None,
         "logprob_sha256": logprob_sha256(logprobs) if ok else None,
     }
@@ -344,6 +346,8 @@ def _missing_record(planned: PlannedPass, prompt_index: int, request: Generation
         "t_done": None,
         "error": "engine returned no result",
         "attempts": 0,
+        "rate_limited": 0,
+        "retry_wait_s": 0.0,
         "token_sha256": None,
         "logprob_sha256": None,
     }
