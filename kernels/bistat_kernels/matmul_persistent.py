@@ -382,9 +382,10 @@ def matmul_persistent(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | Non
     sb0, sb1 = b.stride()
     a_ptr, b_ptr = a.data_ptr(), b.data_ptr()
     # the counters are passed (int32, one kernel signature) even where no split uses them
-    locks = _lock_buffer(a.device, _current_stream(a.device), num_mn if parallel else 0)
+    stream = _current_stream(a.device)
+    locks = _lock_buffer(a.device, stream, num_mn if parallel else 0)
     if parallel:
-        ws = _workspace(a.device, _current_stream(a.device), split_k, M, N)  # >= S*M*N, flat
+        ws = _workspace(a.device, stream, split_k, M, N)  # >= S*M*N, flat
     else:
         ws = c  # unused by the kernel: no split, or splits added in one program
     c_large = M * N > 2**31
