@@ -1,7 +1,8 @@
-"""The device scripts' two payloads (issue 19): vLLM 0.25.0 (/tmp/site) and the newest release,
-vLLM 0.33.0 with torch 2.14 carried (/tmp/site-latest). What can be checked without the GPU:
-the environment each payload gets, staging either payload's parts, re-splitting the latest one
-with a checksum per part, and that the pins build_payload.sh downloads are the tested recipe's."""
+"""The device scripts' payloads (issue 19): vLLM 0.25.0 (/tmp/site), and vLLM 0.34.0, the newest
+release (`latest`), or 0.33.0 (`0.33`), each with torch 2.14 carried (/tmp/site-latest). What can
+be checked without the GPU: the environment each payload gets, staging either payload's parts,
+re-splitting the latest one with a checksum per part, and that the pins build_payload.sh downloads
+are the tested recipe's (0.33.0) or derived from it (0.34.0)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,9 @@ def _env(payload: str | None, tmp_path: Path) -> dict[str, str]:
 
 def test_env_gives_each_payload_its_site_and_the_latest_its_cudnn_setting(tmp_path):
     latest, old = _env("latest", tmp_path), _env("0.25", tmp_path)
+    v033 = _env("0.33", tmp_path)  # 0.33.0 on the same carried stack and site
+    assert v033.pop("VLLM_PAYLOAD") == "0.33" and latest["VLLM_PAYLOAD"] == "latest"
+    assert v033 == {k: v for k, v in latest.items() if k != "VLLM_PAYLOAD"}
     assert latest["PYTHONPATH"] == "/r/src:/tmp/site-latest" and latest["SITE"] == "/tmp/site-latest"
     assert latest["PATH"].startswith("/tmp/site-latest/bin:")
     assert latest["PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK"] == "1"
@@ -46,7 +50,7 @@ def test_env_refuses_an_unknown_payload(tmp_path):
                           capture_output=True, text=True, env={"PATH": "/usr/bin:/bin",
                                                                "OUT": str(tmp_path)})
     assert done.returncode == 1
-    assert done.stderr == "env.sh: VLLM_PAYLOAD=0.40; expected 0.25 or latest\n"
+    assert done.stderr == "env.sh: VLLM_PAYLOAD=0.40; expected 0.25, 0.33 or latest\n"
 
 
 def test_stage_moves_the_latest_parts_whether_or_not_the_checksums_travel(tmp_path):
@@ -90,19 +94,60 @@ def test_the_latest_payload_resplits_with_one_checksum_per_part(tmp_path):
     assert check.returncode == 0 and check.stdout.count(": OK") == 3
 
 
-def test_the_latest_pins_are_the_tested_recipes():
-    """scripts/device/wheels-latest.txt is ../shared/device-latest/wheels-latest.txt (the 81
-    pins that ran on the H200) with a comment on top; the shared copy does not travel."""
-    pins = [line for line in (DEVICE / "wheels-latest.txt").read_text().splitlines()
-            if line and not line.startswith("#")]
-    assert len(pins) == 81 and all("==" in p for p in pins)
-    versions = dict(p.split("==") for p in pins)
-    assert {k: versions[k] for k in ("vllm", "torch", "triton", "torchvision", "nvidia-nccl-cu13")} == {
+def _pins(name: str) -> dict[str, str]:
+    lines = [line for line in (DEVICE / name).read_text().splitlines()
+             if line and not line.startswith("#")]
+    assert all(line.count("==") == 1 for line in lines) and len(set(lines)) == len(lines)
+    return dict(line.split("==") for line in lines)
+
+
+def test_the_033_pins_are_the_tested_recipes():
+    """scripts/device/wheels-0.33.txt is ../shared/device-latest/wheels-latest.txt (the 81 pins
+    that ran on the H200) with a comment on top; the shared copy does not travel."""
+    pins = _pins("wheels-0.33.txt")
+    assert len(pins) == 81
+    assert {k: pins[k] for k in ("vllm", "torch", "triton", "torchvision", "nvidia-nccl-cu13")} == {
         "vllm": "0.33.0", "torch": "2.14.0", "triton": "3.8.0", "torchvision": "0.29.0",
         "nvidia-nccl-cu13": "2.30.7"}
     shared = ROOT.parent / "shared" / "device-latest" / "wheels-latest.txt"
     if shared.is_file():
-        assert pins == shared.read_text().split()
+        assert [f"{k}=={v}" for k, v in pins.items()] == shared.read_text().split()
+
+
+def test_the_034_pins_are_the_033_recipe_with_the_newest_vllm_and_its_new_floors():
+    """0.34.0 pins the same torch stack as 0.33.0 (torch 2.14.0, torchvision 0.29.0, torchaudio
+    2.11.0, numba 0.65.0); its Requires-Dist raised huggingface_hub to >= 2 (the image's
+    transformers 5.17 caps it below 2, so transformers travels), filelock, tokenizers and
+    mistral_common. The 0.34 set is the 0.33 set with vLLM swapped and eight pins added."""
+    old, new = _pins("wheels-0.33.txt"), _pins("wheels-0.34.txt")
+    assert new["vllm"] == "0.34.0" and {k: v for k, v in new.items() if k in old and k != "vllm"} == {
+        k: v for k, v in old.items() if k != "vllm"}
+    assert {k: v for k, v in new.items() if k not in old} == {
+        "transformers": "5.22.2", "huggingface-hub": "2.4.0", "hf-xet": "1.8.0",
+        "filelock": "4.2.11", "tokenizers": "0.23.3", "click": "8.5.1", "typer": "0.29.1",
+        "shellingham": "1.5.4"}
+    assert old["mistral-common"] == "1.13.1"  # 0.34 asks >= 1.13.0: already carried
+
+
+@pytest.mark.parametrize("payload,pins", [("latest", "wheels-0.34.txt"), ("0.33", "wheels-0.33.txt")])
+def test_build_payload_takes_each_payloads_pins(tmp_path, payload, pins):
+    """Which pin file a payload downloads (python3 is a stub that records pip's arguments)."""
+    repo = tmp_path / "repo"
+    (repo / "scripts" / "device").mkdir(parents=True)
+    for f in ("build_payload.sh", "wheels-0.33.txt", "wheels-0.34.txt"):
+        shutil.copy(DEVICE / f, repo / "scripts" / "device" / f)
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "python3").write_text(f'#!/bin/bash\necho "$@" >> {tmp_path}/pip.log\nexit 1\n')
+    (stub / "python3").chmod(0o755)
+    done = subprocess.run(["bash", str(repo / "scripts" / "device" / "build_payload.sh")],
+                          capture_output=True, text=True, cwd=repo,
+                          env={"PATH": f"{stub}:/usr/bin:/bin", "VLLM_PAYLOAD": payload,
+                               "W": str(tmp_path / "w"), "PART_MIB": "60"})
+    assert done.returncode == 1  # the stub's pip fails: nothing downloaded, the script stops
+    (call,) = (tmp_path / "pip.log").read_text().splitlines()
+    assert call.endswith(f"-r {repo}/scripts/device/{pins}")
 
 
 def test_every_device_script_parses():

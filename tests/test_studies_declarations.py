@@ -96,13 +96,17 @@ ISSUE23 = {"h200-v033-i23-latency-qwen3-8b-b8": ("h200-v033-cost-qwen3-8b-latenc
 #: Issue 23's batch-8 latency goal with a third arm, the tuned GEMM with torch.compile forced on.
 ISSUE23_COMPILED = {"h200-v033-i23-latency-qwen3-8b-b8-compiled": (
     "h200-v033-i23-latency-qwen3-8b-b8", {"passes": 90})}
+#: The same study on vLLM 0.34.0 (the newest release), on an H200 and, for a lent H100, its twin
+#: with the H200's table named in the tuned arms (BISTAT_GEMM_TABLE).
+ISSUE23_V034 = {"h200-v034-i23-latency-qwen3-8b-b8-compiled": {},
+                "h100-v034-i23-latency-qwen3-8b-b8-compiled": {"BISTAT_GEMM_TABLE": "nvidia_h200"}}
 
 
 def test_the_declarations_are_the_whole_set():
-    names = ({p.stem for p in EXP.glob("h200-*.toml")}
+    names = ({p.stem for p in EXP.glob("h[12]00-*.toml")}
              | {p.stem for p in EXP.glob("tp*-match*.toml")})
     assert names == (set(ALL) | set(FIXTURES) | set(PROBES) | set(MECHANISM) | set(EXPLORATORY)
-                     | set(NEWEST) | set(ISSUE23) | set(ISSUE23_COMPILED))
+                     | set(NEWEST) | set(ISSUE23) | set(ISSUE23_COMPILED) | set(ISSUE23_V034))
 
 
 @pytest.mark.parametrize("name", sorted(ISSUE23))
@@ -159,6 +163,29 @@ def test_the_compiled_issue23_study_adds_one_arm_that_opts_out_of_breakable_grap
         "vllm", "https://pypi.org/pypi", None)
     assert release["newest"] == "0.34.0"  # one release past the 0.33.0 the study requires
 
+
+@pytest.mark.parametrize("name", sorted(ISSUE23_V034))
+def test_the_034_studies_are_the_033_compiled_study_on_the_newest_release(name):
+    """h200-v033-i23-latency-qwen3-8b-b8-compiled with only the required release changed to
+    0.34.0 (and, in the H100 twin, the H200's table named in both tuned arms); sealed with PyPI
+    checked, its newest release the one required: the finding will say it ran on the newest."""
+    from bistat.declare.prereg import load_registration
+
+    mine = load_experiment(EXP / f"{name}.toml")
+    theirs = load_experiment(EXP / "h200-v033-i23-latency-qwen3-8b-b8-compiled.toml")
+    assert mine.engine.required_version == "0.34.0"
+    assert mine.engine.model_dump() == {**theirs.engine.model_dump(), "required_version": "0.34.0"}
+    extra = ISSUE23_V034[name]
+    assert [(a.name, a.role, a.env) for a in mine.arms] == [
+        (a.name, a.role, {**a.env, **(extra if a.env["BISTAT_TUNED_GEMM"] == "1" else {})})
+        for a in theirs.arms]
+    assert mine.workload == theirs.workload and mine.rule == theirs.rule
+    assert mine.design == theirs.design and mine.validity == theirs.validity
+    reg = load_registration(ROOT / "preregistrations" / f"{name}.json")
+    assert reg.experiment().resolved() == mine.resolved()
+    release = reg.sealed["engine_release"]
+    assert (release["package"], release["index"], release["error"], release["newest"]) == (
+        "vllm", "https://pypi.org/pypi", None, "0.34.0")
 
 @pytest.mark.parametrize("name", sorted(ISSUE23))
 def test_each_issue23_release_was_checked_after_its_seal(name):

@@ -32,7 +32,7 @@ from typing import Any
 
 SCHEMA = "bistat_kernels.gemm_table/1"
 TABLES_DIR = Path(__file__).resolve().parent / "tables"
-TABLE_ENV = "BISTAT_GEMM_TABLE"  # a path that overrides the per-device table file
+TABLE_ENV = "BISTAT_GEMM_TABLE"  # a path, or a table name in TABLES_DIR, that overrides the device's
 DTYPES = ("bfloat16", "float16", "float32")
 
 _log = logging.getLogger("bistat_kernels")
@@ -331,6 +331,23 @@ def generation() -> int:
     return _GENERATION
 
 
+def override_path(value: str, tables_dir: Path = TABLES_DIR) -> Path:
+    """``$BISTAT_GEMM_TABLE``'s file: a path, or the name of a table shipped in ``tables_dir``
+    (``nvidia_h200``: another device's table on this one, e.g. the H200's on an H100).
+
+    >>> override_path("nvidia_h200").name, override_path("/x/t.json").as_posix()
+    ('nvidia_h200.json', '/x/t.json')
+    """
+    if "/" in value or value.endswith(".json"):
+        return Path(value)
+    path = tables_dir / f"{value}.json"
+    if not path.is_file():
+        shipped = ", ".join(sorted(p.stem for p in tables_dir.glob("*.json"))) or "none"
+        raise TableError(f"{TABLE_ENV}={value}: no table of that name in {tables_dir} (shipped: "
+                         f"{shipped}); give a table name or a path to a table file")
+    return path
+
+
 def resolve_device_table(device_name: str | None) -> GemmTable | None:
     """Load the table for ``device_name`` (or ``$BISTAT_GEMM_TABLE``) into the module value, once.
 
@@ -343,7 +360,7 @@ def resolve_device_table(device_name: str | None) -> GemmTable | None:
     override = os.environ.get(TABLE_ENV)
     table: GemmTable | None = None
     if override:
-        table = load_table(override)
+        table = load_table(override_path(override))
     elif device_name is not None:
         path = table_path_for(device_name)
         if path.is_file():

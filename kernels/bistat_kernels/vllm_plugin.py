@@ -56,6 +56,7 @@ import logging
 import os
 import sys
 import types
+from collections import Counter
 from collections.abc import Mapping
 from types import ModuleType
 from typing import Any, Optional, Union
@@ -301,6 +302,19 @@ def unsupported_message(version: str, tried: list[str]) -> str:
             "manifest for (bistat_kernels.hook_manifest derives one from a wheel)")
 
 
+#: calls handed back to vLLM's own matmul_persistent, by (out_dtype, extra keyword names)
+PASSED_THROUGH: Counter = Counter()
+
+
+def _note_passed_through(out_dtype: Any, more: Mapping[str, Any]) -> None:
+    key = (str(out_dtype), tuple(sorted(more)))
+    if key not in PASSED_THROUGH:
+        _log.warning("bistat_kernels: matmul_persistent(out_dtype=%s%s) runs on vLLM's own kernel "
+                     "(the tuned GEMM writes its inputs' dtype)", out_dtype,
+                     "".join(f", {k}=..." for k in sorted(more)))
+    PASSED_THROUGH[key] += 1
+
+
 def install(module: ModuleType) -> bool:
     """Replace ``module.matmul_persistent`` by the tuned op; idempotent. True if it installed."""
     if getattr(module, "_bistat_tuned_gemm", False):
@@ -308,7 +322,15 @@ def install(module: ModuleType) -> bool:
     original = module.matmul_persistent
     op = tuned_matmul_op()
 
-    def matmul_persistent(a: Any, b: Any, bias: Any = None) -> Any:
+    def matmul_persistent(a: Any, b: Any, bias: Any = None, out_dtype: Any = None,
+                          **more: Any) -> Any:
+        # vLLM 0.34 added ``out_dtype`` (``mm_dtype_batch_invariant``: aten::mm.dtype, bf16/fp16
+        # in, fp32 out; overridden on SM80 and ROCm only). The tuned op writes the inputs' dtype:
+        # any other output dtype, or a parameter a later vLLM adds, stays on vLLM's own kernel.
+        if more or (out_dtype is not None and out_dtype != a.dtype):
+            _note_passed_through(out_dtype, more)
+            extra = dict(more, **({} if out_dtype is None else {"out_dtype": out_dtype}))
+            return original(a, b, bias, **extra)
         return op(a, b, bias)
 
     matmul_persistent.__wrapped__ = original  # type: ignore[attr-defined]

@@ -5,10 +5,12 @@
 #       vLLM 0.25.0 + the wheels the device image lacks (../shared/device/device-wheels.txt)
 #       + platformdirs + the SmolLM2 wheel: 346 MiB, 6 parts of 62 MiB
 #   VLLM_PAYLOAD=latest          .dev/latest/p/part00..NN + .dev/latest/p/SHA256SUMS (one per part)
-#       vLLM 0.33.0 + torch 2.14.0 + triton 3.8.0 + torchvision 0.29.0 + NCCL 2.30.7 + the pure/small
-#       wheels the image lacks (scripts/device/wheels-latest.txt, 81 exact pins) + platformdirs
-#       (bistat's core needs it; the image lacks it) + the SmolLM2 wheel: about 1435 MiB, 23 parts
-#       of 63 MiB (PART_MIB=63: beside the stage tree of travel.sh, 0.04 MiB)
+#       vLLM 0.34.0 (the newest release) + torch 2.14.0 + triton 3.8.0 + torchvision 0.29.0 + NCCL
+#       2.30.7 + the pure/small wheels the image lacks (scripts/device/wheels-0.34.txt, 89 exact pins)
+#       + platformdirs (bistat's core needs it; the image lacks it) + the SmolLM2 wheel: about
+#       1340 MiB, 22 parts of 63 MiB (PART_MIB=63: beside the stage tree of travel.sh, 0.04 MiB)
+#   VLLM_PAYLOAD=0.33            the same layout with vLLM 0.33.0 (scripts/device/wheels-0.33.txt,
+#       the 81 pins of ../shared/device-latest that ran on the H200): about 1435 MiB, 23 parts
 # .dev/ is ignored (.gitignore). Usage: bash scripts/device/build_payload.sh [--resplit]
 #   --resplit  re-split the parts already there for the tree's current size (no download)
 #   PART_MIB=62 bash scripts/device/build_payload.sh --resplit
@@ -18,16 +20,20 @@ set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd); cd "$REPO"
 tree_bytes=$( { git ls-files -z; git ls-files -z --others --exclude-standard; } | xargs -0 -r stat -c %s | awk '{s+=$1} END {print s+0}')
 PART_MIB=${PART_MIB:-$(( (62 * 1048576 - tree_bytes) / 1048576 ))}
-[ "${VLLM_PAYLOAD:-0.25}" = latest ] || [ "${VLLM_PAYLOAD:-0.25}" = 0.25 ] || {
-  echo "VLLM_PAYLOAD=$VLLM_PAYLOAD; expected 0.25 or latest"; exit 1; }
+case "${VLLM_PAYLOAD:-0.25}" in
+  latest) PINS="$REPO/scripts/device/wheels-0.34.txt"; CARRIED=1 ;;
+  0.33)   PINS="$REPO/scripts/device/wheels-0.33.txt"; CARRIED=1 ;;
+  0.25)   CARRIED=0 ;;
+  *) echo "VLLM_PAYLOAD=$VLLM_PAYLOAD; expected 0.25, 0.33 or latest (0.34.0)"; exit 1 ;;
+esac
 [ "$PART_MIB" -ge 8 ] || { echo "the working tree ($tree_bytes bytes) leaves no room for a payload part in a 64 MiB call; shrink it"; exit 1; }
-if [ "${1:-}" = --resplit ] && [ "${VLLM_PAYLOAD:-0.25}" = latest ]; then
+if [ "${1:-}" = --resplit ] && [ "$CARRIED" = 1 ]; then
   D=.dev/latest/p
   (cd "$D" && sha256sum -c --quiet SHA256SUMS) || { echo "the parts in $D do not match their SHA256SUMS: rebuild"; exit 1; }
   cat "$D"/part[0-9][0-9] > /tmp/bistat-payload-latest.tar; rm -f "$D"/part[0-9][0-9]
   (cd "$D" && split -b "${PART_MIB}m" -d -a 2 /tmp/bistat-payload-latest.tar part && sha256sum part[0-9][0-9] > SHA256SUMS)
   rm /tmp/bistat-payload-latest.tar
-  echo "payload latest re-split: $(ls "$D"/part[0-9][0-9] | wc -l) parts of ${PART_MIB} MiB"; exit 0
+  echo "payload ${VLLM_PAYLOAD} re-split: $(ls "$D"/part[0-9][0-9] | wc -l) parts of ${PART_MIB} MiB"; exit 0
 fi
 if [ "${1:-}" = --resplit ]; then
   ls .dev/p/part[0-9][0-9] > /dev/null || { echo "no parts in .dev/p: run without --resplit"; exit 1; }
@@ -39,12 +45,11 @@ if [ "${1:-}" = --resplit ]; then
 fi
 SHARED=${SHARED:-$REPO/../shared/device}
 PLAT="--only-binary=:all: --python-version 3.12 --implementation cp --abi cp312"
-if [ "${VLLM_PAYLOAD:-0.25}" = latest ]; then
+if [ "$CARRIED" = 1 ]; then
   for n in 5 12 17 18 24 26 27 28 29 30 31 32 33 34 35; do PLAT="$PLAT --platform manylinux_2_${n}_x86_64"; done
   PLAT="$PLAT --platform manylinux2014_x86_64 --platform manylinux1_x86_64"
   D=.dev/latest/p; W=${W:-/tmp/bistat-payload-latest}; rm -rf "$W"; mkdir -p "$W/payload/whl" "$D"
   git check-ignore -q .dev/x || echo "/.dev/" >> "$(git rev-parse --git-path info/exclude)"
-  PINS="$REPO/scripts/device/wheels-latest.txt"
   python3 -m pip download -q --no-deps $PLAT -d "$W/payload/whl" -r "$PINS"
   n=$(ls "$W/payload/whl" | wc -l); want=$(grep -c '==' "$PINS")
   [ "$n" = "$want" ] || { echo "got $n wheels for $want pins in $PINS"; exit 1; }
@@ -53,7 +58,7 @@ if [ "${VLLM_PAYLOAD:-0.25}" = latest ]; then
   (cd "$W" && tar cf "$W/payload.tar" --sort=name --mtime=2026-01-01 --owner=0 --group=0 payload)
   rm -f "$D"/part* "$D"/SHA256SUMS; (cd "$D" && split -b "${PART_MIB}m" -d -a 2 "$W/payload.tar" part)
   (cd "$D" && sha256sum part[0-9][0-9] > SHA256SUMS)
-  echo "payload latest: $(du -m "$W/payload.tar" | cut -f1) MiB ($(stat -c %s "$W/payload.tar") B) in" \
+  echo "payload ${VLLM_PAYLOAD} ($(grep -m1 "^vllm==" "$PINS")): $(du -m "$W/payload.tar" | cut -f1) MiB ($(stat -c %s "$W/payload.tar") B) in" \
        "$(ls "$D"/part[0-9][0-9] | wc -l) parts of ${PART_MIB} MiB; sha256 $(sha256sum "$W/payload.tar" | cut -c1-16)..."
   exit 0
 fi

@@ -6,18 +6,19 @@
 # (`bistat model fetch --wheel` + `bistat model export`). Idempotent (markers: /tmp/pl*/.unpacked,
 # $SITE/.installed, /tmp/model/smollm2/model.safetensors).
 #   VLLM_PAYLOAD=0.25 (default)  vLLM 0.25.0 into /tmp/site (the image's torch 2.11)
-#   VLLM_PAYLOAD=latest          vLLM 0.33.0 + torch 2.14 + triton 3.8 + NCCL 2.30.7 into
+#   VLLM_PAYLOAD=latest          vLLM 0.34.0 + torch 2.14 + triton 3.8 + NCCL 2.30.7 into
 #                                /tmp/site-latest; then scripts/device/smoke_stack.py
+#   VLLM_PAYLOAD=0.33            the same with vLLM 0.33.0
 # The payload installed is remembered in /tmp/vllm-payload: later calls source env.sh without it.
 set -u
 T0=$SECONDS
 export VLLM_PAYLOAD=${VLLM_PAYLOAD:-0.25}
-if [ "$VLLM_PAYLOAD" = latest ]; then STAGE=${STAGE_LATEST:-/tmp/stage-latest} PL=/tmp/pl-latest
+if [ "$VLLM_PAYLOAD" != 0.25 ]; then STAGE=${STAGE_LATEST:-/tmp/stage-latest} PL=/tmp/pl-latest
 else STAGE=/tmp/stage PL=/tmp/pl; fi
 . "$(dirname "$0")/env.sh" || exit 1
 if [ ! -f "$PL/.unpacked" ]; then
   cd "$STAGE" || { echo "[install] no $STAGE: stage the parts first"; exit 1; }
-  if [ "$VLLM_PAYLOAD" = latest ]; then
+  if [ "$VLLM_PAYLOAD" != 0.25 ]; then
     have=$(ls part[0-9][0-9] 2>/dev/null | wc -l); want=$(wc -l < SHA256SUMS)
     [ "$have" = "$want" ] || { echo "[install] $have of $want parts staged: $(ls | tr '\n' ' ')"; exit 2; }
     sha256sum -c --quiet SHA256SUMS || { echo "[install] SHA MISMATCH"; exit 2; }
@@ -60,5 +61,5 @@ import bistat.cli, bistat.engines.vllm_server  # noqa: F401 - bistat's core impo
 print("[install] bistat imports; core requirements missing:", missing or "none")
 sys.exit(1 if missing else 0)
 PY
-if [ "$VLLM_PAYLOAD" = latest ]; then python3 "$REPO/scripts/device/smoke_stack.py" || echo "[install] SMOKE FAILED rc=$?"; fi
+if [ "$VLLM_PAYLOAD" != 0.25 ]; then python3 "$REPO/scripts/device/smoke_stack.py" || echo "[install] SMOKE FAILED rc=$?"; fi
 echo "[install] done ($VLLM_PAYLOAD) after $((SECONDS - T0)) s"

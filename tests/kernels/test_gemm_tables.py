@@ -136,6 +136,26 @@ def test_resolution_reads_the_env_override_once(tmp_path, monkeypatch, caplog):
         tables.reset_device_table()
 
 
+def test_the_override_may_name_a_shipped_table(monkeypatch):
+    """BISTAT_GEMM_TABLE=nvidia_h200 loads the H200's shipped table whatever the device (the
+    H200's configurations on an H100: the same sm_90 and 132 SMs); an unknown name says which
+    tables ship."""
+    monkeypatch.setenv(tables.TABLE_ENV, "nvidia_h200")
+    tables.reset_device_table()
+    try:
+        got = tables.resolve_device_table("NVIDIA H100 80GB HBM3")
+        assert got is not None and got.device_name == "NVIDIA H200"
+        assert got.entries == tables.load_table(tables.TABLES_DIR / "nvidia_h200.json").entries
+    finally:
+        tables.reset_device_table()
+    monkeypatch.setenv(tables.TABLE_ENV, "nvidia_h300")
+    with pytest.raises(tables.TableError) as err:
+        tables.resolve_device_table("NVIDIA H100 80GB HBM3")
+    assert str(err.value) == (
+        f"BISTAT_GEMM_TABLE=nvidia_h300: no table of that name in {tables.TABLES_DIR} (shipped: "
+        "nvidia_h200); give a table name or a path to a table file")
+    tables.reset_device_table()
+
 def test_missing_table_warns_and_uses_defaults(monkeypatch, caplog):
     monkeypatch.delenv(tables.TABLE_ENV, raising=False)
     tables.reset_device_table()

@@ -18,7 +18,7 @@ from bistat_kernels import hook_manifest, vllm_plugin
 
 MANIFESTS = hook_manifest.load_manifests()
 #: the releases the plugin (and the [vllm] extra) is tested on
-SUPPORTED = ["0.25.0", "0.33.0"]
+SUPPORTED = ["0.25.0", "0.33.0", "0.34.0"]
 #: the wheels, where this machine has them (the project's CPU machine does; CI may not)
 WHEELS = Path("/tmp/vllmwheels")
 
@@ -52,6 +52,25 @@ def test_what_moved_between_the_supported_releases():
     assert {"6144x4096", "4096x4096", "24576x4096", "4096x12288", "151936x4096"} <= set(hopper)
     assert not any(s.endswith("x576") or s.startswith("576x") for s in hopper)
 
+
+
+def test_what_changed_from_033_to_034():
+    """0.33.0 -> 0.34.0: the same module, chain, callers and tuned shapes; matmul_persistent
+    gained ``out_dtype=None`` (for the new ``mm_dtype_batch_invariant``, aten::mm.dtype), which
+    the plugin's replacement takes (tests/kernels/test_vllm_plugin.py), and a GPTQ path that
+    dequantizes and calls ``mm_batch_invariant``."""
+    old, new = MANIFESTS["0.33.0"], MANIFESTS["0.34.0"]
+    assert new["commit"] == "g62d4bc3c7"
+    for key in ("call_path", "callers", "tuned_tables"):
+        assert new[key] == old[key], key
+    fo, fn = old["hook_module"]["functions"], new["hook_module"]["functions"]
+    assert set(fn) - set(fo) == {"mm_dtype_batch_invariant", "gptq_linear_batch_invariant",
+                                 "dequantize_gptq_weight"} and set(fo) <= set(fn)
+    assert fn["matmul_persistent"]["params"] == ["a", "b", "bias", "out_dtype"]
+    assert fn["matmul_persistent"]["defaults"] == {"bias": "None", "out_dtype": "None"}
+    assert "matmul_persistent" in fn["mm_dtype_batch_invariant"]["names"]
+    assert {k for k in set(fo) & set(fn) if fo[k] != fn[k]} == {"matmul_persistent",
+                                                                "enable_batch_invariant_mode"}
 
 @pytest.mark.parametrize("breakage,problem", [
     (lambda m: m["hook_module"]["functions"].pop("matmul_persistent"),

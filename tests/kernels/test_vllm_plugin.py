@@ -72,6 +72,19 @@ def linear_batch_invariant(input, weight, bias=None):
 }
 
 
+#: vLLM 0.34.0 gave matmul_persistent an out_dtype (aten::mm.dtype's fp32 output, SM80/ROCm only)
+LAYOUTS["0.34.0"] = ("vllm.model_executor.determinism.batch_invariant", LAYOUTS["0.33.0"][1].replace(
+    """def matmul_persistent(a, b, bias=None):
+    raise AssertionError("vLLM's tuned-table kernel must not run once the plugin is in")""",
+    """def matmul_persistent(a, b, bias=None, out_dtype=None):
+    if out_dtype is None or out_dtype == a.dtype:
+        raise AssertionError("vLLM's tuned-table kernel must not run once the plugin is in")
+    return ("vllm's kernel", out_dtype)
+
+def mm_dtype_batch_invariant(a, b, out_dtype, *, out=None):
+    return matmul_persistent(a, b, out_dtype=out_dtype)"""))
+
+
 def _fake_vllm(monkeypatch, layout, source=None):
     """A stand-in vLLM with one batch-invariant module (the other layout absent), its
     functions defined in that module as vLLM's are; returns (module, its matmul_persistent)."""
@@ -107,6 +120,32 @@ def test_register_replaces_vllms_matmul_persistent_once(monkeypatch, layout):
     (key,) = vllm_plugin.CALLS
     assert key[:2] == (10, 24)
 
+
+
+def test_vllm_034s_out_dtype_stays_tuned_for_the_inputs_dtype_and_passes_fp32_output_back(
+        monkeypatch, caplog):
+    """0.34.0's matmul_persistent(a, b, bias=None, out_dtype=None): out_dtype None or the inputs'
+    dtype runs the tuned op; fp32 output (mm.dtype) runs vLLM's own kernel, logged once."""
+    module, original = _fake_vllm(monkeypatch, "0.34.0")
+    monkeypatch.setenv(vllm_plugin.ENABLE_ENV, "1")
+    monkeypatch.setattr(vllm_plugin, "PASSED_THROUGH", vllm_plugin.Counter())
+    vllm_plugin.register()
+    a = torch.randn(3, 24, generator=torch.Generator().manual_seed(0))
+    w = torch.randn(10, 24, generator=torch.Generator().manual_seed(1))
+    vllm_plugin.CALLS.clear()
+    same = module.matmul_persistent(a, w.t(), None, out_dtype=torch.float32)  # a is float32
+    assert torch.equal(same, mp.matmul_persistent(a, w.t()))
+    assert sum(vllm_plugin.CALLS.values()) == 1 and not vllm_plugin.PASSED_THROUGH
+    half = a.to(torch.float16)
+    with caplog.at_level(logging.WARNING, logger="bistat_kernels.vllm_plugin"):
+        for _ in range(2):
+            got = module.mm_dtype_batch_invariant(half, w.t().to(torch.float16), torch.float32)
+            assert got == ("vllm's kernel", torch.float32)
+    assert vllm_plugin.PASSED_THROUGH == {("torch.float32", ()): 2}
+    assert [r.getMessage() for r in caplog.records if "own kernel" in r.getMessage()] == [
+        "bistat_kernels: matmul_persistent(out_dtype=torch.float32) runs on vLLM's own kernel "
+        "(the tuned GEMM writes its inputs' dtype)"]
+    assert sum(vllm_plugin.CALLS.values()) == 1  # the fp32-output calls never reached the op
 
 @pytest.mark.parametrize("change,found", [
     ("def matmul_persistent(a, b, bias=None):", "def matmul_persistent(a, b, c, bias=None):"),
