@@ -36,6 +36,8 @@ analyze data/h200-v033/h200-v033-match-smollm2 findings/h200 h200-v033-match-smo
 # issue 23's end-to-end latency goal on vLLM 0.33.0 (tuned GEMM vs default, batch 8)
 analyze data/h200-v033/h200-v033-i23-latency-qwen3-8b-b8 findings/h200 h200-v033-i23-latency-qwen3-8b-b8
 analyze data/h200-v033/h200-v033-i23-latency-qwen3-17b-b8 findings/h200 h200-v033-i23-latency-qwen3-17b-b8
+# issue 23's batch-8 latency goal on vLLM 0.34.0, with the tuned GEMM compiled as a third arm
+analyze data/h200-v034/h200-v034-i23-latency-qwen3-8b-b8-compiled findings/h200 h200-v034-i23-latency-qwen3-8b-b8-compiled
 # Study 1(a) on two releases, both runs under the default rule (r2's exploratory sibling)
 bistat compare data/h200/h200-match-smollm2-r2 data/h200-v033/h200-v033-match-smollm2 \
   --earlier-registration preregistrations/h200-match-smollm2-r2-exploratory.json \

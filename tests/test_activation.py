@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import gzip
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,21 @@ def test_markers_from_real_vllm_0_25_log_lines():
                         "INFO [cuda.py:416] Using AttentionBackendEnum.TRITON_ATTN backend."]) == {
         "bi_kernels": True, "tuned_gemm": True, "attention": ("TRITON_ATTN",)}
 
+
+def test_vllm_034s_compiled_batch_invariant_engine_is_seen_by_its_cublaslt_choice():
+    """vLLM 0.34.0 compiled with the tuned GEMM (VLLM_USE_BREAKABLE_CUDAGRAPH=0) logs none of the
+    other markers; enable_batch_invariant_mode's cuBLASLt choice makes torch warn (that engine's
+    log, data/h200-v034); the default arm's log has no such line."""
+    run = ROOT / "data" / "h200-v034" / "h200-v034-i23-latency-qwen3-8b-b8-compiled"
+    logs = {arm: gzip.open(run / "engine-logs" / f"{arm}-1.log.gz", "rt").read().splitlines()
+            for arm in ("default", "bi-tuned-gemm-compiled")}
+    assert log_markers(logs["bi-tuned-gemm-compiled"])["bi_kernels"] is True
+    assert log_markers(logs["default"])["bi_kernels"] is False
+    line = ("[W1202 18:39:33.237104191 Context.cpp:629] Warning: torch.backends.cuda."
+            "preferred_blas_library is an experimental feature. If you see any error or "
+            "unexpected behavior when this flag is set please file an issue on GitHub.")
+    assert any(logged.startswith(line) for logged in logs["bi-tuned-gemm-compiled"])
+    assert log_markers([line])["bi_kernels"] is True
 
 def test_status_without_logs_with_logs_and_with_a_probe():
     acts = {a.arm: a for a in arm_activation(ARMS, {"default": [], "bi": [], "bi-triton": [BI_LINE]})}

@@ -118,14 +118,15 @@ def test_the_034_pins_are_the_033_recipe_with_the_newest_vllm_and_its_new_floors
     """0.34.0 pins the same torch stack as 0.33.0 (torch 2.14.0, torchvision 0.29.0, torchaudio
     2.11.0, numba 0.65.0); its Requires-Dist raised huggingface_hub to >= 2 (the image's
     transformers 5.17 caps it below 2, so transformers travels), filelock, tokenizers and
-    mistral_common. The 0.34 set is the 0.33 set with vLLM swapped and eight pins added."""
+    mistral_common. The 0.34 set is the 0.33 set with vLLM swapped and nine pins added (truststore after the
+    device: huggingface-hub 2.4 imports httpcore2, which imports it)."""
     old, new = _pins("wheels-0.33.txt"), _pins("wheels-0.34.txt")
     assert new["vllm"] == "0.34.0" and {k: v for k, v in new.items() if k in old and k != "vllm"} == {
         k: v for k, v in old.items() if k != "vllm"}
     assert {k: v for k, v in new.items() if k not in old} == {
         "transformers": "5.22.2", "huggingface-hub": "2.4.0", "hf-xet": "1.8.0",
         "filelock": "4.2.11", "tokenizers": "0.23.3", "click": "8.5.1", "typer": "0.29.1",
-        "shellingham": "1.5.4"}
+        "shellingham": "1.5.4", "truststore": "0.10.5"}
     assert old["mistral-common"] == "1.13.1"  # 0.34 asks >= 1.13.0: already carried
 
 
@@ -154,3 +155,59 @@ def test_every_device_script_parses():
     for script in sorted(DEVICE.glob("*.sh")):
         done = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
         assert done.returncode == 0, (script.name, done.stderr)
+
+
+def _vllm_patches():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("vllm_patches", DEVICE / "vllm_patches.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+WHEEL_034 = Path("/tmp/vllmwheels/vllm-0.34.0-cp38-abi3-manylinux_2_28_x86_64.whl")
+
+
+def test_the_034_patch_applies_to_the_stock_file_only_and_once(tmp_path):
+    """The stock file (from the 0.34.0 wheel where this machine has it, else a stand-in with the
+    recorded digest checked against nothing) is replaced by the no-op; a second run reports it
+    applied; a file with other bytes is refused and left as it was."""
+    import zipfile
+
+    vp = _vllm_patches()
+    (rel, (stock, text)), = vp.PATCHES.items()
+    target = tmp_path / "site" / rel
+    target.parent.mkdir(parents=True)
+    if WHEEL_034.is_file():
+        with zipfile.ZipFile(WHEEL_034) as wheel:
+            target.write_bytes(wheel.read(rel))
+        assert vp._sha256(target) == stock  # the recorded digest is the wheel's file
+    else:
+        pytest.skip(f"{WHEEL_034} is not on this machine (pip download vllm==0.34.0 --no-deps)")
+    (target.parent / "__pycache__").mkdir()
+    pyc = target.parent / "__pycache__" / "minimax_m3_msa_warmup.cpython-312.pyc"
+    pyc.write_bytes(b"stale")
+    assert vp.apply(tmp_path / "site") == [
+        f"vllm_patches: {rel} patched (stock sha256 {stock[:16]}...)"]
+    assert target.read_text() == text and not pyc.exists()
+    namespace: dict = {}
+    exec(compile(text, str(target), "exec"), namespace)
+    assert namespace["minimax_m3_msa_warmup"](object()) is None
+    assert vp.apply(tmp_path / "site") == [f"vllm_patches: {rel} already patched"]
+
+
+def test_the_034_patch_refuses_a_file_it_was_not_written_for(tmp_path):
+    vp = _vllm_patches()
+    (rel, (stock, _)), = vp.PATCHES.items()
+    target = tmp_path / "site" / rel
+    target.parent.mkdir(parents=True)
+    target.write_text("def minimax_m3_msa_warmup(worker):\n    import cutlass\n")
+    before = target.read_bytes()
+    with pytest.raises(SystemExit) as err:
+        vp.apply(tmp_path / "site")
+    assert str(err.value).startswith(f"vllm_patches: {target} has sha256 ")
+    assert str(err.value).endswith(f"not vLLM 0.34.0's {stock}: nothing patched; check the file "
+                                   "and this script's PATCHES")
+    assert target.read_bytes() == before
+    with pytest.raises(SystemExit, match="is missing"):
+        vp.apply(tmp_path / "elsewhere")

@@ -234,6 +234,27 @@ def test_recorded_modes_win_over_the_logs_and_the_last_start_counts():
     assert [a.modes and a.modes.source for a in rep.arms] == ["engine log", None]
 
 
+
+def test_the_engine_logs_breakable_graphs_complete_a_record_that_could_not_see_them():
+    """vLLM 0.34 keeps the breakable-graph switch in its config, not in the environment variable
+    the offline worker read (0.33): a record saying False beside a log saying "auto-enabling
+    VLLM_USE_BREAKABLE_CUDAGRAPH=1" reads as breakable, and says where that came from; the
+    recorded compilation and CUDA-graph modes stay. A log that says nothing changes nothing."""
+    recorded = {"default": {"compilation_mode": "VLLM_COMPILE", "cudagraph_mode": "FULL_AND_PIECEWISE",
+                            "breakable_cudagraph": False, "source": "engine config"},
+                "batch-invariant": {"compilation_mode": "NONE",
+                                    "cudagraph_mode": "FULL_AND_PIECEWISE",
+                                    "breakable_cudagraph": False, "source": "engine config"}}
+    logged = {"default": [engine_modes(CONFIG_025)],
+              "batch-invariant": [engine_modes(LOG_033_BREAKABLE)]}
+    rep = engine_version_report("vllm-offline", {"arms": ARMS}, {}, _env(modes=recorded), [],
+                                logged)
+    assert [a.modes.describe() for a in rep.arms] == [
+        ("torch.compile (VLLM_COMPILE)", "FULL_AND_PIECEWISE"),
+        ("no torch.compile (NONE)", "FULL_AND_PIECEWISE, breakable")]
+    assert [a.modes.source for a in rep.arms] == [
+        "engine config", "engine config; breakable CUDA graphs from the engine log"]
+
 class _Enum:
     def __init__(self, name):
         self.name = name
@@ -246,6 +267,12 @@ def test_the_offline_worker_reads_the_modes_from_the_engine_config(monkeypatch):
     monkeypatch.setenv("VLLM_USE_BREAKABLE_CUDAGRAPH", "1")  # vLLM 0.33 sets it in this process
     assert worker._modes(llm) == {"compilation_mode": "NONE", "cudagraph_mode": "FULL_AND_PIECEWISE",
                                   "breakable_cudagraph": True, "source": "engine config"}
+    cc.use_breakable_cudagraph = False  # vLLM 0.34's config field wins over the variable
+    assert worker._modes(llm)["breakable_cudagraph"] is False
+    monkeypatch.delenv("VLLM_USE_BREAKABLE_CUDAGRAPH")
+    cc.use_breakable_cudagraph = True
+    assert worker._modes(llm)["breakable_cudagraph"] is True
+    monkeypatch.setenv("VLLM_USE_BREAKABLE_CUDAGRAPH", "1")
     old = types.SimpleNamespace(level=3, cudagraph_mode=None)  # an older config: a level number
     monkeypatch.delenv("VLLM_USE_BREAKABLE_CUDAGRAPH")
     llm.llm_engine.vllm_config.compilation_config = old

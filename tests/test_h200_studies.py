@@ -36,6 +36,9 @@ V033_SMOL = DATA_V033 / "h200-v033-match-smollm2"
 #: issue 23's end-to-end latency runs (tuned GEMM vs default at batch 8)
 I23_B8 = DATA_V033 / "h200-v033-i23-latency-qwen3-8b-b8"
 I23_B8_17 = DATA_V033 / "h200-v033-i23-latency-qwen3-17b-b8"
+#: issue 23's batch-8 latency goal on vLLM 0.34.0 (default, tuned breakable, tuned compiled)
+DATA_V034 = ROOT / "data" / "h200-v034"
+I23_B8_V034 = DATA_V034 / "h200-v034-i23-latency-qwen3-8b-b8-compiled"
 #: every committed finding of findings/h200 -> (its run directory, the registration analysed
 #: against); the first registration of each run is the one it was recorded under
 FINDINGS = {
@@ -57,6 +60,8 @@ FINDINGS = {
     "h200-v033-match-smollm2": (V033_SMOL, "h200-v033-match-smollm2"),
     "h200-v033-i23-latency-qwen3-8b-b8": (I23_B8, "h200-v033-i23-latency-qwen3-8b-b8"),
     "h200-v033-i23-latency-qwen3-17b-b8": (I23_B8_17, "h200-v033-i23-latency-qwen3-17b-b8"),
+    "h200-v034-i23-latency-qwen3-8b-b8-compiled": (I23_B8_V034,
+                                                   "h200-v034-i23-latency-qwen3-8b-b8-compiled"),
 }
 #: the default rule applied to every run as an exploratory analysis (registered after the data;
 #: issue 18): NAME-exploratory for each run's own registration NAME
@@ -72,7 +77,7 @@ def _ratios(s):
 
 
 @pytest.mark.parametrize("run", [SMOL, B8, THR, SYNTH, KV128, R2, THR2, B32, B8_17, TP1,
-                                 V033_SMOL, I23_B8, I23_B8_17],
+                                 V033_SMOL, I23_B8, I23_B8_17, I23_B8_V034],
                          ids=lambda p: p.name)
 def test_each_run_postdates_the_registration_it_was_recorded_under(run):
     """Each run against its own registration (a sibling sharing the run, -improved or -goal,
@@ -91,11 +96,13 @@ def test_the_committed_data_stays_within_its_budget_and_every_run_is_trimmed():
     run is slim-compacted and trimmed (`bistat compact --trim`: every output only as far as the
     analysis reads it; the untrimmed files are in git history), for the unit of the registration
     it was recorded under."""
-    assert sorted(p.name for p in (ROOT / "data").iterdir()) == ["h200", "h200-tp", "h200-v033"]
+    assert sorted(p.name for p in (ROOT / "data").iterdir()) == ["h200", "h200-tp", "h200-v033",
+                                                                 "h200-v034"]
     assert _bytes(DATA) < 20_000_000, f"data/h200 holds {_bytes(DATA):,} bytes"
     assert _bytes(DATA_TP) < 8_000_000, f"data/h200-tp holds {_bytes(DATA_TP):,} bytes"
     assert _bytes(DATA_V033) < 8_000_000, f"data/h200-v033 holds {_bytes(DATA_V033):,} bytes"
-    runs = sorted(p for folder in (DATA, DATA_TP, DATA_V033) for p in folder.iterdir()
+    assert _bytes(DATA_V034) < 8_000_000, f"data/h200-v034 holds {_bytes(DATA_V034):,} bytes"
+    runs = sorted(p for folder in (DATA, DATA_TP, DATA_V033, DATA_V034) for p in folder.iterdir()
                   if p.is_dir() and p.name != "device")
     assert runs == sorted({run for run, _ in FINDINGS.values()})
     for run in runs:

@@ -37,6 +37,8 @@ if [ ! -f "$SITE/.installed" ]; then
   [ -d "$SITE/vllm" ] && touch "$SITE/.installed"
   echo "[install] vLLM in $SITE after $((SECONDS - T0)) s ($(du -sm "$SITE" | cut -f1) MiB)"
 fi
+# vLLM 0.34.0 only: its kernel warm-up imports cutlass-dsl (not carried) for MiniMax-M3 (see the script)
+if [ "$VLLM_PAYLOAD" = latest ]; then python3 "$REPO/scripts/device/vllm_patches.py" "$SITE" || exit 4; fi
 echo "$VLLM_PAYLOAD" > /tmp/vllm-payload
 # bistat's dist-info (entry point of the tuned-GEMM plugin) in $SITE; its code comes from $REPO/src
 if ! python3 -c 'import importlib.metadata as m; m.version("bistat")' 2>/dev/null; then

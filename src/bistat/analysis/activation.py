@@ -27,9 +27,14 @@ from typing import Any, Iterable, Mapping, Sequence
 #: overrides register; 0.33.0 (``determinism/batch_invariant.py``): the same where it still
 #: overrides an aten kernel, Dynamo's warning naming ``batch_invariant.py`` when it compiles, and,
 #: where it switches to breakable CUDA graphs instead of compiling, "VLLM_BATCH_INVARIANT=1:
-#: auto-enabling VLLM_USE_BREAKABLE_CUDAGRAPH=1" (vllm/config/vllm.py).
+#: auto-enabling VLLM_USE_BREAKABLE_CUDAGRAPH=1" (vllm/config/vllm.py); 0.33.0 and 0.34.0 on
+#: Hopper, compiled or not: torch's warning that ``preferred_blas_library`` is experimental, which
+#: ``enable_batch_invariant_mode`` triggers by choosing cuBLASLt (batch_invariant.py; 0.34.0's line
+#: 1474) and nothing else in vLLM does (the only marker a 0.34 engine compiled with the tuned GEMM
+#: logs: its GEMMs no longer go through an aten override or Dynamo's warning).
 _BI_REGISTERED = re.compile(r"batch_invariant\.py|batch[ _-]invariant (mode|kernels?) (is )?"
-                            r"(on|enabled|active)|VLLM_BATCH_INVARIANT=1: auto-enabling", re.I)
+                            r"(on|enabled|active)|VLLM_BATCH_INVARIANT=1: auto-enabling"
+                            r"|preferred_blas_library is an experimental feature", re.I)
 _TUNED = re.compile(r"bistat_kernels: tuned GEMM installed")
 _BACKENDS = (
     (re.compile(r"Using FlashAttention version (\d)"), lambda m: f"FLASH_ATTN (FA{m.group(1)})"),

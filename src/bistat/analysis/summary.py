@@ -88,7 +88,7 @@ from bistat.core.classify import (
 )
 from bistat.core.divergence import divergence_position
 from bistat.declare.engine_version import EngineVersionReport, engine_version_report
-from bistat.store.enginelog import JitCompile, jit_compiles, logged_modes
+from bistat.store.enginelog import JitCompile, jit_compiles, kept_log_lines, logged_modes
 from bistat.store.format import parse_time
 from bistat.engines.base import MetricsSample
 from bistat.declare.experiment import DeclarationError, Experiment
@@ -389,9 +389,11 @@ def analyze_run(run_dir: str | Path | RecordedRun,
 
     # activation evidence: the probe's outcome per arm, the engine logs' markers
     probe, probe_files = _probe_report(run_dir)
+    marker_lines = {a: e.log_findings for a, e in envs.items() if e.log_findings is not None}
+    for arm, lines in kept_log_lines(run_dir).items():
+        marker_lines[arm] = tuple(marker_lines.get(arm, ())) + lines
     activation = act.arm_activation(
-        [a.model_dump(mode="json") for a in exp.arms],
-        {a: e.log_findings for a, e in envs.items() if e.log_findings is not None},
+        [a.model_dump(mode="json") for a in exp.arms], marker_lines,
         None if probe is None else probe.to_json(),
         {a.name: (a.n_prompts_diverged, a.n_prompts) for a in arm_summaries})
     evidence = {a.arm: _evidence(a, probe is not None) for a in activation}
@@ -1262,11 +1264,10 @@ def _engine_version(exp: Experiment, reg: Registration, env: pd.DataFrame, event
     registration's release log (``NAME.releases.jsonl``, verified: a broken log raises
     ``RegistrationError``)."""
     env_rows = env.to_dict("records") if len(env) else []
-    needs_logs = any(not isinstance(r.get("modes"), Mapping) for r in env_rows)
     return engine_version_report(
         exp.engine.kind, reg.declaration, reg.sealed, env_rows,
         events.to_dict("records") if len(events) else [],
-        logged_modes(run_dir) if needs_logs else None,
+        logged_modes(run_dir),
         later_checks=release_log_checks(reg), first_record_utc=created_utc)
 
 

@@ -236,10 +236,17 @@ def engine_version_report(engine_kind: str | None, declaration: Mapping[str, Any
             continue
         engine = row.get("engine") if isinstance(row.get("engine"), Mapping) else {}
         modes = None
+        from_log = (logged[name][starts[name] - 1]
+                    if logged and logged.get(name) and len(logged[name]) >= starts[name] else None)
         if isinstance(row.get("modes"), Mapping) and row.get("modes"):
             modes = EngineModes.from_dict(dict(row["modes"]))
-        elif logged and logged.get(name) and len(logged[name]) >= starts[name]:
-            modes = logged[name][starts[name] - 1]
+            if from_log is not None and from_log.breakable_cudagraph and not modes.breakable_cudagraph:
+                # bistat's offline worker read breakable graphs from the environment variable
+                # vLLM 0.33 sets; 0.34 keeps the switch in its config instead, and its log says so
+                modes = EngineModes(modes.compilation_mode, modes.cudagraph_mode, True,
+                                    f"{modes.source}; breakable CUDA graphs from the engine log")
+        else:
+            modes = from_log
         arms.append(ArmEngine(name, engine.get("version"), engine.get("commit"), modes))
     checks: list[tuple[str, ReleaseCheck]] = []
     if isinstance(sealed.get("engine_release"), Mapping):

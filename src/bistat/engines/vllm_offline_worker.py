@@ -80,9 +80,10 @@ def _vllm_commit(vllm_module) -> str | None:
 
 def _modes(llm: Any) -> dict[str, Any]:
     """The compilation and CUDA-graph modes vLLM configured, read from ``llm.llm_engine.
-    vllm_config.compilation_config`` (``mode``; ``level`` in older releases) by feature; vLLM
-    0.33 also sets ``VLLM_USE_BREAKABLE_CUDAGRAPH=1`` in this process when batch-invariant mode
-    turns breakable CUDA graphs on. Empty when the engine exposes no configuration."""
+    vllm_config.compilation_config`` (``mode``; ``level`` in older releases) by feature; whether
+    breakable CUDA graphs are on from ``compilation_config.use_breakable_cudagraph`` (vLLM 0.34),
+    else from ``VLLM_USE_BREAKABLE_CUDAGRAPH=1``, which vLLM 0.33 sets in this process when
+    batch-invariant mode turns them on. Empty when the engine exposes no configuration."""
     cc = getattr(getattr(getattr(llm, "llm_engine", None), "vllm_config", None),
                  "compilation_config", None)
     if cc is None:
@@ -91,7 +92,9 @@ def _modes(llm: Any) -> dict[str, Any]:
     if mode is None:
         mode = getattr(cc, "level", None)
     graphs = getattr(cc, "cudagraph_mode", None)
-    breakable = os.environ.get("VLLM_USE_BREAKABLE_CUDAGRAPH", "").strip().lower() in ("1", "true")
+    breakable = getattr(cc, "use_breakable_cudagraph", None)  # vLLM 0.34 keeps the switch here
+    if not isinstance(breakable, bool):  # 0.33 sets the variable in this process instead
+        breakable = os.environ.get("VLLM_USE_BREAKABLE_CUDAGRAPH", "").strip().lower() in ("1", "true")
     return {"compilation_mode": None if mode is None else str(getattr(mode, "name", mode)),
             "cudagraph_mode": None if graphs is None else str(getattr(graphs, "name", graphs)),
             "breakable_cudagraph": breakable, "source": "engine config"}

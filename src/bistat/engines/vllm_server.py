@@ -76,7 +76,7 @@ DEFAULT_METRICS_INTERVAL_S = 0.25
 LOG_FINDING_RE = re.compile(
     r"batch[ _-]?invariant|VLLM_BATCH_INVARIANT|attention backend|attn[ _]backend|"
     r"Using \w+ backend|FLASH_ATTN|FLASHINFER|FlashAttention|TRITON_ATTN|JIT-compiled|"
-    r"Breakable CUDA graph",
+    r"Breakable CUDA graph|preferred_blas_library",
     re.IGNORECASE)
 #: Log lines that mean the server refused the requested setting (rather than crashed).
 REFUSAL_RE = re.compile(

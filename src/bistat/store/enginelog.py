@@ -27,7 +27,7 @@ from pathlib import Path
 from bistat.store.format import ENGINE_LOGS_DIR, parse_time
 
 __all__ = ["JIT_WARNING", "EngineModes", "JitCompile", "engine_modes", "jit_compiles",
-           "logged_modes"]
+           "logged_modes", "kept_log_lines"]
 
 #: vLLM's warning (``vllm/.../jit_monitor.py``), with its log stamp ``MM-DD HH:MM:SS``
 JIT_WARNING = re.compile(
@@ -177,11 +177,10 @@ def engine_modes(log_text: str) -> EngineModes | None:
     return EngineModes(mode, graphs, bool(_BREAKABLE.search(log_text)), "engine log")
 
 
-def logged_modes(run_dir: str | Path) -> dict[str, list[EngineModes | None]]:
-    """Arm -> the modes of each engine start (``engine-logs/ARM-N.log.gz``, N in order) for runs
-    whose environment records predate recording them."""
+def _kept_logs(run_dir: str | Path) -> dict[str, dict[int, str]]:
+    """Arm -> start number -> the text of ``engine-logs/ARM-N.log.gz`` (every start's kept log)."""
     logs = Path(run_dir) / ENGINE_LOGS_DIR
-    found: dict[str, dict[int, EngineModes | None]] = {}
+    found: dict[str, dict[int, str]] = {}
     if not logs.is_dir():
         return {}
     for path in sorted(logs.glob("*.log.gz")):
@@ -189,5 +188,21 @@ def logged_modes(run_dir: str | Path) -> dict[str, list[EngineModes | None]]:
         if not arm or not start.isdigit():
             continue
         with gzip.open(path, "rt", encoding="utf-8", errors="replace") as fh:
-            found.setdefault(arm, {})[int(start)] = engine_modes(fh.read())
-    return {arm: [starts[i] for i in sorted(starts)] for arm, starts in found.items()}
+            found.setdefault(arm, {})[int(start)] = fh.read()
+    return found
+
+
+def logged_modes(run_dir: str | Path) -> dict[str, list[EngineModes | None]]:
+    """Arm -> the modes of each engine start (``engine-logs/ARM-N.log.gz``, N in order) for runs
+    whose environment records predate recording them."""
+    return {arm: [engine_modes(starts[i]) for i in sorted(starts)]
+            for arm, starts in _kept_logs(run_dir).items()}
+
+
+def kept_log_lines(run_dir: str | Path) -> dict[str, tuple[str, ...]]:
+    """Arm -> every line of its kept engine logs, starts in order: what the activation markers read
+    besides the lines the run recorded at each start (``log_findings``, filtered when recorded by
+    the pattern of that day: a later marker, such as vLLM 0.34's only one in a compiled
+    batch-invariant engine, is still in the kept log)."""
+    return {arm: tuple(line for i in sorted(starts) for line in starts[i].splitlines())
+            for arm, starts in _kept_logs(run_dir).items()}
