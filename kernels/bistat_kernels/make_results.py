@@ -146,6 +146,12 @@ _EARLIER_RUNS = (
      "its table, sweep and log are in `results/tma_sweep/`"))
 
 
+# Benches of the committed table on another software stack (folder under results/), shown in
+# full after the main bench: the bench's heading names vLLM's kernel version, its provenance line
+# the torch and triton it ran on.
+_STACK_RUNS = ("k9",)
+
+
 def _history_section(results_dir: Path) -> list[str]:
     found = [(sub, what, doc) for sub, what in _EARLIER_RUNS
              if (doc := _load(results_dir / sub / "bench_nvidia_h200.json")) is not None]
@@ -205,6 +211,10 @@ def render_results(results_dir: Path = RESULTS_DIR, tables_dir: Path = TABLES_DI
                                         tuple(extra)))
     if bench is not None:
         sections.append(_bench_section(bench, f"kernels/results/bench_{device_slug}.json"))
+    for sub in _STACK_RUNS:
+        stack = _load(results_dir / sub / f"bench_{device_slug}.json")
+        if stack is not None:
+            sections.append(_bench_section(stack, f"kernels/results/{sub}/bench_{device_slug}.json"))
     if probe is not None:
         sections.append(_probe_section(probe, f"kernels/results/probe_{device_slug}.json"))
     if check is not None:
