@@ -100,13 +100,24 @@ ISSUE23_COMPILED = {"h200-v033-i23-latency-qwen3-8b-b8-compiled": (
 #: with the H200's table named in the tuned arms (BISTAT_GEMM_TABLE).
 ISSUE23_V034 = {"h200-v034-i23-latency-qwen3-8b-b8-compiled": {},
                 "h100-v034-i23-latency-qwen3-8b-b8-compiled": {"BISTAT_GEMM_TABLE": "nvidia_h200"}}
+#: Issue 23's other goals on vLLM 0.34.0, registered after the batch-8 run for the next session:
+#: the batch-8 study at batch 32 and on the Qwen3-1.7B shape (three arms each), and workload (i)
+#: with one engine resident at a time, the compiled tuned arm against the default.
+ISSUE23_V034_NEXT = {
+    "h200-v034-i23-latency-qwen3-8b-b32-compiled": (
+        "h200-v034-i23-latency-qwen3-8b-b8-compiled", {"n_prompts": 32, "concurrency": 32}, None),
+    "h200-v034-i23-latency-qwen3-17b-b8-compiled": (
+        "h200-v034-i23-latency-qwen3-8b-b8-compiled", {}, "/tmp/model/qwen3-1.7b-config"),
+    "h200-v034-i23-throughput-qwen3-8b-serial-compiled": (
+        "h200-v033-i23-throughput-qwen3-8b-serial", {"passes": 24}, None)}
 
 
 def test_the_declarations_are_the_whole_set():
     names = ({p.stem for p in EXP.glob("h[12]00-*.toml")}
              | {p.stem for p in EXP.glob("tp*-match*.toml")})
     assert names == (set(ALL) | set(FIXTURES) | set(PROBES) | set(MECHANISM) | set(EXPLORATORY)
-                     | set(NEWEST) | set(ISSUE23) | set(ISSUE23_COMPILED) | set(ISSUE23_V034))
+                     | set(NEWEST) | set(ISSUE23) | set(ISSUE23_COMPILED) | set(ISSUE23_V034)
+                     | set(ISSUE23_V034_NEXT))
 
 
 @pytest.mark.parametrize("name", sorted(ISSUE23))
@@ -186,6 +197,30 @@ def test_the_034_studies_are_the_033_compiled_study_on_the_newest_release(name):
     release = reg.sealed["engine_release"]
     assert (release["package"], release["index"], release["error"], release["newest"]) == (
         "vllm", "https://pypi.org/pypi", None, "0.34.0")
+
+@pytest.mark.parametrize("name", sorted(ISSUE23_V034_NEXT))
+def test_the_next_034_studies_change_their_base_only_where_stated(name):
+    """Each is its base declaration on 0.34.0 with the workload (and model) changed only where the
+    table says; the latency ones keep the batch-8 study's three arms, the throughput one the
+    default against the compiled tuned arm; sealed with PyPI checked, the newest 0.34.0."""
+    from bistat.declare.prereg import load_registration
+
+    base, workload_changes, model = ISSUE23_V034_NEXT[name]
+    mine, theirs = load_experiment(EXP / f"{name}.toml"), load_experiment(EXP / f"{base}.toml")
+    assert mine.engine.model_dump() == {**theirs.engine.model_dump(), "required_version": "0.34.0",
+                                        "model": model or theirs.engine.model}
+    b8 = load_experiment(EXP / "h200-v034-i23-latency-qwen3-8b-b8-compiled.toml")
+    arms = [(a.name, a.role, a.env) for a in b8.arms]
+    expected = arms if "latency" in name else [arms[0], arms[2]]
+    assert [(a.name, a.role, a.env) for a in mine.arms] == expected
+    w_mine, w_theirs = mine.workload.model_dump(), theirs.workload.model_dump()
+    assert {k: v for k, v in w_mine.items() if w_theirs[k] != v} == workload_changes
+    assert mine.rule == theirs.rule and mine.validity == theirs.validity
+    reg = load_registration(ROOT / "preregistrations" / f"{name}.json")
+    assert reg.experiment().resolved() == mine.resolved()
+    release = reg.sealed["engine_release"]
+    assert (release["index"], release["error"], release["newest"]) == (
+        "https://pypi.org/pypi", None, "0.34.0")
 
 @pytest.mark.parametrize("name", sorted(ISSUE23))
 def test_each_issue23_release_was_checked_after_its_seal(name):
