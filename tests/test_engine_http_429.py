@@ -1,7 +1,9 @@
 """Rate limiting (HTTP 429) in the OpenAI-compatible client: ``Retry-After`` honoured (seconds or
 HTTP-date), exponential backoff, a bound on the total wait, the retries counted in the records;
-past the bound the request fails like any other HTTP error (recorded, the pass flagged). Against
-loopback fake servers that answer 429 and then 200."""
+past the bound the request fails like any other HTTP error (recorded, the pass flagged). The
+synchronous calls (``/v1/models``, ``/version``, ``/tokenize``, prompt logprobs, the prefix-cache
+reset) retry under the same policy. The declaration's ``workload.retries`` is the engine's
+``retries`` unless its args set them. Against loopback fake servers that answer 429 and then 200."""
 
 from __future__ import annotations
 
@@ -16,7 +18,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 import helpers_runner as h
-from bistat.engines.base import GenerationRequest
+from bistat.declare.experiment import validate_experiment
+from bistat.declare.prereg import registration_problems
+from bistat.engines.base import (EngineError, EngineStartError, EngineUnsupported,
+                                 GenerationRequest)
 from bistat.engines.openai_http import (OpenAIHTTPEngine, RetryPolicy, answer_time,
                                         retry_after_s)
 from bistat.engines.serve.server import BackgroundServer
@@ -283,3 +288,175 @@ def test_bistat_serve_s_own_429_beyond_its_queue_is_retried_until_answered():
     waited = sorted((r.rate_limited, r.retry_wait_s) for r in results)
     assert waited[0] == (0, 0.0)                           # the first one in was computed at once
     assert all(n >= 1 and w == 1.0 * n for n, w in waited[1:]), waited   # Retry-After: 1 each time
+
+
+# -- the synchronous calls retry under the same policy ----------------------------------------
+
+SYNC_PATHS = ("/v1/models", "/version", "/tokenize", "/v1/completions", "/reset_prefix_cache")
+
+
+def sync_app(calls: collections.Counter, *, limited: int | None, status: int = 429,
+             retry_after: str | None = "0") -> Starlette:
+    """``status`` (with ``Retry-After: retry_after``) for the first ``limited`` calls of each of
+    :data:`SYNC_PATHS` (every call when None), then answers shaped like vLLM's."""
+
+    async def endpoint(request: Request) -> Response:
+        path = request.url.path
+        calls[path] += 1
+        if limited is None or calls[path] <= limited:
+            headers = {"Retry-After": retry_after} if retry_after is not None else {}
+            return JSONResponse({"error": {"message": "busy"}}, status_code=status,
+                                headers=headers)
+        if path == "/v1/models":
+            return JSONResponse({"object": "list", "data": [{"id": "m", "object": "model"}]})
+        if path == "/version":
+            return JSONResponse({"version": "9.9"})
+        if path == "/reset_prefix_cache":
+            return JSONResponse({})
+        body = await request.json()
+        if path == "/tokenize":
+            return JSONResponse({"tokens": [ord(c) for c in body["prompt"]]})
+        answer = _answer([10])
+        answer["choices"][0]["prompt_logprobs"] = [None] + [
+            {str(t): {"logprob": -t / 100.0}} for t in body["prompt"][1:]]
+        return JSONResponse(answer)
+
+    gets = ("/v1/models", "/version")
+    return Starlette(routes=[Route(p, endpoint, methods=["GET"] if p in gets else ["POST"])
+                             for p in SYNC_PATHS])
+
+
+def test_the_synchronous_calls_wait_out_a_429_s_retry_after():
+    """Each call is answered 429 with ``Retry-After: 1`` once, then served: ``retries = 0`` does
+    not stop the retry (as for generation requests) and every call waits its second."""
+    calls: collections.Counter = collections.Counter()
+    with BackgroundServer(sync_app(calls, limited=1, retry_after="1")) as srv:
+        eng = OpenAIHTTPEngine(srv.url, retries=0, backoff_s=0.01, metrics_interval_s=0)
+        t0 = time.monotonic()
+        info = eng.start()
+        t_start = time.monotonic() - t0
+        assert (info.version, eng.model) == ("9.9", "m")   # /version was retried too
+        t0 = time.monotonic()
+        assert eng.prompt_logprobs(GenerationRequest("t", "AB", 3), [50]) == [-0.5]
+        t_logprobs = time.monotonic() - t0
+        t0 = time.monotonic()
+        assert eng.reset_prefix_cache() is True
+        t_reset = time.monotonic() - t0
+    assert calls == {p: 2 for p in SYNC_PATHS}
+    assert t_start >= 2.0 and t_logprobs >= 2.0 and t_reset >= 1.0
+
+
+def test_a_503_on_a_synchronous_call_is_retried_within_the_retries():
+    calls: collections.Counter = collections.Counter()
+    with BackgroundServer(sync_app(calls, limited=1, status=503, retry_after="1")) as srv:
+        eng = OpenAIHTTPEngine(srv.url, model="m", retries=1, backoff_s=0.01)
+        t0 = time.monotonic()
+        assert eng.reset_prefix_cache() is True
+        assert time.monotonic() - t0 >= 1.0                # its Retry-After, not the backoff
+    assert calls["/reset_prefix_cache"] == 2
+    calls.clear()
+    with BackgroundServer(sync_app(calls, limited=None, status=503, retry_after=None)) as srv:
+        eng = OpenAIHTTPEngine(srv.url, model="m", retries=1, backoff_s=0.01)
+        with pytest.raises(EngineError) as err:
+            eng.reset_prefix_cache()
+    assert calls["/reset_prefix_cache"] == 2
+    assert str(err.value) == (
+        f"{srv.url}/reset_prefix_cache: after 2 attempt(s) (0 answered 429, 0.01 s waited "
+        """between them): HTTP 503: '{"error":{"message":"busy"}}'; the server is busy or """
+        "failing: try again later, or raise the engine's retries (408, 5xx) or "
+        "max_retry_wait_s (429)")
+
+
+def test_a_synchronous_call_past_the_wait_bound_fails_with_the_reason():
+    calls: collections.Counter = collections.Counter()
+    with BackgroundServer(sync_app(calls, limited=None)) as srv:
+        eng = OpenAIHTTPEngine(srv.url, retries=0, backoff_s=0.05, max_retry_wait_s=0.2)
+        with pytest.raises(EngineStartError) as err:
+            eng.start()
+        eng.model = "m"
+        with pytest.raises(EngineError) as tok_err:
+            eng.prompt_logprobs(GenerationRequest("t", "AB", 3), [50])
+    # waits 0.05 + 0.1, then 0.2 would pass 0.2 in total: 3 attempts, all 429
+    assert (calls["/v1/models"], calls["/tokenize"], calls["/v1/completions"]) == (3, 3, 0)
+    assert str(err.value) == (
+        f"{srv.url}/v1/models: after 3 attempt(s) (3 answered 429, 0.15 s waited between them): "
+        """HTTP 429: '{"error":{"message":"busy"}}'; gave up: the next wait (Retry-After 0 s: """
+        "0.2 s) would take the waits to 0.35 s, past max_retry_wait_s = 0.2 s; the server is "
+        "busy or failing: try again later, or raise the engine's retries (408, 5xx) or "
+        "max_retry_wait_s (429)")
+    assert str(tok_err.value).startswith(f"{srv.url}/tokenize: after 3 attempt(s) (3 answered 429")
+
+
+def test_other_4xx_answers_to_synchronous_calls_are_not_retried():
+    calls: collections.Counter = collections.Counter()
+    with BackgroundServer(sync_app(calls, limited=None, status=404)) as srv:
+        eng = OpenAIHTTPEngine(srv.url, model="m", retries=3, backoff_s=0.01)
+        assert eng.reset_prefix_cache() is False
+        with pytest.raises(EngineUnsupported, match="has no /tokenize endpoint"):
+            eng.prompt_logprobs(GenerationRequest("t", "AB", 3), [50])
+    assert (calls["/reset_prefix_cache"], calls["/tokenize"]) == (1, 1)
+
+
+# -- workload.retries reaches the engine --------------------------------------------------------
+
+def _openai_declaration(url="http://127.0.0.1:1", engine_args=None, arm_args=None, **workload):
+    """The runner's base declaration on engine 'openai'; ``workload.retries`` only where given."""
+    data = h.declaration(engine={"kind": "openai", "model": "m",
+                                 "args": {"url": url, **(engine_args or {})}})
+    del data["workload"]["retries"]
+    data["workload"].update(workload)
+    if arm_args is not None:
+        data["arms"][1]["args"] = arm_args
+    return data
+
+
+@pytest.mark.parametrize("workload,engine_args,arm_args,retries", [
+    ({}, None, None, 2),                                    # the declaration's default
+    ({"retries": 0}, None, None, 0),                        # declared in the workload
+    ({"retries": 5}, {"retries": 5}, None, 5),              # both, agreeing
+    ({}, {"retries": 1}, None, 1),                          # the engine's args
+    ({}, {"retries": 1}, {"retries": 4}, 4),                # the arm's over the engine's
+])
+def test_the_engine_s_retries_are_the_workload_s_unless_its_args_set_them(
+        workload, engine_args, arm_args, retries):
+    exp = validate_experiment(_openai_declaration(engine_args=engine_args, arm_args=arm_args,
+                                                  **workload))
+    eng = OpenAIHTTPEngine.from_experiment(exp, exp.arms[1])
+    assert (eng.retries, eng.retry_policy.retries) == (retries, retries)
+    assert registration_problems(exp, "experiments/fakerun.toml") == []
+
+
+def test_declared_workload_retries_decide_whether_a_failed_request_is_repeated():
+    """A server that answers 500 to each prompt's first attempt: with ``workload.retries = 0``
+    the requests fail after one attempt, with ``workload.retries = 1`` they succeed on the
+    second."""
+    outcomes = {}
+    for retries in (0, 1):
+        calls: collections.Counter = collections.Counter()
+        with BackgroundServer(limited_app(calls, limited=1, status=500)) as srv:
+            exp = validate_experiment(_openai_declaration(
+                srv.url, engine_args={"backoff_s": 0.01, "metrics_interval_s": 0}, retries=retries))
+            eng = OpenAIHTTPEngine.from_experiment(exp, exp.control)
+            assert eng.start().args["retries"] == retries
+            results = []
+            eng.run_pass([GenerationRequest(prompt_id="p", prompt=[1, 2], max_tokens=3)],
+                         concurrency=1, on_result=results.append, on_metrics=lambda s: None)
+        (r,) = results
+        outcomes[retries] = (r.error, r.attempts, r.token_ids)
+    assert outcomes == {
+        0: ('after 1 attempt(s): HTTP 500: {"error":{"message":"rate limited"}}', 1, []),
+        1: (None, 2, [10, 11, 12])}
+
+
+def test_retries_declared_twice_with_different_values_are_refused_at_registration():
+    exp = validate_experiment(_openai_declaration(engine_args={"retries": 3},
+                                                  arm_args={"retries": 0}, retries=0))
+    assert registration_problems(exp, "experiments/fakerun.toml") == [
+        "experiments/fakerun.toml: engine.args.retries: 3 disagrees with workload.retries = 0, "
+        "which engine 'openai' reads as well; declare the retries once: remove "
+        "engine.args.retries, or remove workload.retries and keep engine.args.retries"]
+    exp = validate_experiment(_openai_declaration(arm_args={"retries": 1}, retries=2))
+    assert registration_problems(exp, "experiments/fakerun.toml") == [
+        "experiments/fakerun.toml: arms[1].args.retries: 1 disagrees with workload.retries = 2, "
+        "which engine 'openai' reads as well; declare the retries once: remove "
+        "arms[1].args.retries, or remove workload.retries and keep arms[1].args.retries"]

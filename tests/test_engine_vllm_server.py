@@ -160,11 +160,13 @@ def test_from_experiment_splits_adapter_keys_from_server_flags():
                                "max_num_seqs": 32, "retries": 5, "health_timeout_s": 30,
                                "tensor_parallel_size": 2}
     http = OpenAIHTTPEngine.from_experiment(
-        SimpleNamespace(engine=SimpleNamespace(model="m", args={"url": "http://h:1", "retries": 1})),
+        SimpleNamespace(engine=SimpleNamespace(model="m", args={"url": "http://h:1", "retries": 1}),
+                        workload=SimpleNamespace(retries=2)),
         SimpleNamespace(name="a", env={}, args={}))
     assert (http.base_url, http.model, http.retries) == ("http://h:1", "m", 1)
     with pytest.raises(ValueError) as exc:
-        OpenAIHTTPEngine.from_experiment(SimpleNamespace(engine=SimpleNamespace(model="m", args={})),
+        OpenAIHTTPEngine.from_experiment(SimpleNamespace(engine=SimpleNamespace(model="m", args={}),
+                                                         workload=SimpleNamespace(retries=2)),
                                          SimpleNamespace(name="a", env={}, args={"gemm": "blas"}))
     assert str(exc.value) == ("arms[a].args / engine.args: unknown key(s) ['gemm'] for engine "
                               "'openai'; expected some of ['api_key_env', 'backoff_s', "

@@ -22,7 +22,14 @@ would pass ``max_retry_wait_s`` in total (:class:`RetryPolicy`). Each result rec
 ``attempts``, how many were answered 429 (``rate_limited``) and the seconds waited between them
 (``retry_wait_s``, part of its latency). A ``Retry-After`` on a 503 is honoured the same way,
 within ``retries``. Other 4xx answers are not retried (the request itself is wrong). One request's
-failure never raises.
+failure never raises. The synchronous calls (``/v1/models`` and ``/version`` at start,
+``/tokenize`` and the prompt-logprobs request, ``/reset_prefix_cache``) are retried under the same
+policy (:meth:`OpenAIHTTPEngine._send`) and raise once it gives up.
+
+Engine ``openai``'s ``retries`` is ``workload.retries`` of the declaration unless ``engine.args``
+or the arm's ``args`` set it (:meth:`OpenAIHTTPEngine.from_experiment`); a declaration that sets
+both to different values is refused at registration
+(:meth:`OpenAIHTTPEngine.declaration_problems`).
 
 The retry loop is bistat's own rather than tenacity's (which would fit): tenacity is not on the
 lent GPU machine's image, where bistat is installed without its dependencies
@@ -172,6 +179,47 @@ class _Fatal(Exception):
     """A failed attempt not worth repeating (the server rejected the request)."""
 
 
+def _transport_failure(exc: httpx.HTTPError) -> _Retryable:
+    """A transport error or timeout as a failed attempt (a timeout is not a dead endpoint)."""
+    dead = isinstance(exc, httpx.TransportError) and not isinstance(exc, httpx.TimeoutException)
+    return _Retryable(f"{type(exc).__name__}: {exc}", dead_endpoint=dead)
+
+
+def _answer_failure(resp: httpx.Response) -> _Retryable | None:
+    """An answer worth repeating the attempt for (408, 429, 5xx, with its ``Retry-After``: a 503
+    may send one too) as a failed attempt; None for any other answer."""
+    if resp.status_code not in _RETRY_STATUS:
+        return None
+    after = retry_after_s(resp.headers.get("retry-after"), answer_time(resp.headers))
+    return _Retryable(f"HTTP {resp.status_code}: {resp.text[:300]}",
+                      dead_endpoint=resp.status_code >= 500,
+                      rate_limited=resp.status_code == RATE_LIMITED, retry_after=after)
+
+
+@dataclass
+class _Tries:
+    """One request's attempts under a :class:`RetryPolicy`: the counts its result records."""
+
+    policy: RetryPolicy
+    attempts: int = 0
+    failures: int = 0           # failed attempts that were not 429s
+    rate_limited: int = 0       # attempts answered 429
+    waited_s: float = 0.0       # seconds waited between the attempts
+    gave_up: str | None = None  # why the wait bound ended them, if it did
+
+    def wait_after(self, failed: _Retryable) -> float | None:
+        """Count the failed attempt; the seconds to wait before the next one, or None to give
+        up (``gave_up`` then says why, unless the ``retries`` were used up)."""
+        self.rate_limited += failed.rate_limited
+        self.failures += not failed.rate_limited
+        wait, self.gave_up = self.policy.next_wait(
+            attempt=self.attempts, failures=self.failures, waited_s=self.waited_s,
+            rate_limited=failed.rate_limited, retry_after=failed.retry_after)
+        if wait is not None:
+            self.waited_s += wait
+        return wait
+
+
 def _parse_token(token: str) -> int:
     """``"token_id:123"`` (vLLM's ``return_tokens_as_token_ids``) -> 123."""
     if not token.startswith("token_id:"):
@@ -316,16 +364,35 @@ class OpenAIHTTPEngine:
         self.metrics_errors = 0  # /metrics samples that could not be fetched or parsed
 
     @classmethod
+    def declaration_problems(cls, experiment: Any) -> list[tuple[str, str]]:
+        """``(field, message)`` for ``retries`` declared both in ``workload`` and in
+        ``engine.args`` or an arm's ``args`` with different values: which one the run would use
+        is not what the declaration says."""
+        workload = experiment.workload
+        if "retries" not in workload.model_fields_set:
+            return []
+        declared = [("engine.args.retries", experiment.engine.args)]
+        declared += [(f"arms[{i}].args.retries", arm.args) for i, arm in enumerate(experiment.arms)]
+        return [(field, f"{args['retries']!r} disagrees with workload.retries = "
+                        f"{workload.retries}, which engine 'openai' reads as well; declare the "
+                        f"retries once: remove {field}, or remove workload.retries and keep "
+                        f"{field}")
+                for field, args in declared
+                if "retries" in args and args["retries"] != workload.retries]
+
+    @classmethod
     def from_experiment(cls, experiment: Any, arm: Any) -> "OpenAIHTTPEngine":
         """Build from a declaration: ``engine.args`` overridden by ``arm.args``.
 
-        Keys: ``url`` (required), ``retries``, ``backoff_s``, ``max_retry_wait_s``,
-        ``request_timeout_s``, ``metrics_interval_s``, ``api_key_env`` (the name of an
-        environment variable holding the key; a key never sits in a declaration).
+        Keys: ``url`` (required), ``retries`` (``workload.retries`` when neither sets it),
+        ``backoff_s``, ``max_retry_wait_s``, ``request_timeout_s``, ``metrics_interval_s``,
+        ``api_key_env`` (the name of an environment variable holding the key; a key never sits in
+        a declaration).
         """
         import os
 
-        args = {**dict(experiment.engine.args), **dict(arm.args)}
+        args = {"retries": experiment.workload.retries, **dict(experiment.engine.args),
+                **dict(arm.args)}
         allowed = {"url", "retries", "backoff_s", "max_retry_wait_s", "request_timeout_s",
                    "metrics_interval_s", "api_key_env"}
         unknown = sorted(set(args) - allowed)
@@ -354,8 +421,9 @@ class OpenAIHTTPEngine:
         """Check that the server answers and serves the model; raise ``EngineStartError`` if not."""
         self._check_url()
         try:
-            with httpx.Client(timeout=self.start_timeout_s, headers=self._headers) as client:
-                resp = client.get(self.base_url + "/v1/models")
+            with httpx.Client(base_url=self.base_url, timeout=self.start_timeout_s,
+                              headers=self._headers) as client:
+                resp = self._send(client, "GET", "/v1/models", error=EngineStartError)
                 if resp.status_code != 200:
                     raise EngineStartError(
                         f"{self.base_url}/v1/models answered HTTP {resp.status_code}: "
@@ -366,10 +434,10 @@ class OpenAIHTTPEngine:
                     raise EngineStartError(f"{self.base_url}/v1/models: not an OpenAI model list "
                                            f"({exc}); is this an OpenAI-compatible server?") from exc
                 try:
-                    v = client.get(self.base_url + "/version")
+                    v = self._send(client, "GET", "/version")
                     if v.status_code == 200:
                         self._server_version = str(v.json().get("version"))
-                except (httpx.HTTPError, ValueError, AttributeError):
+                except (httpx.HTTPError, EngineError, ValueError, AttributeError):
                     self._server_version = None
         except httpx.HTTPError as exc:
             raise EngineStartError(
@@ -392,6 +460,40 @@ class OpenAIHTTPEngine:
 
     def stop(self) -> None:
         """Nothing to stop: the server belongs to someone else."""
+
+    def _send(self, client: httpx.Client, method: str, path: str, *,
+              error: type[EngineError] = EngineError, **kwargs: Any) -> httpx.Response:
+        """One synchronous call to ``path``, repeated under :attr:`retry_policy` as a generation
+        request's attempts are: transport errors, timeouts, 408 and 5xx answers ``retries``
+        times, 429s within ``max_retry_wait_s``, each after at least its ``Retry-After``.
+
+        Returns the first answer not worth repeating (2xx, or another 4xx, for the caller to
+        read). Raises the last ``httpx.HTTPError`` when the last attempt got no answer, and
+        ``error`` when it was answered 408, 429 or 5xx.
+        """
+        tries = _Tries(self.retry_policy)
+        while True:
+            tries.attempts += 1
+            try:
+                resp, lost = client.request(method, path, **kwargs), None
+            except httpx.HTTPError as exc:
+                failed, lost = _transport_failure(exc), exc
+            else:
+                failed = _answer_failure(resp)
+                if failed is None:
+                    return resp
+            wait = tries.wait_after(failed)
+            if wait is None:
+                break
+            time.sleep(wait)
+        if lost is not None:
+            raise lost
+        why = f"; gave up: {tries.gave_up}" if tries.gave_up is not None else ""
+        raise error(f"{self.base_url}{path}: after {tries.attempts} attempt(s) "
+                    f"({tries.rate_limited} answered 429, {tries.waited_s:g} s waited between "
+                    f"them): HTTP {resp.status_code}: {resp.text[:200]!r}{why}; the server is "
+                    "busy or failing: try again later, or raise the engine's retries "
+                    "(408, 5xx) or max_retry_wait_s (429)")
 
     # -- one request ---------------------------------------------------------------------
     def request_body(self, req: GenerationRequest) -> dict[str, Any]:
@@ -419,17 +521,12 @@ class OpenAIHTTPEngine:
         try:
             resp = await client.post(path, json=body)
         except httpx.HTTPError as exc:  # transport errors and timeouts
-            dead = (isinstance(exc, httpx.TransportError)
-                    and not isinstance(exc, httpx.TimeoutException))
-            raise _Retryable(f"{type(exc).__name__}: {exc}", dead_endpoint=dead) from exc
+            raise _transport_failure(exc) from exc
         if resp.status_code != 200:
-            detail = resp.text[:300]
-            if resp.status_code in _RETRY_STATUS:   # a 503 may send Retry-After too
-                after = retry_after_s(resp.headers.get("retry-after"), answer_time(resp.headers))
-                raise _Retryable(f"HTTP {resp.status_code}: {detail}",
-                                 dead_endpoint=resp.status_code >= 500,
-                                 rate_limited=resp.status_code == RATE_LIMITED, retry_after=after)
-            raise _Fatal(f"HTTP {resp.status_code}: {detail}")
+            failed = _answer_failure(resp)
+            if failed is not None:
+                raise failed
+            raise _Fatal(f"HTTP {resp.status_code}: {resp.text[:300]}")
         try:
             data = json.loads(resp.content)
             return parse_completion_choice(data, chat=req.chat)
@@ -442,14 +539,14 @@ class OpenAIHTTPEngine:
                    on_result: Callable[[GenerationResult], None]) -> None:
         async with sem:
             t_submit = time.monotonic() - t0
-            attempts, failures, rate_limited, waited = 0, 0, 0, 0.0
+            tries = _Tries(self.retry_policy)
             error, parsed = None, None
             try:
                 body = self.request_body(req)
             except ValueError as exc:
                 body, error = None, str(exc)
             while body is not None:
-                attempts += 1
+                tries.attempts += 1
                 try:
                     parsed = await self._attempt(client, req, body)
                     error = None
@@ -459,20 +556,16 @@ class OpenAIHTTPEngine:
                     break
                 except _Retryable as exc:
                     error = str(exc)
-                    rate_limited += exc.rate_limited
-                    failures += not exc.rate_limited
-                    wait, why = self.retry_policy.next_wait(
-                        attempt=attempts, failures=failures, waited_s=waited,
-                        rate_limited=exc.rate_limited, retry_after=exc.retry_after)
+                    wait = tries.wait_after(exc)
                     if wait is None:
                         if exc.dead_endpoint:
                             self._dead_endpoint_failures += 1
-                        if why is not None:
-                            error += f"; gave up: {why}"
+                        if tries.gave_up is not None:
+                            error += f"; gave up: {tries.gave_up}"
                         break
-                    waited += wait
                     await asyncio.sleep(wait)
             t_done = time.monotonic() - t0
+            attempts, rate_limited, waited = tries.attempts, tries.rate_limited, tries.waited_s
         if parsed is not None:
             ids, text, lps, top, finish, n_prompt = parsed
             result = GenerationResult(
@@ -501,7 +594,7 @@ class OpenAIHTTPEngine:
                         add_generation_prompt=True)
         else:
             body["prompt"] = req.prompt
-        resp = client.post("/tokenize", json=body)
+        resp = self._send(client, "POST", "/tokenize", json=body)
         if resp.status_code in (404, 405):
             raise EngineUnsupported(
                 f"{self.base_url} has no /tokenize endpoint (HTTP {resp.status_code}), so a text "
@@ -543,7 +636,7 @@ class OpenAIHTTPEngine:
                 body = {"model": self.model, "prompt": ids + cont, "max_tokens": 1,
                         "temperature": 0.0, "top_p": 1.0, "top_k": -1, "seed": request.seed,
                         "prompt_logprobs": 1, "return_token_ids": True, "stream": False}
-                resp = client.post("/v1/completions", json=body)
+                resp = self._send(client, "POST", "/v1/completions", json=body)
             except httpx.HTTPError as exc:
                 raise EngineError(f"{self.base_url}: prompt logprobs request failed "
                                   f"({type(exc).__name__}: {exc})") from exc
@@ -558,12 +651,13 @@ class OpenAIHTTPEngine:
         """Empty the server's prefix cache (vLLM ``POST /reset_prefix_cache``).
 
         Returns True when the server did it, False when it has no such endpoint (vLLM serves it
-        only with ``VLLM_SERVER_DEV_MODE=1``). Other failures raise ``EngineError``.
+        only with ``VLLM_SERVER_DEV_MODE=1``). Other failures raise ``EngineError`` (a 429 or 5xx
+        only once the retry policy gives up, :meth:`_send`).
         """
         try:
             with httpx.Client(base_url=self.base_url, timeout=self.start_timeout_s,
                               headers=self._headers) as client:
-                resp = client.post("/reset_prefix_cache")
+                resp = self._send(client, "POST", "/reset_prefix_cache")
         except httpx.HTTPError as exc:
             raise EngineError(f"{self.base_url}/reset_prefix_cache: {type(exc).__name__}: {exc}"
                               ) from exc
