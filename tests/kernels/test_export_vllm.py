@@ -25,7 +25,8 @@ from bistat_kernels import export_vllm, tables
 ROOT = Path(__file__).resolve().parents[2]
 TABLE = ROOT / "kernels/bistat_kernels/tables/nvidia_h200.json"
 EXPORTED = ROOT / "kernels/results/vllm_tuned_configs_nvidia_h200.py"
-WHEEL = Path("/tmp/vllmwheels/vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl")
+WHEELS = {v: Path(f"/tmp/vllmwheels/vllm-{v}-cp38-abi3-manylinux_2_28_x86_64.whl")
+          for v in ("0.33.0", "0.34.0")}
 CONFIGS_IN_WHEEL = "vllm/model_executor/determinism/batch_invariant_configs.py"
 PROV = {"gpu_name": "NVIDIA H200", "gpu_uuid": "GPU-test", "driver": "1.0",
         "compute_capability": "9.0", "torch": "2.11.0", "triton": "3.6.0",
@@ -172,14 +173,15 @@ class _DeviceCapability(NamedTuple):  # vllm/platforms/interface.py's, fields on
     minor: int
 
 
-def _load_vllm_configs_module(monkeypatch) -> types.ModuleType:
-    """vLLM 0.33.0's batch_invariant_configs.py, from the wheel, with vllm.platforms stubbed."""
-    if not WHEEL.is_file():
-        pytest.skip(f"{WHEEL} is not on this machine (pip download vllm==0.33.0 --no-deps -d "
-                    f"{WHEEL.parent})")
+def _load_vllm_configs_module(monkeypatch, version: str) -> types.ModuleType:
+    """vLLM VERSION's batch_invariant_configs.py, from the wheel, with vllm.platforms stubbed."""
+    wheel = WHEELS[version]
+    if not wheel.is_file():
+        pytest.skip(f"{wheel} is not on this machine (pip download vllm=={version} --no-deps -d "
+                    f"{wheel.parent})")
     torch = pytest.importorskip("torch")
     del torch
-    source = zipfile.ZipFile(WHEEL).read(CONFIGS_IN_WHEEL).decode()
+    source = zipfile.ZipFile(wheel).read(CONFIGS_IN_WHEEL).decode()
     platform = types.SimpleNamespace(is_cuda=lambda: True,
                                      get_device_capability=lambda: _DeviceCapability(9, 0))
     stubs = {"vllm": types.ModuleType("vllm"),
@@ -190,17 +192,27 @@ def _load_vllm_configs_module(monkeypatch) -> types.ModuleType:
     stubs["vllm.platforms"].current_platform = platform
     stubs["vllm.platforms.interface"].DeviceCapability = _DeviceCapability
     module = types.ModuleType(export_vllm.VLLM_CONFIGS_MODULE)
-    module.__file__ = f"{WHEEL}/{CONFIGS_IN_WHEEL}"
+    module.__file__ = f"{wheel}/{CONFIGS_IN_WHEEL}"
     for name, stub in {**stubs, export_vllm.VLLM_CONFIGS_MODULE: module}.items():
         monkeypatch.setitem(sys.modules, name, stub)
     exec(compile(source, module.__file__, "exec"), module.__dict__)
     return module
 
 
-def test_vllm_0_33_0s_own_loader_reads_the_export(monkeypatch):
+def test_vllm_0_34_0_kept_0_33_0s_tuned_table_file_byte_for_byte():
+    """So the export, written for 0.33.0's format, is 0.34.0's format too."""
+    if not all(w.is_file() for w in WHEELS.values()):
+        pytest.skip(f"needs both wheels in {WHEELS['0.33.0'].parent}")
+    old, new = (zipfile.ZipFile(WHEELS[v]).read(CONFIGS_IN_WHEEL) for v in ("0.33.0", "0.34.0"))
+    assert old == new and b"_BATCH_INVARIANT_MATMUL_TUNED_CONFIGS" in new
+
+
+@pytest.mark.parametrize("version", sorted(WHEELS))
+def test_vllms_own_loader_reads_the_export(monkeypatch, version):
+    """vLLM 0.33.0's and 0.34.0's loader code reads the exported table as ours."""
     import torch
 
-    vllm_cfg = _load_vllm_configs_module(monkeypatch)
+    vllm_cfg = _load_vllm_configs_module(monkeypatch, version)
     own_hopper = dict(vllm_cfg._BATCH_INVARIANT_MATMUL_TUNED_CONFIGS["hopper"])
     exported: dict = {}
     exec(compile(EXPORTED.read_text(encoding="utf-8"), str(EXPORTED), "exec"), exported)
