@@ -214,7 +214,8 @@ def render_results(results_dir: Path = RESULTS_DIR, tables_dir: Path = TABLES_DI
     for sub in _STACK_RUNS:
         stack = _load(results_dir / sub / f"bench_{device_slug}.json")
         if stack is not None:
-            sections.append(_bench_section(stack, f"kernels/results/{sub}/bench_{device_slug}.json"))
+            sections.append(_bench_section(stack,
+                                           f"kernels/results/{sub}/bench_{device_slug}.json"))
     if probe is not None:
         sections.append(_probe_section(probe, f"kernels/results/probe_{device_slug}.json"))
     if check is not None:

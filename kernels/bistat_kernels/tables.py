@@ -32,7 +32,8 @@ from typing import Any
 
 SCHEMA = "bistat_kernels.gemm_table/1"
 TABLES_DIR = Path(__file__).resolve().parent / "tables"
-TABLE_ENV = "BISTAT_GEMM_TABLE"  # a path, or a table name in TABLES_DIR, that overrides the device's
+#: a path, or the name of a table in TABLES_DIR, that overrides the device's own table
+TABLE_ENV = "BISTAT_GEMM_TABLE"
 DTYPES = ("bfloat16", "float16", "float32")
 
 _log = logging.getLogger("bistat_kernels")

@@ -1,5 +1,5 @@
-"""Device side (install.sh, VLLM_PAYLOAD=latest): the one change the carried vLLM 0.34.0 needs, applied
-only to the exact stock file it was written for, and reported.
+"""Device side (install.sh, VLLM_PAYLOAD=latest): the one change the carried vLLM 0.34.0 needs,
+applied only to the exact stock file it was written for, and reported.
 
 vLLM 0.34.0's ``kernel_warmup`` (``vllm/model_executor/warmup/kernel_warmup.py``, on every CUDA
 engine) imports ``vllm.model_executor.warmup.minimax_m3_msa_warmup``, which imports the MiniMax-M3
@@ -29,9 +29,10 @@ from pathlib import Path
 PATCHES = {
     "vllm/model_executor/warmup/minimax_m3_msa_warmup.py": (
         "9db63673c20d1e57b6b150ceb9277fdb9531c432611fabbb60e5793499f513ca",
-        '"""bistat device patch (scripts/device/vllm_patches.py) of vLLM 0.34.0\'s module of the same\n'
-        "name: the stock function returns at once unless the model has MiniMax-M3 sparse attention\n"
-        'and the GPU is SM100; its module imports cutlass-dsl, which the payload does not carry."""\n'
+        '"""bistat device patch (scripts/device/vllm_patches.py) of vLLM 0.34.0\'s module of\n'
+        "the same name: the stock function returns at once unless the model has MiniMax-M3\n"
+        "sparse attention and the GPU is SM100; its module imports cutlass-dsl, which the\n"
+        'payload does not carry."""\n'
         "\n\n"
         "def minimax_m3_msa_warmup(worker):\n"
         "    return None\n"),
