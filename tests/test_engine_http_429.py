@@ -460,3 +460,40 @@ def test_retries_declared_twice_with_different_values_are_refused_at_registratio
         "experiments/fakerun.toml: arms[1].args.retries: 1 disagrees with workload.retries = 2, "
         "which engine 'openai' reads as well; declare the retries once: remove "
         "arms[1].args.retries, or remove workload.retries and keep arms[1].args.retries"]
+
+
+def test_the_request_timeout_is_the_workload_s_unless_the_args_set_it_and_twice_is_refused():
+    """``workload.request_timeout_s`` reaches the HTTP client like ``retries`` does."""
+    exp = validate_experiment(_openai_declaration(request_timeout_s=42.0))
+    assert OpenAIHTTPEngine.from_experiment(exp, exp.arms[1]).request_timeout_s == 42.0
+    exp = validate_experiment(_openai_declaration(engine_args={"request_timeout_s": 7.0}))
+    assert OpenAIHTTPEngine.from_experiment(exp, exp.arms[1]).request_timeout_s == 7.0
+    assert registration_problems(exp, "experiments/fakerun.toml") == []
+    exp = validate_experiment(_openai_declaration(engine_args={"request_timeout_s": 7.0},
+                                                  request_timeout_s=42.0))
+    assert registration_problems(exp, "experiments/fakerun.toml") == [
+        "experiments/fakerun.toml: engine.args.request_timeout_s: 7.0 disagrees with "
+        "workload.request_timeout_s = 42.0, which engine 'openai' reads as well; declare the "
+        "request_timeout_s once: remove engine.args.request_timeout_s, or remove "
+        "workload.request_timeout_s and keep engine.args.request_timeout_s"]
+
+
+def test_the_vllm_server_engine_s_client_reads_the_workload_too():
+    """Engine ``vllm-server``'s HTTP client: ``workload.retries`` and ``request_timeout_s`` where
+    its arguments do not set them (before, its client kept its own 3 retries and 600 s whatever
+    the declaration said); both set to different values is refused at registration."""
+    from bistat.engines.vllm_server import VLLMServerEngine
+
+    data = h.declaration(engine={"kind": "vllm-server", "model": "m", "args": {}})
+    data["workload"].update(retries=2, request_timeout_s=300.0)
+    exp = validate_experiment(data)
+    eng = VLLMServerEngine.from_experiment(exp, exp.arms[1])
+    assert (eng.http_kwargs["retries"], eng.http_kwargs["request_timeout_s"]) == (2, 300.0)
+    assert registration_problems(exp, "experiments/fakerun.toml") == []
+    data["engine"]["args"] = {"retries": 5}
+    exp = validate_experiment(data)
+    assert VLLMServerEngine.from_experiment(exp, exp.arms[1]).http_kwargs["retries"] == 5
+    assert registration_problems(exp, "experiments/fakerun.toml") == [
+        "experiments/fakerun.toml: engine.args.retries: 5 disagrees with workload.retries = 2, "
+        "which engine 'vllm-server' reads as well; declare the retries once: remove "
+        "engine.args.retries, or remove workload.retries and keep engine.args.retries"]

@@ -26,10 +26,10 @@ failure never raises. The synchronous calls (``/v1/models`` and ``/version`` at 
 ``/tokenize`` and the prompt-logprobs request, ``/reset_prefix_cache``) are retried under the same
 policy (:meth:`OpenAIHTTPEngine._send`) and raise once it gives up.
 
-Engine ``openai``'s ``retries`` is ``workload.retries`` of the declaration unless ``engine.args``
-or the arm's ``args`` set it (:meth:`OpenAIHTTPEngine.from_experiment`); a declaration that sets
-both to different values is refused at registration
-(:meth:`OpenAIHTTPEngine.declaration_problems`).
+The HTTP engines' (``openai``, ``vllm-server``) ``retries`` and ``request_timeout_s`` are the
+declaration's ``workload.retries`` and ``workload.request_timeout_s`` unless ``engine.args`` or the
+arm's ``args`` set them (:func:`workload_defaults`); a declaration that sets both to different
+values is refused at registration (:func:`workload_conflicts`).
 
 The retry loop is bistat's own rather than tenacity's (which would fit): tenacity is not on the
 lent GPU machine's image, where bistat is installed without its dependencies
@@ -313,6 +313,36 @@ def parse_prompt_logprobs(data: Any, n_prompt: int, continuation: Sequence[int],
     return out
 
 
+#: the workload's fields an HTTP engine reads, unless ``engine.args`` or an arm's ``args`` set them
+WORKLOAD_HTTP_KEYS = ("retries", "request_timeout_s")
+
+
+def workload_defaults(experiment: Any) -> dict[str, Any]:
+    """The :data:`WORKLOAD_HTTP_KEYS` of ``experiment.workload`` (those it has): the HTTP client's
+    settings where the engine's and the arm's arguments do not set them."""
+    workload = getattr(experiment, "workload", None)
+    return {k: getattr(workload, k) for k in WORKLOAD_HTTP_KEYS if hasattr(workload, k)}
+
+
+def workload_conflicts(experiment: Any, kind: str) -> list[tuple[str, str]]:
+    """``(field, message)`` for each of :data:`WORKLOAD_HTTP_KEYS` that the declaration sets in
+    ``workload`` and, to another value, in ``engine.args`` or an arm's ``args``: which one the
+    run would use is not what the declaration says."""
+    workload = experiment.workload
+    problems = []
+    for key in WORKLOAD_HTTP_KEYS:
+        if key not in workload.model_fields_set:
+            continue
+        value = getattr(workload, key)
+        declared = [(f"engine.args.{key}", experiment.engine.args)]
+        declared += [(f"arms[{i}].args.{key}", arm.args) for i, arm in enumerate(experiment.arms)]
+        problems += [(field, f"{args[key]!r} disagrees with workload.{key} = {value}, which "
+                             f"engine '{kind}' reads as well; declare the {key} once: remove "
+                             f"{field}, or remove workload.{key} and keep {field}")
+                     for field, args in declared if key in args and args[key] != value]
+    return problems
+
+
 class OpenAIHTTPEngine:
     """Attach to an OpenAI-compatible server at ``base_url``.
 
@@ -365,33 +395,23 @@ class OpenAIHTTPEngine:
 
     @classmethod
     def declaration_problems(cls, experiment: Any) -> list[tuple[str, str]]:
-        """``(field, message)`` for ``retries`` declared both in ``workload`` and in
-        ``engine.args`` or an arm's ``args`` with different values: which one the run would use
-        is not what the declaration says."""
-        workload = experiment.workload
-        if "retries" not in workload.model_fields_set:
-            return []
-        declared = [("engine.args.retries", experiment.engine.args)]
-        declared += [(f"arms[{i}].args.retries", arm.args) for i, arm in enumerate(experiment.arms)]
-        return [(field, f"{args['retries']!r} disagrees with workload.retries = "
-                        f"{workload.retries}, which engine 'openai' reads as well; declare the "
-                        f"retries once: remove {field}, or remove workload.retries and keep "
-                        f"{field}")
-                for field, args in declared
-                if "retries" in args and args["retries"] != workload.retries]
+        """``(field, message)`` for ``retries`` or ``request_timeout_s`` declared both in
+        ``workload`` and in ``engine.args`` or an arm's ``args`` with different values
+        (:func:`workload_conflicts`)."""
+        return workload_conflicts(experiment, "openai")
 
     @classmethod
     def from_experiment(cls, experiment: Any, arm: Any) -> "OpenAIHTTPEngine":
         """Build from a declaration: ``engine.args`` overridden by ``arm.args``.
 
-        Keys: ``url`` (required), ``retries`` (``workload.retries`` when neither sets it),
-        ``backoff_s``, ``max_retry_wait_s``, ``request_timeout_s``, ``metrics_interval_s``,
+        Keys: ``url`` (required), ``retries`` and ``request_timeout_s`` (the workload's when
+        neither sets them), ``backoff_s``, ``max_retry_wait_s``, ``metrics_interval_s``,
         ``api_key_env`` (the name of an environment variable holding the key; a key never sits in
         a declaration).
         """
         import os
 
-        args = {"retries": experiment.workload.retries, **dict(experiment.engine.args),
+        args = {**workload_defaults(experiment), **dict(experiment.engine.args),
                 **dict(arm.args)}
         allowed = {"url", "retries", "backoff_s", "max_retry_wait_s", "request_timeout_s",
                    "metrics_interval_s", "api_key_env"}

@@ -52,7 +52,7 @@ from bistat.engines.base import (
     GenerationResult,
     MetricsSample,
 )
-from bistat.engines.openai_http import OpenAIHTTPEngine
+from bistat.engines.openai_http import OpenAIHTTPEngine, workload_conflicts, workload_defaults
 from bistat.engines.vllm_args import arg_problems
 
 #: Always in the server's environment: NVLink multicast stays off (see ../shared/device/).
@@ -278,17 +278,22 @@ class VLLMServerEngine:
 
     @classmethod
     def declaration_problems(cls, experiment: Any) -> list[tuple[str, str]]:
-        """Argument names no supported vLLM's ``vllm serve`` accepts (:mod:`.vllm_args`)."""
-        return arg_problems(experiment, "server", cls.ADAPTER_KEYS + cls.HTTP_KEYS)
+        """Argument names no supported vLLM's ``vllm serve`` accepts (:mod:`.vllm_args`), and
+        the HTTP client's settings declared twice with different values
+        (:func:`~bistat.engines.openai_http.workload_conflicts`)."""
+        return (arg_problems(experiment, "server", cls.ADAPTER_KEYS + cls.HTTP_KEYS)
+                + workload_conflicts(experiment, "vllm-server"))
 
     @classmethod
     def from_experiment(cls, experiment: Any, arm: Any) -> "VLLMServerEngine":
         """Build from a declaration: ``engine.args`` overridden by ``arm.args``; the adapter's own
         keys (``ADAPTER_KEYS``, ``HTTP_KEYS``) are taken out, the rest become ``vllm serve``
-        flags; ``arm.env`` is the server's environment."""
+        flags; ``arm.env`` is the server's environment. The HTTP client's ``retries`` and
+        ``request_timeout_s`` are the workload's where the arguments do not set them."""
         args = {**dict(experiment.engine.args), **dict(arm.args)}
         own = {k: args.pop(k) for k in cls.ADAPTER_KEYS if k in args}
-        http = {k: args.pop(k) for k in cls.HTTP_KEYS if k in args}
+        http = {**workload_defaults(experiment),
+                **{k: args.pop(k) for k in cls.HTTP_KEYS if k in args}}
         if "command" in own:
             own["command"] = tuple(own["command"])
         return cls(experiment.engine.model, args=args, env=dict(arm.env), http=http, **own)
