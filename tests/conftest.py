@@ -9,3 +9,20 @@ an ``httpx.MockTransport``.
 import os
 
 os.environ["BISTAT_PACKAGE_INDEX"] = "off"
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _engine_kinds_as_before():
+    """Engine kinds a test registers (``tests/fakes.py``'s ``fake``, a test adapter) end with it:
+    a later test's expected "expected one of ..." message must not depend on which tests ran
+    before it (``test_experiment`` failed after ``test_register_checks`` and ``test_prereg``)."""
+    from bistat.engines import registry
+
+    kinds, adapters = dict(registry.ENGINE_KINDS), dict(registry.ADAPTERS)
+    yield
+    for live, saved in ((registry.ENGINE_KINDS, kinds), (registry.ADAPTERS, adapters)):
+        live.clear()
+        live.update(saved)
