@@ -88,7 +88,8 @@ from bistat.core.classify import (
 )
 from bistat.core.divergence import divergence_position
 from bistat.declare.engine_version import EngineVersionReport, engine_version_report
-from bistat.store.enginelog import JitCompile, jit_compiles, kept_log_lines, logged_modes
+from bistat.store.enginelog import (JitCompile, jit_compiles, kept_log_lines, kept_logs,
+                                    logged_modes)
 from bistat.store.format import parse_time
 from bistat.engines.base import MetricsSample
 from bistat.declare.experiment import DeclarationError, Experiment
@@ -389,8 +390,9 @@ def analyze_run(run_dir: str | Path | RecordedRun,
 
     # activation evidence: the probe's outcome per arm, the engine logs' markers
     probe, probe_files = _probe_report(run_dir)
+    engine_logs = kept_logs(run_dir)  # read once: the markers here, the modes below
     marker_lines = {a: e.log_findings for a, e in envs.items() if e.log_findings is not None}
-    for arm, lines in kept_log_lines(run_dir).items():
+    for arm, lines in kept_log_lines(engine_logs).items():
         marker_lines[arm] = tuple(marker_lines.get(arm, ())) + lines
     activation = act.arm_activation(
         [a.model_dump(mode="json") for a in exp.arms], marker_lines,
@@ -401,7 +403,7 @@ def analyze_run(run_dir: str | Path | RecordedRun,
     comparisons, pairs = _comparisons(exp, matching, validity, arm_reasons, evidence)
     siblings = _sibling_verdicts(reg, created, passes, fps, envs, pairs)
 
-    engine_version = _engine_version(exp, reg, tables.environment, tables.events, run_dir,
+    engine_version = _engine_version(exp, reg, tables.environment, tables.events, engine_logs,
                                      created)
     deviations.extend(engine_version.deviations)
     passes_df = tables.passes
@@ -1257,17 +1259,19 @@ def sibling_registrations(reg: Registration) -> list[Registration]:
 
 
 def _engine_version(exp: Experiment, reg: Registration, env: pd.DataFrame, events: pd.DataFrame,
-                    run_dir: Path, created_utc: str | None) -> EngineVersionReport:
+                    engine_logs: dict[str, dict[int, str]], created_utc: str | None,
+                    ) -> EngineVersionReport:
     """The engine's version against the newest release and the required one, and each arm's
-    execution mode (:mod:`bistat.declare.engine_version`; modes from the kept logs where not
-    recorded). The newest-release checks are the seal's, the run's and those of the
+    execution mode (:mod:`bistat.declare.engine_version`; modes from the kept logs,
+    ``engine_logs`` as :func:`~bistat.store.enginelog.kept_logs` read them, where not recorded
+    or where the record missed breakable graphs). The newest-release checks are the seal's, the run's and those of the
     registration's release log (``NAME.releases.jsonl``, verified: a broken log raises
     ``RegistrationError``)."""
     env_rows = env.to_dict("records") if len(env) else []
     return engine_version_report(
         exp.engine.kind, reg.declaration, reg.sealed, env_rows,
         events.to_dict("records") if len(events) else [],
-        logged_modes(run_dir),
+        logged_modes(engine_logs),
         later_checks=release_log_checks(reg), first_record_utc=created_utc)
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from bistat.store.format import ENGINE_LOGS_DIR, parse_time
 
 __all__ = ["JIT_WARNING", "EngineModes", "JitCompile", "engine_modes", "jit_compiles",
-           "logged_modes", "kept_log_lines"]
+           "kept_logs", "logged_modes", "kept_log_lines"]
 
 #: vLLM's warning (``vllm/.../jit_monitor.py``), with its log stamp ``MM-DD HH:MM:SS``
 JIT_WARNING = re.compile(
@@ -177,8 +177,9 @@ def engine_modes(log_text: str) -> EngineModes | None:
     return EngineModes(mode, graphs, bool(_BREAKABLE.search(log_text)), "engine log")
 
 
-def _kept_logs(run_dir: str | Path) -> dict[str, dict[int, str]]:
-    """Arm -> start number -> the text of ``engine-logs/ARM-N.log.gz`` (every start's kept log)."""
+def kept_logs(run_dir: str | Path) -> dict[str, dict[int, str]]:
+    """Arm -> start number -> the text of ``engine-logs/ARM-N.log.gz`` (every start's kept log),
+    read once for :func:`logged_modes` and :func:`kept_log_lines`."""
     logs = Path(run_dir) / ENGINE_LOGS_DIR
     found: dict[str, dict[int, str]] = {}
     if not logs.is_dir():
@@ -192,17 +193,21 @@ def _kept_logs(run_dir: str | Path) -> dict[str, dict[int, str]]:
     return found
 
 
-def logged_modes(run_dir: str | Path) -> dict[str, list[EngineModes | None]]:
+def logged_modes(logs: str | Path | dict[str, dict[int, str]],
+                 ) -> dict[str, list[EngineModes | None]]:
     """Arm -> the modes of each engine start (``engine-logs/ARM-N.log.gz``, N in order) for runs
-    whose environment records predate recording them."""
+    whose environment records predate recording them; ``logs``: a run directory, or what
+    :func:`kept_logs` read from one."""
+    found = logs if isinstance(logs, dict) else kept_logs(logs)
     return {arm: [engine_modes(starts[i]) for i in sorted(starts)]
-            for arm, starts in _kept_logs(run_dir).items()}
+            for arm, starts in found.items()}
 
 
-def kept_log_lines(run_dir: str | Path) -> dict[str, tuple[str, ...]]:
+def kept_log_lines(logs: str | Path | dict[str, dict[int, str]]) -> dict[str, tuple[str, ...]]:
     """Arm -> every line of its kept engine logs, starts in order: what the activation markers read
     besides the lines the run recorded at each start (``log_findings``, filtered when recorded by
     the pattern of that day: a later marker, such as vLLM 0.34's only one in a compiled
-    batch-invariant engine, is still in the kept log)."""
+    batch-invariant engine, is still in the kept log); ``logs`` as for :func:`logged_modes`."""
+    found = logs if isinstance(logs, dict) else kept_logs(logs)
     return {arm: tuple(line for i in sorted(starts) for line in starts[i].splitlines())
-            for arm, starts in _kept_logs(run_dir).items()}
+            for arm, starts in found.items()}
