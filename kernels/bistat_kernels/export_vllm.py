@@ -27,6 +27,12 @@ What vLLM's kernel cannot express is decided here, not left implicit:
   not read with a value other than its default: **dropped** from the bucket and listed per bucket.
   They only schedule tiles (the bits are unchanged), but the measured time belongs to the bistat
   launch, so each bucket comment says what was dropped next to the number.
+- a bucket's own ``block_k`` (bistat's tables let a bucket use another BLOCK_K with the entry's
+  split-K ranges; vLLM's format has one per shape): such a bucket's tile launch may not fit in
+  shared memory at the entry's BLOCK_K (128 x 256 tiles in three stages do at 64, not at 128), so
+  it is exported with the launch of the nearest smaller bucket that uses the entry's BLOCK_K,
+  listed per bucket as dropped (``block_k`` and ``launch_from_bucket``); its measured time is
+  bistat's own launch, not the exported one.
 - entries of a dtype other than bfloat16: omitted (vLLM's tables apply to bfloat16 only).
 """
 
@@ -52,7 +58,7 @@ EXPORT_VARIABLE = "BISTAT_TUNED_CONFIGS"
 # Bucket fields vLLM's _MatmulMConfig (and its fixed launch) expresses; every other field of
 # BucketConfig is dropped when it differs from its default.
 _EXPRESSED = ("m_max", "block_m", "block_n", "num_warps", "num_stages")
-_NOT_CONFIG = ("measured",)
+_NOT_CONFIG = ("measured", "block_k")  # block_k: see _export_shape
 
 
 class ExportError(ValueError):
@@ -191,12 +197,23 @@ def _export_shape(entry: ShapeConfig, split_k_policy: str) -> ExportedShape | di
         unmeasured = (f"split_k {entry.split_k} dropped: this layout (block_k {entry.block_k}, "
                       f"one K chain) was never timed; the numbers are bistat's split-K launch")
     buckets = []
+    shared = None  # the last bucket that runs at the entry's BLOCK_K
     for b in entry.buckets:
         dropped = _dropped_fields(b)
         if entry.split_k > 1:
             dropped = {"split_k": entry.split_k, **dropped}
-        buckets.append(ExportedBucket(b.m_max, b.block_m, b.block_n, b.num_warps, b.num_stages,
-                                      dropped, dict(b.measured)))
+        launch = b
+        if b.block_k is not None and b.block_k != entry.block_k:
+            if shared is None:
+                raise ExportError(f"({entry.n}, {entry.k}): bucket m_max {b.m_max} has its own "
+                                  f"block_k {b.block_k} and no smaller bucket uses the entry's "
+                                  f"{entry.block_k}; vLLM's format cannot express it")
+            dropped = {**dropped, "block_k": b.block_k, "launch_from_bucket": shared.m_max}
+            launch = shared
+        else:
+            shared = b
+        buckets.append(ExportedBucket(b.m_max, launch.block_m, launch.block_n, launch.num_warps,
+                                      launch.num_stages, dropped, dict(b.measured)))
     selection = entry.extra.get("selection") or {}
     score = None
     if isinstance(selection, dict) and selection.get("chosen") in (selection.get("scores") or {}):

@@ -428,6 +428,7 @@ def launch(c: dict[str, Any]) -> Launch:
 class BucketCell(Launch):
     ratio: float      # sweep-time tuned / torch.mm at the bucket bound
     sourced: bool     # set (and measured) by another file than the sweep
+    block_k: int | None = None  # the bucket's own BLOCK_K (same split-K ranges), else the entry's
 
 
 @dataclass(frozen=True)
@@ -458,7 +459,8 @@ def table(doc: dict[str, Any], source: str) -> Table:
     for e in doc["entries"]:
         cells = tuple(BucketCell(*vars(launch(b)).values(),
                                  ratio=b["measured"]["time_ms"] / b["measured"]["torch_mm_ms"],
-                                 sourced="source" in b["measured"]) for b in e["buckets"])
+                                 sourced="source" in b["measured"], block_k=b.get("block_k"))
+                      for b in e["buckets"])
         entries.append(TableEntry(e["n"], e["k"], tuple(e["layers"]), e["block_k"], e["split_k"],
                                   tuple(sorted(e["selection"]["scores"].items())),
                                   e["provenance"]["gpu_uuid"], e["provenance"]["date_utc"], cells))

@@ -112,6 +112,18 @@ FUSED_CLASSES: tuple[str, ...] = ("prefill",)
 # weights' HBM traffic, now try them too.
 TMA_CLASSES: tuple[str, ...] = ("decode", "small", "mid", "large", "prefill")
 TMA_MIN_BLOCK_M = 16
+# Bucket classes whose candidates also come with another BLOCK_K than the layout's, where it cuts
+# K into the same split-K ranges (tables.split_ranges): the same sums in the same order (measured:
+# kernels/device/block_k_check.py, 0 of 2,700 rows differing on the H200; gate 1 checks every
+# such candidate bitwise against the layout's canonical launch). A layout chosen for decode sizes
+# (BLOCK_K 128) left prefill sizes 128x128 tiles, the largest whose three stages fit in shared
+# memory; BLOCK_K 64 fits 128x256 tiles, 1.17 -> 1.11x torch.mm at M in {256, 1024, 4096} over
+# the twelve shapes whose layout is not BLOCK_K 64 (kernels/results/k10/, triton 3.6).
+FREE_BLOCK_K_CLASSES: tuple[str, ...] = ("large", "prefill")
+ALT_BLOCK_K: tuple[int, ...] = (64, 128)
+_ALT_BLOCK_K_TILES: tuple[tuple[int, int, int, int, int], ...] = (
+    (128, 256, 8, 3, 1), (128, 256, 8, 4, 1), (128, 128, 4, 4, 1), (128, 128, 8, 4, 1),
+    (128, 128, 4, 5, 1), (64, 256, 4, 4, 1), (128, 64, 4, 5, 1))
 SLOW_FIRST_LAUNCH_S = 0.25  # a first launch slower than this compiled in the timed process
 
 
@@ -128,8 +140,13 @@ def _bucket_class(m: int) -> str:
 
 
 def launch_candidates(m: int, n: int, block_k: int, split_k: int,
-                      tma: bool = False) -> list[tables.GemmConfig]:
+                      tma: bool = False, k: int | None = None) -> list[tables.GemmConfig]:
     """Launch candidates for a bucket whose upper bound is ``m`` (BLOCK_N capped near N).
+
+    With ``k`` given and a bucket class in ``FREE_BLOCK_K_CLASSES``, the layout's candidates are
+    followed by ``_ALT_BLOCK_K_TILES`` with every BLOCK_K of ``ALT_BLOCK_K`` other than
+    ``block_k`` that keeps the layout's split-K ranges of ``k`` (in the same forms: fused twins,
+    descriptor loads).
 
     With ``split_k > 1`` and a bucket class in ``FUSED_CLASSES`` each candidate comes in the
     parallel form followed by the fused one (``fuse_splits=True``); otherwise, and always with
@@ -138,22 +155,27 @@ def launch_candidates(m: int, n: int, block_k: int, split_k: int,
     BLOCK_M >= ``TMA_MIN_BLOCK_M`` also comes with descriptor loads. Duplicates (after the
     BLOCK_N cap) are dropped, first occurrence kept.
     """
-    raw = []
-    for bm, bn, warps, stages, per_sm in _LAUNCH_CANDIDATES[_bucket_class(m)]:
-        bn = min(bn, max(16, triton.next_power_of_2(n)))
-        raw.append((bm, bn, warps, stages, per_sm))
+    cap = max(16, triton.next_power_of_2(n))
+    raw = [(bm, min(bn, cap), warps, stages, per_sm, block_k)
+           for bm, bn, warps, stages, per_sm in _LAUNCH_CANDIDATES[_bucket_class(m)]]
     if m <= 16 and n <= 2048:  # narrow N: 16-column tiles keep every multiprocessor busy
-        raw += [(16, 16, 4, 4, 1), (16, 16, 4, 4, 2)]
+        raw += [(16, 16, 4, 4, 1, block_k), (16, 16, 4, 4, 2, block_k)]
+    if k is not None and _bucket_class(m) in FREE_BLOCK_K_CLASSES:
+        ranges = tables.split_ranges(k, block_k, split_k)
+        for alt in ALT_BLOCK_K:
+            if alt != block_k and tables.split_ranges(k, alt, split_k) == ranges:
+                raw += [(bm, min(bn, cap), warps, stages, per_sm, alt)
+                        for bm, bn, warps, stages, per_sm in _ALT_BLOCK_K_TILES]
     modes = (False, True) if split_k > 1 and _bucket_class(m) in FUSED_CLASSES else (False,)
     tma_forms = (False, True) if tma and _bucket_class(m) in TMA_CLASSES else (False,)
     out: list[tables.GemmConfig] = []
     seen: set[tables.GemmConfig] = set()
-    for bm, bn, warps, stages, per_sm in raw:
+    for bm, bn, warps, stages, per_sm, bk in raw:
         for fused in modes:
             for use_tma in tma_forms:
                 if use_tma and bm < TMA_MIN_BLOCK_M:
                     continue
-                cfg = tables.GemmConfig(bm, bn, block_k, GROUP_M, warps, stages, split_k, per_sm,
+                cfg = tables.GemmConfig(bm, bn, bk, GROUP_M, warps, stages, split_k, per_sm,
                                         fuse_splits=fused, tma=use_tma)
                 if cfg not in seen:
                     seen.add(cfg)
@@ -193,7 +215,7 @@ def all_sweep_configs(shapes: Sequence[GemmShape], num_sms: int,
         for bk, split in reduction_candidates(shape.n, shape.k, num_sms):
             configs[canonical_config(bk, split)] = None
             for m in BUCKETS:
-                for cfg in launch_candidates(m, shape.n, bk, split, tma):
+                for cfg in launch_candidates(m, shape.n, bk, split, tma, shape.k):
                     configs[cfg] = None
     return list(configs)
 
@@ -208,9 +230,9 @@ def sweep_plan(shapes: Sequence[GemmShape], num_sms: int, tma: bool = False) -> 
     measurements = 0
     for shape in shapes:
         layouts = reduction_candidates(shape.n, shape.k, num_sms)
-        measurements += sum(len(launch_candidates(m, shape.n, *lay, tma))
+        measurements += sum(len(launch_candidates(m, shape.n, *lay, tma, shape.k))
                             for m in SCORE_MS for lay in layouts)
-        measurements += max(sum(len(launch_candidates(m, shape.n, *lay, tma))
+        measurements += max(sum(len(launch_candidates(m, shape.n, *lay, tma, shape.k))
                                 for m in BUCKETS if m not in SCORE_MS) for lay in layouts)
     return {"shapes": len(shapes), "configs": len(all_sweep_configs(shapes, num_sms, tma)),
             "measurements_max": measurements}
@@ -335,7 +357,8 @@ class _ShapeState:
     alone: dict[tuple[int, int], dict[int, torch.Tensor]]
 
 
-def _measure_candidate(st: _ShapeState, m: int, cfg: tables.GemmConfig) -> dict[str, Any]:
+def _measure_candidate(st: _ShapeState, m: int, cfg: tables.GemmConfig,
+                       layout: tuple[int, int]) -> dict[str, Any]:
     a = st.a_big[:m]
     rec: dict[str, Any] = {"m": m, **asdict(cfg)}
     t0 = time.monotonic()
@@ -348,7 +371,7 @@ def _measure_candidate(st: _ShapeState, m: int, cfg: tables.GemmConfig) -> dict[
                    first_launch_s=round(time.monotonic() - t0, 4))
         return rec
     rec["first_launch_s"] = round(time.monotonic() - t0, 4)  # compile or cache load + run
-    alone = st.alone[cfg.reduction_key()]
+    alone = st.alone[layout]  # the layout's canonical launch, whatever the candidate's BLOCK_K
     rows = row_positions(m)
     inv_ok = all(torch.equal(out[r], alone[r]) for r in rows)
     diff = (out.float() - st.refs[m]).abs().max().item()
@@ -412,8 +435,8 @@ def sweep_shape(shape: GemmShape, dtype: torch.dtype, num_sms: int, provenance: 
         _ensure_ref(st, m)
         for layout in layouts:
             _ensure_alone(st, layout)
-            recs = [_measure_candidate(st, m, cfg)
-                    for cfg in launch_candidates(m, shape.n, *layout, tma)]
+            recs = [_measure_candidate(st, m, cfg, layout)
+                    for cfg in launch_candidates(m, shape.n, *layout, tma, shape.k)]
             for r in recs:
                 r["phase"] = "layout"
             records.extend(recs)
@@ -438,8 +461,8 @@ def sweep_shape(shape: GemmShape, dtype: torch.dtype, num_sms: int, provenance: 
     for m in BUCKETS:
         if (chosen, m) not in best:
             _ensure_ref(st, m)
-            recs = [_measure_candidate(st, m, cfg)
-                    for cfg in launch_candidates(m, shape.n, *chosen, tma)]
+            recs = [_measure_candidate(st, m, cfg, chosen)
+                    for cfg in launch_candidates(m, shape.n, *chosen, tma, shape.k)]
             for r in recs:
                 r["phase"] = "bucket"
             records.extend(recs)
@@ -454,6 +477,7 @@ def sweep_shape(shape: GemmShape, dtype: torch.dtype, num_sms: int, provenance: 
             num_warps=w_rec["num_warps"], num_stages=w_rec["num_stages"],
             programs_per_sm=w_rec["programs_per_sm"],
             fuse_splits=w_rec["fuse_splits"], tma=w_rec.get("tma", False),
+            block_k=None if w_rec["block_k"] == chosen[0] else w_rec["block_k"],
             measured={"m": m, "time_ms": round(w_rec["time_ms"], 5),
                       "torch_mm_ms": round(st.torch_mm_ms[m], 5),
                       "max_rel_err": w_rec["max_rel_err"]}))
@@ -466,7 +490,8 @@ def sweep_shape(shape: GemmShape, dtype: torch.dtype, num_sms: int, provenance: 
                              "score_weights": {str(k): v for k, v in SCORE_WEIGHTS.items()},
                              "scores": {k: round(v, 4) for k, v in scores.items()},
                              "chosen": chosen_name},
-               "gates": {"invariance": "every kept candidate reproduced the row-alone output of "
+               "gates": {"invariance": "every kept candidate (any BLOCK_K with the layout's "
+                                       "split-K ranges) reproduced the row-alone output of "
                                        f"{canonical_config(*chosen)} bitwise at rows "
                                        "first/second/middle/last",
                          "accuracy_tolerance_rel": ACCURACY_TOLERANCE[dtype]}})
@@ -479,6 +504,82 @@ def sweep_shape(shape: GemmShape, dtype: torch.dtype, num_sms: int, provenance: 
     del st, w, a_big, copies
     torch.cuda.empty_cache()
     return entry, raw
+
+
+def _config_of(record: dict[str, Any]) -> tables.GemmConfig:
+    return tables.GemmConfig(**{k: record[k] for k in tables._CONFIG_FIELDS})
+
+
+def retune_buckets(entry: tables.ShapeConfig, shape: GemmShape, dtype: torch.dtype,
+                   provenance: dict[str, Any], min_m: int, source: str, seed: int = 0,
+                   device: str = "cuda", tma: bool = False,
+                   ) -> tuple[tables.ShapeConfig, dict[str, Any]]:
+    """Re-tune the buckets ``>= min_m`` of ``entry`` with its layout kept; the rest stay as they are.
+
+    Each re-tuned bucket is timed over :func:`launch_candidates` (with ``k``, so the other
+    BLOCK_K of ``FREE_BLOCK_K_CLASSES``) plus the bucket's present launch, all through both gates
+    against the layout's canonical launch, side by side in this process; the fastest that passes
+    wins, so a bucket changes only where a candidate beat its present launch here. Its
+    ``measured`` says so: ``source`` (the raw file), ``retuned_on`` (GPU UUID, date, versions) and
+    ``previous`` (the launch it replaced, with its time in this run).
+    """
+    t0 = time.monotonic()
+    layout = (entry.block_k, entry.split_k)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    w = torch.randn(shape.n, shape.k, device=device, dtype=dtype, generator=gen) * 0.02  # [N, K]
+    a_big = torch.randn(max(BUCKETS), shape.k, device=device, dtype=dtype, generator=gen)
+    copies = timing.weight_copies(w) if device != "cpu" else [w]
+    st = _ShapeState(shape, dtype, a_big, w.t(), [c.t() for c in copies], {}, {}, {})
+    _ensure_alone(st, layout)
+    records: list[dict[str, Any]] = []
+    buckets = []
+    retuned_on = {key: provenance.get(key) for key in ("gpu_name", "gpu_uuid", "driver", "torch",
+                                                      "triton", "date_utc")}
+    for bucket in entry.buckets:
+        if bucket.m_max < min_m:
+            buckets.append(bucket)
+            continue
+        m = bucket.m_max
+        _ensure_ref(st, m)
+        present = entry.config_for(m)
+        cands = launch_candidates(m, shape.n, *layout, tma, shape.k)
+        if present not in cands:
+            cands.append(present)
+        recs = [_measure_candidate(st, m, cfg, layout) for cfg in cands]
+        for r in recs:
+            r["phase"] = "retune"
+        records.extend(recs)
+        winner = _best(recs)
+        was = next((r for r in recs if _config_of(r) == present), None)
+        if winner is None or was is None or was.get("status") != "ok":
+            raise RuntimeError(f"retune: N={shape.n} K={shape.k} M={m}: the present launch "
+                               f"{present} or every candidate failed a gate; see the raw records")
+        if _config_of(winner) == present:
+            buckets.append(bucket)
+            continue
+        buckets.append(tables.BucketConfig(
+            m_max=m, block_m=winner["block_m"], block_n=winner["block_n"],
+            group_m=winner["group_m"], num_warps=winner["num_warps"],
+            num_stages=winner["num_stages"], programs_per_sm=winner["programs_per_sm"],
+            fuse_splits=winner["fuse_splits"], tma=winner.get("tma", False),
+            block_k=None if winner["block_k"] == layout[0] else winner["block_k"],
+            measured={"m": m, "time_ms": round(winner["time_ms"], 5),
+                      "torch_mm_ms": round(st.torch_mm_ms[m], 5),
+                      "max_rel_err": winner["max_rel_err"], "source": source,
+                      "retuned_on": retuned_on,
+                      "previous": {"config": str(present), "time_ms": round(was["time_ms"], 5)}}))
+    new = tables.ShapeConfig(entry.dtype, entry.n, entry.k, entry.block_k, entry.split_k,
+                             tuple(buckets), entry.provenance, entry.extra)
+    raw = {"n": shape.n, "k": shape.k, "model": shape.model, "layer": shape.layer,
+           "dtype": mp.dtype_name(dtype), "min_m": min_m,
+           "torch_mm_ms": {str(k): v for k, v in st.torch_mm_ms.items()}, "records": records,
+           "elapsed_s": round(time.monotonic() - t0, 1),
+           "slow_first_launches": sum(r["first_launch_s"] > SLOW_FIRST_LAUNCH_S
+                                      for r in records)}
+    del st, w, a_big, copies
+    if device != "cpu":
+        torch.cuda.empty_cache()
+    return new, raw
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -560,3 +661,74 @@ def run_sweep(shapes: Sequence[GemmShape], out_dir: Path, *, dtype: torch.dtype 
         done.append(f"{shape.model}/{shape.layer}")
     missing = [f"{s.model}/{s.layer}" for s in shapes if (name, s.n, s.k) not in entries]
     return {"done": done, "missing": missing, "table": str(table_path), "raw": str(raw_path)}
+
+
+def run_retune_buckets(shapes: Sequence[GemmShape], table_path: Path, out_dir: Path, *,
+                       min_m: int = 256, dtype: torch.dtype = torch.bfloat16,
+                       budget_s: float = 300.0, precompile_workers: int = 0,
+                       command: list[str] | None = None,
+                       progress: Callable[[str], None] = print) -> dict[str, Any]:
+    """:func:`retune_buckets` for every shape of ``shapes`` in the table at ``table_path``.
+
+    Writes ``<device>.json`` (the whole table: shapes not reached keep their entries) and
+    ``retune_raw_<device>.json`` under ``out_dir`` after every shape; stops at a shape boundary
+    when the budget would be exceeded. Returns the shapes done, those left and the paths.
+    """
+    from bistat_kernels.provenance import gpu_provenance
+
+    t_start = time.monotonic()
+    toolchain = pin_triton_toolchain()
+    device_name = torch.cuda.get_device_name(0)
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    provenance = gpu_provenance(0, command)
+    table = tables.load_table(table_path)
+    entries = dict(table.entries)
+    name = mp.dtype_name(dtype)
+    tma = tma_available(dtype)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out_table = tables.table_path_for(device_name, out_dir)
+    raw_path = out_dir / f"retune_raw_{tables.device_slug(device_name)}.json"
+    source = f"kernels/results/{raw_path.name} (sweep.retune_buckets, M >= {min_m})"
+    todo = [s for s in shapes if (name, s.n, s.k) in entries]
+    if precompile_workers > 0 and todo:
+        configs: dict[tables.GemmConfig, None] = {}
+        for s in todo:
+            e = entries[(name, s.n, s.k)]
+            for m in BUCKETS:
+                if m >= min_m:
+                    for cfg in launch_candidates(m, s.n, e.block_k, e.split_k, tma, s.k):
+                        configs[cfg] = None
+        t0 = time.monotonic()
+        errs = precompile(list(configs), dtype, num_sms, precompile_workers)
+        progress(f"retune: precompiled {len(configs)} configs in {time.monotonic() - t0:.1f}s, "
+                 f"{len(errs)} failed to compile (skipped when timed); Triton cache "
+                 f"{toolchain['TRITON_CACHE_DIR']}")
+    raw_shapes: list[dict[str, Any]] = []
+    done: list[str] = []
+    per_shape_s: list[float] = []
+    for shape in todo:
+        elapsed = time.monotonic() - t_start
+        if elapsed + (max(per_shape_s) if per_shape_s else 15.0) > budget_s:
+            progress(f"retune: budget {budget_s:.0f}s reached after {elapsed:.0f}s")
+            break
+        t0 = time.monotonic()
+        key = (name, shape.n, shape.k)
+        old = entries[key]
+        entries[key], raw = retune_buckets(old, shape, dtype, provenance, min_m, source, tma=tma)
+        per_shape_s.append(time.monotonic() - t0)
+        raw_shapes.append(raw)
+        _write_json(out_table, tables.table_to_dict(device_name, list(entries.values())))
+        _write_json(raw_path, {"schema": RAW_SCHEMA, "device_name": device_name,
+                               "provenance": provenance, "source_table": str(table_path),
+                               "shapes": raw_shapes})
+        changes = ", ".join(
+            f"M={b.m_max}:{b.measured['previous']['time_ms'] / b.measured['torch_mm_ms']:.2f}"
+            f"->{b.measured['time_ms'] / b.measured['torch_mm_ms']:.2f}"
+            for b in entries[key].buckets if "previous" in b.measured
+            and b.measured.get("source") == source)
+        progress(f"retune: {shape.model}/{shape.layer} in {per_shape_s[-1]:.1f}s "
+                 f"({len(raw['records'])} candidates, {raw['slow_first_launches']} slow first "
+                 f"launches); tuned/torch.mm {changes or 'unchanged'}")
+        done.append(f"{shape.model}/{shape.layer}")
+    left = [f"{s.model}/{s.layer}" for s in todo if f"{s.model}/{s.layer}" not in done]
+    return {"done": done, "left": left, "table": str(out_table), "raw": str(raw_path)}

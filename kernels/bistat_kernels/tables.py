@@ -10,6 +10,17 @@ layouts a bucket may also set ``fuse_splits`` (optional, default false): the spl
 are then added by the one program that computed them all rather than by the last of several, in
 the same order, so it too is a launch choice that leaves the bits unchanged.
 
+A bucket may also set its own ``block_k`` (optional; absent: the entry's), provided it cuts K
+into the same split-K ranges as the entry's (:func:`split_ranges`). What orders an output
+element's sum is the chain of k16 tensor-core steps into one float32 accumulator, split where a
+split-K partial sum starts afresh; a ``tl.dot`` over a K-tile of 64 or 128 continues the same
+chain, so BLOCK_K only sizes the loads. That is a claim about Triton's lowering and the hardware,
+so it is measured, not assumed: ``kernels/device/block_k_check.py`` found 0 of 2,700 rows differing
+across BLOCK_K 32-256 on an H200 (triton 3.6 and 3.8, mma.sync and wgmma, pointer and descriptor
+loads; ``kernels/results/k10/``), the sweep's gate 1 compares every candidate with another
+BLOCK_K bitwise against the layout's canonical launch, and the probe compares each bucket's
+rows with the M = 1 bucket's. ``split_k`` never varies per bucket.
+
 The launcher resolves the table of the device it runs on once, into the module-level value
 ``_DEVICE_TABLE``, and picks the M bucket by a linear scan over a short sorted tuple: no
 ``functools.lru_cache`` and no ``bisect(..., key=)`` on the hot path, because torch.compile's
@@ -47,7 +58,9 @@ class TableError(ValueError):
 class GemmConfig:
     """A complete launch configuration of ``_matmul_persistent_kernel``.
 
-    ``block_k`` and ``split_k`` fix the K-reduction order; the other fields only schedule tiles.
+    ``split_k`` and the split-K ranges it cuts K into with ``block_k`` (:func:`split_ranges`) fix
+    the K-reduction order; ``block_k`` otherwise only sizes the K-tiles' loads, and the other
+    fields only schedule tiles.
     ``fuse_splits`` (split-K only) runs the splits of an output tile one after another in one
     program and adds their partial sums there, in split order, instead of writing them to a
     float32 workspace for the tile's last program to add: the same sums in the same order,
@@ -76,7 +89,8 @@ class GemmConfig:
         return self._hash  # type: ignore[attr-defined]
 
     def reduction_key(self) -> tuple[int, int]:
-        """The part of the config that decides an output element's summation order."""
+        """``(block_k, split_k)``: with K, the split-K ranges that order an output element's sum
+        (:func:`split_ranges`); launches of another BLOCK_K with the same ranges sum the same way."""
         return (self.block_k, self.split_k)
 
 
@@ -92,6 +106,7 @@ class BucketConfig:
     ``tma`` loads the operand tiles through tensor descriptors (Hopper's tensor-memory accelerator)
     instead of pointer arithmetic: the same values reach the same ``tl.dot`` chain, so it too is a
     launch choice that leaves the bits unchanged (the sweep's gate 1 checks it bitwise).
+    ``block_k`` (None: the entry's) is another, where it keeps the entry's split-K ranges.
     """
 
     m_max: int
@@ -103,6 +118,7 @@ class BucketConfig:
     programs_per_sm: int = 1
     fuse_splits: bool = False
     tma: bool = False
+    block_k: int | None = None  # None: the entry's; else one with the entry's split-K ranges
     measured: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
 
@@ -123,7 +139,8 @@ class ShapeConfig:
         # (m_max, config) per bucket, built once: the launcher's lookup is then a scan over a
         # short tuple that allocates nothing (it runs on every eager GEMM call in vLLM).
         configs = tuple((b.m_max, GemmConfig(
-            block_m=b.block_m, block_n=b.block_n, block_k=self.block_k, group_m=b.group_m,
+            block_m=b.block_m, block_n=b.block_n, block_k=b.block_k or self.block_k,
+            group_m=b.group_m,
             num_warps=b.num_warps, num_stages=b.num_stages, split_k=self.split_k,
             programs_per_sm=b.programs_per_sm, fuse_splits=b.fuse_splits, tma=b.tma))
             for b in self.buckets)
@@ -169,6 +186,27 @@ def _is_pow2(value: int) -> bool:
     return value > 0 and (value & (value - 1)) == 0
 
 
+def split_ranges(k: int, block_k: int, split_k: int) -> tuple[tuple[int, int], ...]:
+    """The K ranges ``[start, end)`` whose partial sums the splits add, clipped to K.
+
+    Two launches with the same ranges sum every output element in the same order (see the module
+    docstring), whatever their BLOCK_K.
+
+    >>> split_ranges(1536, 128, 2), split_ranges(1536, 64, 2)
+    (((0, 768), (768, 1536)), ((0, 768), (768, 1536)))
+    >>> split_ranges(1280, 128, 2), split_ranges(1280, 256, 2)
+    (((0, 640), (640, 1280)), ((0, 768), (768, 1280)))
+    """
+    tiles = -(-k // block_k)
+    per = -(-tiles // split_k)
+    out = []
+    for s in range(split_k):
+        start, end = s * per * block_k, min(k, (s + 1) * per * block_k)
+        if start < end:
+            out.append((start, end))
+    return tuple(out)
+
+
 def _require_int(where: str, obj: dict[str, Any], key: str, *, pow2: bool = False,
                  minimum: int = 1) -> int:
     if key not in obj:
@@ -204,6 +242,22 @@ def _optional_tma(where: str, bucket: dict[str, Any], dtype: str) -> bool:
         raise TableError(f"{where}.tma: true is for bfloat16/float16 entries (the float32 path "
                          f"keeps pointer loads); remove the field")
     return value
+
+
+def _optional_block_k(where: str, bucket: dict[str, Any], k: int, entry_block_k: int,
+                      split_k: int) -> int | None:
+    """A bucket's own ``block_k`` (absent: the entry's), refused unless it keeps the entry's
+    split-K ranges of K (which fix the K-reduction order; BLOCK_K alone does not)."""
+    if "block_k" not in bucket:
+        return None
+    value = _require_int(where, bucket, "block_k", pow2=True, minimum=16)
+    own, entry = split_ranges(k, value, split_k), split_ranges(k, entry_block_k, split_k)
+    if own != entry:
+        raise TableError(f"{where}.block_k: {value} cuts K={k} into the split-K ranges {list(own)}, "
+                         f"the entry's block_k {entry_block_k} into {list(entry)}; a bucket's "
+                         f"block_k must keep the entry's ranges (they fix the K-reduction order): "
+                         f"remove the field or pick a block_k that keeps them")
+    return None if value == entry_block_k else value
 
 
 def parse_table(data: Any, source: str = "<table>") -> GemmTable:
@@ -256,10 +310,9 @@ def parse_table(data: Any, source: str = "<table>") -> GemmTable:
                 raise TableError(f"{bwhere}.m_max: got {m_max} after {previous}; "
                                  f"sort buckets by strictly increasing m_max")
             previous = m_max
-            for forbidden in ("block_k", "split_k"):
-                if forbidden in rb:
-                    raise TableError(f"{bwhere}.{forbidden}: may not vary per M bucket (it changes "
-                                     f"the K-reduction order); set it once on the entry")
+            if "split_k" in rb:
+                raise TableError(f"{bwhere}.split_k: may not vary per M bucket (it changes the "
+                                 f"K-reduction order); set it once on the entry")
             buckets.append(BucketConfig(
                 m_max=m_max,
                 block_m=_require_int(bwhere, rb, "block_m", pow2=True, minimum=16),
@@ -271,6 +324,7 @@ def parse_table(data: Any, source: str = "<table>") -> GemmTable:
                                  if "programs_per_sm" in rb else 1),
                 fuse_splits=_optional_fuse_splits(bwhere, rb, split_k),
                 tma=_optional_tma(bwhere, rb, dtype),
+                block_k=_optional_block_k(bwhere, rb, k, block_k, split_k),
                 measured=dict(rb.get("measured") or {}),
             ))
         key = (dtype, n, k)
@@ -300,9 +354,9 @@ def table_to_dict(table_device: str, entries: list[ShapeConfig]) -> dict[str, An
         buckets = []
         for b in entry.buckets:
             d = asdict(b)
-            for optional in ("fuse_splits", "tma"):
+            for optional in ("fuse_splits", "tma", "block_k"):
                 if not d[optional]:
-                    del d[optional]  # optional; absent reads as false
+                    del d[optional]  # optional; absent reads as false (block_k: the entry's)
             if not d["measured"]:
                 del d["measured"]
             buckets.append(d)

@@ -6,12 +6,16 @@ The device image has torch and triton but not bistat; run from the repository ro
 
     PYTHONPATH=kernels python3 kernels/device/gpu_call.py all --out "$OUT" --budget-s 360
 
-Stages (``all`` runs them in this order, each only while the time budget lasts):
-``check`` (gates on ragged shapes in every dtype, split-K parallel and fused, bias, fused ==
-parallel bitwise, torch.compile + CUDA graph through the plugin's custom op, also with a table
-that switches to fused split-K above M = 4), ``sweep`` (resumes from ``kernels/bistat_kernels/tables`` and
-``kernels/results``), ``probe`` (both gates on every entry of the table) and ``bench``. Every stage writes JSON under
-``--out``; the Triton cache is packed there too so that the next command compiles nothing.
+Stages (``all`` runs check, sweep, probe and bench in this order, each only while the time budget
+lasts): ``check`` (gates on ragged shapes in every dtype, split-K parallel and fused, bias, fused
+== parallel bitwise, torch.compile + CUDA graph through the plugin's custom op, also with a table
+that switches to fused split-K above M = 4), ``sweep`` (resumes from
+``kernels/bistat_kernels/tables`` and ``kernels/results``), ``buckets`` (not in ``all``: re-tunes
+the committed table's buckets from ``--min-m`` up with each shape's layout kept, every candidate of
+:func:`bistat_kernels.sweep.launch_candidates` and the present launch timed side by side; writes the
+table under ``--out``, where probe and bench then read it), ``probe`` (both gates on every entry
+of the table) and ``bench``. Every stage writes JSON under ``--out``; the Triton cache is packed
+there too so that the next command compiles nothing.
 Triton's cache folder and ptxas are pinned first (:func:`bistat_kernels.sweep.pin_triton_toolchain`),
 so that the check stage's ``torch.compile`` cannot make the sweep's precompiled kernels unfindable.
 """
@@ -305,8 +309,8 @@ def pack_cache(out: Path, cache_dir: Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("stages", nargs="+", choices=("check", "hostcost", "sweep", "probe", "bench",
-                                                       "all"))
+    parser.add_argument("stages", nargs="+", choices=("check", "hostcost", "sweep", "buckets",
+                                                       "probe", "bench", "all"))
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--budget-s", type=float, default=360.0, help="whole-command budget")
     parser.add_argument("--workers", type=int, default=16, help="precompile processes")
@@ -314,6 +318,8 @@ def main() -> int:
     parser.add_argument("--pack-cache", action="store_true")
     parser.add_argument("--vllm-kernel", type=Path, default=None,
                         help="vLLM's batch-invariant GEMM (package dir or its module) as a bench column")
+    parser.add_argument("--min-m", type=int, default=256,
+                        help="buckets: re-tune the committed table's buckets from this M up")
     parser.add_argument("--retune", action="store_true",
                         help="re-tune every shape; shapes not reached keep the committed table's entry")
     args = parser.parse_args()
@@ -344,6 +350,12 @@ def main() -> int:
             elif stage == "sweep":
                 res = stage_sweep(args.out, left - 60, args.workers, args.retune)
                 sweep_complete = not res["missing"]
+            elif stage == "buckets":
+                res = sweep.run_retune_buckets(
+                    shapes_for(MODELS), _table_path(args.out), args.out, min_m=args.min_m,
+                    budget_s=left - 100, precompile_workers=args.workers, command=sys.argv,
+                    progress=log)
+                log(f"buckets: {json.dumps(res)}")
             elif stage == "probe" and sweep_complete and left > 60:
                 status |= 0 if stage_probe(args.out, args.max_m) else 1
             elif stage == "bench" and sweep_complete and left > 45:

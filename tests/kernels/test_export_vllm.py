@@ -122,6 +122,22 @@ def test_split_k_nearest_exports_it_marked_unmeasured_and_lists_every_dropped_fi
                                         "split_k": 2}
 
 
+def test_a_bucket_with_its_own_block_k_exports_a_smaller_buckets_launch():
+    """vLLM's format has one BLOCK_K per shape; the 128x128 launch was measured at BLOCK_K 128,
+    so the bucket is exported with the M = 1 bucket's launch (which ran at the entry's 64)."""
+    table = _table([_entry(512, 1024, block_k=128)])
+    export = export_vllm.export_table(table)
+    (shape,) = export.shapes
+    assert shape.block_k == 64
+    assert [(b.block_m, b.block_n, b.num_warps, b.num_stages) for b in shape.buckets] == [
+        (16, 64, 4, 5), (16, 64, 4, 5)]
+    assert shape.buckets[1].dropped == {"group_m": 4, "block_k": 128, "launch_from_bucket": 1}
+    parsed = export_vllm.parse_vllm_source(export.python_text)
+    assert parsed["hopper"][(512, 1024)] == (64, ((1, (16, 64, 4, 5)), (4096, (16, 64, 4, 5))))
+    assert "; dropped group_m=4, block_k=128, launch_from_bucket=1" in export.python_text
+    assert export.dropped_summary() == {"block_k": 1, "group_m": 1, "launch_from_bucket": 1}
+
+
 def test_non_bf16_entries_are_omitted_and_the_family_must_be_known():
     table = _table([_entry(64, 512), _entry(64, 512, dtype="float32")])
     export = export_vllm.export_table(table)

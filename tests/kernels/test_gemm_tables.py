@@ -68,9 +68,15 @@ def _broken(path: str, value):
                                  "date, command)"),
     ("entries.0.buckets.1.m_max", 1, "t.json: entries[0].buckets[1].m_max: got 1 after 1; sort "
                                      "buckets by strictly increasing m_max"),
-    ("entries.0.buckets.2.block_k", 64, "t.json: entries[0].buckets[2].block_k: may not vary "
-                                        "per M bucket (it changes the K-reduction order); set "
-                                        "it once on the entry"),
+    # entry 1: K = 100, block_k 16, split_k 3 -> ranges [0, 48), [48, 96), [96, 100)
+    ("entries.1.buckets.2.block_k", 32, "t.json: entries[1].buckets[2].block_k: 32 cuts K=100 "
+                                        "into the split-K ranges [(0, 64), (64, 100)], the "
+                                        "entry's block_k 16 into [(0, 48), (48, 96), (96, 100)]; "
+                                        "a bucket's block_k must keep the entry's ranges (they "
+                                        "fix the K-reduction order): remove the field or pick a "
+                                        "block_k that keeps them"),
+    ("entries.0.buckets.2.block_k", 48, "t.json: entries[0].buckets[2].block_k: got 48; expected "
+                                        "a power of two (Triton block sizes)"),
     ("entries.0.buckets.2.split_k", 2, "t.json: entries[0].buckets[2].split_k: may not vary "
                                        "per M bucket (it changes the K-reduction order); set "
                                        "it once on the entry"),
@@ -80,6 +86,38 @@ def _broken(path: str, value):
 ])
 def test_schema_errors_name_file_field_and_fix(path, value, message):
     assert _error(_broken(path, value)) == message
+
+
+def test_a_bucket_may_have_its_own_block_k_where_the_split_ranges_stay():
+    """Entry 0: K = 72, block_k 32, no split: every BLOCK_K keeps the one range [0, 72)."""
+    data = json.loads(json.dumps(small_table_dict()))  # the entries share bucket dicts
+    data["entries"][0]["buckets"][3]["block_k"] = 64
+    table = tables.parse_table(data, "t.json")
+    entry = table.lookup("float32", 40, 72)
+    assert [entry.config_for(m).block_k for m in (1, 16, 17, 64, 5000)] == [32, 32, 64, 64, 64]
+    assert {entry.config_for(m).reduction_key() for m in (1, 64)} == {(32, 1), (64, 1)}
+    assert tables.split_ranges(72, 32, 1) == tables.split_ranges(72, 64, 1) == ((0, 72),)
+    again = tables.table_to_dict("t", list(table.entries.values()))
+    assert again["entries"][1]["buckets"][3]["block_k"] == 64  # sorted: (40, 72) after (37, 100)
+    assert "block_k" not in again["entries"][1]["buckets"][2]  # absent reads as the entry's
+    assert tables.parse_table(again, "t").lookup("float32", 40, 72) == entry
+    # the entry's own value is accepted and normalised to absent
+    data["entries"][0]["buckets"][3]["block_k"] = 32
+    same = tables.parse_table(data, "t.json")
+    assert same.lookup("float32", 40, 72).buckets[3].block_k is None
+
+
+@pytest.mark.parametrize("k,block_k,split_k,ranges", [
+    (12288, 128, 2, ((0, 6144), (6144, 12288))),
+    (12288, 64, 2, ((0, 6144), (6144, 12288))),
+    (1536, 256, 2, ((0, 768), (768, 1536))),  # 6 tiles of 256: 3 per split
+    (1280, 256, 2, ((0, 768), (768, 1280))),  # 5 tiles: 3 per split, not K / 2
+    (1280, 128, 2, ((0, 640), (640, 1280))),
+    (100, 16, 3, ((0, 48), (48, 96), (96, 100))),
+    (40, 32, 4, ((0, 32), (32, 40))),  # fewer tiles than splits: the empty splits add nothing
+])
+def test_split_ranges(k, block_k, split_k, ranges):
+    assert tables.split_ranges(k, block_k, split_k) == ranges
 
 
 def test_duplicate_entries_are_rejected():

@@ -111,10 +111,10 @@ def test_the_full_three_model_plan_has_the_stated_size():
     shapes = shapes_for(("qwen3-8b", "qwen3-1.7b", "smollm2-135m"))
     # kernels/README.md states these numbers and the time they take on the H200 (which offers
     # descriptor loads: tma=True); without them every candidate has one form
-    assert sweep.sweep_plan(shapes, 132, tma=True) == {"shapes": 15, "configs": 769,
-                                                       "measurements_max": 14348}
-    assert sweep.sweep_plan(shapes, 132) == {"shapes": 15, "configs": 387,
-                                             "measurements_max": 7174}
+    assert sweep.sweep_plan(shapes, 132, tma=True) == {"shapes": 15, "configs": 833,
+                                                       "measurements_max": 17078}
+    assert sweep.sweep_plan(shapes, 132) == {"shapes": 15, "configs": 419,
+                                             "measurements_max": 8539}
 
 
 def test_pin_triton_toolchain_sets_unset_variables_and_keeps_set_ones(monkeypatch, tmp_path):
@@ -127,3 +127,81 @@ def test_pin_triton_toolchain_sets_unset_variables_and_keeps_set_ones(monkeypatc
     monkeypatch.setenv("TRITON_PTXAS_PATH", "/opt/other/ptxas")
     assert sweep.pin_triton_toolchain() == {"TRITON_CACHE_DIR": str(tmp_path),
                                             "TRITON_PTXAS_PATH": "/opt/other/ptxas"}
+
+
+# ---- BLOCK_K per bucket (sweep.FREE_BLOCK_K_CLASSES) ---------------------------------------
+
+@pytest.fixture
+def free_block_k(monkeypatch):
+    """Buckets 1 (decode) and 256 (large); layout BLOCK_K 32; BLOCK_K 16 offered at M = 256."""
+    monkeypatch.setattr(sweep, "BUCKETS", (1, 256))
+    monkeypatch.setattr(sweep, "SCORE_MS", (1, 256))
+    monkeypatch.setattr(sweep, "SCORE_WEIGHTS", {1: 1.0, 256: 1.0})
+    monkeypatch.setattr(sweep, "_LAUNCH_CANDIDATES", {
+        "decode": ((16, 16, 4, 2, 1),), "large": ((32, 32, 4, 2, 1), (64, 32, 4, 2, 1))})
+    monkeypatch.setattr(sweep, "_ALT_BLOCK_K_TILES", ((64, 64, 4, 2, 1),))
+    monkeypatch.setattr(sweep, "ALT_BLOCK_K", (16, 32))
+    monkeypatch.setattr(sweep, "reduction_candidates", lambda n, k, num_sms: [(32, 1)])
+
+    def fake_clock(calls, what):  # another BLOCK_K is fastest, then the present 32x32 launch
+        _, m, cfg = what
+        if cfg is None:
+            return 1.0
+        return 0.5 if cfg.block_k != 32 else (0.8 if cfg.block_m == 32 else 0.9)
+
+    monkeypatch.setattr(sweep, "time_ms", fake_clock)
+
+
+def test_candidates_offer_other_block_k_only_with_the_layouts_split_ranges():
+    # K = 12288 split in two: BLOCK_K 64 keeps [0, 6144), [6144, 12288); decode sizes never vary it
+    large = sweep.launch_candidates(256, 4096, 128, 2, k=12288)
+    assert {c.block_k for c in large} == {128, 64}
+    assert all(c.block_k == 128 for c in sweep.launch_candidates(16, 4096, 128, 2, k=12288))
+    assert {c.block_k for c in sweep.launch_candidates(256, 4096, 128, 2)} == {128}  # no k given
+    # K = 1280 split in two: BLOCK_K 128 cuts at 640, 64 at 640 too, 256 at 768 (not offered)
+    assert {c.block_k for c in sweep.launch_candidates(4096, 2048, 128, 2, k=1280)} == {128, 64}
+    assert {c.block_k for c in sweep.launch_candidates(4096, 2048, 256, 2, k=1280)} == {256}
+    for c in large:
+        assert tables.split_ranges(12288, c.block_k, 2) == ((0, 6144), (6144, 12288))
+
+
+# Under the interpreter a tl.dot adds each K-tile's sum to the accumulator (the tests' dot,
+# interpreter_dot.py), so there BLOCK_K changes float32 bits wherever K spans several tiles: at
+# K = 72 gate 1 fails every BLOCK_K 16 candidate (a real difference, not a fake one). At K = 16
+# both BLOCK_K cover K in one tile (32 adds zeros past K), so both give the same bits.
+@pytest.mark.parametrize("k,kept", [(16, 16), (72, None)])
+def test_a_bucket_takes_another_block_k_only_where_gate_1_passes(free_block_k, k, kept):
+    entry, raw = sweep.sweep_shape(GemmShape("t", "x", 40, k), torch.float32, 4,
+                                   {"gpu_name": "cpu"}, device="cpu")
+    assert (entry.block_k, entry.split_k) == (32, 1)
+    assert [b.block_k for b in entry.buckets] == [None, kept]
+    alt = [r for r in raw["records"] if r["block_k"] == 16]
+    assert alt and all(r["m"] == 256 for r in alt)
+    assert {r["invariance_ok"] for r in alt} == {kept is not None}
+    assert {r["accuracy_ok"] for r in raw["records"]} == {True}
+    assert entry.config_for(256).block_k == (kept or 32)
+    again = tables.parse_table(tables.table_to_dict("cpu", [entry]))
+    assert again.entries[("float32", 40, k)] == entry
+
+
+@pytest.mark.parametrize("k", [16, 72])
+def test_retune_buckets_keeps_small_buckets_and_says_what_it_replaced(free_block_k, k):
+    small = tables.BucketConfig(1, 16, 16, 8, 4, 2, measured={"m": 1, "time_ms": 1.0})
+    large = tables.BucketConfig(256, 32, 32, 8, 4, 2, measured={"m": 256, "time_ms": 1.0})
+    entry = tables.ShapeConfig("float32", 40, k, 32, 1, (small, large), {"gpu_uuid": "GPU-old"},
+                               {"layers": ["t/x"]})
+    prov = {"gpu_name": "cpu", "gpu_uuid": "GPU-new", "driver": "1", "torch": "t",
+            "triton": "3", "date_utc": "2026-12-03T00:00:00Z"}
+    new, raw = sweep.retune_buckets(entry, GemmShape("t", "x", 40, k), torch.float32, prov, 256,
+                                    "raw.json", device="cpu")
+    assert new.buckets[0] is small and new.provenance == entry.provenance
+    assert {r["phase"] for r in raw["records"]} == {"retune"}
+    assert all(r["m"] == 256 for r in raw["records"])
+    if k == 72:  # BLOCK_K 16 fails gate 1 there; 32x32, the present launch, is the fastest left
+        assert new.buckets[1] is large
+        return
+    b = new.buckets[1]
+    assert (b.block_m, b.block_n, b.block_k) == (64, 64, 16)
+    assert b.measured["time_ms"] == 0.5 and b.measured["torch_mm_ms"] == 1.0
+    assert b.measured["source"] == "raw.json" and b.measured["retuned_on"]["gpu_uuid"] == "GPU-new"
+    assert b.measured["previous"] == {"config": str(entry.config_for(256)), "time_ms": 0.8}
