@@ -29,10 +29,12 @@ What vLLM's kernel cannot express is decided here, not left implicit:
   launch, so each bucket comment says what was dropped next to the number.
 - a bucket's own ``block_k`` (bistat's tables let a bucket use another BLOCK_K with the entry's
   split-K ranges; vLLM's format has one per shape): such a bucket's tile launch may not fit in
-  shared memory at the entry's BLOCK_K (128 x 256 tiles in three stages do at 64, not at 128), so
-  it is exported with the launch of the nearest smaller bucket that uses the entry's BLOCK_K,
-  listed per bucket as dropped (``block_k`` and ``launch_from_bucket``); its measured time is
-  bistat's own launch, not the exported one.
+  shared memory at the entry's BLOCK_K (128 x 256 tiles in three stages do at 64, not at 128).
+  A bucket re-tuned by ``sweep.retune_buckets`` recorded the launch it replaced, at the entry's
+  BLOCK_K and timed at the same M in the same run (``measured.previous``): that launch is
+  exported, with its own time beside bistat's. Otherwise the launch of the nearest smaller bucket
+  at the entry's BLOCK_K is exported, not timed at this M. Either way the bucket lists ``block_k``
+  as dropped and says where the exported launch came from (``exported_from``).
 - entries of a dtype other than bfloat16: omitted (vLLM's tables apply to bfloat16 only).
 """
 
@@ -41,6 +43,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,6 +94,8 @@ class ExportedBucket:
     num_stages: int
     dropped: dict[str, Any]
     measured: dict[str, Any]
+    # where the exported launch came from when it is not bistat's own (a bucket's own BLOCK_K)
+    exported_from: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ratio_to_torch_mm(self) -> float | None:
@@ -155,6 +160,26 @@ def _dropped_fields(bucket: BucketConfig) -> dict[str, Any]:
     return dropped
 
 
+_CONFIG_REPR = re.compile(r"(\w+)=(\w+)")
+
+
+def _previous_launch(bucket: BucketConfig, block_k: int
+                     ) -> tuple[tuple[int, int, int, int], float] | None:
+    """The launch a re-tune replaced (``measured.previous``, the repr of a GemmConfig and its
+    time at this M) as vLLM's four fields, if it ran at ``block_k``."""
+    previous = bucket.measured.get("previous")
+    if not isinstance(previous, dict) or "config" not in previous:
+        return None
+    fields = dict(_CONFIG_REPR.findall(str(previous["config"])))
+    try:
+        if int(fields["block_k"]) != block_k:
+            return None
+        return ((int(fields["block_m"]), int(fields["block_n"]), int(fields["num_warps"]),
+                 int(fields["num_stages"])), float(previous["time_ms"]))
+    except (KeyError, ValueError, TypeError):
+        return None
+
+
 def _table_arch_family(table: GemmTable, requested: str | None, source: str) -> str:
     caps = sorted({str(e.provenance.get("compute_capability")) for e in table.entries.values()
                    if e.provenance.get("compute_capability")})
@@ -198,22 +223,31 @@ def _export_shape(entry: ShapeConfig, split_k_policy: str) -> ExportedShape | di
                       f"one K chain) was never timed; the numbers are bistat's split-K launch")
     buckets = []
     shared = None  # the last bucket that runs at the entry's BLOCK_K
+    origin: dict[str, Any] = {}
     for b in entry.buckets:
         dropped = _dropped_fields(b)
         if entry.split_k > 1:
             dropped = {"split_k": entry.split_k, **dropped}
-        launch = b
+        launch = (b.block_m, b.block_n, b.num_warps, b.num_stages)
         if b.block_k is not None and b.block_k != entry.block_k:
-            if shared is None:
+            previous = _previous_launch(b, entry.block_k)
+            dropped = {**dropped, "block_k": b.block_k}
+            if previous is not None:
+                launch, time_ms = previous
+                origin = {"launch": "the bucket's launch before the re-tune, at the entry's "
+                                    "block_k", "time_ms": time_ms, "m": b.measured.get("m")}
+            elif shared is not None:
+                launch = (shared.block_m, shared.block_n, shared.num_warps, shared.num_stages)
+                origin = {"launch": f"bucket m_max {shared.m_max}'s launch, not timed at this M"}
+            else:
                 raise ExportError(f"({entry.n}, {entry.k}): bucket m_max {b.m_max} has its own "
-                                  f"block_k {b.block_k} and no smaller bucket uses the entry's "
-                                  f"{entry.block_k}; vLLM's format cannot express it")
-            dropped = {**dropped, "block_k": b.block_k, "launch_from_bucket": shared.m_max}
-            launch = shared
+                                  f"block_k {b.block_k}, no launch before a re-tune and no "
+                                  f"smaller bucket at the entry's {entry.block_k}; vLLM's format "
+                                  f"cannot express it")
         else:
             shared = b
-        buckets.append(ExportedBucket(b.m_max, launch.block_m, launch.block_n, launch.num_warps,
-                                      launch.num_stages, dropped, dict(b.measured)))
+            origin = {}
+        buckets.append(ExportedBucket(b.m_max, *launch, dropped, dict(b.measured), origin))
     selection = entry.extra.get("selection") or {}
     score = None
     if isinstance(selection, dict) and selection.get("chosen") in (selection.get("scores") or {}):
@@ -252,8 +286,11 @@ def _fmt_ratio(b: ExportedBucket) -> str:
     r = b.ratio_to_torch_mm
     if r is None:
         return "not measured"
+    source = str(b.measured.get("source", ""))
+    label = ("" if not source else " (retune)" if "retune_buckets" in source
+             else " (fused_compare)" if "fused_compare" in source else f" ({source.split()[0]})")
     return (f"{b.measured['time_ms']:.5g} ms = {r:.3f}x torch.mm at M={b.measured.get('m')}"
-            + (" (fused_compare)" if "source" in b.measured else ""))
+            + label)
 
 
 def _provenance_comment(s: ExportedShape, indent: str) -> list[str]:
@@ -306,6 +343,10 @@ def _python_text(export: VllmExport) -> str:
         for b in s.buckets:
             dropped = (f"; dropped {', '.join(f'{k}={v}' for k, v in b.dropped.items())}"
                        if b.dropped else "")
+            if b.exported_from:
+                timed = (f" ({b.exported_from['time_ms']:.5g} ms at M={b.exported_from['m']})"
+                         if "time_ms" in b.exported_from else "")
+                dropped += f"; exported: {b.exported_from['launch']}{timed}"
             lines.append(f"                ({b.m_max}, _MatmulMConfig({b.block_m}, {b.block_n}, "
                          f"{b.num_warps}, {b.num_stages})),  # {_fmt_ratio(b)}{dropped}")
         lines += ["            ),", "        ),"]
@@ -322,7 +363,8 @@ def _sidecar(export: VllmExport) -> dict[str, Any]:
             "buckets": [{"m_max": b.m_max,
                          "vllm_config": {"block_m": b.block_m, "block_n": b.block_n,
                                          "num_warps": b.num_warps, "num_stages": b.num_stages},
-                         "dropped": b.dropped, "measured": b.measured,
+                         "dropped": b.dropped, "exported_from": b.exported_from,
+                         "measured": b.measured,
                          "ratio_to_torch_mm": b.ratio_to_torch_mm} for b in s.buckets],
             "provenance": s.provenance})
     return {"schema": SIDECAR_SCHEMA, "vllm_version": VLLM_VERSION,

@@ -75,8 +75,8 @@ def _status_section(bench: dict[str, Any] | None, probe: dict[str, Any] | None,
     return _render("status", model.status(bench, probe, check, table, fused, slug, extra_rows))
 
 
-def _bench_section(bench: dict[str, Any], source: str) -> list[str]:
-    return _render("bench", model.bench(bench, source))
+def _bench_section(bench: dict[str, Any], source: str, note: str | None = None) -> list[str]:
+    return _render("bench", model.bench(bench, source, note))
 
 
 def _table_section(table: dict[str, Any], source: str) -> list[str]:
@@ -143,13 +143,18 @@ _EARLIER_RUNS = (
      "committed table, before the fused buckets; that table was not adopted"),
     ("tma_sweep/call5", "the descriptor-load (TMA) table of 2026-12-02 with split-K partials added "
      "by a second (reduce) kernel and plans launched through the compiled kernel's `run`; "
-     "its table, sweep and log are in `results/tma_sweep/`"))
+     "its table, sweep and log are in `results/tma_sweep/`"),
+    ("k8", "the table before the per-bucket BLOCK_K re-tune (BLOCK_K fixed per shape), split-K "
+     "in one launch, with vLLM 0.33.0's kernel as the third column (its probe is beside it)"),
+    ("k10/before", "the same table on the main bench's GPU, minutes after it, by the same "
+     "command: the main bench's before (`results/k10/`)"))
 
 
-# Benches of the committed table on another software stack (folder under results/), shown in
+# Benches on another software stack (folder under results/, and what table it benched), shown in
 # full after the main bench: the bench's heading names vLLM's kernel version, its provenance line
 # the torch and triton it ran on.
-_STACK_RUNS = ("k9",)
+_STACK_RUNS = (("k9", "This bench ran the table before the per-bucket BLOCK_K re-tune (the "
+                      "`k8` row of the earlier runs below), on vLLM 0.34.0's own stack."),)
 
 
 def _history_section(results_dir: Path) -> list[str]:
@@ -211,11 +216,12 @@ def render_results(results_dir: Path = RESULTS_DIR, tables_dir: Path = TABLES_DI
                                         tuple(extra)))
     if bench is not None:
         sections.append(_bench_section(bench, f"kernels/results/bench_{device_slug}.json"))
-    for sub in _STACK_RUNS:
+    for sub, note in _STACK_RUNS:
         stack = _load(results_dir / sub / f"bench_{device_slug}.json")
         if stack is not None:
             sections.append(_bench_section(stack,
-                                           f"kernels/results/{sub}/bench_{device_slug}.json"))
+                                           f"kernels/results/{sub}/bench_{device_slug}.json",
+                                           note))
     if probe is not None:
         sections.append(_probe_section(probe, f"kernels/results/probe_{device_slug}.json"))
     if check is not None:

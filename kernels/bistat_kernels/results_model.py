@@ -302,6 +302,7 @@ class Bench:
     tuned_not_invariant: tuple[str, ...] = ()
     roofline: Roofline | None = None
     host: Host | None = None
+    note: str | None = None  # what this bench is, where it is not the committed table's main one
 
 
 def _mismatch_text(g: dict[str, Any], key: str) -> str | None:
@@ -367,7 +368,7 @@ def _host(doc: dict[str, Any]) -> Host | None:
         s["max_tuned_minus_mm_us"] <= s["goal_us"])
 
 
-def bench(doc: dict[str, Any], source: str) -> Bench:
+def bench(doc: dict[str, Any], source: str, note: str | None = None) -> Bench:
     s, rows = doc["summary"], doc["rows"]
     with_vllm = "vllm" in doc
     per_model = []
@@ -404,7 +405,7 @@ def bench(doc: dict[str, Any], source: str) -> Bench:
                        r.get("vllm_over_mm"), r.get("vllm_tuned")) for r in rows),
         tuple(per_model), tuple(per_step), _vllm_column(doc),
         *((None, None, ()) if gates is None else _invariance(gates, "tuned_invariance")),
-        _roofline(doc), _host(doc))
+        _roofline(doc), _host(doc), note)
 
 
 # --- the table -------------------------------------------------------------------------------

@@ -33,8 +33,8 @@ BISTAT_TUNED_CONFIGS: dict[str, dict[tuple[int, int], _MatmulShapeConfig]] = {
                 (256, _MatmulMConfig(64, 64, 4, 4)),  # 0.00399 ms = 1.036x torch.mm at M=256; dropped programs_per_sm=2, tma=True
                 (512, _MatmulMConfig(64, 64, 4, 4)),  # 0.004 ms = 1.034x torch.mm at M=512; dropped tma=True
                 (1024, _MatmulMConfig(64, 128, 4, 4)),  # 0.00492 ms = 1.183x torch.mm at M=1024; dropped tma=True
-                (2048, _MatmulMConfig(128, 128, 4, 3)),  # 0.00687 ms = 1.360x torch.mm at M=2048; dropped tma=True
-                (4096, _MatmulMConfig(64, 128, 4, 4)),  # 0.01093 ms = 1.586x torch.mm at M=4096; dropped tma=True
+                (2048, _MatmulMConfig(128, 128, 4, 3)),  # 0.00639 ms = 1.273x torch.mm at M=2048 (retune); dropped tma=True, block_k=64; exported: the bucket's launch before the re-tune, at the entry's block_k (0.00692 ms at M=2048)
+                (4096, _MatmulMConfig(64, 128, 4, 4)),  # 0.00988 ms = 1.447x torch.mm at M=4096 (retune); dropped tma=True, block_k=64; exported: the bucket's launch before the re-tune, at the entry's block_k (0.01105 ms at M=4096)
             ),
         ),
         # smollm2-135m/qkv: NVIDIA H200 GPU-db5bca65-93a3-b386-6c86-0a697e92dcbd, driver 580.159.04, compute capability 9.0
@@ -50,11 +50,11 @@ BISTAT_TUNED_CONFIGS: dict[str, dict[tuple[int, int], _MatmulShapeConfig]] = {
                 (32, _MatmulMConfig(16, 32, 4, 6)),  # 0.00359 ms = 0.962x torch.mm at M=32
                 (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.004 ms = 1.061x torch.mm at M=64; dropped tma=True
                 (128, _MatmulMConfig(64, 64, 4, 4)),  # 0.004 ms = 1.050x torch.mm at M=128; dropped tma=True
-                (256, _MatmulMConfig(64, 64, 4, 4)),  # 0.00402 ms = 1.028x torch.mm at M=256; dropped tma=True
-                (512, _MatmulMConfig(64, 64, 4, 4)),  # 0.00423 ms = 0.981x torch.mm at M=512; dropped programs_per_sm=2, tma=True
-                (1024, _MatmulMConfig(64, 128, 4, 4)),  # 0.00517 ms = 1.100x torch.mm at M=1024; dropped programs_per_sm=2, tma=True
-                (2048, _MatmulMConfig(128, 128, 4, 3)),  # 0.00732 ms = 1.133x torch.mm at M=2048; dropped tma=True
-                (4096, _MatmulMConfig(128, 128, 4, 3)),  # 0.01173 ms = 1.185x torch.mm at M=4096; dropped tma=True
+                (256, _MatmulMConfig(64, 64, 4, 4)),  # 0.004 ms = 1.013x torch.mm at M=256 (retune); dropped programs_per_sm=2, tma=True
+                (512, _MatmulMConfig(64, 64, 4, 4)),  # 0.00417 ms = 0.977x torch.mm at M=512 (retune); dropped tma=True
+                (1024, _MatmulMConfig(64, 128, 4, 4)),  # 0.00518 ms = 1.114x torch.mm at M=1024 (retune); dropped tma=True
+                (2048, _MatmulMConfig(128, 128, 4, 3)),  # 0.00674 ms = 1.047x torch.mm at M=2048 (retune); dropped tma=True, block_k=64; exported: the bucket's launch before the re-tune, at the entry's block_k (0.0073 ms at M=2048)
+                (4096, _MatmulMConfig(128, 128, 4, 3)),  # 0.01044 ms = 1.047x torch.mm at M=4096 (retune); dropped tma=True, block_k=64; exported: the bucket's launch before the re-tune, at the entry's block_k (0.0118 ms at M=4096)
             ),
         ),
         # qwen3-1.7b/o: NVIDIA H200 GPU-db5bca65-93a3-b386-6c86-0a697e92dcbd, driver 580.159.04, compute capability 9.0
@@ -71,10 +71,10 @@ BISTAT_TUNED_CONFIGS: dict[str, dict[tuple[int, int], _MatmulShapeConfig]] = {
                 (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.00786 ms = 1.234x torch.mm at M=64; dropped tma=True
                 (128, _MatmulMConfig(64, 64, 4, 4)),  # 0.00769 ms = 1.131x torch.mm at M=128; dropped programs_per_sm=2, tma=True
                 (256, _MatmulMConfig(64, 64, 4, 5)),  # 0.00729 ms = 1.064x torch.mm at M=256; dropped programs_per_sm=3, tma=True
-                (512, _MatmulMConfig(64, 128, 4, 4)),  # 0.00917 ms = 1.008x torch.mm at M=512; dropped programs_per_sm=2, tma=True
-                (1024, _MatmulMConfig(128, 128, 4, 3)),  # 0.01486 ms = 1.092x torch.mm at M=1024; dropped tma=True
-                (2048, _MatmulMConfig(128, 128, 4, 3)),  # 0.02652 ms = 1.092x torch.mm at M=2048; dropped tma=True
-                (4096, _MatmulMConfig(128, 128, 4, 3)),  # 0.05152 ms = 1.115x torch.mm at M=4096; dropped tma=True
+                (512, _MatmulMConfig(64, 128, 4, 4)),  # 0.00922 ms = 1.013x torch.mm at M=512 (retune); dropped tma=True
+                (1024, _MatmulMConfig(128, 128, 4, 3)),  # 0.01396 ms = 1.024x torch.mm at M=1024 (retune); dropped tma=True, block_k=64; exported: the bucket's launch before the re-tune, at the entry's block_k (0.01508 ms at M=1024)
+                (2048, _MatmulMConfig(128, 128, 4, 3)),  # 0.02458 ms = 1.020x torch.mm at M=2048 (retune); dropped tma=True, block_k=64; exported: the bucket's launch before the re-tune, at the entry's block_k (0.02647 ms at M=2048)
+                (4096, _MatmulMConfig(128, 128, 4, 3)),  # 0.04782 ms = 1.035x torch.mm at M=4096 (retune); dropped tma=True, block_k=64; exported: the bucket's launch before the re-tune, at the entry's block_k (0.0512 ms at M=4096)
             ),
         ),
         # smollm2-135m/gate_up: NVIDIA H200 GPU-db5bca65-93a3-b386-6c86-0a697e92dcbd, driver 580.159.04, compute capability 9.0
@@ -91,10 +91,10 @@ BISTAT_TUNED_CONFIGS: dict[str, dict[tuple[int, int], _MatmulShapeConfig]] = {
                 (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.0043 ms = 1.007x torch.mm at M=64; dropped programs_per_sm=2, tma=True
                 (128, _MatmulMConfig(64, 64, 4, 4)),  # 0.00437 ms = 0.989x torch.mm at M=128; dropped programs_per_sm=2, tma=True
                 (256, _MatmulMConfig(64, 128, 4, 4)),  # 0.00509 ms = 1.134x torch.mm at M=256; dropped tma=True
-                (512, _MatmulMConfig(128, 128, 4, 3)),  # 0.0071 ms = 1.246x torch.mm at M=512; dropped tma=True
-                (1024, _MatmulMConfig(64, 128, 4, 4)),  # 0.01005 ms = 1.206x torch.mm at M=1024; dropped tma=True
-                (2048, _MatmulMConfig(128, 128, 8, 3)),  # 0.01621 ms = 1.177x torch.mm at M=2048; dropped tma=True
-                (4096, _MatmulMConfig(128, 128, 4, 3)),  # 0.03086 ms = 1.192x torch.mm at M=4096; dropped tma=True
+                (512, _MatmulMConfig(128, 128, 4, 3)),  # 0.0066 ms = 1.138x torch.mm at M=512 (retune); dropped tma=True, block_k=64; exported: the bucket's launch before the re-tune, at the entry's block_k (0.00729 ms at M=512)
+                (1024, _MatmulMConfig(64, 128, 4, 4)),  # 0.01028 ms = 1.221x torch.mm at M=1024 (retune); dropped tma=True, block_k=64; exported: the bucket's launch before the re-tune, at the entry's block_k (0.01033 ms at M=1024)
+                (2048, _MatmulMConfig(128, 128, 8, 3)),  # 0.01458 ms = 1.070x torch.mm at M=2048 (retune); dropped tma=True, block_k=64; exported: the bucket's launch before the re-tune, at the entry's block_k (0.01636 ms at M=2048)
+                (4096, _MatmulMConfig(128, 128, 4, 3)),  # 0.02554 ms = 0.995x torch.mm at M=4096 (retune); dropped tma=True, block_k=64; exported: the bucket's launch before the re-tune, at the entry's block_k (0.031 ms at M=4096)
             ),
         ),
         # qwen3-1.7b/qkv: NVIDIA H200 GPU-db5bca65-93a3-b386-6c86-0a697e92dcbd, driver 580.159.04, compute capability 9.0
@@ -111,10 +111,10 @@ BISTAT_TUNED_CONFIGS: dict[str, dict[tuple[int, int], _MatmulShapeConfig]] = {
                 (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.00867 ms = 1.170x torch.mm at M=64; dropped programs_per_sm=2, tma=True
                 (128, _MatmulMConfig(64, 64, 4, 4)),  # 0.00876 ms = 1.102x torch.mm at M=128; dropped tma=True
                 (256, _MatmulMConfig(64, 128, 4, 4)),  # 0.00978 ms = 0.958x torch.mm at M=256; dropped programs_per_sm=2, tma=True
-                (512, _MatmulMConfig(128, 128, 4, 3)),  # 0.01524 ms = 1.076x torch.mm at M=512; dropped tma=True
-                (1024, _MatmulMConfig(128, 128, 4, 3)),  # 0.02702 ms = 1.088x torch.mm at M=1024; dropped tma=True
-                (2048, _MatmulMConfig(128, 128, 4, 3)),  # 0.05254 ms = 1.119x torch.mm at M=2048; dropped tma=True
-                (4096, _MatmulMConfig(128, 128, 4, 3)),  # 0.10164 ms = 1.093x torch.mm at M=4096; dropped tma=True
+                (512, _MatmulMConfig(128, 128, 4, 3)),  # 0.01437 ms = 1.024x torch.mm at M=512 (retune); dropped tma=True, block_k=64; exported: the bucket's launch before the re-tune, at the entry's block_k (0.01529 ms at M=512)
+                (1024, _MatmulMConfig(128, 128, 4, 3)),  # 0.02496 ms = 1.017x torch.mm at M=1024 (retune); dropped tma=True, block_k=64; exported: the bucket's launch before the re-tune, at the entry's block_k (0.02683 ms at M=1024)
+                (2048, _MatmulMConfig(128, 128, 4, 3)),  # 0.04741 ms = 1.018x torch.mm at M=2048 (retune); dropped tma=True, block_k=64; exported: the bucket's launch before the re-tune, at the entry's block_k (0.052 ms at M=2048)
+                (4096, _MatmulMConfig(128, 128, 4, 3)),  # 0.09585 ms = 1.035x torch.mm at M=4096 (retune); dropped block_k=64; exported: the bucket's launch before the re-tune, at the entry's block_k (0.10195 ms at M=4096)
             ),
         ),
         # qwen3-8b/o: NVIDIA H200 GPU-db5bca65-93a3-b386-6c86-0a697e92dcbd, driver 580.159.04, compute capability 9.0
@@ -131,10 +131,10 @@ BISTAT_TUNED_CONFIGS: dict[str, dict[tuple[int, int], _MatmulShapeConfig]] = {
                 (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.01532 ms = 1.206x torch.mm at M=64; dropped tma=True
                 (128, _MatmulMConfig(64, 64, 4, 4)),  # 0.0153 ms = 1.034x torch.mm at M=128; dropped tma=True
                 (256, _MatmulMConfig(64, 128, 4, 4)),  # 0.01749 ms = 1.015x torch.mm at M=256; dropped programs_per_sm=2, tma=True
-                (512, _MatmulMConfig(128, 128, 4, 3)),  # 0.02878 ms = 1.113x torch.mm at M=512; dropped tma=True
-                (1024, _MatmulMConfig(128, 128, 4, 3)),  # 0.05227 ms = 1.129x torch.mm at M=1024; dropped tma=True
-                (2048, _MatmulMConfig(128, 128, 4, 3)),  # 0.10243 ms = 1.134x torch.mm at M=2048; dropped tma=True
-                (4096, _MatmulMConfig(128, 128, 4, 3)),  # 0.20133 ms = 1.115x torch.mm at M=4096; dropped tma=True
+                (512, _MatmulMConfig(128, 128, 4, 3)),  # 0.02537 ms = 1.012x torch.mm at M=512 (retune); dropped tma=True, block_k=64; exported: the bucket's launch before the re-tune, at the entry's block_k (0.02786 ms at M=512)
+                (1024, _MatmulMConfig(128, 128, 4, 3)),  # 0.04586 ms = 1.006x torch.mm at M=1024 (retune); dropped tma=True, block_k=64; exported: the bucket's launch before the re-tune, at the entry's block_k (0.05165 ms at M=1024)
+                (2048, _MatmulMConfig(128, 128, 4, 3)),  # 0.09107 ms = 1.026x torch.mm at M=2048 (retune); dropped tma=True, block_k=64; exported: the bucket's launch before the re-tune, at the entry's block_k (0.10127 ms at M=2048)
+                (4096, _MatmulMConfig(128, 128, 4, 3)),  # 0.18315 ms = 1.025x torch.mm at M=4096 (retune); dropped tma=True, block_k=64; exported: the bucket's launch before the re-tune, at the entry's block_k (0.19994 ms at M=4096)
             ),
         ),
         # qwen3-8b/qkv: NVIDIA H200 GPU-db5bca65-93a3-b386-6c86-0a697e92dcbd, driver 580.159.04, compute capability 9.0
@@ -150,11 +150,11 @@ BISTAT_TUNED_CONFIGS: dict[str, dict[tuple[int, int], _MatmulShapeConfig]] = {
                 (32, _MatmulMConfig(16, 128, 4, 6)),  # 0.01945 ms = 1.082x torch.mm at M=32; dropped programs_per_sm=2, tma=True
                 (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.01886 ms = 1.050x torch.mm at M=64; dropped programs_per_sm=2, tma=True
                 (128, _MatmulMConfig(64, 128, 4, 4)),  # 0.02017 ms = 1.095x torch.mm at M=128; dropped tma=True
-                (256, _MatmulMConfig(128, 128, 8, 3)),  # 0.02958 ms = 1.326x torch.mm at M=256; dropped tma=True
+                (256, _MatmulMConfig(128, 128, 8, 3)),  # 0.02611 ms = 1.190x torch.mm at M=256 (retune); dropped tma=True, block_k=64; exported: the bucket's launch before the re-tune, at the entry's block_k (0.0294 ms at M=256)
                 (512, _MatmulMConfig(64, 128, 4, 4)),  # 0.04456 ms = 1.166x torch.mm at M=512; dropped tma=True
-                (1024, _MatmulMConfig(128, 128, 4, 3)),  # 0.07778 ms = 1.089x torch.mm at M=1024; dropped tma=True
-                (2048, _MatmulMConfig(128, 128, 4, 3)),  # 0.15196 ms = 1.117x torch.mm at M=2048; dropped tma=True
-                (4096, _MatmulMConfig(128, 128, 4, 3)),  # 0.29962 ms = 1.111x torch.mm at M=4096; dropped tma=True
+                (1024, _MatmulMConfig(128, 128, 4, 3)),  # 0.07046 ms = 1.013x torch.mm at M=1024 (retune); dropped tma=True, block_k=64; exported: the bucket's launch before the re-tune, at the entry's block_k (0.07621 ms at M=1024)
+                (2048, _MatmulMConfig(128, 128, 4, 3)),  # 0.13536 ms = 1.008x torch.mm at M=2048 (retune); dropped tma=True, block_k=64; exported: the bucket's launch before the re-tune, at the entry's block_k (0.15017 ms at M=2048)
+                (4096, _MatmulMConfig(128, 128, 4, 3)),  # 0.27364 ms = 1.026x torch.mm at M=4096 (retune); dropped tma=True, block_k=64; exported: the bucket's launch before the re-tune, at the entry's block_k (0.29719 ms at M=4096)
             ),
         ),
         # qwen3-1.7b/gate_up: NVIDIA H200 GPU-db5bca65-93a3-b386-6c86-0a697e92dcbd, driver 580.159.04, compute capability 9.0
@@ -170,11 +170,11 @@ BISTAT_TUNED_CONFIGS: dict[str, dict[tuple[int, int], _MatmulShapeConfig]] = {
                 (32, _MatmulMConfig(32, 128, 4, 4)),  # 0.01668 ms = 0.964x torch.mm at M=32; dropped programs_per_sm=2, tma=True
                 (64, _MatmulMConfig(64, 128, 4, 4)),  # 0.01644 ms = 0.941x torch.mm at M=64; dropped tma=True
                 (128, _MatmulMConfig(128, 128, 8, 3)),  # 0.02082 ms = 1.192x torch.mm at M=128; dropped tma=True
-                (256, _MatmulMConfig(64, 128, 4, 4)),  # 0.02623 ms = 1.180x torch.mm at M=256; dropped tma=True
-                (512, _MatmulMConfig(128, 128, 4, 3)),  # 0.04399 ms = 1.127x torch.mm at M=512; dropped tma=True
-                (1024, _MatmulMConfig(128, 128, 4, 3)),  # 0.08012 ms = 1.098x torch.mm at M=1024; dropped tma=True
-                (2048, _MatmulMConfig(128, 128, 4, 3)),  # 0.15713 ms = 1.122x torch.mm at M=2048; dropped tma=True
-                (4096, _MatmulMConfig(128, 128, 4, 3)),  # 0.30778 ms = 1.139x torch.mm at M=4096; dropped tma=True
+                (256, _MatmulMConfig(64, 128, 4, 4)),  # 0.02605 ms = 1.177x torch.mm at M=256 (retune); dropped tma=True, block_k=64; exported: the bucket's launch before the re-tune, at the entry's block_k (0.0264 ms at M=256)
+                (512, _MatmulMConfig(128, 128, 4, 3)),  # 0.03932 ms = 1.025x torch.mm at M=512 (retune); dropped tma=True, block_k=64; exported: the bucket's launch before the re-tune, at the entry's block_k (0.04305 ms at M=512)
+                (1024, _MatmulMConfig(128, 128, 4, 3)),  # 0.07135 ms = 1.005x torch.mm at M=1024 (retune); dropped tma=True, block_k=64; exported: the bucket's launch before the re-tune, at the entry's block_k (0.07898 ms at M=1024)
+                (2048, _MatmulMConfig(128, 128, 4, 3)),  # 0.1405 ms = 1.020x torch.mm at M=2048 (retune); dropped tma=True, block_k=64; exported: the bucket's launch before the re-tune, at the entry's block_k (0.15493 ms at M=2048)
+                (4096, _MatmulMConfig(128, 128, 4, 3)),  # 0.28469 ms = 1.058x torch.mm at M=4096 (retune); dropped block_k=64; exported: the bucket's launch before the re-tune, at the entry's block_k (0.30524 ms at M=4096)
             ),
         ),
         # qwen3-8b/gate_up: NVIDIA H200 GPU-db5bca65-93a3-b386-6c86-0a697e92dcbd, driver 580.159.04, compute capability 9.0
@@ -194,7 +194,7 @@ BISTAT_TUNED_CONFIGS: dict[str, dict[tuple[int, int], _MatmulShapeConfig]] = {
                 (512, _MatmulMConfig(128, 256, 8, 3)),  # 0.14132 ms = 1.014x torch.mm at M=512; dropped tma=True
                 (1024, _MatmulMConfig(128, 256, 8, 3)),  # 0.2721 ms = 0.993x torch.mm at M=1024; dropped tma=True
                 (2048, _MatmulMConfig(128, 256, 8, 3)),  # 0.55074 ms = 1.015x torch.mm at M=2048; dropped tma=True
-                (4096, _MatmulMConfig(128, 256, 8, 3)),  # 1.1006 ms = 1.019x torch.mm at M=4096
+                (4096, _MatmulMConfig(128, 256, 8, 3)),  # 1.0807 ms = 1.007x torch.mm at M=4096 (retune); dropped tma=True
             ),
         ),
         # smollm2-135m/lm_head: NVIDIA H200 GPU-db5bca65-93a3-b386-6c86-0a697e92dcbd, driver 580.159.04, compute capability 9.0
@@ -210,8 +210,8 @@ BISTAT_TUNED_CONFIGS: dict[str, dict[tuple[int, int], _MatmulShapeConfig]] = {
                 (32, _MatmulMConfig(32, 128, 4, 6)),  # 0.01867 ms = 0.954x torch.mm at M=32; dropped tma=True
                 (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.02006 ms = 0.968x torch.mm at M=64; dropped programs_per_sm=2, tma=True
                 (128, _MatmulMConfig(64, 256, 4, 4)),  # 0.02216 ms = 0.965x torch.mm at M=128; dropped tma=True
-                (256, _MatmulMConfig(128, 128, 4, 4)),  # 0.03322 ms = 1.083x torch.mm at M=256; dropped tma=True
-                (512, _MatmulMConfig(128, 256, 8, 3)),  # 0.05406 ms = 1.040x torch.mm at M=512
+                (256, _MatmulMConfig(128, 256, 8, 3)),  # 0.03222 ms = 1.100x torch.mm at M=256 (retune)
+                (512, _MatmulMConfig(128, 256, 8, 3)),  # 0.0529 ms = 1.074x torch.mm at M=512 (retune); dropped tma=True
                 (1024, _MatmulMConfig(128, 256, 8, 4)),  # 0.10106 ms = 1.094x torch.mm at M=1024; dropped tma=True
                 (2048, _MatmulMConfig(128, 256, 8, 4)),  # 0.19495 ms = 1.065x torch.mm at M=2048; dropped tma=True
                 (4096, _MatmulMConfig(128, 256, 8, 4)),  # 0.38061 ms = 1.076x torch.mm at M=4096; dropped tma=True
@@ -230,11 +230,11 @@ BISTAT_TUNED_CONFIGS: dict[str, dict[tuple[int, int], _MatmulShapeConfig]] = {
                 (32, _MatmulMConfig(32, 128, 4, 4)),  # 0.15292 ms = 0.957x torch.mm at M=32
                 (64, _MatmulMConfig(64, 128, 4, 4)),  # 0.15794 ms = 0.956x torch.mm at M=64; dropped tma=True
                 (128, _MatmulMConfig(128, 128, 8, 3)),  # 0.17397 ms = 0.997x torch.mm at M=128; dropped tma=True
-                (256, _MatmulMConfig(128, 128, 4, 3)),  # 0.27036 ms = 1.167x torch.mm at M=256; dropped tma=True
-                (512, _MatmulMConfig(128, 128, 8, 3)),  # 0.49426 ms = 1.120x torch.mm at M=512; dropped tma=True
-                (1024, _MatmulMConfig(128, 128, 4, 3)),  # 0.93551 ms = 1.079x torch.mm at M=1024; dropped tma=True
-                (2048, _MatmulMConfig(128, 128, 4, 3)),  # 1.8645 ms = 1.100x torch.mm at M=2048; dropped tma=True
-                (4096, _MatmulMConfig(128, 128, 4, 3)),  # 3.687 ms = 1.108x torch.mm at M=4096; dropped tma=True
+                (256, _MatmulMConfig(128, 128, 4, 3)),  # 0.23225 ms = 1.017x torch.mm at M=256 (retune); dropped tma=True, block_k=64; exported: the bucket's launch before the re-tune, at the entry's block_k (0.26725 ms at M=256)
+                (512, _MatmulMConfig(128, 128, 8, 3)),  # 0.43698 ms = 1.011x torch.mm at M=512 (retune); dropped tma=True, block_k=64; exported: the bucket's launch before the re-tune, at the entry's block_k (0.48896 ms at M=512)
+                (1024, _MatmulMConfig(128, 128, 4, 3)),  # 0.84041 ms = 0.980x torch.mm at M=1024 (retune); dropped tma=True, block_k=64; exported: the bucket's launch before the re-tune, at the entry's block_k (0.91943 ms at M=1024)
+                (2048, _MatmulMConfig(128, 128, 4, 3)),  # 1.7127 ms = 1.027x torch.mm at M=2048 (retune); dropped block_k=64; exported: the bucket's launch before the re-tune, at the entry's block_k (1.8869 ms at M=2048)
+                (4096, _MatmulMConfig(128, 128, 4, 3)),  # 3.429 ms = 1.044x torch.mm at M=4096 (retune); dropped tma=True, block_k=64; exported: the bucket's launch before the re-tune, at the entry's block_k (3.7618 ms at M=4096)
             ),
         ),
         # qwen3-8b/lm_head: NVIDIA H200 GPU-db5bca65-93a3-b386-6c86-0a697e92dcbd, driver 580.159.04, compute capability 9.0
@@ -253,7 +253,7 @@ BISTAT_TUNED_CONFIGS: dict[str, dict[tuple[int, int], _MatmulShapeConfig]] = {
                 (256, _MatmulMConfig(128, 256, 8, 3)),  # 0.47538 ms = 1.049x torch.mm at M=256; dropped tma=True
                 (512, _MatmulMConfig(128, 256, 8, 3)),  # 0.84454 ms = 0.982x torch.mm at M=512; dropped tma=True
                 (1024, _MatmulMConfig(128, 256, 8, 3)),  # 1.6463 ms = 0.974x torch.mm at M=1024; dropped tma=True
-                (2048, _MatmulMConfig(128, 256, 8, 3)),  # 3.2911 ms = 0.982x torch.mm at M=2048; dropped tma=True
+                (2048, _MatmulMConfig(128, 256, 8, 3)),  # 3.3083 ms = 0.999x torch.mm at M=2048 (retune)
                 (4096, _MatmulMConfig(128, 256, 8, 3)),  # 7.3799 ms = 1.107x torch.mm at M=4096
             ),
         ),

@@ -10,6 +10,7 @@ the file is checked against the format's schema as that module declares it
 from __future__ import annotations
 
 import json
+import re
 import sys
 import types
 import zipfile
@@ -48,11 +49,24 @@ def _entry(n: int, k: int, split_k: int = 1, dtype: str = "bfloat16", prov=PROV,
             "buckets": buckets, "layers": [f"m/{n}x{k}"], "provenance": prov}
 
 
-def _expected(entry: tables.ShapeConfig, m: int) -> dict[str, int]:
-    """What vLLM's _get_matmul_config must return for ``m``: our bucket, GROUP_SIZE_M 8."""
+def _vllm_launch(entry: tables.ShapeConfig, m: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, warps, stages) the export gives ``m``: our bucket's, or, where the
+    bucket has its own BLOCK_K, the launch the re-tune replaced (at the entry's BLOCK_K)."""
     c = entry.config_for(m)
-    return {"BLOCK_SIZE_M": c.block_m, "BLOCK_SIZE_N": c.block_n, "BLOCK_SIZE_K": c.block_k,
-            "GROUP_SIZE_M": 8, "num_warps": c.num_warps, "num_stages": c.num_stages}
+    if c.block_k == entry.block_k:
+        return (c.block_m, c.block_n, c.num_warps, c.num_stages)
+    bucket = next((b for b in entry.buckets if m <= b.m_max), entry.buckets[-1])
+    was = dict(re.findall(r"(\w+)=(\w+)", bucket.measured["previous"]["config"]))
+    assert int(was["block_k"]) == entry.block_k
+    return tuple(int(was[f]) for f in ("block_m", "block_n", "num_warps", "num_stages"))
+
+
+def _expected(entry: tables.ShapeConfig, m: int) -> dict[str, int]:
+    """What vLLM's _get_matmul_config must return for ``m``: the exported launch at the entry's
+    BLOCK_K, GROUP_SIZE_M 8."""
+    bm, bn, warps, stages = _vllm_launch(entry, m)
+    return {"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": entry.block_k,
+            "GROUP_SIZE_M": 8, "num_warps": warps, "num_stages": stages}
 
 
 def test_the_h200_table_exports_12_shapes_and_says_what_it_left_out():
@@ -63,15 +77,14 @@ def test_the_h200_table_exports_12_shapes_and_says_what_it_left_out():
     assert [(o["n"], o["k"], o["split_k"]) for o in export.omitted] == [
         (576, 1536, 2), (2048, 6144, 2), (4096, 12288, 2)]
     assert "vLLM's kernel has no split-K" in export.omitted[0]["reason"]
-    assert export.dropped_summary() == {"programs_per_sm": 42, "tma": 104}
+    assert export.dropped_summary() == {"block_k": 33, "programs_per_sm": 40, "tma": 101}
     parsed = export_vllm.parse_vllm_source(export.python_text)
     assert list(parsed) == ["hopper"]
     for s in export.shapes:
         entry = table.lookup("bfloat16", s.n, s.k)
         block_k, buckets = parsed["hopper"][(s.n, s.k)]
         assert block_k == entry.block_k
-        assert buckets == tuple((b.m_max, (b.block_m, b.block_n, b.num_warps, b.num_stages))
-                                for b in entry.buckets)
+        assert buckets == tuple((b.m_max, _vllm_launch(entry, b.m_max)) for b in entry.buckets)
         assert s.provenance["gpu_uuid"].startswith("GPU-") and s.provenance["driver"]
     # every entry's provenance and every bucket's ratio to torch.mm are in the file
     first = export.shapes[0]
@@ -94,8 +107,9 @@ def test_the_committed_export_regenerates_byte_for_byte(tmp_path, monkeypatch):
                                 catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert result.output.splitlines()[1:] == [
-        "dropped programs_per_sm (vLLM's kernel cannot express it) in 42 buckets",
-        "dropped tma (vLLM's kernel cannot express it) in 104 buckets",
+        "dropped block_k (vLLM's kernel cannot express it) in 33 buckets",
+        "dropped programs_per_sm (vLLM's kernel cannot express it) in 40 buckets",
+        "dropped tma (vLLM's kernel cannot express it) in 101 buckets",
         *[f"omitted ({n}, {k}) bfloat16: split_k {split}: vLLM's kernel has no split-K and the "
           f"nearest layout (block_k 128, no split) was never timed; vLLM keeps its own entry or "
           f"default for this shape (`--split-k nearest` exports it anyway)"
@@ -131,11 +145,38 @@ def test_a_bucket_with_its_own_block_k_exports_a_smaller_buckets_launch():
     assert shape.block_k == 64
     assert [(b.block_m, b.block_n, b.num_warps, b.num_stages) for b in shape.buckets] == [
         (16, 64, 4, 5), (16, 64, 4, 5)]
-    assert shape.buckets[1].dropped == {"group_m": 4, "block_k": 128, "launch_from_bucket": 1}
+    assert shape.buckets[1].dropped == {"group_m": 4, "block_k": 128}
+    assert shape.buckets[1].exported_from == {
+        "launch": "bucket m_max 1's launch, not timed at this M"}
     parsed = export_vllm.parse_vllm_source(export.python_text)
     assert parsed["hopper"][(512, 1024)] == (64, ((1, (16, 64, 4, 5)), (4096, (16, 64, 4, 5))))
-    assert "; dropped group_m=4, block_k=128, launch_from_bucket=1" in export.python_text
-    assert export.dropped_summary() == {"block_k": 1, "group_m": 1, "launch_from_bucket": 1}
+    assert ("; dropped group_m=4, block_k=128; exported: bucket m_max 1's launch, not timed at "
+            "this M") in export.python_text
+    assert export.dropped_summary() == {"block_k": 1, "group_m": 1}
+
+
+def test_a_retuned_bucket_exports_the_launch_it_replaced_with_its_time():
+    """sweep.retune_buckets records the launch it replaced at the entry's BLOCK_K, timed at the
+    same M: that launch is exported (it fits and was measured), bistat's own time beside it."""
+    previous = {"config": str(tables.GemmConfig(128, 128, 64, 8, 8, 3, 1, tma=True)),
+                "time_ms": 0.7}
+    table = _table([_entry(512, 1024, block_k=128, measured={
+        "m": 4096, "time_ms": 0.6, "torch_mm_ms": 0.5, "source": "r.json (sweep.retune_buckets)",
+        "previous": previous})])
+    (shape,) = export_vllm.export_table(table).shapes
+    b = shape.buckets[1]
+    assert (b.block_m, b.block_n, b.num_warps, b.num_stages) == (128, 128, 8, 3)
+    assert b.exported_from == {"launch": "the bucket's launch before the re-tune, at the entry's "
+                                         "block_k", "time_ms": 0.7, "m": 4096}
+    text = export_vllm.export_table(table).python_text
+    assert ("(4096, _MatmulMConfig(128, 128, 8, 3)),  # 0.6 ms = 1.200x torch.mm at M=4096 "
+            "(retune); dropped group_m=4, block_k=128; exported: the bucket's launch before the "
+            "re-tune, at the entry's block_k (0.7 ms at M=4096)") in text
+    # a replaced launch at another BLOCK_K than the entry's is not taken
+    previous["config"] = str(tables.GemmConfig(128, 128, 128, 8, 8, 3, 1))
+    (shape,) = export_vllm.export_table(_table([_entry(512, 1024, block_k=128, measured={
+        "m": 4096, "time_ms": 0.6, "torch_mm_ms": 0.5, "previous": previous})])).shapes
+    assert shape.buckets[1].exported_from["launch"].startswith("bucket m_max 1's launch")
 
 
 def test_non_bf16_entries_are_omitted_and_the_family_must_be_known():
