@@ -38,6 +38,9 @@ analyze data/h200-v033/h200-v033-i23-latency-qwen3-8b-b8 findings/h200 h200-v033
 analyze data/h200-v033/h200-v033-i23-latency-qwen3-17b-b8 findings/h200 h200-v033-i23-latency-qwen3-17b-b8
 # issue 23's batch-8 latency goal on vLLM 0.34.0, with the tuned GEMM compiled as a third arm
 analyze data/h200-v034/h200-v034-i23-latency-qwen3-8b-b8-compiled findings/h200 h200-v034-i23-latency-qwen3-8b-b8-compiled
+# the same three arms on vLLM 0.34.0 at batch 32 and on the Qwen3-1.7B shape at batch 8
+analyze data/h200-v034/h200-v034-i23-latency-qwen3-8b-b32-compiled findings/h200 h200-v034-i23-latency-qwen3-8b-b32-compiled
+analyze data/h200-v034/h200-v034-i23-latency-qwen3-17b-b8-compiled findings/h200 h200-v034-i23-latency-qwen3-17b-b8-compiled
 # Study 1(a) on two releases, both runs under the default rule (r2's exploratory sibling)
 bistat compare data/h200/h200-match-smollm2-r2 data/h200-v033/h200-v033-match-smollm2 \
   --earlier-registration preregistrations/h200-match-smollm2-r2-exploratory.json \

@@ -39,6 +39,9 @@ I23_B8_17 = DATA_V033 / "h200-v033-i23-latency-qwen3-17b-b8"
 #: issue 23's batch-8 latency goal on vLLM 0.34.0 (default, tuned breakable, tuned compiled)
 DATA_V034 = ROOT / "data" / "h200-v034"
 I23_B8_V034 = DATA_V034 / "h200-v034-i23-latency-qwen3-8b-b8-compiled"
+#: the same three arms on vLLM 0.34.0 at batch 32 and on the Qwen3-1.7B shape at batch 8
+I23_B32_V034 = DATA_V034 / "h200-v034-i23-latency-qwen3-8b-b32-compiled"
+I23_B8_17_V034 = DATA_V034 / "h200-v034-i23-latency-qwen3-17b-b8-compiled"
 #: every committed finding of findings/h200 -> (its run directory, the registration analysed
 #: against); the first registration of each run is the one it was recorded under
 FINDINGS = {
@@ -62,6 +65,10 @@ FINDINGS = {
     "h200-v033-i23-latency-qwen3-17b-b8": (I23_B8_17, "h200-v033-i23-latency-qwen3-17b-b8"),
     "h200-v034-i23-latency-qwen3-8b-b8-compiled": (I23_B8_V034,
                                                    "h200-v034-i23-latency-qwen3-8b-b8-compiled"),
+    "h200-v034-i23-latency-qwen3-8b-b32-compiled": (I23_B32_V034,
+                                                    "h200-v034-i23-latency-qwen3-8b-b32-compiled"),
+    "h200-v034-i23-latency-qwen3-17b-b8-compiled": (I23_B8_17_V034,
+                                                    "h200-v034-i23-latency-qwen3-17b-b8-compiled"),
 }
 #: the default rule applied to every run as an exploratory analysis (registered after the data;
 #: issue 18): NAME-exploratory for each run's own registration NAME
@@ -77,7 +84,8 @@ def _ratios(s):
 
 
 @pytest.mark.parametrize("run", [SMOL, B8, THR, SYNTH, KV128, R2, THR2, B32, B8_17, TP1,
-                                 V033_SMOL, I23_B8, I23_B8_17, I23_B8_V034],
+                                 V033_SMOL, I23_B8, I23_B8_17, I23_B8_V034, I23_B32_V034,
+                                 I23_B8_17_V034],
                          ids=lambda p: p.name)
 def test_each_run_postdates_the_registration_it_was_recorded_under(run):
     """Each run against its own registration (a sibling sharing the run, -improved or -goal,
