@@ -43,18 +43,6 @@ TIME_MS = (256, 512, 1024, 2048, 4096)
 ALT_BLOCK_K = (32, 64, 128, 256)
 
 
-def split_ranges(k: int, block_k: int, split_k: int) -> tuple[tuple[int, int], ...]:
-    """The K ranges ``[start, end)`` whose partial sums each split adds (clipped to K)."""
-    tiles = -(-k // block_k)
-    per = -(-tiles // split_k)
-    out = []
-    for s in range(split_k):
-        start, end = s * per * block_k, min(k, (s + 1) * per * block_k)
-        if start < end:
-            out.append((start, end))
-    return tuple(out)
-
-
 def bit_configs(block_k: int, split_k: int) -> list[tables.GemmConfig]:
     fused = split_k > 1
     return [
@@ -89,12 +77,12 @@ def _run(a, b, cfg):
 def check_shape(shape, entry, device) -> dict:
     n, k = shape.n, shape.k
     layout = (entry.block_k, entry.split_k)
-    ranges = split_ranges(k, *layout)
+    ranges = tables.split_ranges(k, *layout)
     canon = sweep.canonical_config(*layout)
     res: dict = {"model": shape.model, "layer": shape.layer, "n": n, "k": k,
                  "layout": list(layout), "split_ranges": [list(r) for r in ranges],
                  "bits": [], "times": []}
-    alts = [bk for bk in ALT_BLOCK_K if split_ranges(k, bk, entry.split_k) == ranges]
+    alts = [bk for bk in ALT_BLOCK_K if tables.split_ranges(k, bk, entry.split_k) == ranges]
     res["block_k_same_ranges"] = alts
     for inp in ("seed0", "seed1", "wide"):
         gen = torch.Generator(device=device).manual_seed(0 if inp == "seed0" else 1)
