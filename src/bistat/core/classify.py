@@ -22,7 +22,9 @@ fall through to the next label: the comparison is *untested*, with the reason, n
 
 ``classify_cost`` is the cost rule's classifier (``[rule.cost]``): one of *no measurable cost*,
 *costs*, *faster*, *undecidable* (with the passes that would decide it) or *untested*, each with
-one fixed sentence; ``classify`` attaches it to the verdict.
+one fixed sentence; ``classify`` attaches it to the verdict. It asks what the mode costs (a
+non-inferiority test on the ratio's interval, not equivalence), so a faster treatment never gets
+a worse cost outcome.
 
 A ratio published without its passes (:class:`RatioSummary`: a point, an interval or both)
 stands in for the per-pass values, so a paper's verdict can be reproduced from its summary
@@ -797,13 +799,14 @@ class CostOutcome(str, enum.Enum):
 #: One fixed sentence per cost outcome (a finding prints it verbatim).
 COST_SENTENCES: dict[CostOutcome, str] = {
     CostOutcome.NO_MEASURABLE_COST: "The mode has no measurable cost by the registered cost rule: "
-                                    "the ratio's interval lies within the margin around 1.",
+                                    "the ratio's interval does not reach beyond the margin on "
+                                    "the slower side.",
     CostOutcome.COSTS: "The mode costs by the registered cost rule: the ratio's interval lies "
                        "wholly beyond the margin, on the slower side.",
     CostOutcome.FASTER: "The mode is faster by the registered cost rule: the ratio's interval "
                         "lies wholly beyond the margin, on the faster side.",
     CostOutcome.UNDECIDABLE: "The cost is undecidable at these passes: the ratio's interval "
-                             "reaches across the margin.",
+                             "reaches across the margin on the slower side.",
     CostOutcome.UNTESTED: "The cost was not assessed: the comparison is untested.",
 }
 
@@ -893,13 +896,28 @@ def classify_cost(cost: CostRule, control: ArmStats, treatment: ArmStats, *,
 
     Notes
     -----
-    With ``lo = 1 - margin``, ``hi = 1 + margin`` and the ratio's two-sided Welch interval
+    The question is what the mode costs, so the test is one of non-inferiority, not of
+    equivalence: a treatment faster than the control never gets a worse outcome than one as fast
+    as it. With ``lo = 1 - margin``, ``hi = 1 + margin`` and the ratio's two-sided Welch interval
     ``[L, U]`` at ``cost.confidence_level`` (``stats.throughput_ratio`` on the metric's per-pass
-    values): *no measurable cost* when ``lo <= L`` and ``U <= hi`` (TOST equivalence at
-    ``(1 - confidence_level) / 2`` per side; Schuirmann 1987); *costs* when the interval lies
-    wholly on the slower side of the margin (``U < lo`` for throughput, ``L > hi`` for
-    latency); *faster* when wholly on the other side; else *undecidable*, with the passes per
-    arm that would decide it at the observed ratio and CV (``bistat.core.design.passes_to_decide``).
+    values), its *slower end* being ``L`` for throughput (below 1 is slower) and ``U`` for
+    latency (above 1 is slower):
+
+    - *costs*: the interval lies wholly beyond the margin on the slower side (``U < lo`` for
+      throughput, ``L > hi`` for latency);
+    - *faster*: it lies wholly beyond the margin on the faster side (``L > hi`` for throughput,
+      ``U < lo`` for latency);
+    - *no measurable cost*: otherwise, when its slower end lies within the margin (``L >= lo``
+      for throughput, ``U <= hi`` for latency): the one-sided Welch test that the treatment is
+      not slower by more than the margin rejects at ``(1 - confidence_level) / 2``. When the
+      interval also reaches beyond the margin on the faster side the statement ends with
+      "possibly faster";
+    - *undecidable*: otherwise (the interval reaches across the margin on the slower side), with
+      the passes per arm that would decide it at the observed ratio and CV
+      (``bistat.core.design.passes_to_decide``).
+
+    The outcomes are ordered *costs* < *undecidable* < *no measurable cost* < *faster*, and
+    moving the interval to the faster side never moves the outcome down that order.
 
     Examples
     --------
@@ -908,6 +926,9 @@ def classify_cost(cost: CostRule, control: ArmStats, treatment: ArmStats, *,
     >>> t = ArmStats("on", "treatment", 0, 0, (97.0, 98.0, 96.5, 97.5))
     >>> classify_cost(CostRule(margin=0.10), c, t).statement
     'no measurable cost (ratio 0.97, 95 % interval 0.96–0.98)'
+    >>> quick = ArmStats("on", "treatment", 0, 0, (105.0, 112.0, 101.0, 109.0))
+    >>> classify_cost(CostRule(margin=0.05), c, quick).statement
+    'no measurable cost (ratio 1.07, 95 % interval 0.99–1.14; possibly faster)'
     """
     metric = cost.metric
     key = "pass_throughputs" if metric == "throughput" else "pass_latencies"
@@ -971,9 +992,6 @@ def _decide_cost(cost: CostRule, iv: stats.Interval, point: float | None, verdic
 
     nums = f"{shown}, {pct} interval {f(iv.low)}–{f(iv.high)}".lstrip(", ")
     slower_below = cost.metric == "throughput"
-    if lo <= iv.low and iv.high <= hi:
-        return verdict(CostOutcome.NO_MEASURABLE_COST, f"no measurable cost ({nums})", point, iv,
-                       pooled)
     below, above = iv.high < lo, iv.low > hi
     if below or above:
         costs = below if slower_below else above
@@ -988,6 +1006,13 @@ def _decide_cost(cost: CostRule, iv: stats.Interval, point: float | None, verdic
         if costs:
             return verdict(CostOutcome.COSTS, f"costs {what} ({nums})", point, iv, pooled)
         return verdict(CostOutcome.FASTER, f"faster: {what} ({nums})", point, iv, pooled)
+    # non-inferiority: the slower end within the margin (the one-sided test at (1 - level) / 2)
+    slower_end_within = lo <= iv.low if slower_below else iv.high <= hi
+    if slower_end_within:
+        reaches_faster = iv.high > hi if slower_below else iv.low < lo
+        maybe = "; possibly faster" if reaches_faster else ""
+        return verdict(CostOutcome.NO_MEASURABLE_COST, f"no measurable cost ({nums}{maybe})",
+                       point, iv, pooled)
     need = None
     if pooled is not None and point is not None and pooled > 0:
         need = design.passes_to_decide(cost.margin, point, pooled, iv.confidence_level,

@@ -799,7 +799,7 @@ def cost_outcome_probabilities(margin: float, true_ratio: float, passes_per_arm:
     Parameters
     ----------
     margin : float
-        The rule's margin ``m``: no measurable cost when the interval lies within
+        The rule's margin ``m``: no measurable cost when the interval's slower end lies within
         ``[1 - m, 1 + m]``.
     true_ratio : float
         Assumed true ratio treatment / control of the metric.
@@ -820,15 +820,19 @@ def cost_outcome_probabilities(margin: float, true_ratio: float, passes_per_arm:
 
     Notes
     -----
-    *No measurable cost* is TOST equivalence at ``(1 - confidence_level) / 2`` per side, so at a
-    true ratio on a margin its probability is at most that; *costs* (or *faster*) at a true
-    ratio of 1 is at most the same (one side of the interval).
+    The decision is :func:`bistat.core.classify.classify_cost`'s, on each draw's interval
+    ``[L, U]``: *costs* wholly beyond the margin on the slower side, *faster* wholly beyond it
+    on the faster side, else *no measurable cost* when the slower end (``L`` for throughput,
+    ``U`` for latency) lies within the margin -- the one-sided (non-inferiority) Welch test at
+    ``(1 - confidence_level) / 2`` -- else *undecidable*. So at a true ratio on the slower
+    margin *no measurable cost* (or *faster*) has probability at most
+    ``(1 - confidence_level) / 2``, and so has *costs* at a true ratio of 1.
 
     Examples
     --------
     >>> p = cost_outcome_probabilities(0.10, 1.0, 8, 0.05)
     >>> round(p["no measurable cost"], 2), round(p["costs"], 4)
-    (0.91, 0.0)
+    (0.97, 0.0)
     """
     m = _positive(margin, "margin")
     if not m < 1.0:
@@ -839,13 +843,17 @@ def cost_outcome_probabilities(margin: float, true_ratio: float, passes_per_arm:
     d, se, df = _welch_draws(true_ratio, passes_per_arm, cv)
     tq = _t_quantiles(passes_per_arm, cv, 1.0 - (1.0 - cl) / 2.0)
     low, high = d - tq * se, d + tq * se
-    within = (low >= math.log(1.0 - m)) & (high <= math.log(1.0 + m))
-    below = high < math.log(1.0 - m)
-    above = low > math.log(1.0 + m)
-    costs, faster = (below, above) if metric == "throughput" else (above, below)
-    out = {"no measurable cost": float(np.mean(within)), "costs": float(np.mean(costs)),
+    lo, hi = math.log(1.0 - m), math.log(1.0 + m)
+    below = high < lo
+    above = low > hi
+    if metric == "throughput":
+        costs, faster, slower_end_within = below, above, low >= lo
+    else:
+        costs, faster, slower_end_within = above, below, high <= hi
+    no_cost = slower_end_within & ~faster
+    out = {"no measurable cost": float(np.mean(no_cost)), "costs": float(np.mean(costs)),
            "faster": float(np.mean(faster))}
-    out["undecidable"] = max(0.0, 1.0 - sum(out.values()))
+    out["undecidable"] = float(np.mean(~(no_cost | costs | faster)))
     return out
 
 
@@ -854,37 +862,42 @@ def passes_to_decide(margin: float, true_ratio: float, cv: float, confidence_lev
                      max_passes: int = 200) -> int | None:
     """Passes per arm at which the cost rule decides with probability ``target`` at a true ratio.
 
-    Within the margins "decided" is *no measurable cost*; beyond them *costs* (or *faster*, on
-    the faster side). None when no number up to ``max_passes`` gets there (a true ratio on a
-    margin is never decided with more than ``(1 - confidence_level) / 2``).
+    Beyond the margin on the slower side "decided" is *costs*; on the other side of that margin
+    it is *no measurable cost* or *faster* (the interval's slower end within the margin: the
+    one-sided test of :func:`cost_outcome_probabilities`), whichever it is -- so a faster true
+    ratio is decided no later than a slower one on the same side. None when no number up to
+    ``max_passes`` gets there (a true ratio on the slower margin is decided either way with
+    probability at most ``(1 - confidence_level) / 2``).
 
     Examples
     --------
     >>> passes_to_decide(0.10, 1.0, 0.05)
-    7
+    5
     >>> passes_to_decide(0.10, 0.97, 0.10)
-    30
+    29
     """
     m = _positive(margin, "margin")
     r = _positive(true_ratio, "true_ratio")
-    if 1.0 - m < r < 1.0 + m:
-        outcome = "no measurable cost"
-    elif r < 1.0 - m:
-        outcome = "costs" if metric == "throughput" else "faster"
-    elif r > 1.0 + m:
-        outcome = "faster" if metric == "throughput" else "costs"
-    else:
+    if metric not in ("throughput", "latency"):
+        raise ValueError(f"metric must be 'throughput' or 'latency', got {metric!r}")
+    slower = 1.0 - m if metric == "throughput" else 1.0 + m   # the margin on the slower side
+    if r == slower:
         return None
-    # a start from the normal approximation: the nearer margin at (z_cl + z_target) standard
+    beyond = r < slower if metric == "throughput" else r > slower
+    outcomes = ("costs",) if beyond else ("no measurable cost", "faster")
+    # a start from the normal approximation: the slower margin at (z_cl + z_target) standard
     # errors of the log ratio, sigma sqrt(2 / n)
     sigma = log_sd_from_cv(cv)
-    gap = min(abs(math.log(1.0 - m) - math.log(r)), abs(math.log(1.0 + m) - math.log(r)))
+    gap = abs(math.log(slower) - math.log(r))
     zq = _sps.norm.ppf(1.0 - (1.0 - _confidence_level(confidence_level)) / 2.0)
     zt = _sps.norm.ppf(_probability(target, "target"))
-    guess = math.ceil(2.0 * (sigma * (zq + zt) / gap) ** 2) if gap > 0 else max_passes
-    return min_passes_for_power(
-        lambda n: cost_outcome_probabilities(m, r, n, cv, confidence_level, metric)[outcome],
-        target, max_passes, start=min(max(guess, 2), max_passes))
+    guess = math.ceil(2.0 * (sigma * (zq + zt) / gap) ** 2)
+
+    def power(n: int) -> float:
+        probs = cost_outcome_probabilities(m, r, n, cv, confidence_level, metric)
+        return sum(probs[o] for o in outcomes)
+
+    return min_passes_for_power(power, target, max_passes, start=min(max(guess, 2), max_passes))
 
 
 def min_passes_for_power(

@@ -397,12 +397,17 @@ class CostRule(_Model):
     ``confidence_level`` (``bistat.core.stats.throughput_ratio``). Outcomes
     (``bistat.core.classify.classify_cost``), decided on that interval, the one the finding shows:
 
-    - *no measurable cost*: the interval lies within ``[1 - margin, 1 + margin]`` -- TOST
-      equivalence at ``(1 - confidence_level) / 2`` per side (Schuirmann 1987);
     - *costs*: the interval lies wholly beyond the margin on the slower side;
     - *faster*: the interval lies wholly beyond the margin on the faster side;
-    - *undecidable*: the interval reaches across a margin, with the passes per arm the design
-      analysis says would decide it at the observed ratio and CV.
+    - *no measurable cost*: otherwise, when the interval's slower end (its lower end for
+      throughput, its upper end for latency) lies within ``[1 - margin, 1 + margin]`` -- the
+      one-sided (non-inferiority) Welch test at ``(1 - confidence_level) / 2``; "possibly
+      faster" when the interval also reaches beyond the margin on the faster side;
+    - *undecidable*: the interval reaches across the margin on the slower side, with the passes
+      per arm the design analysis says would decide it at the observed ratio and CV.
+
+    A treatment faster than another never gets a worse cost outcome (*costs* < *undecidable* <
+    *no measurable cost* < *faster*).
 
     Needs two or more counted passes per arm (refused at registration otherwise).
     """

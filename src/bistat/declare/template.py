@@ -13,9 +13,10 @@ never from a slowdown, and states the cost as a verdict of its own:
 - **doubtful**: the treatment itself diverges (its one-sided upper bound is below 0.99);
 - otherwise **reported as observed** (e.g. the control did not diverge either: the load
   revealed nothing, so the run cannot say whether the mode acts);
-- **cost**: the throughput ratio's 95 % interval against +/- 10 % (*no measurable cost* by TOST
-  equivalence, *costs* wholly beyond, *faster*, or *undecidable* with the passes that would
-  decide it).
+- **cost**: the throughput ratio's 95 % interval against +/- 10 % (*costs* wholly beyond on the
+  slower side, *faster* wholly beyond on the faster side, *no measurable cost* when its slower
+  end is within the margin -- non-inferiority, not equivalence -- or *undecidable* with the
+  passes that would decide it).
 
 One-sided bounds: the rule's claims are one-directional ("at least 0.99", "at most 0.99"), and a
 one-sided 95 % bound lets 268 prompts show 0.99 (the two-sided bound needs 381). The probe
@@ -71,8 +72,9 @@ label = "doubtful"
 all = [ { criterion = "match_upper_bound", arm = "treatment", below = 0.99 } ]
 
 # The cost, a verdict of its own: the throughput ratio's 95 % interval against +/- 10 %:
-# no measurable cost (within, by TOST), costs (wholly beyond, slower), faster, or undecidable
-# (with the passes that would decide it). metric = "latency" judges mean request latency.
+# costs (wholly beyond, slower), faster (wholly beyond, faster), no measurable cost (its slower
+# end within the margin: non-inferiority, so faster is never worse), or undecidable (with the
+# passes that would decide it). metric = "latency" judges mean request latency.
 [rule.cost]
 metric = "throughput"
 margin = 0.10
