@@ -18,7 +18,7 @@ from bistat.core import design, stats
 from bistat.core.classify import ArmStats, CostOutcome, classify_cost
 from bistat.declare.design_report import analyse_design, format_design
 from bistat.declare.experiment import validate_experiment
-from bistat.core.rule import CostRule
+from bistat.core.rule import CostRule, Rule, speed_as_evidence_warnings
 from bistat.declare.template import declaration_template
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -206,7 +206,8 @@ def test_at_the_default_cv_the_two_pass_plan_gets_no_throughput_warning():
     assert all(not fp.exceeds for fp in report.false_positives)
     assert report.false_positives[0].prob == pytest.approx(
         sps.norm.cdf(math.log(0.9) / design.log_sd_from_cv(0.05)))
-    assert not [w for w in report.warnings if "throughput" in w or "'working'" in w]
+    assert not [w for w in report.warnings if ("throughput" in w or "'working'" in w)
+                and "as evidence" not in w]  # speed-as-evidence: test_speed_as_evidence_...
 
 
 def test_the_default_rule_keeps_a_false_working_under_alpha():
@@ -255,3 +256,31 @@ def test_a_working_label_whose_activation_thresholds_overlap_is_warned_about():
         * design.prob_upper_bound_at_most(288, 0.999, 0.9995, alternative="less"))
     assert aa.fix == ("no number of prompts up to 100000 brings it under alpha; tighten the "
                       "activation criteria's thresholds")
+
+
+def test_speed_as_evidence_is_warned_where_a_faster_kernel_gets_a_worse_label():
+    """The published rule: 'working' needs a point ratio below 0.90 and 'doubtful' one at least
+    0.95, so the same outputs from a faster kernel move the verdict from working towards
+    doubtful. The default rule reads no speed; a cost-goal rule whose 'working' needs the
+    treatment NOT to be slower rewards speed and is not warned about."""
+    published = analyse_design(_published(2, 0.05)).warnings
+    speed = [w for w in published if "as evidence" in w]
+    assert [w.split(") takes")[0] for w in speed] == [
+        "rule.labels[0].all[1] ('working': throughput ratio (treatment ÷ control), point "
+        "estimate < 0.9",
+        "rule.labels[1].all[1] ('doubtful': throughput ratio (treatment ÷ control), point "
+        "estimate >= 0.95"]
+    assert "can lose 'working'" in speed[0] and "can become 'doubtful'" in speed[1]
+    default = analyse_design(validate_experiment(tomllib.loads(declaration_template("t"))))
+    assert not [w for w in default.warnings if "as evidence" in w]
+    rule = Rule.model_validate({"labels": [
+        {"label": "working", "all": [{"criterion": "throughput_not_slower",
+                                      "lower_at_least": 0.98}]},
+        {"label": "doubtful", "all": [{"criterion": "throughput_slower", "bound": 0.9}]}]})
+    assert speed_as_evidence_warnings(rule) == []
+    improved = Rule.model_validate({"labels": [
+        {"label": "working", "all": [{"criterion": "throughput_slower", "bound": 1.0}]},
+        {"label": "doubtful", "all": [{"criterion": "throughput_not_slower",
+                                       "margin_low": 0.95, "margin_high": 1.05}]}]})
+    assert [w[:37] for w in speed_as_evidence_warnings(improved)] == [
+        "rule.labels[0].all[0] ('working': thr", "rule.labels[1].all[0] ('doubtful': th"]

@@ -71,6 +71,7 @@ __all__ = [
     "EngineLog",
     "CostRule",
     "Criterion",
+    "speed_as_evidence_warnings",
     "CRITERION_NAMES",
     "MATCH_CRITERIA",
     "THROUGHPUT_CRITERIA",
@@ -506,3 +507,45 @@ def semantic_error(issues: list[tuple[str, str]]) -> PydanticCustomError:
     summary = "; ".join(f"{field}: {msg}" for field, msg in issues)
     return PydanticCustomError("bistat_semantic", "{summary}",
                                {"summary": summary, "issues": tuple(issues)})
+
+
+def speed_as_evidence_warnings(rule: Rule) -> list[str]:
+    """A warning for every criterion through which a faster treatment gets a worse label.
+
+    A *working* label that needs the treatment to be slower (``throughput_ratio ... below``,
+    ``throughput_slower``) takes a slowdown as evidence that the mode acts; a *doubtful* label
+    that needs it not to be slower (``throughput_ratio ... at_least``, ``throughput_not_slower``)
+    takes the absence of one as evidence that it does not. Under either, a faster invariant
+    kernel, with the same outputs, can only turn the verdict worse. Whether the mode acts is what
+    the activation criteria show, and they read no speed; the cost is ``[rule.cost]``'s own
+    verdict. Sealed rules keep their criteria: the warning says how to read them.
+
+    >>> r = Rule.model_validate({"labels": [{"label": "working", "all": [
+    ...     {"criterion": "match_lower_bound", "arm": "treatment", "at_least": 0.99},
+    ...     {"criterion": "throughput_slower", "bound": 0.9}]}]})
+    >>> print(speed_as_evidence_warnings(r)[0][:64])
+    rule.labels[0].all[1] ('working': throughput ratio 95 % interval
+    """
+    out = []
+    for li, spec in enumerate(rule.labels):
+        for ci, crit in enumerate(spec.criteria):
+            slowdown = (isinstance(crit, ThroughputSlower)
+                        or (isinstance(crit, ThroughputRatio) and crit.below is not None))
+            no_slowdown = (isinstance(crit, ThroughputNotSlower)
+                           or (isinstance(crit, ThroughputRatio) and crit.at_least is not None))
+            if spec.label == Label.WORKING and slowdown:
+                what = ("takes a slowdown as evidence that the mode acts: a faster invariant "
+                        "kernel with the same outputs can lose 'working'")
+            elif spec.label == Label.DOUBTFUL and no_slowdown:
+                what = ("takes the absence of a slowdown as evidence that the mode does not "
+                        "act: a faster invariant kernel with the same outputs can become "
+                        "'doubtful'")
+            else:
+                continue
+            description, threshold = crit.describe(rule)
+            out.append(f"rule.labels[{li}].all[{ci}] ('{spec.label}': {description} "
+                       f"{threshold}) {what}. Whether the mode acts is shown by control_diverges "
+                       "with treatment_beats_control, or by probe_confirmed, which read no "
+                       "speed; state the cost in [rule.cost] (bistat new NAME writes such a "
+                       "rule)")
+    return out

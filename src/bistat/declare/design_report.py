@@ -60,6 +60,7 @@ from bistat.core.rule import (
     ThroughputSlower,
     TreatmentBeatsControl,
     needs_repeat_passes,
+    speed_as_evidence_warnings,
 )
 
 __all__ = [
@@ -351,6 +352,7 @@ def analyse_design(exp: Experiment, *, base_dir: str | Path | None = None) -> De
         warnings.extend(_cost_warnings(cost, target))
     fps = _false_positives(rule, n, passes, cv, des.assumed_match_rate, control_rate)
     warnings.extend(_false_positive_warnings(fps))
+    warnings.extend(speed_as_evidence_warnings(rule))
     warnings.extend(_concurrency_warnings(exp))
     return DesignReport(
         name=exp.name, n_prompts=n, passes_per_arm=passes, cv=cv, cv_source=cv_source,

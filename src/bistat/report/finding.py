@@ -21,7 +21,7 @@ from bistat.engines.registry import capabilities
 from bistat.analysis.summary import RunSummary
 from bistat.core.classify import format_decided
 from bistat.report.index import RELEASE_COMPARISON_TITLE
-from bistat.core.rule import CostRule
+from bistat.core.rule import CostRule, Rule, speed_as_evidence_warnings
 from bistat.declare.release_log import release_log_path
 from bistat.analysis.anatomy import kv_tile_boundary, plot_anatomy, render_anatomy_section
 from bistat.report.plots import PLOTS, save_plots
@@ -278,10 +278,19 @@ def _siblings(s: RunSummary) -> list[str]:
 
 def _rule(s: RunSummary) -> list[str]:
     rule = s.declaration.get("rule", {})
-    return ["## Decision rule (as registered)", "",
-            "The rule exactly as sealed in the registration:", "",
-            "```json", json.dumps(rule, indent=2, ensure_ascii=False), "```", "",
-            f"Match unit: `{s.match_unit}`; multiple passes: `{s.multi_pass}`.", ""]
+    out = ["## Decision rule (as registered)", "",
+           "The rule exactly as sealed in the registration:", "",
+           "```json", json.dumps(rule, indent=2, ensure_ascii=False), "```", "",
+           f"Match unit: `{s.match_unit}`; multiple passes: `{s.multi_pass}`.", ""]
+    try:
+        speed = speed_as_evidence_warnings(Rule.model_validate(rule))
+    except ValueError:  # a rule the classifier read is valid; an unreadable one says nothing here
+        speed = []
+    if speed:
+        out += ["How to read it: this rule reads speed as evidence about the mode, so a faster "
+                "invariant kernel with the same outputs can get a worse label under it (the "
+                "label stands as registered):", "", *(f"- {w}." for w in speed), ""]
+    return out
 
 
 def _amendments(s: RunSummary) -> list[str]:
