@@ -42,6 +42,11 @@ def invoke(cli, args, ok=True):
     return result
 
 
+SPEED = ("takes a slowdown as evidence that the mode acts: a faster invariant kernel with the "
+         "same outputs can lose 'working'. Whether the mode acts is shown by control_diverges "
+         "with treatment_beats_control, or by probe_confirmed, which read no speed; state the "
+         "cost in [rule.cost] (bistat new NAME writes such a rule)")
+
 DESIGN_MINIMAL = """\
 Design analysis of 'minimal': 400 prompts, 3 counted passes per arm, CV 0.05 (assumed; none declared)
 
@@ -63,8 +68,9 @@ False verdicts (a label met when what it asserts is false):
 P(label's criteria all met), match and throughput independent:
   working: at true ratio 0.8: 0.669, at true ratio 0.9: 0.335, at true ratio 1: 0.003
 
-Warnings (1):
+Warnings (2):
   - rule.labels[0].all[0] ('working': treatment's 95 % Wilson match interval, lower end >= 0.99): P(met) = 0.670 at an assumed match rate of 0.999 with 400 prompts (0 mismatches tolerated), below the power target 80%; about 565 prompts would give 80% (set workload.n_prompts)
+  - rule.labels[0].all[1] ('working': throughput ratio (treatment ÷ control), point estimate < 0.9) takes a slowdown as evidence that the mode acts: a faster invariant kernel with the same outputs can lose 'working'. Whether the mode acts is shown by control_diverges with treatment_beats_control, or by probe_confirmed, which read no speed; state the cost in [rule.cost] (bistat new NAME writes such a rule)
 """
 
 
@@ -254,12 +260,15 @@ def test_design_warns_when_the_plan_cannot_reach_a_verdict(cli, work):
     result = invoke(cli, ["design", "experiments/minimal.toml"])
     assert result.exit_code == 0
     assert "    P(met) at true ratio 0.9: 0.046, 1: 0.012\n" in result.output
+    # the fixture's rule reads a slowdown as evidence that the mode acts: named too
     assert result.output.endswith(
-        "Warnings (1):\n"
+        "Warnings (2):\n"
         "  - rule.labels[0].all[1] ('working': throughput ratio 95 % interval, upper end "
         "(treatment slower) < 1): at a true ratio of 0.9, P(met) = 0.046 with 2 passes per arm "
         "at CV 0.1, below the power target 80%; 16 passes per arm would give 80% power; set "
-        "workload.passes >= 16\n")
+        "workload.passes >= 16\n"
+        "  - rule.labels[0].all[1] ('working': throughput ratio 95 % interval, upper end "
+        "(treatment slower) < 1) " + SPEED + "\n")
 
 
 def test_design_cv_from_an_earlier_run(cli, work):
@@ -326,4 +335,6 @@ def test_design_single_pass_and_uncomputable_labels(cli, work):
         "rule.labels[0].all[1] ('working': throughput ratio 95 % interval, upper end (treatment "
         "slower) < 0.95) cannot be evaluated with workload.passes = 1: 1 counted pass per arm "
         "gives no estimate of pass-to-pass variation, so no ratio interval; set "
-        "workload.passes >= 2"]
+        "workload.passes >= 2",
+        "rule.labels[0].all[1] ('working': throughput ratio 95 % interval, upper end (treatment "
+        "slower) < 0.95) " + SPEED]
