@@ -18,11 +18,11 @@ DEVICE = ROOT / "scripts" / "device"
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 
 
-def _env(payload: str | None, tmp_path: Path) -> dict[str, str]:
+def _env(payload: str | None, tmp_path: Path, repo: str = "/r") -> dict[str, str]:
     script = (f"export VLLM_PAYLOAD={payload}; " if payload else "unset VLLM_PAYLOAD; ") + (
         f". {DEVICE / 'env.sh'} && env")
     done = subprocess.run(["bash", "-c", script], capture_output=True, text=True,
-                          env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path), "REPO": "/r"})
+                          env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path), "REPO": repo})
     assert done.returncode == 0, done.stderr
     return dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
 
@@ -43,6 +43,15 @@ def test_env_gives_each_payload_its_site_and_the_latest_its_cudnn_setting(tmp_pa
             "VLLM_USE_FLASHINFER_SAMPLER": "0", "NCCL_NVLS_ENABLE": "0",
             "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
             "BISTAT_PACKAGE_INDEX": "off", "HF_HUB_OFFLINE": "1"}
+
+
+def test_env_exports_the_commit_travel_sh_says_travelled(tmp_path):
+    assert "BISTAT_SOURCE_COMMIT" not in _env("latest", tmp_path)     # no note: none declared
+    repo = tmp_path / "repo"
+    (repo / "scripts" / "device").mkdir(parents=True)
+    (repo / "scripts" / "device" / "SOURCE_COMMIT").write_text("a" * 40 + " dirty\n")
+    env = _env("latest", tmp_path, repo=str(repo))
+    assert env["BISTAT_SOURCE_COMMIT"] == "a" * 40 + " dirty"
 
 
 def test_env_refuses_an_unknown_payload(tmp_path):

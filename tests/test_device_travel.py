@@ -77,6 +77,10 @@ def test_run_sends_what_a_run_needs_with_gitignore_and_not_the_data(repo):
             "README.md", "pyproject.toml"} <= sent
     assert not {f for f in sent if f.startswith(("data/", "findings/", "tests/", "docs/",
                                                  "kernels/results/", "runs/"))}
+    # the copy says which commit it is (its own .git on the device can be an earlier one's)
+    head = _git(repo, "rev-parse", "HEAD").strip()
+    assert "scripts/device/SOURCE_COMMIT" in sent
+    assert (repo / "scripts" / "device" / "SOURCE_COMMIT").read_text() == f"{head} clean\n"
     # switching modes goes through restore; restoring twice is harmless
     assert _travel(repo, "stage").returncode == 0 and ".gitignore" in _travelling(repo)
     assert _travel(repo, "restore").returncode == 0
@@ -108,3 +112,14 @@ def test_a_mode_leaves_other_worktrees_and_the_shared_exclude_file_alone(repo, t
     assert _travel(repo, "restore").returncode == 0
     assert _git(repo, "status", "--porcelain") == ""
     assert (repo / ".gitignore").read_text() == "/runs/\n/.dev/\n"  # as committed
+
+
+def test_run_says_dirty_when_tracked_files_differ_and_restore_removes_the_note(repo):
+    (repo / "README.md").write_text("edited, not committed\n")
+    (repo / "new.txt").write_text("untracked\n")         # untracked files do not make it dirty
+    assert _travel(repo, "run").returncode == 0
+    head = _git(repo, "rev-parse", "HEAD").strip()
+    assert (repo / "scripts" / "device" / "SOURCE_COMMIT").read_text() == f"{head} dirty\n"
+    assert _travel(repo, "restore").returncode == 0
+    assert not (repo / "scripts" / "device" / "SOURCE_COMMIT").exists()
+    assert _git(repo, "status", "--porcelain").split() == ["M", "README.md", "??", "new.txt"]

@@ -12,6 +12,7 @@ from bistat.run.fingerprint import (
     collect_fingerprint,
     cpu_info,
     gpu_info,
+    git_info,
     gpu_processes,
     package_versions,
     same_node,
@@ -159,3 +160,48 @@ def test_gpu_processes_from_nvidia_smi(monkeypatch):
     assert gpu_processes() == []
     monkeypatch.setattr(fpmod.shutil, "which", lambda name: None)
     assert gpu_processes() is None
+
+
+def _repo_at_two_commits(tmp_path):
+    import subprocess
+    repo = tmp_path / "copy"
+    repo.mkdir()
+    def git(*args):
+        return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t",
+                               *args], check=True, capture_output=True, text=True).stdout.strip()
+    git("init", "-q")
+    (repo / "a.py").write_text("1\n")
+    git("add", "a.py")
+    git("commit", "-qm", "first")
+    first = git("rev-parse", "HEAD")
+    (repo / "a.py").write_text("2\n")
+    git("commit", "-qam", "second")
+    return repo, first, git("rev-parse", "HEAD")
+
+
+def test_a_copy_declares_the_commit_it_is_a_copy_of(tmp_path, monkeypatch):
+    # The lent GPU machine's copy kept an earlier commit's .git (runs of 2026-12-03 recorded
+    # ad07555 "dirty" for a tree of 5935d64): travel.sh says which commit travelled.
+    import shutil
+    if shutil.which("git") is None:
+        import pytest
+        pytest.skip("needs git")
+    repo, first, second = _repo_at_two_commits(tmp_path)
+    monkeypatch.delenv("BISTAT_SOURCE_COMMIT", raising=False)
+    assert git_info(repo) == {"commit": second, "dirty": False}
+
+    monkeypatch.setenv("BISTAT_SOURCE_COMMIT", f"{first} dirty")
+    assert git_info(repo) == {"commit": first, "dirty": True, "from": "BISTAT_SOURCE_COMMIT",
+                              "copy_git": {"commit": second, "dirty": False}}
+    monkeypatch.setenv("BISTAT_SOURCE_COMMIT", f"{second} clean\n")
+    assert git_info(repo) == {"commit": second, "dirty": False, "from": "BISTAT_SOURCE_COMMIT"}
+
+    for bad in ("5935d64 clean", f"{second}", f"{second} modified", "HEAD clean"):
+        monkeypatch.setenv("BISTAT_SOURCE_COMMIT", bad)
+        info = git_info(repo)
+        assert (info["commit"], info["dirty"]) == (second, False)     # the copy's own answer
+        assert info["invalid"] == (f"BISTAT_SOURCE_COMMIT={bad!r} is not 'SHA clean' or 'SHA "
+                                   "dirty' (a full 40-digit commit); the copy's own git answer "
+                                   "is recorded")
+    monkeypatch.setenv("BISTAT_SOURCE_COMMIT", f"{first} clean")
+    assert collect_fingerprint()["git"]["commit"] == first

@@ -26,6 +26,9 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 # this machine reaches no package index: runs record "not checked" instead of waiting on DNS; the
 # newest release is the one sealed at registration (bistat.declare.releases)
 export BISTAT_PACKAGE_INDEX=off
+# the copy's .git can be an earlier commit's: runs record the commit travel.sh says travelled
+if [ -f "$REPO/scripts/device/SOURCE_COMMIT" ]; then
+  export BISTAT_SOURCE_COMMIT="$(cat "$REPO/scripts/device/SOURCE_COMMIT")"; fi
 export OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 bistat() { python3 -c 'from bistat.cli import main; main()' "$@"; }

@@ -7,7 +7,9 @@
 # declarations and registrations, not the committed data, findings, docs or tests.
 #   bash scripts/device/travel.sh stage     only scripts/device/ travels (payload-staging calls)
 #   bash scripts/device/travel.sh run       src/, kernels/ (less kernels/results/), scripts/,
-#                                           experiments/, preregistrations/, README.md, pyproject.toml
+#                                           experiments/, preregistrations/, README.md, pyproject.toml,
+#                                           and scripts/device/SOURCE_COMMIT ("SHA clean|dirty": the
+#                                           commit that travels; env.sh exports it for the runs)
 #   bash scripts/device/travel.sh restore   everything again, as committed
 #   bash scripts/device/travel.sh size      the bytes that would travel now
 # How: the other tracked files leave git's index (`git rm --cached`, never the disk) and are
@@ -28,9 +30,12 @@ tree_bytes() {
     | awk '{s+=$1} END {print s+0}'
 }
 
+SOURCE=scripts/device/SOURCE_COMMIT        # run mode: the commit this copy is of (env.sh exports it)
+
 restore() {
   [ -f "$STATE" ] || { echo "travel: nothing to restore (no mode on)"; return 0; }
   git reset -q
+  rm -f "$SOURCE"
   if [ -f "$SAVED" ]; then mv "$SAVED" "$EXCLUDE"; fi
   rm -f "$STATE"
   echo "travel: restored; $(tree_bytes) bytes travel"
@@ -55,9 +60,15 @@ case "${1:-}" in
            printf '%s\n' "/scripts/*" "!/scripts/device/" >> "$EXCLUDE"
            git rm -r -q --cached -- scripts > /dev/null; git add -- scripts/device
            echo "travel: stage narrowed to scripts/device; $(tree_bytes) bytes travel"; } ;;
-  run)   keep_only run .gitignore src/ scripts/ experiments/ preregistrations/ README.md pyproject.toml kernels/ && {
+  run)   # the device copy's own .git can be an earlier commit's: say which commit travels, and
+         # whether tracked files differed from it (runs record it: bistat.run.fingerprint.git_info)
+         state=clean; git diff --quiet HEAD -- || state=dirty
+         commit=$(git rev-parse HEAD)
+         keep_only run .gitignore src/ scripts/ experiments/ preregistrations/ README.md pyproject.toml kernels/ && {
            printf '%s\n' "/kernels/results/" >> "$EXCLUDE"
            git rm -r -q --cached -- kernels/results > /dev/null
+           echo "$commit $state" > "$SOURCE"; git add -f -- "$SOURCE"
+           echo "travel: $SOURCE says $commit $state"
            echo "travel: run without kernels/results; $(tree_bytes) bytes travel"; } ;;
   restore) restore ;;
   size)  echo "$(tree_bytes) bytes travel (mode: $(cat "$STATE" 2>/dev/null || echo none))" ;;

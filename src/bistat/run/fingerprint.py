@@ -12,12 +12,19 @@ Format (a JSON object)::
      "os": {"system", "release", "platform"},
      "versions": {"python", "numpy", "torch", "triton", "vllm", "bistat"},   # null: not installed
      "git": {"commit", "dirty"},                             # nulls outside a git checkout
+                                  # + "from", "copy_git" when BISTAT_SOURCE_COMMIT declares it
      "code": {"bistat", "bistat_kernels"},                   # SHA-256 of each package's files
      "host": "hostname"}
 
 ``code`` identifies the code that ran where ``git`` cannot: a copy of a checkout whose ``.git``
 is another commit's (the lent GPU machine's repository copy kept the session's first commit), or
-an install without git. Each digest covers the package's ``.py`` and ``.json`` files (relative
+an install without git. Such a copy can also say which commit it is a copy of:
+``BISTAT_SOURCE_COMMIT="SHA clean"`` (or ``dirty``: tracked files differed from the commit),
+which ``scripts/device/travel.sh run`` writes to ``scripts/device/SOURCE_COMMIT`` and
+``scripts/device/env.sh`` exports. ``git`` then records that commit with ``"from":
+"BISTAT_SOURCE_COMMIT"`` and, where the copy's own git metadata names another commit, what it
+named under ``copy_git``; a malformed value is recorded as ``invalid`` beside the copy's own
+answer, never taken for a commit. Each digest covers the package's ``.py`` and ``.json`` files (relative
 path and bytes, in path order; not the measurements under ``results/``), found with
 :func:`importlib.util.find_spec` without importing the package; null where it is not installed.
 
@@ -38,6 +45,7 @@ import importlib.util
 import io
 import os
 import platform
+import re
 import shutil
 import socket
 import subprocess
@@ -47,6 +55,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 __all__ = [
     "CODE_PACKAGES",
+    "SOURCE_COMMIT_ENV",
     "VERSIONED_PACKAGES",
     "code_digests",
     "collect_fingerprint",
@@ -180,8 +189,34 @@ def package_versions(packages: Iterable[str] = VERSIONED_PACKAGES) -> dict[str, 
     return versions
 
 
+#: A copy of a checkout without its own git history names the commit it is a copy of here.
+SOURCE_COMMIT_ENV = "BISTAT_SOURCE_COMMIT"
+_SOURCE_COMMIT = re.compile(r"(?P<commit>[0-9a-f]{40}) (?P<state>clean|dirty)")
+
+
 def git_info(directory: Path | None = None) -> dict[str, Any]:
-    """The git commit of ``directory`` (default: bistat's own source tree) and whether it is dirty."""
+    """The git commit of ``directory`` (default: bistat's own source tree) and whether it is dirty.
+
+    Where :data:`SOURCE_COMMIT_ENV` is set (``"SHA clean"`` or ``"SHA dirty"``), the commit it
+    declares, marked ``"from": "BISTAT_SOURCE_COMMIT"`` (see the module docstring).
+    """
+    local = _local_git(directory)
+    declared = os.environ.get(SOURCE_COMMIT_ENV, "").strip()
+    if not declared:
+        return local
+    m = _SOURCE_COMMIT.fullmatch(declared)
+    if m is None:
+        return {**local, "from": SOURCE_COMMIT_ENV,
+                "invalid": f"{SOURCE_COMMIT_ENV}={declared!r} is not 'SHA clean' or 'SHA dirty' "
+                           "(a full 40-digit commit); the copy's own git answer is recorded"}
+    out: dict[str, Any] = {"commit": m["commit"], "dirty": m["state"] == "dirty",
+                           "from": SOURCE_COMMIT_ENV}
+    if local["commit"] != m["commit"]:
+        out["copy_git"] = local
+    return out
+
+
+def _local_git(directory: Path | None) -> dict[str, Any]:
     directory = directory or Path(__file__).resolve().parent
     git = shutil.which("git")
     if git is None:
