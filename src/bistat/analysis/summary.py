@@ -88,8 +88,8 @@ from bistat.core.classify import (
 )
 from bistat.core.divergence import divergence_position
 from bistat.declare.engine_version import EngineVersionReport, engine_version_report
-from bistat.store.enginelog import (JitCompile, jit_compiles, kept_log_lines, kept_logs,
-                                    logged_modes)
+from bistat.store.enginelog import (CudaGraphSizes, JitCompile, cudagraph_sizes, jit_compiles,
+                                    kept_log_lines, kept_logs, logged_modes)
 from bistat.store.format import parse_time
 from bistat.engines.base import MetricsSample
 from bistat.declare.experiment import DeclarationError, Experiment
@@ -101,6 +101,7 @@ from bistat.analysis.probe_report import ProbeReport, merge_reports, report_from
 
 __all__ = [
     "AnalysisError",
+    "BeyondGraphs",
     "PassSummary",
     "Divergence",
     "ArmSummary",
@@ -110,6 +111,7 @@ __all__ = [
     "RunSummary",
     "analyze_run",
     "summary_to_dict",
+    "time_beyond_graphs",
 ]
 
 VERSION_KEYS = ("python", "numpy", "torch", "triton", "vllm", "bistat")
@@ -148,6 +150,9 @@ class PassSummary:
     #: requests bistat had in flight, time-weighted over the pass: sum of (t_done - t_submit)
     #: over the pass's responses / (last t_done - first t_submit); None without the times
     client_in_flight: float | None = None
+    #: seconds of the pass at each running-request count, (count, seconds) in count order (the
+    #: time weights of the mean running batch; empty without metrics samples)
+    running_hist: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -303,6 +308,8 @@ class RunSummary:
     #: kernels the engines JIT-compiled while serving, and the passes that paid for it
     #: (vLLM's warnings in ``engine-logs/``; :mod:`bistat.store.enginelog`)
     jit_compiles: tuple[JitCompile, ...] = ()
+    #: per arm, the CUDA-graph sizes its (last) engine start logged (bistat.store.enginelog)
+    cudagraph_sizes: tuple[tuple[str, CudaGraphSizes], ...] = ()
     #: the engine's version against the newest release known and the required one, and each
     #: arm's compilation / CUDA-graph mode (bistat.declare.engine_version)
     engine_version: EngineVersionReport | None = None
@@ -432,6 +439,9 @@ def analyze_run(run_dir: str | Path | RecordedRun,
         siblings=tuple(siblings),
         jit_compiles=jit_compiles(run_dir, header.get("created_utc"),
                                   passes_df.to_dict("records") if len(passes_df) else []),
+        cudagraph_sizes=tuple(
+            (arm, size) for arm, starts in engine_logs.items()
+            if (size := cudagraph_sizes(starts[max(starts)])) is not None),
         exploratory=registered.exploratory, recorded_registration=(
             _display_path(sibling_of.path) if sibling_of is not None else None),
         engine_version=engine_version)
@@ -584,7 +594,8 @@ def _pass_summaries(tables: _Tables, roles: Mapping[str, str],
             max_running=b.get("max_running", _opt_float(batch_rec.get("max_running"))),
             mean_waiting=b.get("mean_waiting", _opt_float(batch_rec.get("mean_waiting"))),
             preemptions=b.get("preemptions", _opt_float(batch_rec.get("preemptions"))),
-            n_metric_samples=int(b.get("n", 0)), client_in_flight=in_flight.get((arm, pidx))))
+            n_metric_samples=int(b.get("n", 0)), client_in_flight=in_flight.get((arm, pidx)),
+            running_hist=b.get("running_hist", _hist_pairs(batch_rec.get("running_hist")))))
         if kind == "counted" and not counted and arm in roles:
             deviations.append(f"{arm} counted pass {pidx} (schedule position {seq}) ended "
                               f"'{stat}'; not counted")
@@ -1059,10 +1070,74 @@ def _batching(metrics: pd.DataFrame, walls: Mapping[tuple[str, int], float | Non
         out[(str(arm), int(seq))] = {
             "mean_running": summary["mean_running"], "max_running": summary["max_running"],
             "mean_waiting": summary["mean_waiting"], "preemptions": summary["preemptions"],
-            "n": int(running.size)}
+            "n": int(running.size), "running_hist": _hist_pairs(summary["running_hist"])}
         series.append(MetricsSeries(str(arm), int(seq), tuple(t.tolist()),
                                     tuple(running.tolist())))
     return out, series
+
+
+def _hist_pairs(hist: Any) -> tuple[tuple[int, float], ...]:
+    """``running_hist`` ({count (str): seconds}) as (count, seconds) pairs in count order."""
+    if not isinstance(hist, Mapping):
+        return ()
+    pairs = []
+    for k, v in hist.items():
+        count, secs = _opt_int(k), _opt_float(v)
+        if count is not None and secs is not None:
+            pairs.append((count, secs))
+    return tuple(sorted(pairs))
+
+
+@dataclass(frozen=True)
+class BeyondGraphs:
+    """How much of an arm's counted time ran more requests than its largest CUDA-graph size."""
+
+    arm: str
+    sizes: CudaGraphSizes
+    seconds_total: float          # counted passes' time with metrics samples
+    seconds_beyond: float         # of it, with more requests running than sizes.max_capture_size
+    n_passes: int                 # counted passes with samples
+
+    @property
+    def share(self) -> float:
+        return self.seconds_beyond / self.seconds_total if self.seconds_total > 0 else 0.0
+
+    @property
+    def per_pass(self) -> tuple[float, float]:
+        """(seconds, of them beyond the largest graph size) per counted pass, on average."""
+        return self.seconds_total / self.n_passes, self.seconds_beyond / self.n_passes
+
+    def extra_over(self, control: "BeyondGraphs") -> tuple[float, float]:
+        """Per counted pass, this arm's extra seconds over ``control``'s: (in all, of them with
+        more requests running than the largest graph size)."""
+        (t, b), (ct, cb) = self.per_pass, control.per_pass
+        return t - ct, b - cb
+
+
+def time_beyond_graphs(summary: "RunSummary") -> list[BeyondGraphs]:
+    """Per arm whose engine logged its CUDA-graph sizes: the time-weighted share of its counted
+    passes with more requests running than ``max_cudagraph_capture_size``.
+
+    A decode step takes one token per running request and a prefill more, so each such step had
+    more tokens than any captured graph and ran without one: the share is a lower bound on the
+    time spent in such steps (all of it where the logged ``cudagraph_mode`` is ``NONE``). Arms in
+    declaration order; those without sizes or samples left out.
+    """
+    sizes = dict(summary.cudagraph_sizes)
+    out = []
+    for arm in [a.name for a in summary.arms]:
+        size = sizes.get(arm)
+        if size is None or size.max_capture_size is None:
+            continue
+        hists = [p.running_hist for p in summary.passes
+                 if p.arm == arm and p.counted and p.running_hist]
+        if not hists:
+            continue
+        total = math.fsum(sec for h in hists for _, sec in h)
+        beyond = (total if size.cudagraph_mode == "NONE" else   # no step replays a graph
+                  math.fsum(sec for h in hists for n, sec in h if n > size.max_capture_size))
+        out.append(BeyondGraphs(arm, size, total, beyond, len(hists)))
+    return out
 
 
 # --------------------------------------------------------------------------------------------

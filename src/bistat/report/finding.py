@@ -18,7 +18,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from bistat.engines.registry import capabilities
-from bistat.analysis.summary import RunSummary
+from bistat.analysis.summary import RunSummary, time_beyond_graphs
 from bistat.core.classify import format_decided
 from bistat.report.index import RELEASE_COMPARISON_TITLE
 from bistat.core.rule import CostRule, Rule, speed_as_evidence_warnings
@@ -717,7 +717,52 @@ def _batching(s: RunSummary, plot: str) -> list[str]:
         else:
             out += [f"In counted passes the engine's running batch was {low:.0%}–{high:.0%} of "
                     f"the requests in flight (lowest: {where}).", ""]
+    out += _beyond_graphs(s)
     out += [f"![Running requests over time]({plot})", ""]
+    return out
+
+
+def _beyond_graphs(s: RunSummary) -> list[str]:
+    """Where the running batch outgrew the engine's CUDA graphs (issue 23: steps beyond the
+    CUDA-graph sizes launch every kernel from the host, where a launcher's per-call cost shows)."""
+    found = time_beyond_graphs(s)
+    if not found:
+        return []
+    if all(b.seconds_beyond == 0 for b in found):
+        sizes = sorted({b.sizes.max_capture_size for b in found})
+        return [f"CUDA graphs: no metrics sample of a counted pass had more requests running "
+                f"than the engine's largest CUDA-graph size ({' / '.join(map(str, sizes))} "
+                "tokens, from its logged configuration), so no decode step outgrew the graphs "
+                "(a prefill step can, in tokens).", ""]
+    rows = []
+    for b in found:
+        t, beyond = b.per_pass
+        decode = (f"; full decode graphs to {b.sizes.max_decode_requests} requests"
+                  if b.sizes.max_decode_requests is not None else "")
+        graphs = ("NONE: no step replays a graph" if b.sizes.cudagraph_mode == "NONE" else
+                  f"{b.sizes.cudagraph_mode or 'unknown'}, {b.sizes.max_capture_size} "
+                  f"tokens{decode}")
+        rows.append((b.arm, graphs, str(b.n_passes), _f(t, 3), _f(beyond, 3),
+                     f"{b.share:.1%}"))
+    out = ["**Steps beyond the CUDA-graph sizes.** A step with more requests running than the "
+           "engine's largest CUDA-graph size has more tokens than any captured graph and runs "
+           "without one, every kernel launched from the host. Time-weighted from the metrics "
+           "samples of the counted passes, so a lower bound (a prefill step outgrows the graphs "
+           "with fewer requests) read at the samples' resolution:", "",
+           _table(("arm", "CUDA graphs (logged: mode, largest size)", "counted passes",
+                   "seconds per pass", "of them beyond the largest size", "share"), rows), ""]
+    by_arm = {b.arm: b for b in found}
+    roles = {a.name: a.role for a in s.arms}
+    controls = [a for a, r in roles.items() if r == "control" and a in by_arm]
+    for arm in (a for a, r in roles.items() if r == "treatment" and a in by_arm):
+        for control in controls:
+            extra, extra_beyond = by_arm[arm].extra_over(by_arm[control])
+            if extra > 0:
+                out.append(f"- {arm} took {extra:.3f} s more per counted pass than {control}, "
+                           f"{extra_beyond:.3f} s of it with more requests running than the "
+                           "largest graph size.")
+    if out[-1] != "":
+        out.append("")
     return out
 
 

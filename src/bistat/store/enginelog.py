@@ -26,8 +26,8 @@ from pathlib import Path
 
 from bistat.store.format import ENGINE_LOGS_DIR, parse_time
 
-__all__ = ["JIT_WARNING", "EngineModes", "JitCompile", "engine_modes", "jit_compiles",
-           "kept_logs", "logged_modes", "kept_log_lines"]
+__all__ = ["JIT_WARNING", "CudaGraphSizes", "EngineModes", "JitCompile", "cudagraph_sizes",
+           "engine_modes", "jit_compiles", "kept_logs", "logged_modes", "kept_log_lines"]
 
 #: vLLM's warning (``vllm/.../jit_monitor.py``), with its log stamp ``MM-DD HH:MM:SS``
 JIT_WARNING = re.compile(
@@ -175,6 +175,57 @@ def engine_modes(log_text: str) -> EngineModes | None:
     if mode is None and graphs is None:
         return None
     return EngineModes(mode, graphs, bool(_BREAKABLE.search(log_text)), "engine log")
+
+
+#: The configuration line's CUDA-graph sizes: tokens per step up to which a step can replay a
+#: graph (vLLM 0.25 to 0.34), and (0.34) the requests up to which a decode step replays a full one.
+_CAPTURE_MAX = re.compile(r"'max_cudagraph_capture_size': (?P<n>\d+)")
+_DECODE_MAX = re.compile(r"'max_decode_cudagraph_capture_requests': (?P<n>\d+)")
+
+
+@dataclass(frozen=True)
+class CudaGraphSizes:
+    """The CUDA-graph sizes of one engine start, as its logged configuration states them.
+
+    Attributes
+    ----------
+    cudagraph_mode : str or None
+        ``CUDAGraphMode`` name (``NONE``: no step replays a graph).
+    max_capture_size : int or None
+        ``max_cudagraph_capture_size``: a step of more tokens runs without a CUDA graph, every
+        kernel launched from the host (the path issue 23 calls eager).
+    max_decode_requests : int or None
+        ``max_decode_cudagraph_capture_requests`` (vLLM 0.34): the largest decode batch captured
+        as a full graph; None where the configuration has no such field.
+    """
+
+    cudagraph_mode: str | None
+    max_capture_size: int | None
+    max_decode_requests: int | None = None
+
+
+def cudagraph_sizes(log_text: str) -> CudaGraphSizes | None:
+    """The CUDA-graph sizes one engine start's log states (its last configuration line); None
+    when it holds no configuration line naming them.
+
+    >>> cudagraph_sizes("Initializing a V1 LLM engine (v0.34.0) with config: model='m', "
+    ...     "compilation_config={'mode': <CompilationMode.VLLM_COMPILE: 3>, 'cudagraph_mode': "
+    ...     "<CUDAGraphMode.FULL_AND_PIECEWISE: (2, 1)>, 'max_decode_cudagraph_capture_requests': "
+    ...     "256, 'max_cudagraph_capture_size': 512}")
+    CudaGraphSizes(cudagraph_mode='FULL_AND_PIECEWISE', max_capture_size=512, max_decode_requests=256)
+    """
+    found = None
+    for line in log_text.splitlines():
+        if "compilation_config=" not in line:
+            continue
+        size, graphs = _CAPTURE_MAX.search(line), _CONFIG_GRAPHS.search(line)
+        if size is None and graphs is None:
+            continue
+        decode = _DECODE_MAX.search(line)
+        found = CudaGraphSizes(graphs["graphs"] if graphs else None,
+                               int(size["n"]) if size else None,
+                               int(decode["n"]) if decode else None)
+    return found
 
 
 def kept_logs(run_dir: str | Path) -> dict[str, dict[int, str]]:
