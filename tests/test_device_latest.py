@@ -220,3 +220,23 @@ def test_the_034_patch_refuses_a_file_it_was_not_written_for(tmp_path):
     assert target.read_bytes() == before
     with pytest.raises(SystemExit, match="is missing"):
         vp.apply(tmp_path / "elsewhere")
+
+
+@pytest.mark.parametrize("found", ["0.33", ""])
+def test_install_redoes_a_shared_site_that_holds_another_payload(tmp_path, found):
+    # 0.33 and latest unpack into one folder and install into one site: a warm machine that had
+    # one must not run the other's studies on it under the new name
+    pl, site = tmp_path / "pl-latest", tmp_path / "site-latest"
+    for folder, marker in ((pl, ".unpacked"), (site, ".installed")):
+        (folder / "payload").mkdir(parents=True)
+        (folder / marker).write_text(found + ("\n" if found else ""))
+    done = subprocess.run(
+        ["bash", str(DEVICE / "install.sh")], capture_output=True, text=True, cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path), "REPO": str(tmp_path),
+             "VLLM_PAYLOAD": "latest", "PL_LATEST": str(pl), "SITE_LATEST": str(site),
+             "STAGE_LATEST": str(tmp_path / "no-stage")})
+    assert done.returncode == 1
+    assert done.stdout.splitlines() == [
+        f"[install] {pl}/.unpacked is payload '{found}', not 'latest': removing {pl} and {site}",
+        f"[install] no {tmp_path / 'no-stage'}: stage the parts first"]
+    assert not pl.exists() and not site.exists()

