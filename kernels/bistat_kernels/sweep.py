@@ -55,6 +55,7 @@ from typing import Any
 
 import torch
 import triton
+from triton.compiler.errors import CompilationError
 from triton.runtime.errors import OutOfResources
 from bistat_kernels import matmul_persistent as mp
 from bistat_kernels import tables
@@ -114,16 +115,27 @@ TMA_CLASSES: tuple[str, ...] = ("decode", "small", "mid", "large", "prefill")
 TMA_MIN_BLOCK_M = 16
 # Bucket classes whose candidates also come with another BLOCK_K than the layout's, where it cuts
 # K into the same split-K ranges (tables.split_ranges): the same sums in the same order (measured:
-# kernels/device/block_k_check.py, 0 of 2,700 rows differing on the H200; gate 1 checks every
-# such candidate bitwise against the layout's canonical launch). A layout chosen for decode sizes
-# (BLOCK_K 128) left prefill sizes 128x128 tiles, the largest whose three stages fit in shared
-# memory; BLOCK_K 64 fits 128x256 tiles, 1.17 -> 1.11x torch.mm at M in {256, 1024, 4096} over
-# the twelve shapes whose layout is not BLOCK_K 64 (kernels/results/k10/, triton 3.6).
-FREE_BLOCK_K_CLASSES: tuple[str, ...] = ("large", "prefill")
-ALT_BLOCK_K: tuple[int, ...] = (64, 128)
-_ALT_BLOCK_K_TILES: tuple[tuple[int, int, int, int, int], ...] = (
+# kernels/device/block_k_check.py, 0 of 2,700 rows differing on the H200 over BLOCK_K 32-256 with
+# mma.sync (BLOCK_M 16) and wgmma tiles; gate 1 checks every such candidate bitwise against the
+# layout's canonical launch). A layout chosen for decode sizes (BLOCK_K 128) left prefill sizes
+# 128x128 tiles, the largest whose three stages fit in shared memory; BLOCK_K 64 fits 128x256
+# tiles, 1.17 -> 1.11x torch.mm at M in {256, 1024, 4096} over the twelve shapes whose layout is
+# not BLOCK_K 64 (kernels/results/k10/, triton 3.6). Decode and small sizes are bound by the
+# weights' HBM traffic: there BLOCK_K 256 halves the K-loop's iterations with loads twice as long
+# (16-row tiles; (16 + BLOCK_N) x 256 x 2 B per stage, within the H200's 227 KiB at the stages
+# given), and a BLOCK_K-64 layout gets 128 (not measured yet: issue 23).
+FREE_BLOCK_K_CLASSES: tuple[str, ...] = ("decode", "small", "large", "prefill")
+#: per bucket class: the BLOCK_K offered besides the layout's, and the tiles they come with
+ALT_BLOCK_K: dict[str, tuple[int, ...]] = {
+    "decode": (64, 128, 256), "small": (64, 128, 256), "large": (64, 128), "prefill": (64, 128)}
+_PREFILL_ALT_TILES = (
     (128, 256, 8, 3, 1), (128, 256, 8, 4, 1), (128, 128, 4, 4, 1), (128, 128, 8, 4, 1),
     (128, 128, 4, 5, 1), (64, 256, 4, 4, 1), (128, 64, 4, 5, 1))
+_ALT_BLOCK_K_TILES: dict[str, tuple[tuple[int, int, int, int, int], ...]] = {
+    "decode": ((16, 32, 4, 6, 1), (16, 32, 4, 6, 2), (16, 64, 4, 4, 1), (16, 64, 4, 4, 2),
+               (16, 128, 4, 3, 1)),
+    "small": ((16, 64, 4, 4, 2), (32, 32, 4, 6, 1), (32, 64, 4, 4, 1), (32, 64, 4, 3, 2)),
+    "large": _PREFILL_ALT_TILES, "prefill": _PREFILL_ALT_TILES}
 SLOW_FIRST_LAUNCH_S = 0.25  # a first launch slower than this compiled in the timed process
 
 
@@ -144,9 +156,9 @@ def launch_candidates(m: int, n: int, block_k: int, split_k: int,
     """Launch candidates for a bucket whose upper bound is ``m`` (BLOCK_N capped near N).
 
     With ``k`` given and a bucket class in ``FREE_BLOCK_K_CLASSES``, the layout's candidates are
-    followed by ``_ALT_BLOCK_K_TILES`` with every BLOCK_K of ``ALT_BLOCK_K`` other than
-    ``block_k`` that keeps the layout's split-K ranges of ``k`` (in the same forms: fused twins,
-    descriptor loads).
+    followed by the class's ``_ALT_BLOCK_K_TILES`` with every BLOCK_K of its ``ALT_BLOCK_K``
+    other than ``block_k`` that keeps the layout's split-K ranges of ``k`` (in the same forms:
+    fused twins, descriptor loads).
 
     With ``split_k > 1`` and a bucket class in ``FUSED_CLASSES`` each candidate comes in the
     parallel form followed by the fused one (``fuse_splits=True``); otherwise, and always with
@@ -160,12 +172,13 @@ def launch_candidates(m: int, n: int, block_k: int, split_k: int,
            for bm, bn, warps, stages, per_sm in _LAUNCH_CANDIDATES[_bucket_class(m)]]
     if m <= 16 and n <= 2048:  # narrow N: 16-column tiles keep every multiprocessor busy
         raw += [(16, 16, 4, 4, 1, block_k), (16, 16, 4, 4, 2, block_k)]
-    if k is not None and _bucket_class(m) in FREE_BLOCK_K_CLASSES:
+    cls = _bucket_class(m)
+    if k is not None and cls in FREE_BLOCK_K_CLASSES:
         ranges = tables.split_ranges(k, block_k, split_k)
-        for alt in ALT_BLOCK_K:
+        for alt in ALT_BLOCK_K[cls]:
             if alt != block_k and tables.split_ranges(k, alt, split_k) == ranges:
                 raw += [(bm, min(bn, cap), warps, stages, per_sm, alt)
-                        for bm, bn, warps, stages, per_sm in _ALT_BLOCK_K_TILES]
+                        for bm, bn, warps, stages, per_sm in _ALT_BLOCK_K_TILES[cls]]
     modes = (False, True) if split_k > 1 and _bucket_class(m) in FUSED_CLASSES else (False,)
     tma_forms = (False, True) if tma and _bucket_class(m) in TMA_CLASSES else (False,)
     out: list[tables.GemmConfig] = []
@@ -370,6 +383,10 @@ def _measure_candidate(st: _ShapeState, m: int, cfg: tables.GemmConfig,
         rec.update(status="out_of_resources", detail=str(exc)[:200],
                    first_launch_s=round(time.monotonic() - t0, 4))
         return rec
+    except CompilationError as exc:  # e.g. a tile the tensor descriptors cannot take
+        rec.update(status="compile_error", detail=str(exc)[-300:],
+                   first_launch_s=round(time.monotonic() - t0, 4))
+        return rec
     rec["first_launch_s"] = round(time.monotonic() - t0, 4)  # compile or cache load + run
     alone = st.alone[layout]  # the layout's canonical launch, whatever the candidate's BLOCK_K
     rows = row_positions(m)
@@ -512,9 +529,10 @@ def _config_of(record: dict[str, Any]) -> tables.GemmConfig:
 
 def retune_buckets(entry: tables.ShapeConfig, shape: GemmShape, dtype: torch.dtype,
                    provenance: dict[str, Any], min_m: int, source: str, seed: int = 0,
-                   device: str = "cuda", tma: bool = False,
+                   device: str = "cuda", tma: bool = False, max_m: int | None = None,
                    ) -> tuple[tables.ShapeConfig, dict[str, Any]]:
-    """Re-tune the buckets ``>= min_m`` of ``entry`` with its layout kept; the rest stay as they are.
+    """Re-tune the buckets from ``min_m`` to ``max_m`` (None: every larger one) of ``entry`` with
+    its layout kept; the rest stay as they are.
 
     Each re-tuned bucket is timed over :func:`launch_candidates` (with ``k``, so the other
     BLOCK_K of ``FREE_BLOCK_K_CLASSES``) plus the bucket's present launch, all through both gates
@@ -536,7 +554,7 @@ def retune_buckets(entry: tables.ShapeConfig, shape: GemmShape, dtype: torch.dty
     retuned_on = {key: provenance.get(key) for key in ("gpu_name", "gpu_uuid", "driver", "torch",
                                                       "triton", "date_utc")}
     for bucket in entry.buckets:
-        if bucket.m_max < min_m:
+        if bucket.m_max < min_m or (max_m is not None and bucket.m_max > max_m):
             buckets.append(bucket)
             continue
         m = bucket.m_max
@@ -571,7 +589,7 @@ def retune_buckets(entry: tables.ShapeConfig, shape: GemmShape, dtype: torch.dty
     new = tables.ShapeConfig(entry.dtype, entry.n, entry.k, entry.block_k, entry.split_k,
                              tuple(buckets), entry.provenance, entry.extra)
     raw = {"n": shape.n, "k": shape.k, "model": shape.model, "layer": shape.layer,
-           "dtype": mp.dtype_name(dtype), "min_m": min_m,
+           "dtype": mp.dtype_name(dtype), "min_m": min_m, "max_m": max_m,
            "torch_mm_ms": {str(k): v for k, v in st.torch_mm_ms.items()}, "records": records,
            "elapsed_s": round(time.monotonic() - t0, 1),
            "slow_first_launches": sum(r["first_launch_s"] > SLOW_FIRST_LAUNCH_S
@@ -664,7 +682,8 @@ def run_sweep(shapes: Sequence[GemmShape], out_dir: Path, *, dtype: torch.dtype 
 
 
 def run_retune_buckets(shapes: Sequence[GemmShape], table_path: Path, out_dir: Path, *,
-                       min_m: int = 256, dtype: torch.dtype = torch.bfloat16,
+                       min_m: int = 256, max_m: int | None = None,
+                       dtype: torch.dtype = torch.bfloat16,
                        budget_s: float = 300.0, precompile_workers: int = 0,
                        command: list[str] | None = None,
                        progress: Callable[[str], None] = print) -> dict[str, Any]:
@@ -688,14 +707,15 @@ def run_retune_buckets(shapes: Sequence[GemmShape], table_path: Path, out_dir: P
     out_dir.mkdir(parents=True, exist_ok=True)
     out_table = tables.table_path_for(device_name, out_dir)
     raw_path = out_dir / f"retune_raw_{tables.device_slug(device_name)}.json"
-    source = f"kernels/results/{raw_path.name} (sweep.retune_buckets, M >= {min_m})"
+    span = f"M >= {min_m}" if max_m is None else f"{min_m} <= M <= {max_m}"
+    source = f"kernels/results/{raw_path.name} (sweep.retune_buckets, {span})"
     todo = [s for s in shapes if (name, s.n, s.k) in entries]
     if precompile_workers > 0 and todo:
         configs: dict[tables.GemmConfig, None] = {}
         for s in todo:
             e = entries[(name, s.n, s.k)]
             for m in BUCKETS:
-                if m >= min_m:
+                if m >= min_m and (max_m is None or m <= max_m):
                     for cfg in launch_candidates(m, s.n, e.block_k, e.split_k, tma, s.k):
                         configs[cfg] = None
         t0 = time.monotonic()
@@ -714,7 +734,8 @@ def run_retune_buckets(shapes: Sequence[GemmShape], table_path: Path, out_dir: P
         t0 = time.monotonic()
         key = (name, shape.n, shape.k)
         old = entries[key]
-        entries[key], raw = retune_buckets(old, shape, dtype, provenance, min_m, source, tma=tma)
+        entries[key], raw = retune_buckets(old, shape, dtype, provenance, min_m, source, tma=tma,
+                                           max_m=max_m)
         per_shape_s.append(time.monotonic() - t0)
         raw_shapes.append(raw)
         _write_json(out_table, tables.table_to_dict(device_name, list(entries.values())))

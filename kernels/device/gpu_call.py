@@ -11,7 +11,7 @@ lasts): ``check`` (gates on ragged shapes in every dtype, split-K parallel and f
 == parallel bitwise, torch.compile + CUDA graph through the plugin's custom op, also with a table
 that switches to fused split-K above M = 4), ``sweep`` (resumes from
 ``kernels/bistat_kernels/tables`` and ``kernels/results``), ``buckets`` (not in ``all``: re-tunes
-the committed table's buckets from ``--min-m`` up with each shape's layout kept, every candidate of
+the committed table's buckets from ``--min-m`` up (to ``--retune-max-m``) with each shape's layout kept, every candidate of
 :func:`bistat_kernels.sweep.launch_candidates` and the present launch timed side by side; writes the
 table under ``--out``, where probe and bench then read it), ``probe`` (both gates on every entry
 of the table) and ``bench``. Every stage writes JSON under ``--out``; the Triton cache is packed
@@ -320,6 +320,8 @@ def main() -> int:
                         help="vLLM's batch-invariant GEMM (package dir or its module) as a bench column")
     parser.add_argument("--min-m", type=int, default=256,
                         help="buckets: re-tune the committed table's buckets from this M up")
+    parser.add_argument("--retune-max-m", type=int, default=None,
+                        help="buckets: ... up to this M (default: every larger bucket)")
     parser.add_argument("--retune", action="store_true",
                         help="re-tune every shape; shapes not reached keep the committed table's entry")
     args = parser.parse_args()
@@ -353,6 +355,7 @@ def main() -> int:
             elif stage == "buckets":
                 res = sweep.run_retune_buckets(
                     shapes_for(MODELS), _table_path(args.out), args.out, min_m=args.min_m,
+                    max_m=args.retune_max_m,
                     budget_s=left - 100, precompile_workers=args.workers, command=sys.argv,
                     progress=log)
                 log(f"buckets: {json.dumps(res)}")

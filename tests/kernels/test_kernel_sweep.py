@@ -40,6 +40,8 @@ def tiny_sweep(monkeypatch):
 
     monkeypatch.setattr(sweep, "time_ms", fake_clock)
     monkeypatch.setattr(sweep, "reduction_candidates", lambda n, k, num_sms: [(16, 1), (32, 1)])
+    # the layouts' own BLOCK_K only (the free_block_k tests below cover the others)
+    monkeypatch.setattr(sweep, "FREE_BLOCK_K_CLASSES", ())
 
 
 def test_sweep_picks_the_layout_by_score_and_the_fastest_gated_candidate(tiny_sweep):
@@ -111,10 +113,10 @@ def test_the_full_three_model_plan_has_the_stated_size():
     shapes = shapes_for(("qwen3-8b", "qwen3-1.7b", "smollm2-135m"))
     # kernels/README.md states these numbers and the time they take on the H200 (which offers
     # descriptor loads: tma=True); without them every candidate has one form
-    assert sweep.sweep_plan(shapes, 132, tma=True) == {"shapes": 15, "configs": 833,
-                                                       "measurements_max": 17078}
-    assert sweep.sweep_plan(shapes, 132) == {"shapes": 15, "configs": 419,
-                                             "measurements_max": 8539}
+    assert sweep.sweep_plan(shapes, 132, tma=True) == {"shapes": 15, "configs": 909,
+                                                       "measurements_max": 19550}
+    assert sweep.sweep_plan(shapes, 132) == {"shapes": 15, "configs": 457,
+                                             "measurements_max": 9775}
 
 
 def test_pin_triton_toolchain_sets_unset_variables_and_keeps_set_ones(monkeypatch, tmp_path):
@@ -139,8 +141,9 @@ def free_block_k(monkeypatch):
     monkeypatch.setattr(sweep, "SCORE_WEIGHTS", {1: 1.0, 256: 1.0})
     monkeypatch.setattr(sweep, "_LAUNCH_CANDIDATES", {
         "decode": ((16, 16, 4, 2, 1),), "large": ((32, 32, 4, 2, 1), (64, 32, 4, 2, 1))})
-    monkeypatch.setattr(sweep, "_ALT_BLOCK_K_TILES", ((64, 64, 4, 2, 1),))
-    monkeypatch.setattr(sweep, "ALT_BLOCK_K", (16, 32))
+    monkeypatch.setattr(sweep, "_ALT_BLOCK_K_TILES", {"large": ((64, 64, 4, 2, 1),)})
+    monkeypatch.setattr(sweep, "ALT_BLOCK_K", {"large": (16, 32)})
+    monkeypatch.setattr(sweep, "FREE_BLOCK_K_CLASSES", ("large",))
     monkeypatch.setattr(sweep, "reduction_candidates", lambda n, k, num_sms: [(32, 1)])
 
     def fake_clock(calls, what):  # another BLOCK_K is fastest, then the present 32x32 launch
@@ -153,11 +156,24 @@ def free_block_k(monkeypatch):
 
 
 def test_candidates_offer_other_block_k_only_with_the_layouts_split_ranges():
-    # K = 12288 split in two: BLOCK_K 64 keeps [0, 6144), [6144, 12288); decode sizes never vary it
+    # K = 12288 split in two: BLOCK_K 64 and 256 keep [0, 6144), [6144, 12288); the large and
+    # prefill classes offer 64 and 128, decode and small sizes 256 too, with 16- and 32-row tiles
     large = sweep.launch_candidates(256, 4096, 128, 2, k=12288)
     assert {c.block_k for c in large} == {128, 64}
-    assert all(c.block_k == 128 for c in sweep.launch_candidates(16, 4096, 128, 2, k=12288))
+    for m in (1, 16, 32):
+        small = sweep.launch_candidates(m, 4096, 128, 2, k=12288)
+        assert {c.block_k for c in small} == {64, 128, 256}
+        assert {c.block_m for c in small if c.block_k != 128} <= {16, 32}
+        for c in small:
+            assert tables.split_ranges(12288, c.block_k, 2) == ((0, 6144), (6144, 12288))
+        # a 256-deep stage of bf16 operands fits the H200's 227 KiB at the stages offered
+        assert all((c.block_m + c.block_n) * c.block_k * 2 * c.num_stages <= 227 * 1024
+                   for c in small if c.block_k == 256)
+    # the mid class (33..128) keeps the layout's BLOCK_K
+    assert {c.block_k for c in sweep.launch_candidates(64, 4096, 128, 2, k=12288)} == {128}
     assert {c.block_k for c in sweep.launch_candidates(256, 4096, 128, 2)} == {128}  # no k given
+    # K = 576 unsplit: any BLOCK_K keeps the one range; a BLOCK_K-64 layout gets 128 and 256
+    assert {c.block_k for c in sweep.launch_candidates(1, 49152, 64, 1, k=576)} == {64, 128, 256}
     # K = 1280 split in two: BLOCK_K 128 cuts at 640, 64 at 640 too, 256 at 768 (not offered)
     assert {c.block_k for c in sweep.launch_candidates(4096, 2048, 128, 2, k=1280)} == {128, 64}
     assert {c.block_k for c in sweep.launch_candidates(4096, 2048, 256, 2, k=1280)} == {256}
@@ -205,3 +221,43 @@ def test_retune_buckets_keeps_small_buckets_and_says_what_it_replaced(free_block
     assert b.measured["time_ms"] == 0.5 and b.measured["torch_mm_ms"] == 1.0
     assert b.measured["source"] == "raw.json" and b.measured["retuned_on"]["gpu_uuid"] == "GPU-new"
     assert b.measured["previous"] == {"config": str(entry.config_for(256)), "time_ms": 0.8}
+
+
+def test_a_candidate_that_does_not_compile_is_recorded_and_passed_over(free_block_k, monkeypatch):
+    # decode and small buckets now also try BLOCK_K 256, with descriptor loads on Hopper: a tile
+    # Triton refuses to compile must cost its record, not the re-tune of every later shape
+    import ast
+
+    from triton.compiler.errors import CompilationError
+
+    real = mp.matmul_persistent
+
+    def refusing(a, b, bias=None, *, config=None):
+        if config is not None and config.block_k == 16:
+            raise CompilationError("src", ast.parse("x").body[0], "tile not supported")
+        return real(a, b, bias, config=config)
+
+    monkeypatch.setattr(mp, "matmul_persistent", refusing)
+    small = tables.BucketConfig(1, 16, 16, 8, 4, 2, measured={"m": 1, "time_ms": 1.0})
+    large = tables.BucketConfig(256, 32, 32, 8, 4, 2, measured={"m": 256, "time_ms": 1.0})
+    entry = tables.ShapeConfig("float32", 40, 16, 32, 1, (small, large), {}, {"layers": ["t/x"]})
+    new, raw = sweep.retune_buckets(entry, GemmShape("t", "x", 40, 16), torch.float32,
+                                    {"gpu_name": "cpu"}, 256, "raw.json", device="cpu")
+    refused = [r for r in raw["records"] if r["block_k"] == 16]
+    assert refused and {r["status"] for r in refused} == {"compile_error"}
+    assert all("tile not supported" in r["detail"] for r in refused)
+    # the fastest launch that compiled and passed both gates: 32x32 (0.8) over 64x32 (0.9)
+    assert new.buckets[1] is large
+
+
+def test_retune_buckets_between_min_m_and_max_m_only(free_block_k, monkeypatch):
+    monkeypatch.setattr(sweep, "BUCKETS", (1, 256, 512))
+    b1 = tables.BucketConfig(1, 16, 16, 8, 4, 2, measured={"m": 1, "time_ms": 1.0})
+    b256 = tables.BucketConfig(256, 32, 32, 8, 4, 2, measured={"m": 256, "time_ms": 1.0})
+    b512 = tables.BucketConfig(512, 32, 32, 8, 4, 2, measured={"m": 512, "time_ms": 1.0})
+    entry = tables.ShapeConfig("float32", 40, 16, 32, 1, (b1, b256, b512), {}, {"layers": ["t/x"]})
+    new, raw = sweep.retune_buckets(entry, GemmShape("t", "x", 40, 16), torch.float32,
+                                    {"gpu_name": "cpu"}, 256, "raw.json", device="cpu", max_m=256)
+    assert {r["m"] for r in raw["records"]} == {256} and raw["max_m"] == 256
+    assert new.buckets[0] is b1 and new.buckets[2] is b512
+    assert new.buckets[1].block_k == 16            # the BLOCK_K-16 candidate won at M = 256
