@@ -180,3 +180,15 @@ def test_too_few_metric_samples_are_not_compared_with_requests_in_flight():
     assert ("Too few engine metric samples to tell how the engine batched: every counted pass "
             "has at most 2 (at least 4 are needed;") in text
     assert "running batch was" not in text
+
+
+def test_one_markdown_table_builder_serves_findings_anatomy_and_index():
+    # the three generated pages used three builders; one now, so a cell reads alike everywhere
+    from bistat.analysis import anatomy
+    from bistat.core.markdown import md_cell, md_row, md_table
+    from bistat.report import finding, index
+
+    assert finding._table is md_table and finding._cell is md_cell
+    assert anatomy._md_table is md_table and index.md_row is md_row
+    assert md_table(("a", "b"), [(None, 0.5), ("x|y", False)]) == (
+        "| a | b |\n|---|---|\n| — | 0.5 |\n| x\\|y | no |")

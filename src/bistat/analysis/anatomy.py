@@ -61,6 +61,7 @@ import pandas as pd
 from bistat.store.format import OUTPUT_LENGTH
 from bistat.declare.run_registration import run_declaration
 from bistat.store.run_dir import RecordedRun
+from bistat.core.markdown import md_table as _md_table
 from bistat.core.divergence import first_divergence  # the one definition (re-exported here)
 
 __all__ = [
@@ -579,12 +580,6 @@ def divergence_anatomy(run_dir: str | Path | RecordedRun, *, epsilon: float | No
 
 def _g(x: float | None) -> str:
     return "—" if x is None else f"{x:.3g}"
-
-
-def _md_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in r) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 def _share(a: ArmAnatomy, label: str) -> str:

@@ -26,6 +26,7 @@ from bistat.declare.release_log import release_log_path
 from bistat.analysis.anatomy import kv_tile_boundary, plot_anatomy, render_anatomy_section
 from bistat.report.plots import PLOTS, save_plots
 from bistat.report.seal import SealEvidence
+from bistat.core.markdown import md_cell as _cell, md_table as _table
 from bistat.analysis.probe_report import filler_line
 
 #: Suffix of the divergence-anatomy plot (``NAME-anatomy.png``), drawn by ``bistat.analysis.anatomy``.
@@ -48,25 +49,6 @@ class FindingFiles:
 
 def _f(x: float | None, digits: int = 4) -> str:
     return "—" if x is None else f"{x:.{digits}f}"
-
-
-def _cell(x: Any) -> str:
-    if x is None:
-        return "—"
-    if isinstance(x, bool):
-        return "yes" if x else "no"
-    if isinstance(x, float):
-        return f"{x:.4g}"
-    return str(x).replace("|", "\\|").replace("\n", " ")
-
-
-def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    for row in rows:
-        lines.append("| " + " | ".join(_cell(c) if not isinstance(c, str) else
-                                       c.replace("|", "\\|").replace("\n", " ")
-                                       for c in row) + " |")
-    return "\n".join(lines)
 
 
 def _decided_cell(observed: Any, limit: Any) -> str:

@@ -23,6 +23,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from bistat.core.markdown import md_row
+
 try:
     import tomllib
 except ModuleNotFoundError:  # pragma: no cover - Python 3.10
@@ -213,9 +215,9 @@ def render_index(findings: list[IndexedFinding], base: Path,
         for key, sm, r, rule in sorted(entries, key=lambda e: e[0]):
             run = f"`{sm.run}`" if sm.run != previous else ""
             previous = sm.run
-            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in (
+            lines.append(md_row((
                 run, f"`{sm.model}`", f"{r.treatment} vs {r.control}", r.backend, r.verdict,
-                r.matched, r.interval, r.cost, r.ratio, r.cost_interval, rule)) + " |")
+                r.matched, r.interval, r.cost, r.ratio, r.cost_interval, rule)))
         lines.append("")
     rest = [f for f in findings if f.summary is None]
     if rest:
