@@ -44,6 +44,9 @@ def test_each_warning_is_placed_in_the_passes_of_its_own_arm_running_in_that_sec
         ("bi-tuned-gemm", 1, "2026-12-01T16:56:08Z", "_matmul_persistent_kernel",
          ((1, "counted"), (2, "counted")), True),
         ("bi-tuned-gemm", 1, "2026-12-01T16:56:15Z", "other_kernel", (), False)]
+    # the analysis reads the kept logs once and hands the text over: the same warnings
+    from bistat.store.enginelog import kept_logs
+    assert jit_compiles(kept_logs(tmp_path), "2026-12-01T16:52:05.004836Z", PASSES) == found
 
 
 def test_the_year_comes_from_the_run_and_rolls_over_at_new_year(tmp_path):

@@ -397,7 +397,7 @@ def analyze_run(run_dir: str | Path | RecordedRun,
 
     # activation evidence: the probe's outcome per arm, the engine logs' markers
     probe, probe_files = _probe_report(run_dir)
-    engine_logs = kept_logs(run_dir)  # read once: the markers here, the modes below
+    engine_logs = kept_logs(run_dir)  # read once: markers, modes, JIT warnings, graph sizes
     marker_lines = {a: e.log_findings for a, e in envs.items() if e.log_findings is not None}
     for arm, lines in kept_log_lines(engine_logs).items():
         marker_lines[arm] = tuple(marker_lines.get(arm, ())) + lines
@@ -437,7 +437,7 @@ def analyze_run(run_dir: str | Path | RecordedRun,
         anatomy=matching.anatomy, operator_notes=_operator_notes(run_dir),
         activation=activation, probe_files=probe_files, probe=probe,
         siblings=tuple(siblings),
-        jit_compiles=jit_compiles(run_dir, header.get("created_utc"),
+        jit_compiles=jit_compiles(engine_logs, header.get("created_utc"),
                                   passes_df.to_dict("records") if len(passes_df) else []),
         cudagraph_sizes=tuple(
             (arm, size) for arm, starts in engine_logs.items()

@@ -50,22 +50,25 @@ class JitCompile:
         return any(kind == "counted" for _, kind in self.passes)
 
 
-def jit_compiles(run_dir: str | Path, created_utc: str | None,
+def jit_compiles(logs: str | Path | dict[str, dict[int, str]], created_utc: str | None,
                  passes: list[dict]) -> tuple[JitCompile, ...]:
-    """The JIT-compilation warnings in ``run_dir``'s engine logs, in time order.
+    """The JIT-compilation warnings in a run's engine logs, in time order.
 
     Parameters
     ----------
-    run_dir : path
-        The recorded run (its ``engine-logs/`` folder; none: no warnings).
+    logs : path or dict
+        The recorded run (its ``engine-logs/`` folder; none: no warnings), or what
+        :func:`kept_logs` read from it.
     created_utc : str or None
         ``run.json``'s ``created_utc``, for the year the log stamps leave out (None: none found).
     passes : list of dict
         The run's passes (``passes.jsonl`` rows: ``arm``, ``pass_index``, ``kind``,
         ``started_utc``, ``wall_s``).
     """
-    logs = Path(run_dir) / ENGINE_LOGS_DIR
-    if created_utc is None or not logs.is_dir():
+    if created_utc is None:
+        return ()
+    found_logs = logs if isinstance(logs, dict) else kept_logs(logs)
+    if not found_logs:
         return ()
     created = parse_time(created_utc)
     spans: dict[str, list[tuple[_dt.datetime, _dt.datetime, int, str]]] = {}
@@ -77,12 +80,9 @@ def jit_compiles(run_dir: str | Path, created_utc: str | None,
                 (t0, t0 + _dt.timedelta(seconds=float(wall)), int(p["pass_index"]),
                  str(p["kind"])))
     found: list[JitCompile] = []
-    for path in sorted(logs.glob("*.log.gz")):
-        arm, _, start = path.name[: -len(".log.gz")].rpartition("-")
-        if not arm or not start.isdigit():
-            continue
-        with gzip.open(path, "rt", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
+    for arm, starts in sorted(found_logs.items()):
+        for start, text in sorted(starts.items()):
+            for line in text.splitlines():
                 m = JIT_WARNING.search(line)
                 if m is None:
                     continue
@@ -92,7 +92,7 @@ def jit_compiles(run_dir: str | Path, created_utc: str | None,
                     f"{year:04d}-{month:02d}-{m['day']}T{m['time']}+00:00")
                 during = tuple((i, kind) for t0, t1, i, kind in spans.get(arm, ())
                                if t0 < second + _dt.timedelta(seconds=1) and t1 >= second)
-                found.append(JitCompile(arm, int(start), second.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                found.append(JitCompile(arm, start, second.strftime("%Y-%m-%dT%H:%M:%SZ"),
                                         m["kernel"], during))
     return tuple(sorted(found, key=lambda j: (j.time_utc, j.arm, j.kernel)))
 
@@ -230,7 +230,8 @@ def cudagraph_sizes(log_text: str) -> CudaGraphSizes | None:
 
 def kept_logs(run_dir: str | Path) -> dict[str, dict[int, str]]:
     """Arm -> start number -> the text of ``engine-logs/ARM-N.log.gz`` (every start's kept log),
-    read once for :func:`logged_modes` and :func:`kept_log_lines`."""
+    read once for :func:`jit_compiles`, :func:`logged_modes`, :func:`kept_log_lines` and
+    :func:`cudagraph_sizes`."""
     logs = Path(run_dir) / ENGINE_LOGS_DIR
     found: dict[str, dict[int, str]] = {}
     if not logs.is_dir():
