@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bistat.analysis.summary import analyze_run, time_beyond_graphs
+from bistat.analysis.summary import analyze_run, summary_to_dict, time_beyond_graphs
 from bistat.report.finding import render_markdown
 from bistat.store.enginelog import CudaGraphSizes, cudagraph_sizes, kept_logs
 
@@ -71,6 +71,10 @@ def test_workload_i_on_vllm_025_spent_most_counted_time_beyond_the_graphs():
     # the tuned arm's extra time per pass fell where no graph ran (issue 23's eager path)
     extra, extra_beyond = found["bi-tuned-gemm"].extra_over(found["default"])
     assert (round(extra, 3), round(extra_beyond, 3)) == (1.182, 1.150)
+    data = summary_to_dict(summary)["beyond_graphs"]       # what `bistat analyze --json` gives
+    assert [(d["arm"], d["max_capture_size"], d["n_passes"], round(d["share"], 3)) for d in data] == [
+        ("default", 512, 8, 0.832), ("batch-invariant", 512, 8, 0.846),
+        ("bi-tuned-gemm", 512, 8, 0.851)]
     text = render_markdown(summary)
     assert ("| bi-tuned-gemm | FULL_AND_PIECEWISE, 512 tokens | 8 | 8.750 | 7.451 | 85.1% |"
             in text)

@@ -1508,4 +1508,10 @@ def summary_to_dict(summary: RunSummary, *, divergences: bool = True,
         data["anatomy"]["divergences"] = len(data["anatomy"]["divergences"])
     if not metrics:
         data.pop("metrics")
+    # derived from the passes' histograms and the logged sizes (time_beyond_graphs)
+    data["beyond_graphs"] = [
+        {"arm": b.arm, "max_capture_size": b.sizes.max_capture_size,
+         "cudagraph_mode": b.sizes.cudagraph_mode, "n_passes": b.n_passes,
+         "seconds_total": b.seconds_total, "seconds_beyond": b.seconds_beyond, "share": b.share}
+        for b in time_beyond_graphs(summary)]
     return data
