@@ -81,6 +81,9 @@ def test_run_sends_what_a_run_needs_with_gitignore_and_not_the_data(repo):
     head = _git(repo, "rev-parse", "HEAD").strip()
     assert "scripts/device/SOURCE_COMMIT" in sent
     assert (repo / "scripts" / "device" / "SOURCE_COMMIT").read_text() == f"{head} clean\n"
+    # run again with the mode still on: its cut index and .gitignore are not changes of the tree
+    assert _travel(repo, "run").returncode == 0
+    assert (repo / "scripts" / "device" / "SOURCE_COMMIT").read_text() == f"{head} clean\n"
     # switching modes goes through restore; restoring twice is harmless
     assert _travel(repo, "stage").returncode == 0 and ".gitignore" in _travelling(repo)
     assert _travel(repo, "restore").returncode == 0

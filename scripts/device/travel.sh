@@ -45,6 +45,9 @@ keep_only() {   # the paths (root-relative, folders with a trailing /) that stay
   if [ -f "$STATE" ]; then restore > /dev/null; fi
   git diff --cached --quiet || {
     echo "travel: changes are staged in git's index; commit or unstage them first (restore resets the index to HEAD)"; exit 1; }
+  # what travels, read with no mode on (a mode's cut index and .gitignore would read as changes):
+  # the commit, and whether tracked files differ from it (run mode writes both to $SOURCE)
+  COMMIT=$(git rev-parse HEAD); STATE_OF_TREE=clean; git diff --quiet HEAD -- || STATE_OF_TREE=dirty
   cp "$EXCLUDE" "$SAVED"
   { echo "# written by scripts/device/travel.sh; travel.sh restore removes it"; echo "/*"
     for p in "${@:2}"; do echo "!/$p"; done; } >> "$EXCLUDE"
@@ -62,13 +65,11 @@ case "${1:-}" in
            echo "travel: stage narrowed to scripts/device; $(tree_bytes) bytes travel"; } ;;
   run)   # the device copy's own .git can be an earlier commit's: say which commit travels, and
          # whether tracked files differed from it (runs record it: bistat.run.fingerprint.git_info)
-         state=clean; git diff --quiet HEAD -- || state=dirty
-         commit=$(git rev-parse HEAD)
          keep_only run .gitignore src/ scripts/ experiments/ preregistrations/ README.md pyproject.toml kernels/ && {
            printf '%s\n' "/kernels/results/" >> "$EXCLUDE"
            git rm -r -q --cached -- kernels/results > /dev/null
-           echo "$commit $state" > "$SOURCE"; git add -f -- "$SOURCE"
-           echo "travel: $SOURCE says $commit $state"
+           echo "$COMMIT $STATE_OF_TREE" > "$SOURCE"; git add -f -- "$SOURCE"
+           echo "travel: $SOURCE says $COMMIT $STATE_OF_TREE"
            echo "travel: run without kernels/results; $(tree_bytes) bytes travel"; } ;;
   restore) restore ;;
   size)  echo "$(tree_bytes) bytes travel (mode: $(cat "$STATE" 2>/dev/null || echo none))" ;;
