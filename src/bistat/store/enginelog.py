@@ -155,6 +155,12 @@ class EngineModes:
         return compiled, graphs
 
 
+def _config_lines(log_text: str):
+    """The lines of one engine start's log that carry vLLM's configuration (each start logs it
+    once; :func:`engine_modes` and :func:`cudagraph_sizes` read them)."""
+    return (line for line in log_text.splitlines() if "compilation_config=" in line)
+
+
 def engine_modes(log_text: str) -> EngineModes | None:
     """The modes one engine start's log states; None when it holds no configuration line.
 
@@ -164,9 +170,7 @@ def engine_modes(log_text: str) -> EngineModes | None:
     ('torch.compile (VLLM_COMPILE)', 'FULL_AND_PIECEWISE')
     """
     mode = graphs = None
-    for line in log_text.splitlines():
-        if "compilation_config=" not in line:
-            continue
+    for line in _config_lines(log_text):
         m = _CONFIG_MODE.search(line)
         g = _CONFIG_GRAPHS.search(line)
         if m or g:
@@ -215,9 +219,7 @@ def cudagraph_sizes(log_text: str) -> CudaGraphSizes | None:
     CudaGraphSizes(cudagraph_mode='FULL_AND_PIECEWISE', max_capture_size=512, max_decode_requests=256)
     """
     found = None
-    for line in log_text.splitlines():
-        if "compilation_config=" not in line:
-            continue
+    for line in _config_lines(log_text):
         size, graphs = _CAPTURE_MAX.search(line), _CONFIG_GRAPHS.search(line)
         if size is None and graphs is None:
             continue
