@@ -11,9 +11,9 @@ lasts): ``check`` (gates on ragged shapes in every dtype, split-K parallel and f
 == parallel bitwise, torch.compile + CUDA graph through the plugin's custom op, also with a table
 that switches to fused split-K above M = 4), ``sweep`` (resumes from
 ``kernels/bistat_kernels/tables`` and ``kernels/results``), ``buckets`` (not in ``all``: re-tunes
-the committed table's buckets from ``--min-m`` up (to ``--retune-max-m``) with each shape's layout kept, every candidate of
-:func:`bistat_kernels.sweep.launch_candidates` and the present launch timed side by side; writes the
-table under ``--out``, where probe and bench then read it), ``probe`` (both gates on every entry
+the committed table's buckets from ``--min-m`` up (to ``--retune-max-m``) with each shape's
+layout kept, every candidate of :func:`bistat_kernels.sweep.launch_candidates` and the present
+launch timed side by side; writes the table under ``--out``, where probe and bench then read it), ``probe`` (both gates on every entry
 of the table) and ``bench``. Every stage writes JSON under ``--out``; the Triton cache is packed
 there too so that the next command compiles nothing.
 Triton's cache folder and ptxas are pinned first (:func:`bistat_kernels.sweep.pin_triton_toolchain`),
@@ -321,7 +321,7 @@ def main() -> int:
     parser.add_argument("--min-m", type=int, default=256,
                         help="buckets: re-tune the committed table's buckets from this M up")
     parser.add_argument("--retune-max-m", type=int, default=None,
-                        help="buckets: ... up to this M (default: every larger bucket)")
+                        help="buckets: ... and up to this M (default: every larger bucket)")
     parser.add_argument("--retune", action="store_true",
                         help="re-tune every shape; shapes not reached keep the committed table's entry")
     args = parser.parse_args()
