@@ -67,12 +67,34 @@ def _render(section: str, data: Any) -> list[str]:
 def _status_section(bench: dict[str, Any] | None, probe: dict[str, Any] | None,
                     check: dict[str, Any] | None, table: dict[str, Any] | None,
                     fused: dict[str, Any] | None, slug: str,
-                    extra_rows: tuple[tuple[str, dict[str, Any]], ...] = ()) -> list[str]:
+                    extra_rows: tuple[tuple[str, dict[str, Any]], ...] = (),
+                    repeats: tuple[tuple[str, dict[str, Any]], ...] = (),
+                    results_dir: Path = RESULTS_DIR) -> list[str]:
     """Goal status in one line, then which GPU and command each artefact came from.
 
-    ``extra_rows`` are (what, provenance) pairs of further artefacts, listed after the check.
+    ``extra_rows`` are (what, provenance) pairs of further artefacts, listed after the check;
+    ``repeats`` (source, bench) the main bench's table benched again on its GPU.
     """
-    return _render("status", model.status(bench, probe, check, table, fused, slug, extra_rows))
+    return _render("status", model.status(bench, probe, check, table, fused, slug, extra_rows,
+                                          repeats, _source_provenance(table, results_dir)))
+
+
+def _source_provenance(table: dict[str, Any] | None,
+                       results_dir: Path = RESULTS_DIR) -> dict[str, dict[str, Any]]:
+    """The provenance of each raw file a table's buckets name as their ``measured.source``
+    (``kernels/results/... (what)``, read under ``results_dir``), for the files that exist and
+    record one."""
+    found: dict[str, dict[str, Any]] = {}
+    for entry in (table or {}).get("entries", []):
+        for bucket in entry["buckets"]:
+            source = bucket["measured"].get("source")
+            if source is None or source in found:
+                continue
+            name = source.split(" ", 1)[0].removeprefix("kernels/results/")
+            doc = _load(results_dir / name)
+            if doc is not None and "provenance" in doc:
+                found[source] = doc["provenance"]
+    return found
 
 
 def _bench_section(bench: dict[str, Any], source: str, note: str | None = None) -> list[str]:
@@ -146,8 +168,24 @@ _EARLIER_RUNS = (
      "its table, sweep and log are in `results/tma_sweep/`"),
     ("k8", "the table before the per-bucket BLOCK_K re-tune (BLOCK_K fixed per shape), split-K "
      "in one launch, with vLLM 0.33.0's kernel as the third column (its probe is beside it)"),
-    ("k10/before", "the same table on the main bench's GPU, minutes after it, by the same "
-     "command: the main bench's before (`results/k10/`)"))
+    ("k10/before", "the k8 table on the k10 bench's GPU, minutes after it, by the same "
+     "command (`results/k10/`)"),
+    ("k10", "the table after the per-bucket BLOCK_K re-tune from M = 256 up, before the decode "
+     "and small buckets (M <= 32) were re-tuned (`results/k10/`)"),
+    ("k11/before", "the k10 table on the main bench's GPU, just before the M <= 32 re-tune "
+     "(`results/k11/`)"),
+    ("k11/after", "the re-tuned table benched in the re-tune's own call, after its candidates "
+     "were chosen by time on the same GPU (selection makes this run optimistic; the main bench "
+     "and `k11/confirm3` are its independent repeats)"),
+    ("k11/before2", "the k10 table again, right after the main bench (`results/k11/`)"),
+    ("k11/confirm3", "the re-tuned table, a third time (`results/k11/`)"),
+    ("k11/before3", "the k10 table, a third time, right after `k11/confirm3`"))
+
+
+# Independent repeats of the main bench: the committed table benched again on the main bench's
+# GPU by the same command (folders under results/). A ratio goal counts as met only if every run
+# meets it (results_model.goal).
+_REPEATS = ("k11/confirm3",)
 
 
 # Benches on another software stack (folder under results/, and what table it benched), shown in
@@ -212,8 +250,11 @@ def render_results(results_dir: Path = RESULTS_DIR, tables_dir: Path = TABLES_DI
         extra.append(("`kernels/results/sweep_timing_check/`: sweep timing check (not adopted)",
                       sweep_raw["provenance"]))
     if bench is not None or table is not None:
+        repeats = tuple((f"results/{sub}/", doc) for sub in _REPEATS
+                        if (doc := _load(results_dir / sub / f"bench_{device_slug}.json"))
+                        is not None)
         sections.append(_status_section(bench, probe, check, table, fused, device_slug,
-                                        tuple(extra)))
+                                        tuple(extra), repeats, results_dir))
     if bench is not None:
         sections.append(_bench_section(bench, f"kernels/results/bench_{device_slug}.json"))
     for sub, note in _STACK_RUNS:

@@ -25,7 +25,7 @@ BISTAT_TUNED_CONFIGS: dict[str, dict[tuple[int, int], _MatmulShapeConfig]] = {
             block_k=128,
             m_buckets=(
                 (1, _MatmulMConfig(16, 32, 4, 6)),  # 0.00358 ms = 0.989x torch.mm at M=1; dropped programs_per_sm=2
-                (4, _MatmulMConfig(16, 32, 4, 6)),  # 0.00353 ms = 0.986x torch.mm at M=4; dropped programs_per_sm=2
+                (4, _MatmulMConfig(16, 32, 4, 6)),  # 0.00356 ms = 0.983x torch.mm at M=4 (retune)
                 (16, _MatmulMConfig(16, 32, 4, 6)),  # 0.00351 ms = 0.949x torch.mm at M=16
                 (32, _MatmulMConfig(16, 32, 4, 6)),  # 0.00349 ms = 0.959x torch.mm at M=32
                 (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.00392 ms = 1.074x torch.mm at M=64; dropped programs_per_sm=2, tma=True
@@ -44,7 +44,7 @@ BISTAT_TUNED_CONFIGS: dict[str, dict[tuple[int, int], _MatmulShapeConfig]] = {
         (960, 576): _MatmulShapeConfig(
             block_k=128,
             m_buckets=(
-                (1, _MatmulMConfig(16, 32, 4, 6)),  # 0.00362 ms = 0.910x torch.mm at M=1; dropped programs_per_sm=2
+                (1, _MatmulMConfig(16, 32, 4, 6)),  # 0.00366 ms = 0.910x torch.mm at M=1 (retune)
                 (4, _MatmulMConfig(16, 32, 4, 6)),  # 0.00365 ms = 0.924x torch.mm at M=4; dropped programs_per_sm=2
                 (16, _MatmulMConfig(16, 32, 4, 6)),  # 0.00354 ms = 0.962x torch.mm at M=16; dropped programs_per_sm=2
                 (32, _MatmulMConfig(16, 32, 4, 6)),  # 0.00359 ms = 0.962x torch.mm at M=32
@@ -64,10 +64,10 @@ BISTAT_TUNED_CONFIGS: dict[str, dict[tuple[int, int], _MatmulShapeConfig]] = {
         (2048, 2048): _MatmulShapeConfig(
             block_k=128,
             m_buckets=(
-                (1, _MatmulMConfig(16, 32, 4, 6)),  # 0.00758 ms = 1.223x torch.mm at M=1; dropped programs_per_sm=2
-                (4, _MatmulMConfig(16, 32, 4, 6)),  # 0.00724 ms = 1.158x torch.mm at M=4
-                (16, _MatmulMConfig(16, 32, 4, 6)),  # 0.00695 ms = 1.125x torch.mm at M=16
-                (32, _MatmulMConfig(16, 32, 4, 6)),  # 0.00706 ms = 1.128x torch.mm at M=32; dropped programs_per_sm=2
+                (1, _MatmulMConfig(16, 32, 4, 6)),  # 0.00686 ms = 1.114x torch.mm at M=1 (retune); dropped block_k=256; exported: the bucket's launch before the re-tune, at the entry's block_k (0.00771 ms at M=1)
+                (4, _MatmulMConfig(16, 32, 4, 6)),  # 0.00663 ms = 1.064x torch.mm at M=4 (retune); dropped programs_per_sm=2, block_k=256; exported: the bucket's launch before the re-tune, at the entry's block_k (0.00726 ms at M=4)
+                (16, _MatmulMConfig(16, 32, 4, 6)),  # 0.00658 ms = 1.056x torch.mm at M=16 (retune); dropped block_k=256; exported: the bucket's launch before the re-tune, at the entry's block_k (0.00714 ms at M=16)
+                (32, _MatmulMConfig(16, 32, 4, 6)),  # 0.00717 ms = 1.138x torch.mm at M=32 (retune)
                 (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.00786 ms = 1.234x torch.mm at M=64; dropped tma=True
                 (128, _MatmulMConfig(64, 64, 4, 4)),  # 0.00769 ms = 1.131x torch.mm at M=128; dropped programs_per_sm=2, tma=True
                 (256, _MatmulMConfig(64, 64, 4, 5)),  # 0.00729 ms = 1.064x torch.mm at M=256; dropped programs_per_sm=3, tma=True
@@ -84,8 +84,8 @@ BISTAT_TUNED_CONFIGS: dict[str, dict[tuple[int, int], _MatmulShapeConfig]] = {
         (3072, 576): _MatmulShapeConfig(
             block_k=128,
             m_buckets=(
-                (1, _MatmulMConfig(16, 32, 4, 6)),  # 0.00448 ms = 1.074x torch.mm at M=1; dropped tma=True
-                (4, _MatmulMConfig(16, 32, 4, 6)),  # 0.00438 ms = 1.063x torch.mm at M=4
+                (1, _MatmulMConfig(16, 32, 4, 6)),  # 0.00456 ms = 1.088x torch.mm at M=1 (retune); dropped programs_per_sm=2
+                (4, _MatmulMConfig(16, 32, 4, 6)),  # 0.00439 ms = 1.050x torch.mm at M=4 (retune); dropped programs_per_sm=2
                 (16, _MatmulMConfig(16, 32, 4, 6)),  # 0.00406 ms = 0.971x torch.mm at M=16
                 (32, _MatmulMConfig(32, 32, 4, 6)),  # 0.00454 ms = 1.076x torch.mm at M=32
                 (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.0043 ms = 1.007x torch.mm at M=64; dropped programs_per_sm=2, tma=True
@@ -104,10 +104,10 @@ BISTAT_TUNED_CONFIGS: dict[str, dict[tuple[int, int], _MatmulShapeConfig]] = {
         (4096, 2048): _MatmulShapeConfig(
             block_k=128,
             m_buckets=(
-                (1, _MatmulMConfig(16, 32, 4, 6)),  # 0.00865 ms = 1.147x torch.mm at M=1; dropped programs_per_sm=2, tma=True
-                (4, _MatmulMConfig(16, 32, 4, 6)),  # 0.00855 ms = 1.160x torch.mm at M=4; dropped tma=True
-                (16, _MatmulMConfig(16, 32, 4, 6)),  # 0.00785 ms = 1.033x torch.mm at M=16; dropped programs_per_sm=2
-                (32, _MatmulMConfig(32, 32, 4, 6)),  # 0.009 ms = 1.187x torch.mm at M=32; dropped programs_per_sm=2
+                (1, _MatmulMConfig(16, 32, 4, 6)),  # 0.00829 ms = 1.134x torch.mm at M=1 (retune); dropped programs_per_sm=2, tma=True, block_k=256; exported: the bucket's launch before the re-tune, at the entry's block_k (0.0087 ms at M=1)
+                (4, _MatmulMConfig(16, 32, 4, 6)),  # 0.00827 ms = 1.107x torch.mm at M=4 (retune); dropped block_k=256; exported: the bucket's launch before the re-tune, at the entry's block_k (0.00875 ms at M=4)
+                (16, _MatmulMConfig(16, 32, 4, 6)),  # 0.00741 ms = 0.971x torch.mm at M=16 (retune); dropped block_k=256; exported: the bucket's launch before the re-tune, at the entry's block_k (0.00797 ms at M=16)
+                (32, _MatmulMConfig(32, 32, 4, 6)),  # 0.00849 ms = 1.119x torch.mm at M=32 (retune); dropped programs_per_sm=2, block_k=256; exported: the bucket's launch before the re-tune, at the entry's block_k (0.00901 ms at M=32)
                 (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.00867 ms = 1.170x torch.mm at M=64; dropped programs_per_sm=2, tma=True
                 (128, _MatmulMConfig(64, 64, 4, 4)),  # 0.00876 ms = 1.102x torch.mm at M=128; dropped tma=True
                 (256, _MatmulMConfig(64, 128, 4, 4)),  # 0.00978 ms = 0.958x torch.mm at M=256; dropped programs_per_sm=2, tma=True
@@ -124,10 +124,10 @@ BISTAT_TUNED_CONFIGS: dict[str, dict[tuple[int, int], _MatmulShapeConfig]] = {
         (4096, 4096): _MatmulShapeConfig(
             block_k=128,
             m_buckets=(
-                (1, _MatmulMConfig(16, 32, 4, 6)),  # 0.01419 ms = 1.064x torch.mm at M=1; dropped programs_per_sm=2, tma=True
+                (1, _MatmulMConfig(16, 32, 4, 6)),  # 0.01384 ms = 1.032x torch.mm at M=1 (retune); dropped tma=True, block_k=256; exported: the bucket's launch before the re-tune, at the entry's block_k (0.01414 ms at M=1)
                 (4, _MatmulMConfig(16, 32, 4, 6)),  # 0.01402 ms = 1.047x torch.mm at M=4; dropped programs_per_sm=2, tma=True
-                (16, _MatmulMConfig(16, 32, 4, 6)),  # 0.01291 ms = 0.950x torch.mm at M=16; dropped programs_per_sm=2
-                (32, _MatmulMConfig(32, 32, 4, 6)),  # 0.01493 ms = 1.095x torch.mm at M=32; dropped programs_per_sm=2
+                (16, _MatmulMConfig(16, 32, 4, 6)),  # 0.01268 ms = 0.939x torch.mm at M=16 (retune); dropped programs_per_sm=2, block_k=256; exported: the bucket's launch before the re-tune, at the entry's block_k (0.01298 ms at M=16)
+                (32, _MatmulMConfig(32, 32, 4, 6)),  # 0.01345 ms = 0.973x torch.mm at M=32 (retune); dropped programs_per_sm=2, block_k=256; exported: the bucket's launch before the re-tune, at the entry's block_k (0.01523 ms at M=32)
                 (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.01532 ms = 1.206x torch.mm at M=64; dropped tma=True
                 (128, _MatmulMConfig(64, 64, 4, 4)),  # 0.0153 ms = 1.034x torch.mm at M=128; dropped tma=True
                 (256, _MatmulMConfig(64, 128, 4, 4)),  # 0.01749 ms = 1.015x torch.mm at M=256; dropped programs_per_sm=2, tma=True
@@ -144,10 +144,10 @@ BISTAT_TUNED_CONFIGS: dict[str, dict[tuple[int, int], _MatmulShapeConfig]] = {
         (6144, 4096): _MatmulShapeConfig(
             block_k=128,
             m_buckets=(
-                (1, _MatmulMConfig(16, 64, 4, 6)),  # 0.01686 ms = 1.014x torch.mm at M=1; dropped tma=True
-                (4, _MatmulMConfig(16, 64, 4, 6)),  # 0.01736 ms = 1.007x torch.mm at M=4; dropped tma=True
-                (16, _MatmulMConfig(16, 64, 4, 6)),  # 0.01695 ms = 0.985x torch.mm at M=16
-                (32, _MatmulMConfig(16, 128, 4, 6)),  # 0.01945 ms = 1.082x torch.mm at M=32; dropped programs_per_sm=2, tma=True
+                (1, _MatmulMConfig(16, 64, 4, 6)),  # 0.01721 ms = 0.967x torch.mm at M=1 (retune); dropped programs_per_sm=2, tma=True
+                (4, _MatmulMConfig(16, 64, 4, 6)),  # 0.01746 ms = 0.990x torch.mm at M=4 (retune); dropped tma=True, block_k=256; exported: the bucket's launch before the re-tune, at the entry's block_k (0.01769 ms at M=4)
+                (16, _MatmulMConfig(16, 64, 4, 6)),  # 0.01718 ms = 0.986x torch.mm at M=16 (retune); dropped programs_per_sm=2, block_k=256; exported: the bucket's launch before the re-tune, at the entry's block_k (0.01789 ms at M=16)
+                (32, _MatmulMConfig(16, 128, 4, 6)),  # 0.01814 ms = 1.016x torch.mm at M=32 (retune); dropped block_k=256; exported: the bucket's launch before the re-tune, at the entry's block_k (0.0196 ms at M=32)
                 (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.01886 ms = 1.050x torch.mm at M=64; dropped programs_per_sm=2, tma=True
                 (128, _MatmulMConfig(64, 128, 4, 4)),  # 0.02017 ms = 1.095x torch.mm at M=128; dropped tma=True
                 (256, _MatmulMConfig(128, 128, 8, 3)),  # 0.02611 ms = 1.190x torch.mm at M=256 (retune); dropped tma=True, block_k=64; exported: the bucket's launch before the re-tune, at the entry's block_k (0.0294 ms at M=256)
@@ -165,8 +165,8 @@ BISTAT_TUNED_CONFIGS: dict[str, dict[tuple[int, int], _MatmulShapeConfig]] = {
             block_k=128,
             m_buckets=(
                 (1, _MatmulMConfig(16, 128, 4, 4)),  # 0.01608 ms = 0.978x torch.mm at M=1; dropped tma=True
-                (4, _MatmulMConfig(16, 128, 4, 4)),  # 0.01632 ms = 0.963x torch.mm at M=4; dropped tma=True
-                (16, _MatmulMConfig(16, 128, 4, 4)),  # 0.01633 ms = 0.967x torch.mm at M=16; dropped programs_per_sm=2
+                (4, _MatmulMConfig(16, 128, 4, 4)),  # 0.01649 ms = 0.960x torch.mm at M=4 (retune); dropped tma=True, block_k=256; exported: the bucket's launch before the re-tune, at the entry's block_k (0.01672 ms at M=4)
+                (16, _MatmulMConfig(16, 128, 4, 4)),  # 0.01655 ms = 0.963x torch.mm at M=16 (retune)
                 (32, _MatmulMConfig(32, 128, 4, 4)),  # 0.01668 ms = 0.964x torch.mm at M=32; dropped programs_per_sm=2, tma=True
                 (64, _MatmulMConfig(64, 128, 4, 4)),  # 0.01644 ms = 0.941x torch.mm at M=64; dropped tma=True
                 (128, _MatmulMConfig(128, 128, 8, 3)),  # 0.02082 ms = 1.192x torch.mm at M=128; dropped tma=True
@@ -184,10 +184,10 @@ BISTAT_TUNED_CONFIGS: dict[str, dict[tuple[int, int], _MatmulShapeConfig]] = {
         (24576, 4096): _MatmulShapeConfig(
             block_k=64,
             m_buckets=(
-                (1, _MatmulMConfig(16, 128, 4, 4)),  # 0.05418 ms = 1.036x torch.mm at M=1; dropped programs_per_sm=2, tma=True
-                (4, _MatmulMConfig(16, 128, 4, 4)),  # 0.05426 ms = 0.919x torch.mm at M=4; dropped programs_per_sm=2, tma=True
-                (16, _MatmulMConfig(16, 128, 4, 4)),  # 0.05415 ms = 1.012x torch.mm at M=16; dropped programs_per_sm=2
-                (32, _MatmulMConfig(32, 128, 4, 4)),  # 0.05545 ms = 1.022x torch.mm at M=32; dropped programs_per_sm=2, tma=True
+                (1, _MatmulMConfig(16, 128, 4, 4)),  # 0.05305 ms = 1.017x torch.mm at M=1 (retune); dropped tma=True, block_k=256; exported: the bucket's launch before the re-tune, at the entry's block_k (0.05358 ms at M=1)
+                (4, _MatmulMConfig(16, 128, 4, 4)),  # 0.05296 ms = 1.012x torch.mm at M=4 (retune); dropped tma=True, block_k=256; exported: the bucket's launch before the re-tune, at the entry's block_k (0.05305 ms at M=4)
+                (16, _MatmulMConfig(16, 128, 4, 4)),  # 0.05266 ms = 0.987x torch.mm at M=16 (retune); dropped programs_per_sm=2, block_k=256; exported: the bucket's launch before the re-tune, at the entry's block_k (0.0527 ms at M=16)
+                (32, _MatmulMConfig(32, 128, 4, 4)),  # 0.05479 ms = 1.043x torch.mm at M=32 (retune); dropped tma=True, block_k=256; exported: the bucket's launch before the re-tune, at the entry's block_k (0.05509 ms at M=32)
                 (64, _MatmulMConfig(64, 256, 4, 4)),  # 0.05514 ms = 0.995x torch.mm at M=64; dropped tma=True
                 (128, _MatmulMConfig(64, 256, 4, 4)),  # 0.07072 ms = 1.211x torch.mm at M=128; dropped tma=True
                 (256, _MatmulMConfig(64, 128, 4, 4)),  # 0.09054 ms = 1.173x torch.mm at M=256; dropped programs_per_sm=2, tma=True
@@ -204,10 +204,10 @@ BISTAT_TUNED_CONFIGS: dict[str, dict[tuple[int, int], _MatmulShapeConfig]] = {
         (49152, 576): _MatmulShapeConfig(
             block_k=64,
             m_buckets=(
-                (1, _MatmulMConfig(16, 128, 4, 4)),  # 0.01776 ms = 0.992x torch.mm at M=1; dropped programs_per_sm=2, tma=True
-                (4, _MatmulMConfig(16, 256, 4, 6)),  # 0.01843 ms = 0.955x torch.mm at M=4; dropped tma=True
-                (16, _MatmulMConfig(16, 64, 4, 6)),  # 0.01847 ms = 1.004x torch.mm at M=16; dropped programs_per_sm=2, tma=True
-                (32, _MatmulMConfig(32, 128, 4, 6)),  # 0.01867 ms = 0.954x torch.mm at M=32; dropped tma=True
+                (1, _MatmulMConfig(16, 64, 4, 4)),  # 0.01814 ms = 1.012x torch.mm at M=1 (retune); dropped programs_per_sm=2, tma=True
+                (4, _MatmulMConfig(16, 64, 4, 4)),  # 0.0185 ms = 1.005x torch.mm at M=4 (retune); dropped programs_per_sm=2, tma=True
+                (16, _MatmulMConfig(16, 128, 4, 6)),  # 0.01863 ms = 1.005x torch.mm at M=16 (retune)
+                (32, _MatmulMConfig(32, 128, 4, 6)),  # 0.01902 ms = 0.978x torch.mm at M=32 (retune)
                 (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.02006 ms = 0.968x torch.mm at M=64; dropped programs_per_sm=2, tma=True
                 (128, _MatmulMConfig(64, 256, 4, 4)),  # 0.02216 ms = 0.965x torch.mm at M=128; dropped tma=True
                 (256, _MatmulMConfig(128, 256, 8, 3)),  # 0.03222 ms = 1.100x torch.mm at M=256 (retune)
@@ -224,9 +224,9 @@ BISTAT_TUNED_CONFIGS: dict[str, dict[tuple[int, int], _MatmulShapeConfig]] = {
         (151936, 2048): _MatmulShapeConfig(
             block_k=128,
             m_buckets=(
-                (1, _MatmulMConfig(16, 128, 4, 6)),  # 0.14578 ms = 0.950x torch.mm at M=1; dropped tma=True
+                (1, _MatmulMConfig(16, 128, 4, 4)),  # 0.14632 ms = 0.946x torch.mm at M=1 (retune); dropped programs_per_sm=2, tma=True
                 (4, _MatmulMConfig(16, 128, 4, 4)),  # 0.14688 ms = 0.847x torch.mm at M=4; dropped tma=True
-                (16, _MatmulMConfig(16, 256, 4, 4)),  # 0.1495 ms = 0.945x torch.mm at M=16
+                (16, _MatmulMConfig(16, 128, 4, 4)),  # 0.14975 ms = 0.942x torch.mm at M=16 (retune)
                 (32, _MatmulMConfig(32, 128, 4, 4)),  # 0.15292 ms = 0.957x torch.mm at M=32
                 (64, _MatmulMConfig(64, 128, 4, 4)),  # 0.15794 ms = 0.956x torch.mm at M=64; dropped tma=True
                 (128, _MatmulMConfig(128, 128, 8, 3)),  # 0.17397 ms = 0.997x torch.mm at M=128; dropped tma=True
@@ -244,10 +244,10 @@ BISTAT_TUNED_CONFIGS: dict[str, dict[tuple[int, int], _MatmulShapeConfig]] = {
         (151936, 4096): _MatmulShapeConfig(
             block_k=64,
             m_buckets=(
-                (1, _MatmulMConfig(16, 64, 4, 6)),  # 0.29038 ms = 0.874x torch.mm at M=1; dropped programs_per_sm=2, tma=True
-                (4, _MatmulMConfig(16, 64, 4, 6)),  # 0.30011 ms = 0.876x torch.mm at M=4; dropped programs_per_sm=2, tma=True
-                (16, _MatmulMConfig(16, 128, 4, 6)),  # 0.29874 ms = 0.885x torch.mm at M=16; dropped tma=True
-                (32, _MatmulMConfig(32, 128, 4, 6)),  # 0.30862 ms = 0.946x torch.mm at M=32; dropped programs_per_sm=2, tma=True
+                (1, _MatmulMConfig(16, 64, 4, 6)),  # 0.28364 ms = 0.917x torch.mm at M=1 (retune); dropped tma=True, block_k=256; exported: the bucket's launch before the re-tune, at the entry's block_k (0.29352 ms at M=1)
+                (4, _MatmulMConfig(16, 64, 4, 6)),  # 0.28703 ms = 0.858x torch.mm at M=4 (retune); dropped tma=True, block_k=256; exported: the bucket's launch before the re-tune, at the entry's block_k (0.29498 ms at M=4)
+                (16, _MatmulMConfig(16, 128, 4, 6)),  # 0.28977 ms = 0.873x torch.mm at M=16 (retune); dropped block_k=256; exported: the bucket's launch before the re-tune, at the entry's block_k (0.30682 ms at M=16)
+                (32, _MatmulMConfig(32, 128, 4, 6)),  # 0.30207 ms = 0.923x torch.mm at M=32 (retune); dropped programs_per_sm=2, tma=True, block_k=256; exported: the bucket's launch before the re-tune, at the entry's block_k (0.31594 ms at M=32)
                 (64, _MatmulMConfig(64, 256, 4, 4)),  # 0.31715 ms = 0.948x torch.mm at M=64
                 (128, _MatmulMConfig(64, 256, 4, 4)),  # 0.34206 ms = 1.016x torch.mm at M=128; dropped tma=True
                 (256, _MatmulMConfig(128, 256, 8, 3)),  # 0.47538 ms = 1.049x torch.mm at M=256; dropped tma=True

@@ -37,7 +37,7 @@ def test_status_says_goal_met_and_names_each_artefacts_gpu():
     fused = {"provenance": _prov("GPU-b", "d0", "fused_compare.py")}
     lines = make_results._status_section(
         _bench(1.1406, 1.063), {"passed": True, "provenance": _prov("GPU-b", "d2", "x")}, None,
-        _table({"source": "s"}), fused, "h")
+        _table({"source": "kernels/results/fused_compare_nvidia_h200.json (timed)"}), fused, "h")
     text = "\n".join(lines)
     assert lines[2] == ("Goal met: geometric mean of tuned / torch.mm 1.141 (target <= 1.15, "
                         "met), at M <= 32 1.063 (target <= 1.25, met); both gates on every "
@@ -53,6 +53,71 @@ def test_status_says_goal_met_and_names_each_artefacts_gpu():
         "well its launch choices carry over, and the sweep-time ratios in the table section are "
         "that GPU's.")
     assert "not met" not in text
+
+
+def test_status_credits_re_tuned_buckets_to_their_raw_file_not_the_fused_comparison(tmp_path):
+    # 2026-12-03: the page credited the fused split-K comparison with the 53 buckets the k10
+    # re-tune had set; a bucket's source names the raw file, whose provenance the row now shows
+    raw = {"provenance": _prov("GPU-r", "d5", "gpu_call.py buckets --retune-max-m 32")}
+    (tmp_path / "k11").mkdir()
+    (tmp_path / "k11" / "retune_raw_h.json").write_text(json.dumps(raw), encoding="utf-8")
+    fused = {"provenance": _prov("GPU-b", "d0", "fused_compare.py")}
+    lines = make_results._status_section(
+        _bench(1.04, 0.99), None, None,
+        _table({"source": "kernels/results/k11/retune_raw_h.json (sweep.retune_buckets, "
+                          "1 <= M <= 32)"}),
+        fused, "h", results_dir=tmp_path)
+    assert not any("fused split-K comparison" in line for line in lines)
+    assert ("| `kernels/bistat_kernels/tables/h.json`: 1 bucket set by "
+            "kernels/results/k11/retune_raw_h.json (sweep.retune_buckets, 1 <= M <= 32): "
+            "4096x12288 M<=4096 | NVIDIA H200 (GPU-r) | d5 | "
+            "`gpu_call.py buckets --retune-max-m 32` |") in lines
+    # a raw file that is not there: the bucket's own retuned_on, and the command not invented
+    lines = make_results._status_section(
+        _bench(1.04, 0.99), None, None,
+        _table({"source": "kernels/results/gone.json (x)",
+                "retuned_on": {"gpu_name": "NVIDIA H200", "gpu_uuid": "GPU-q",
+                               "date_utc": "d6"}}),
+        None, "h", results_dir=tmp_path)
+    assert any(line.endswith("| NVIDIA H200 (GPU-q) | d6 | `(not recorded; see "
+                             "kernels/results/gone.json (x))` |") for line in lines)
+
+
+def test_a_ratio_goal_is_met_only_if_every_repeat_of_the_bench_meets_it():
+    repeat = _bench(1.049, 1.0006)
+    lines = make_results._status_section(
+        _bench(1.0489, 0.9997) | {"summary": {"geomean_tuned_over_mm": 1.0489,
+                                              "decode_max_m": 32,
+                                              "decode_geomean_tuned_over_mm": 0.9997,
+                                              "goal_targets": {"overall": 1.05,
+                                                               "decode": 1.0}}},
+        {"passed": True, "provenance": _prov("GPU-b", "d2", "x")}, None, None, None, "h",
+        repeats=(("results/k11/confirm3/", repeat),))
+    assert lines[2] == ("Goal **not met**: geometric mean of tuned / torch.mm 1.049 (target <= "
+                        "1.05, met), at M <= 32 1.000 (target <= 1.0, **not met**); both gates "
+                        "on every table entry: yes.")
+    assert "| `kernels/results/bench_nvidia_h200.json` | 1.0489 | 0.9997 |" in lines
+    assert "| `kernels/results/k11/confirm3/` | 1.0490 | 1.0006 |" in lines
+    # the same repeat meeting both: met
+    ok = make_results._status_section(
+        _bench(1.0489, 0.9997) | {"summary": {"geomean_tuned_over_mm": 1.0489,
+                                              "decode_max_m": 32,
+                                              "decode_geomean_tuned_over_mm": 0.9997,
+                                              "goal_targets": {"overall": 1.05,
+                                                               "decode": 1.0}}},
+        {"passed": True, "provenance": _prov("GPU-b", "d2", "x")}, None, None, None, "h",
+        repeats=(("r/", _bench(1.0495, 0.9999)),))
+    assert ok[2].startswith("Goal met:")
+    # a repeat on another GPU is not a repeat
+    other = _bench(1.0, 0.9)
+    other["provenance"] = _prov("GPU-z", "d9", "x")
+    try:
+        make_results._status_section(_bench(1.0, 0.9), None, None, None, None, "h",
+                                     repeats=(("r/", other),))
+    except ValueError as exc:
+        assert "r/: a repeat of the main bench must run on its GPU (GPU-b), not GPU-z" in str(exc)
+    else:
+        raise AssertionError("a repeat on another GPU was accepted")
 
 
 def test_status_says_not_met_and_names_a_differing_version():
