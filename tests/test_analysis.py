@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from click.testing import CliRunner
@@ -450,3 +451,28 @@ def test_a_registration_differing_in_the_workload_is_refused(tmp_path, monkeypat
     run, reg = _sibling(tmp_path, monkeypatch, "max_tokens = 12", "max_tokens = 13")
     with pytest.raises(AnalysisError, match="the run was recorded under another registration"):
         analyze_run(run, registration=reg)
+
+
+def test_a_run_stopped_before_its_registered_passes_is_untested_but_keeps_its_numbers(tmp_path):
+    # 2026-12-03: a serial workload-(i) run stopped after 11 of 24 counted passes per arm was
+    # labelled as if it had run in full; with multi_pass = "all" fewer passes are a lenient test
+    reg = register_tiny(tmp_path, declaration(passes=3))
+    s = analyze_run(make_run(tmp_path, reg, lambda arm, p, i: BASE[i], passes=2,
+                             throughput=lambda arm, p: 90.0 + p if arm == "trt" else 100.0 + p))
+    (comp,) = s.comparisons
+    assert str(getattr(comp.verdict.label, "value", comp.verdict.label)) == "untested"
+    assert comp.verdict.basis.startswith(
+        "untested: arm ctl: stopped early, 2 of 3 registered counted passes recorded (a pilot: "
+        "the registered test did not run in full); arm trt: stopped early, 2 of 3")
+    # what it recorded is still measured: every prompt matched, the ratio from its passes
+    assert (s.arm("trt").n_matched, s.arm("trt").n_units) == (10, 10)
+    assert comp.ratio is not None and comp.ratio.ratio == pytest.approx(
+        math.sqrt(90.0 * 91.0) / math.sqrt(100.0 * 101.0))
+    assert s.not_run == tuple(f"arm {a}: 1 of 3 declared counted passes not recorded"
+                              for a in ("ctl", "trt"))
+    # the same records under a registration of 2 passes: not untested
+    (tmp_path / "two").mkdir()
+    reg2 = register_tiny(tmp_path / "two", declaration(passes=2))
+    s2 = analyze_run(make_run(tmp_path / "two", reg2, lambda arm, p, i: BASE[i], passes=2))
+    assert str(getattr(s2.comparisons[0].verdict.label, "value",
+                       s2.comparisons[0].verdict.label)) != "untested"

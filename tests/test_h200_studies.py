@@ -42,6 +42,8 @@ I23_B8_V034 = DATA_V034 / "h200-v034-i23-latency-qwen3-8b-b8-compiled"
 #: the same three arms on vLLM 0.34.0 at batch 32 and on the Qwen3-1.7B shape at batch 8
 I23_B32_V034 = DATA_V034 / "h200-v034-i23-latency-qwen3-8b-b32-compiled"
 I23_B8_17_V034 = DATA_V034 / "h200-v034-i23-latency-qwen3-17b-b8-compiled"
+#: workload (i) on vLLM 0.34.0, one engine resident at a time: stopped after 11 of 24 passes
+I23_SERIAL_V034 = DATA_V034 / "h200-v034-i23-throughput-qwen3-8b-serial-compiled"
 #: every committed finding of findings/h200 -> (its run directory, the registration analysed
 #: against); the first registration of each run is the one it was recorded under
 FINDINGS = {
@@ -69,6 +71,8 @@ FINDINGS = {
                                                     "h200-v034-i23-latency-qwen3-8b-b32-compiled"),
     "h200-v034-i23-latency-qwen3-17b-b8-compiled": (I23_B8_17_V034,
                                                     "h200-v034-i23-latency-qwen3-17b-b8-compiled"),
+    "h200-v034-i23-throughput-qwen3-8b-serial-compiled": (
+        I23_SERIAL_V034, "h200-v034-i23-throughput-qwen3-8b-serial-compiled"),
 }
 #: the default rule applied to every run as an exploratory analysis (registered after the data;
 #: issue 18): NAME-exploratory for each run's own registration NAME
@@ -480,3 +484,22 @@ def test_study_1a_on_the_newest_vllm_with_the_fa3_pin():
             for r in kernel["rows"]}
     assert rows == {64: (True, True), 128: (True, True), 129: (False, True), 192: (False, True),
                     200: (False, True), 300: (False, True), 640: (False, True)}
+
+
+def test_the_serial_workload_i_run_stopped_early_is_an_untested_pilot_with_its_numbers():
+    """Issue 23's workload (i) on vLLM 0.34.0, one engine resident at a time (2026-12-03): the
+    operator stopped it after 34 of 73 planned passes (its NOTES.md: 25 engine starts of about a
+    minute each cannot fit a session). Untested by its registered rule; its numbers a pilot."""
+    s = analyze_run(I23_SERIAL_V034, REG / "h200-v034-i23-throughput-qwen3-8b-serial-compiled.json")
+    assert {a.name: (len(a.counted_passes), a.n_matched, a.n_units) for a in s.arms} == {
+        "default": (11, 992, 1000), "bi-tuned-gemm-compiled": (11, 1000, 1000)}
+    (comp,) = s.comparisons
+    assert str(getattr(comp.verdict.label, "value", comp.verdict.label)) == "untested"
+    assert "stopped early, 11 of 24 registered counted passes recorded" in comp.verdict.basis
+    assert (round(comp.ratio.ratio, 4), round(comp.ratio.interval.low, 4),
+            round(comp.ratio.interval.high, 4)) == (0.9921, 0.9069, 1.0853)
+    assert [v.name for v in s.validity if v.passed is not True] == []
+    assert any("ended 'interrupted'; not counted" in d for d in s.deviations)
+    assert {u for _, env in s.environments for u in env.gpu_uuids} == {
+        "GPU-f2e2bf42-1062-38a0-5c74-bddd47f08f59"}
+    assert s.operator_notes.startswith("Run in the device session of 2026-12-03")

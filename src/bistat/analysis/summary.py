@@ -391,7 +391,7 @@ def analyze_run(run_dir: str | Path | RecordedRun,
                          exploratory=registered.exploratory)
     not_run = _not_run(exp, arm_summaries, passes, envs, bad_events, gpu_busy, tables.gaps,
                        deviations)
-    arm_reasons = _untestable(bad_events, arm_summaries)
+    arm_reasons = _untestable(bad_events, arm_summaries, exp.workload.passes)
     run_status = (RunTestable(False, "; ".join(r for _, r in arm_reasons)) if arm_reasons
                   else RunTestable(True))
 
@@ -733,10 +733,15 @@ def _not_run(exp: Experiment, arms: Sequence[ArmSummary], passes: Sequence[PassS
 
 
 def _untestable(bad_events: Sequence[tuple[str, str, str | None]],
-                arms: Sequence[ArmSummary]) -> list[tuple[str, str]]:
+                arms: Sequence[ArmSummary], declared_passes: int) -> list[tuple[str, str]]:
     """Phase 4 (validity): why an arm cannot be tested, each reason with its arm (a comparison is
     untested only for reasons of its own two arms: an arm whose engine died does not make the
-    comparisons of the other arms untestable)."""
+    comparisons of the other arms untestable).
+
+    An arm with fewer counted passes than registered did not run the registered test: with
+    ``multi_pass = "all"`` fewer passes give fewer chances to diverge (a lenient test), and a cost
+    decided on them was not the one planned. Its numbers are still reported (a pilot); the
+    comparison's label is *untested*."""
     arm_reasons: list[tuple[str, str]] = []
     for arm, event, detail in bad_events:
         arm_reasons.append((arm, f"arm {arm}: engine {event.replace('_', ' ')}"
@@ -748,6 +753,10 @@ def _untestable(bad_events: Sequence[tuple[str, str, str | None]],
             # one pass always matches itself: comparing it would report "identical" for nothing
             arm_reasons.append((a.name, f"arm {a.name}: only {len(a.counted_passes)} counted pass "
                                 "recorded; a comparison needs at least 2 counted passes per arm"))
+        elif len(a.counted_passes) < declared_passes:
+            arm_reasons.append((a.name, f"arm {a.name}: stopped early, {len(a.counted_passes)} "
+                                f"of {declared_passes} registered counted passes recorded (a "
+                                "pilot: the registered test did not run in full)"))
         elif a.n_prompts_recorded and a.n_prompts == 0 and a.n_excluded_failed == \
                 a.n_prompts_recorded:
             arm_reasons.append((a.name, f"arm {a.name}: every prompt had a failed request"))
