@@ -123,11 +123,16 @@ TMA_MIN_BLOCK_M = 16
 # not BLOCK_K 64 (kernels/results/k10/, triton 3.6). Decode and small sizes are bound by the
 # weights' HBM traffic: there BLOCK_K 256 halves the K-loop's iterations with loads twice as long
 # (16-row tiles; (16 + BLOCK_N) x 256 x 2 B per stage, within the H200's 227 KiB at the stages
-# given), and a BLOCK_K-64 layout gets 128 (not measured yet: issue 23).
-FREE_BLOCK_K_CLASSES: tuple[str, ...] = ("decode", "small", "large", "prefill")
+# given), and a BLOCK_K-64 layout gets 128: the M <= 32 re-tune with them took the decode set
+# from 1.019 to 1.000x torch.mm on one H200 (kernels/results/k11/). The mid buckets (M 33-128)
+# were the last without them (M = 64: 1.03-1.23x on eight of the 15 shapes, k11's bench); their
+# tiles are the ones whose stages fit 227 KiB at BLOCK_K 256 ((BLOCK_M + BLOCK_N) x 256 x 2 B x
+# stages).
+FREE_BLOCK_K_CLASSES: tuple[str, ...] = ("decode", "small", "mid", "large", "prefill")
 #: per bucket class: the BLOCK_K offered besides the layout's, and the tiles they come with
 ALT_BLOCK_K: dict[str, tuple[int, ...]] = {
-    "decode": (64, 128, 256), "small": (64, 128, 256), "large": (64, 128), "prefill": (64, 128)}
+    "decode": (64, 128, 256), "small": (64, 128, 256), "mid": (64, 128, 256),
+    "large": (64, 128), "prefill": (64, 128)}
 _PREFILL_ALT_TILES = (
     (128, 256, 8, 3, 1), (128, 256, 8, 4, 1), (128, 128, 4, 4, 1), (128, 128, 8, 4, 1),
     (128, 128, 4, 5, 1), (64, 256, 4, 4, 1), (128, 64, 4, 5, 1))
@@ -135,6 +140,7 @@ _ALT_BLOCK_K_TILES: dict[str, tuple[tuple[int, int, int, int, int], ...]] = {
     "decode": ((16, 32, 4, 6, 1), (16, 32, 4, 6, 2), (16, 64, 4, 4, 1), (16, 64, 4, 4, 2),
                (16, 128, 4, 3, 1)),
     "small": ((16, 64, 4, 4, 2), (32, 32, 4, 6, 1), (32, 64, 4, 4, 1), (32, 64, 4, 3, 2)),
+    "mid": ((16, 64, 4, 4, 1), (32, 64, 4, 4, 1), (32, 64, 4, 3, 2), (64, 64, 4, 3, 1)),
     "large": _PREFILL_ALT_TILES, "prefill": _PREFILL_ALT_TILES}
 SLOW_FIRST_LAUNCH_S = 0.25  # a first launch slower than this compiled in the timed process
 

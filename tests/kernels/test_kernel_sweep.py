@@ -113,10 +113,10 @@ def test_the_full_three_model_plan_has_the_stated_size():
     shapes = shapes_for(("qwen3-8b", "qwen3-1.7b", "smollm2-135m"))
     # kernels/README.md states these numbers and the time they take on the H200 (which offers
     # descriptor loads: tma=True); without them every candidate has one form
-    assert sweep.sweep_plan(shapes, 132, tma=True) == {"shapes": 15, "configs": 909,
-                                                       "measurements_max": 19550}
-    assert sweep.sweep_plan(shapes, 132) == {"shapes": 15, "configs": 457,
-                                             "measurements_max": 9775}
+    assert sweep.sweep_plan(shapes, 132, tma=True) == {"shapes": 15, "configs": 917,
+                                                       "measurements_max": 20012}
+    assert sweep.sweep_plan(shapes, 132) == {"shapes": 15, "configs": 461,
+                                             "measurements_max": 10006}
 
 
 def test_pin_triton_toolchain_sets_unset_variables_and_keeps_set_ones(monkeypatch, tmp_path):
@@ -169,8 +169,16 @@ def test_candidates_offer_other_block_k_only_with_the_layouts_split_ranges():
         # a 256-deep stage of bf16 operands fits the H200's 227 KiB at the stages offered
         assert all((c.block_m + c.block_n) * c.block_k * 2 * c.num_stages <= 227 * 1024
                    for c in small if c.block_k == 256)
-    # the mid class (33..128) keeps the layout's BLOCK_K
-    assert {c.block_k for c in sweep.launch_candidates(64, 4096, 128, 2, k=12288)} == {128}
+    # the mid class (33..128) offers 64 and 256 as well (since the M <= 32 re-tune), with tiles
+    # of at most 64 rows whose stages fit 227 KiB at BLOCK_K 256
+    mid = sweep.launch_candidates(64, 4096, 128, 2, k=12288)
+    assert {c.block_k for c in mid} == {64, 128, 256}
+    assert {(c.block_m, c.block_n, c.num_stages) for c in mid if c.block_k == 256} == {
+        (16, 64, 4), (32, 64, 4), (32, 64, 3), (64, 64, 3)}
+    assert all((c.block_m + c.block_n) * c.block_k * 2 * c.num_stages <= 227 * 1024
+               for c in mid if c.block_k == 256)
+    for c in mid:
+        assert tables.split_ranges(12288, c.block_k, 2) == ((0, 6144), (6144, 12288))
     assert {c.block_k for c in sweep.launch_candidates(256, 4096, 128, 2)} == {128}  # no k given
     # K = 576 unsplit: any BLOCK_K keeps the one range; a BLOCK_K-64 layout gets 128 and 256
     assert {c.block_k for c in sweep.launch_candidates(1, 49152, 64, 1, k=576)} == {64, 128, 256}
