@@ -66,7 +66,8 @@ def test_minimal_declaration_resolves_every_default():
                              "same_gpu": True, "same_versions": True}
     assert r["design"] == {"assumed_match_rate": 0.999, "assumed_control_match_rate": 0.9,
                            "expected_cv": 0.05, "cv_from": None,
-                           "true_ratios": [0.8, 0.9, 1.0], "power_target": 0.8}
+                           "true_ratios": [0.8, 0.9, 1.0], "power_target": 0.8,
+                           "time_budget_s": None}
     assert r["rule"]["cost"] is None
     assert r["rule"]["confidence_level"] == 0.95
     assert r["rule"]["alternative"] == "two-sided"

@@ -215,6 +215,12 @@ class Design(_Model):
     cv_from: str | None = Field(default=None, min_length=1)
     true_ratios: list[float] = Field(default_factory=lambda: [0.8, 0.9, 1.0], min_length=1)
     power_target: float = Field(default=0.8, gt=0.0, lt=1.0)
+    time_budget_s: float | None = Field(
+        default=None, gt=0.0,
+        description="the wall time in seconds the run must fit in (e.g. one device session "
+                    "after its set-up: a run must finish on one machine); the design analysis "
+                    "estimates the run's time from the earlier run design.cv_from names and "
+                    "warns, with the workload.passes that would fit, when it is over")
 
     @field_validator("true_ratios")
     @classmethod

@@ -149,6 +149,7 @@ assumed_match_rate = 1.0           # the treatment's
 assumed_control_match_rate = 0.96  # the control's, under this load
 expected_cv = 0.05                 # pass-to-pass CV of throughput (or cv_from = "runs/...")
 true_ratios = [0.7, 0.9, 1.0]
+# time_budget_s = 1380             # wall time (s) the run must fit in, timed from cv_from's run
 
 {rule}'''
 
