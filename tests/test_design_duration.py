@@ -184,8 +184,9 @@ def test_serial_abba_plan_and_its_estimate(tmp_path):
     # 2 first starts x 125 + 3 restarts x 65 + 7 blas passes x 10 + 6 invariant passes x 12
     assert d.seconds == pytest.approx(250 + 195 + 70 + 72)
     assert d.pass_s == pytest.approx(142 / 13)
-    # engines up together: one start (125), 5 passes per arm
-    assert d.together_s == pytest.approx(125 + 50 + 60)
+    # engines up together: one start of both, priced as one first start per engine (timed from
+    # a run of one engine at a time: parallel starts contend), 5 passes per arm
+    assert d.together_s == pytest.approx(2 * 125 + 50 + 60)
     assert d.budget_s is None and d.fits is None and d.max_passes is None
     assert not d.lower_bound and d.notes == ()
     assert not [w for w in report.warnings if "time_budget_s" in w]
@@ -199,7 +200,7 @@ def test_serial_abba_plan_and_its_estimate(tmp_path):
             "65.0 s (each from the end of the previous engine's last pass)\n"
             "  passes: blas 10.00 s, invariant 12.00 s (medians of wall_s)\n"
             "  estimate: 587 s (9.8 min)\n"
-            "  with the arms' engines up together: about 235 s\n") in text
+            "  with the arms' engines up together: about 360 s\n") in text
 
 
 def test_over_the_budget_warns_with_the_passes_that_fit(tmp_path):
@@ -217,7 +218,7 @@ def test_over_the_budget_warns_with_the_passes_that_fit(tmp_path):
         f"each arm 125 s, then 65 s each; 13 passes at 10.9 s; timed from {run} (10 passes, 4 "
         "engine starts)), over the budget of 500 s; a run must finish on one machine: lower "
         "workload.passes to 3 (about 490 s), or keep the arms' engines up together "
-        "(engine.engines_concurrent: about 235 s, if their GPU memory fractions allow it)")
+        "(engine.engines_concurrent: about 360 s, if their GPU memory fractions allow it)")
     assert "  estimate: 587 s (9.8 min); budget 500 s, over (workload.passes = 3 fits: about " \
            "490 s)\n" in format_design(report)
 
@@ -259,7 +260,7 @@ def test_passes_the_declaration_refuses_are_not_suggested(tmp_path):
     assert warning.endswith("a run must finish on one machine: no workload.passes that the "
                             "declaration allows fits: raise the budget, or shorten the passes "
                             "(workload.n_prompts, workload.max_tokens), or keep the arms' "
-                            "engines up together (engine.engines_concurrent: about 235 s, if "
+                            "engines up together (engine.engines_concurrent: about 360 s, if "
                             "their GPU memory fractions allow it)")
 
 
@@ -448,3 +449,23 @@ def test_bistat_design_json_carries_the_estimate(tmp_path, monkeypatch):
 
 def test_docstring_examples():
     assert doctest.testmod(dr).failed == 0
+
+
+def test_a_concurrent_plan_timed_from_a_serial_run_prices_one_first_start_per_engine(tmp_path):
+    # vLLM 0.25.0's three engines started together took 299 s, against about 100 s for one
+    # alone: parallel starts contend, so a start of k engines is priced k first starts
+    run = _write_run(tmp_path / "old", SERIAL_BLOCKS)
+    data = _declaration(run, time_budget_s=300)
+    data["engine"]["engines_concurrent"] = True
+    report = _report(data)
+    d = report.duration
+    assert (d.engine_starts, d.engines_per_start, d.passes) == (1, 2, 10)
+    # 2 x 125 + 1 warm-up and 4 counted passes per arm: 5 x 10 + 5 x 12
+    assert d.seconds == pytest.approx(2 * 125 + 50 + 60)
+    assert any("one engine's first start per engine" in n for n in d.notes)
+    (warning,) = [w for w in report.warnings if w.startswith("design.time_budget_s")]
+    assert warning.startswith(
+        "design.time_budget_s: the run is estimated at 360 s (1 engine start of all the arms' "
+        "engines: 2 x 125 s, one engine's first start each; 10 passes at 11.0 s;")
+    assert ("  engine start: 2 x 125.0 s (all the arms' engines, one engine's first start each: "
+            "the earlier run started one at a time)\n") in format_design(report)
