@@ -110,6 +110,10 @@ ISSUE23_V034_NEXT = {
         "h200-v034-i23-latency-qwen3-8b-b8-compiled", {}, "/tmp/model/qwen3-1.7b-config"),
     "h200-v034-i23-throughput-qwen3-8b-serial-compiled": (
         "h200-v033-i23-throughput-qwen3-8b-serial", {"passes": 24}, None)}
+#: Workload (i) again after the serial run could not fit a session (its pilot): the engines up
+#: together, the passes and the time budget from the design analysis on the pilot.
+ISSUE23_V034_CONCURRENT = {"h200-v034-i23-throughput-qwen3-8b-concurrent-compiled":
+                           "h200-v034-i23-throughput-qwen3-8b-serial-compiled"}
 
 
 def test_the_declarations_are_the_whole_set():
@@ -117,7 +121,7 @@ def test_the_declarations_are_the_whole_set():
              | {p.stem for p in EXP.glob("tp*-match*.toml")})
     assert names == (set(ALL) | set(FIXTURES) | set(PROBES) | set(MECHANISM) | set(EXPLORATORY)
                      | set(NEWEST) | set(ISSUE23) | set(ISSUE23_COMPILED) | set(ISSUE23_V034)
-                     | set(ISSUE23_V034_NEXT))
+                     | set(ISSUE23_V034_NEXT) | set(ISSUE23_V034_CONCURRENT))
 
 
 @pytest.mark.parametrize("name", sorted(ISSUE23))
@@ -221,6 +225,39 @@ def test_the_next_034_studies_change_their_base_only_where_stated(name):
     release = reg.sealed["engine_release"]
     assert (release["index"], release["error"], release["newest"]) == (
         "https://pypi.org/pypi", None, "0.34.0")
+
+@pytest.mark.parametrize("name", sorted(ISSUE23_V034_CONCURRENT))
+def test_the_concurrent_workload_i_study_is_the_serial_one_with_its_engines_up_together(name):
+    """Registered 2026-12-03 after the serial run (a pilot: 25 engine starts could not fit a
+    session): the same engine, arms, workload and rule but the engines up together and 66 passes,
+    which the design analysis on the pilot's timings and CV puts within the declared budget."""
+    from bistat.declare.design_report import analyse_design
+    from bistat.declare.prereg import load_registration
+
+    base = ISSUE23_V034_CONCURRENT[name]
+    mine, theirs = load_experiment(EXP / f"{name}.toml"), load_experiment(EXP / f"{base}.toml")
+    assert mine.engine.model_dump() == {**theirs.engine.model_dump(), "engines_concurrent": True}
+    assert [(a.name, a.role, a.env) for a in mine.arms] == [
+        (a.name, a.role, a.env) for a in theirs.arms]
+    w_mine, w_theirs = mine.workload.model_dump(), theirs.workload.model_dump()
+    assert {k: v for k, v in w_mine.items() if w_theirs[k] != v} == {"passes": 66}
+    assert mine.rule == theirs.rule and mine.validity == theirs.validity
+    assert (mine.design.cv_from, mine.design.time_budget_s) == (f"data/h200-v034/{base}", 1350)
+    report = analyse_design(mine, base_dir=ROOT)
+    assert round(report.cv, 3) == 0.101 and report.warnings == ()
+    d = report.duration
+    assert (d.engines_concurrent, d.engine_starts, d.engines_per_start, d.passes) == (
+        True, 1, 2, 134)
+    assert d.fits is True and 1100 < d.seconds < 1200
+    reg = load_registration(ROOT / "preregistrations" / f"{name}.json")
+    assert reg.experiment().resolved() == mine.resolved()
+    release = reg.sealed["engine_release"]
+    assert (release["index"], release["error"], release["newest"]) == (
+        "https://pypi.org/pypi", None, "0.34.0")
+    # sealed before any data of its own: no run of this name is recorded
+    assert not any((ROOT / "data" / folder / name).exists()
+                   for folder in ("h200", "h200-v033", "h200-v034"))
+
 
 @pytest.mark.parametrize("name", sorted(ISSUE23))
 def test_each_issue23_release_was_checked_after_its_seal(name):
