@@ -183,3 +183,31 @@ def test_auto_concurrency_leaves_headroom_per_gpu_engine():
         True, "auto: arms' GPU memory fractions sum to 0.88, + 4 × 0.03 headroom = 1 <= 1")
     assert resolve_engines_concurrent(h.experiment()) == (  # engines holding no GPU memory
         True, "auto: arms' GPU memory fractions sum to 0 <= 1")
+
+
+def test_sigint_and_sigterm_stop_a_run_like_ctrl_c_even_when_sigint_started_ignored():
+    # 2026-12-03: a run started by the device's run_bg.sh (a background job of a non-interactive
+    # shell) had SIGINT ignored, so a SIGINT to it did nothing; a SIGTERM would have ended it
+    # without stopping its engines. Within cmd_run.stoppable both raise KeyboardInterrupt, which
+    # the runner turns into an interrupted run with its engines stopped (the test above).
+    import os
+    import signal
+
+    import pytest
+
+    from bistat.cli.cmd_run import stoppable
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with pytest.raises(KeyboardInterrupt):
+                with stoppable():
+                    os.kill(os.getpid(), sig)   # the handler runs before the next bytecode
+                    raise AssertionError(f"{sig.name} did not interrupt")
+        # afterwards the process's own dispositions are back
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) == before[signal.SIGTERM]
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)

@@ -31,7 +31,11 @@ if [ -f "$REPO/scripts/device/SOURCE_COMMIT" ]; then
   export BISTAT_SOURCE_COMMIT="$(cat "$REPO/scripts/device/SOURCE_COMMIT")"; fi
 export OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-bistat() { python3 -c 'from bistat.cli import main; main()' "$@"; }
+# SIGINT back to Python's handler first: a background job of a non-interactive shell (run_bg.sh's
+# `setsid nohup ... &`) starts with SIGINT ignored, and Python then installs none, so a SIGINT to
+# the run did nothing (2026-12-03); `bistat run` handles both SIGINT and SIGTERM itself too
+bistat() { python3 -c 'import signal; signal.signal(signal.SIGINT, signal.default_int_handler)
+from bistat.cli import main; main()' "$@"; }
 # Kill GPU processes this job left behind (by pid, never by name).
 gpu_clean() { for p in $(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null); do
   echo "gpu_clean: killing leftover GPU pid $p"; kill -9 "$p" 2>/dev/null; done; }

@@ -8,8 +8,36 @@
 #                                                  has finished (its status line is printed),
 #                                                  3 while it is still running
 #   bash scripts/device/run_bg.sh --check          1st call: leave a marker process; 2nd: report it
+#   bash scripts/device/run_bg.sh --stop NAME [GRACE]
+#                                                  stop the run cleanly when the session's time
+#                                                  runs out: SIGINT to `bistat run` (it records
+#                                                  the pass in flight as interrupted and stops its
+#                                                  engines), up to GRACE s (default 60), then the
+#                                                  whole process group; its data stay in runs/NAME
+#                                                  for pack.sh. Never `pkill -f` a pattern instead:
+#                                                  it matches the call's own command line (2026-12-03).
 set -uo pipefail
 . "$(dirname "$0")/env.sh"
+if [ "${1:-}" = "--stop" ]; then
+  NAME=${2:?usage: run_bg.sh --stop NAME [GRACE]}; GRACE=${3:-60}
+  PIDF="$REPO/runs/$NAME.pid"; STATUS="$REPO/runs/$NAME.status"; LOG="$REPO/runs/$NAME.log"
+  if ! { [ -f "$PIDF" ] && kill -0 "$(cat "$PIDF")" 2>/dev/null; }; then
+    echo "[bg] $NAME is not running"; exit 0; fi
+  group=$(cat "$PIDF")                  # the wrapper started by setsid: its pid leads the group
+  runs=$(pgrep -P "$group" || true)     # `bistat run` under it (the wrapper then writes STATUS)
+  echo "[bg] stopping $NAME: SIGINT to bistat run (pid ${runs:-none}), up to ${GRACE} s"
+  [ -n "$runs" ] && kill -INT $runs 2>/dev/null
+  t0=$SECONDS
+  while kill -0 "$group" 2>/dev/null && [ $((SECONDS - t0)) -lt "$GRACE" ]; do sleep 1; done
+  if kill -0 "$group" 2>/dev/null; then
+    echo "[bg] $NAME did not stop within ${GRACE} s: SIGTERM, then SIGKILL, to its process group"
+    kill -TERM -- "-$group" 2>/dev/null; sleep 5; kill -KILL -- "-$group" 2>/dev/null
+  fi
+  gpu_clean
+  tail -n 3 "$LOG" 2>/dev/null
+  echo "[bg] $NAME stopped after $((SECONDS - t0)) s: $(cat "$STATUS" 2>/dev/null || echo 'no status (killed)'); its data are in runs/$NAME (pack.sh $NAME)"
+  exit 0
+fi
 if [ "${1:-}" = "--check" ]; then
   if [ -f /tmp/bg-marker.pid ] && kill -0 "$(cat /tmp/bg-marker.pid)" 2>/dev/null; then
     echo "[bg] background processes survive between calls (marker pid $(cat /tmp/bg-marker.pid) alive)"; exit 0

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import click
 
@@ -199,8 +202,9 @@ def run_command(registration: Path | None, resume_dir: Path | None, runs_dir: Pa
             # checked here first, so that a refusal or a warning comes before the run starts;
             # the runner checks again when nothing was there (a process that came since)
             busy = _gpu_busy(reg.experiment(), allow_busy_gpu)
-            outcome = resume_run(reg.experiment(), resume_dir, reporter=reporter, gpu_busy=busy,
-                                 allow_busy_gpu=allow_busy_gpu)
+            with stoppable():
+                outcome = resume_run(reg.experiment(), resume_dir, reporter=reporter,
+                                     gpu_busy=busy, allow_busy_gpu=allow_busy_gpu)
         else:
             assert registration is not None
             reg = _load_sealed(registration, runs_dir)
@@ -216,8 +220,9 @@ def run_command(registration: Path | None, resume_dir: Path | None, runs_dir: Pa
             from bistat.declare.prereg import note_run
 
             note_run(reg, target)
-            outcome = start_run(experiment, reg.reference(), target, reporter=reporter,
-                                gpu_busy=busy, allow_busy_gpu=allow_busy_gpu)
+            with stoppable():
+                outcome = start_run(experiment, reg.reference(), target, reporter=reporter,
+                                    gpu_busy=busy, allow_busy_gpu=allow_busy_gpu)
     except GpuBusyError as exc:
         raise click.ClickException(exc.explain("--allow-busy-gpu")) from exc
     except (WorkloadError, RecordsError, ResumeError) as exc:
@@ -227,6 +232,34 @@ def run_command(registration: Path | None, resume_dir: Path | None, runs_dir: Pa
             raise
         _disk_full(resume_dir if resume_dir is not None else target, exc)
     _finish(outcome, reg, fail_labels)
+
+
+@contextlib.contextmanager
+def stoppable() -> Iterator[None]:
+    """SIGINT and SIGTERM stop a run as Ctrl-C does (``KeyboardInterrupt``: the runner records
+    the pass in flight as interrupted, keeps every response received and stops its engines).
+
+    Also when the process started with SIGINT ignored, as a background job of a non-interactive
+    shell does (``cmd &``, the device's ``run_bg.sh``): Python then installs no handler, and on
+    2026-12-03 a SIGINT to such a run did nothing. And a plain ``kill`` (SIGTERM) would have
+    ended the process without stopping its engines. The previous handlers come back afterwards;
+    outside the main thread (where signals cannot be handled) nothing changes.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _terminate(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
 def _disk_full(run_dir: Path, exc: OSError) -> None:
