@@ -188,7 +188,7 @@ def test_one_markdown_table_builder_serves_findings_anatomy_and_index():
     from bistat.core.markdown import md_cell, md_row, md_table
     from bistat.report import finding, index
 
-    assert finding._table is md_table and finding._cell is md_cell
-    assert anatomy._md_table is md_table and index.md_row is md_row
+    assert finding.md_table is md_table and finding.md_cell is md_cell
+    assert anatomy.md_table is md_table and index.md_row is md_row
     assert md_table(("a", "b"), [(None, 0.5), ("x|y", False)]) == (
         "| a | b |\n|---|---|\n| — | 0.5 |\n| x\\|y | no |")

@@ -61,7 +61,7 @@ import pandas as pd
 from bistat.store.format import OUTPUT_LENGTH
 from bistat.declare.run_registration import run_declaration
 from bistat.store.run_dir import RecordedRun
-from bistat.core.markdown import md_table as _md_table
+from bistat.core.markdown import md_table
 from bistat.core.divergence import first_divergence  # the one definition (re-exported here)
 
 __all__ = [
@@ -607,7 +607,7 @@ def render_anatomy_section(anatomy: Anatomy, plot_file: str | None = None,
                      "—" if mq is None else f"{_g(mq['median'])} [{_g(mq['min'])}, {_g(mq['max'])}]",
                      "—" if pq is None else f"{pq['median']:.0f} [{pq['min']:.0f}, {pq['max']:.0f}]",
                      "—" if rq is None else f"{100 * rq['median']:.0f} %"))
-    out += [_md_table(("arm", "divergences", "near-tie flips", "large drifts", "logprob jitter",
+    out += [md_table(("arm", "divergences", "near-tie flips", "large drifts", "logprob jitter",
                        "undetermined", "margin (nats): median [min, max]",
                        "first index: median [min, max]", "median depth into output"), rows), ""]
     if anatomy.divergences and len(anatomy.divergences) <= max_listed:
@@ -617,7 +617,7 @@ def render_anatomy_section(anatomy: Anatomy, plot_file: str | None = None,
                            str(d.position), _tok(d.reference.token_id), _tok(d.other.token_id),
                            ("≥ " if d.margin_is_bound else "") + _g(d.margin), d.label))
         out += ["<details><summary>Every divergence</summary>", "",
-                _md_table(("arm", "prompt", "passes (ref / other)", "index", "ref token",
+                md_table(("arm", "prompt", "passes (ref / other)", "index", "ref token",
                            "other token", "margin (nats)", "label"), detail), "", "</details>", ""]
     elif anatomy.divergences:
         out += [f"{len(anatomy.divergences)} divergences: too many to list; "

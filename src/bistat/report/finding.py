@@ -26,7 +26,7 @@ from bistat.declare.release_log import release_log_path
 from bistat.analysis.anatomy import kv_tile_boundary, plot_anatomy, render_anatomy_section
 from bistat.report.plots import PLOTS, save_plots
 from bistat.report.seal import SealEvidence
-from bistat.core.markdown import md_cell as _cell, md_table as _table
+from bistat.core.markdown import md_cell, md_table
 from bistat.analysis.probe_report import filler_line
 
 #: Suffix of the divergence-anatomy plot (``NAME-anatomy.png``), drawn by ``bistat.analysis.anatomy``.
@@ -56,7 +56,7 @@ def _decided_cell(observed: Any, limit: Any) -> str:
     if isinstance(observed, float) and isinstance(limit, (int, float)) \
             and not isinstance(limit, bool):
         return format_decided(observed, [float(limit)], 4, significant=True)
-    return _cell(observed)
+    return md_cell(observed)
 
 
 def _met(x: bool | None) -> str:
@@ -107,7 +107,7 @@ def _head(s: RunSummary, seal: SealEvidence | None) -> list[str]:
     out = [_title(s), "",
            _verdict_line(s), "", *_exploratory_note(s),
            *([] if seal is None else [seal.line(), ""]),
-           _table(("", ""), [
+           md_table(("", ""), [
                ("Registration", f"`{s.registration_path or '—'}`"),
                ("Registration SHA-256", f"`{s.registration_sha256}`"),
                ("Registered (UTC)", s.registered_utc),
@@ -135,10 +135,10 @@ def _verdict(s: RunSummary) -> list[str]:
             for cr in lr.criteria:
                 rows.append((lr.label, cr.description, cr.observed_text, cr.threshold,
                              _met(cr.met) + (f" ({cr.reason})" if cr.reason else "")))
-        out += [_table(("label", "criterion", "observed", "threshold", "met"), rows), ""]
+        out += [md_table(("label", "criterion", "observed", "threshold", "met"), rows), ""]
         label_rows = [(lr.label, "all criteria met" if lr.met else "not met")
                       for lr in v.labels]
-        out += [_table(("label (in rule order)", "outcome"), label_rows), ""]
+        out += [md_table(("label (in rule order)", "outcome"), label_rows), ""]
         if v.untested_reasons:
             out += ["Why untested:", "", _bullets(v.untested_reasons, ""), ""]
         if v.notes:
@@ -198,7 +198,7 @@ def _summary(s: RunSummary) -> list[str]:
     return ["## Summary", "",
             f"Engine: {_engine_version(s)} · GPU: {', '.join(gpus)} · model: `{model}` · run: "
             f"`{s.run_id}` · rule: `{s.registration_path or '—'}` ({kind})", "",
-            _table(("treatment", "control", "backend", "invariant?", "matched / compared",
+            md_table(("treatment", "control", "backend", "invariant?", "matched / compared",
                     f"{cl} interval", "cost", "ratio", "interval"), rows), ""]
 
 
@@ -255,7 +255,7 @@ def _siblings(s: RunSummary) -> list[str]:
             "the name and the decision rule, so the same comparisons are classified by "
             f"{'its rule' if len(names) == 1 else 'each rule'} too (each criterion is in "
             f"{'its' if len(names) == 1 else 'their'} own finding):", "", *note,
-            _table(header, rows), ""]
+            md_table(header, rows), ""]
 
 
 def _rule(s: RunSummary) -> list[str]:
@@ -285,7 +285,7 @@ def _amendments(s: RunSummary) -> list[str]:
                      f"`{a.get('old_declaration_sha256', '—')}`",
                      f"`{a.get('new_declaration_sha256', '—')}`",
                      f"`{a.get('previous_sha256', '—')}`"))
-    return out + [_table(("#", "time (UTC)", "reason", "declaration before (SHA-256)",
+    return out + [md_table(("#", "time (UTC)", "reason", "declaration before (SHA-256)",
                           "declaration after (SHA-256)", "seal replaced"), rows), ""]
 
 
@@ -306,7 +306,7 @@ def _environment(s: RunSummary) -> list[str]:
     arm_env = {a["name"]: a.get("env") or {} for a in s.declaration.get("arms", [])}
     rows.append(("declared env", *[", ".join(f"`{k}={v}`" for k, v in sorted(
         arm_env.get(a, {}).items())) or "—" for a in names]))
-    return out + [_table(("", *names), rows), ""]
+    return out + [md_table(("", *names), rows), ""]
 
 
 def _engine_rows(s: RunSummary, names: Sequence[str]) -> list[tuple[str, ...]]:
@@ -335,7 +335,7 @@ def _engine_version_section(s: RunSummary) -> list[str]:
     if rows:
         out += [f"Newest {ev.package} release, as recorded (the comparison uses the latest check "
                 "that found one):", "",
-                _table(("checked", "newest release", "time (UTC)", "index", "why unknown"), rows),
+                md_table(("checked", "newest release", "time (UTC)", "index", "why unknown"), rows),
                 ""]
         if any(where in ("check-release", "amend") for where, _ in ev.checks):
             log = (f"`{release_log_path(s.registration_path).as_posix()}`"
@@ -371,7 +371,7 @@ def _activation(s: RunSummary) -> list[str]:
         return ["## Activation", "",
                 f"A setting is *requested* until a behavioural probe with a negative control "
                 f"confirms it ({probe_cmd}).", "", *parts,
-                _table(("arm", "role", "requested (vs control)", "probe", "status"), rows), "",
+                md_table(("arm", "role", "requested (vs control)", "probe", "status"), rows), "",
                 *_probe_detail(s)]
     flag = {True: "yes", False: "no", None: "—"}
     rows = [(a.arm, a.role, ", ".join(f"`{r}`" for r in a.requested) or "—",
@@ -386,7 +386,7 @@ def _activation(s: RunSummary) -> list[str]:
             f"({probe_cmd}). The engine's log, kept at every start, gives circumstantial "
             "evidence: the batch-invariant kernels registering, bistat's tuned GEMM installing "
             "itself, the attention backend chosen.", "", *parts,
-            _table(("arm", "role", "requested (vs control)", "batch-invariant kernels in log",
+            md_table(("arm", "role", "requested (vs control)", "batch-invariant kernels in log",
                     "tuned GEMM in log", "attention backend (log)", "probe", "status"), rows), "",
             *_probe_detail(s)]
 
@@ -439,7 +439,7 @@ def _probe_detail(s: RunSummary) -> list[str]:
     return [f"Probe (needle `{probe.needle_prompt_id}`{chosen}, {st.trials} trial(s) among "
             f"{st.min_fillers}-{st.max_fillers} fillers, {st.max_tokens} tokens, bitwise token ids "
             f"and logprobs): **{probe.outcome.replace('_', ' ')}** — {probe.reason}.{pending}", "",
-            _table(("arm", "role", "needle alone, twice", "identical among fillers",
+            md_table(("arm", "role", "needle alone, twice", "identical among fillers",
                     "fillers per trial", "needle shared an engine step", "first divergence (token)"),
                    rows), "", *filler_note, *_probe_needles(s), *disagree]
 
@@ -470,7 +470,7 @@ def _probe_needles(s: RunSummary) -> list[str]:
                          f"{same} / {len(n.trials)}{where}{repeat}")
         keys = "—" if v.kv_low is None else f"{v.kv_low}-{v.kv_high}"
         rows.append((v.needle, "—" if v.target_tokens is None else str(v.target_tokens),
-                     _cell(v.n_prompt_tokens), keys, *cells,
+                     md_cell(v.n_prompt_tokens), keys, *cells,
                      f"**{v.outcome.replace('_', ' ')}** — {v.reason}"))
     left = ("" if not probe.left_out else
             " Left out: " + "; ".join(probe.left_out) + ".")
@@ -478,7 +478,7 @@ def _probe_needles(s: RunSummary) -> list[str]:
             f"{', '.join(map(str, st.long_needles))} prompt tokens, {st.max_tokens} tokens each, "
             f"among fillers of {st.filler_tokens} tokens arriving while they decode; identical "
             f"in how many trials, bitwise).{left}", "",
-            _table(("needle", "design tokens", "prompt tokens", "keys decoded",
+            md_table(("needle", "design tokens", "prompt tokens", "keys decoded",
                     *[f"{arm}: in batch" for arm in by_arm], "outcome"), rows), ""]
 
 
@@ -494,7 +494,7 @@ def _match(s: RunSummary, plot: str) -> list[str]:
                      _f(a.match_rate),
                      "—" if iv is None else f"[{iv.low:.4f}, {iv.high:.4f}]"))
     cl = f"{s.confidence_level * 100:g} %"
-    out += [_table(("arm", "counted passes", "prompts recorded", "prompts compared",
+    out += [md_table(("arm", "counted passes", "prompts recorded", "prompts compared",
                     "excluded: failed request", "excluded: missing", "excluded: no logprobs",
                     "prompts identical in all passes", "matched units", "match rate",
                     f"{cl} Wilson interval"), rows), ""]
@@ -508,7 +508,7 @@ def _match(s: RunSummary, plot: str) -> list[str]:
                           "—" if d is None else f"[{d.low:+.4f}, {d.high:+.4f}]"))
     out += ["Between arms (paired by prompt; McNemar on prompts identical in all passes; "
             f"Newcombe {cl} interval for treatment − control match rate):", "",
-            _table(("comparison", "paired prompts", "discordant: control only / treatment only",
+            md_table(("comparison", "paired prompts", "discordant: control only / treatment only",
                     "McNemar p", f"Newcombe {cl} difference"), comp_rows), "",
             f"![Match intervals per arm]({plot})", ""]
     return out
@@ -520,9 +520,9 @@ def _throughput(s: RunSummary, plot: str) -> list[str]:
     for p in s.passes:
         rows.append((str(p.seq), p.arm, str(p.pass_index), p.kind, p.status,
                      "yes" if p.counted else "no", _f(p.wall_s, 3),
-                     _cell(p.n_requests), _cell(p.n_failed), _cell(p.output_tokens),
+                     md_cell(p.n_requests), md_cell(p.n_failed), md_cell(p.output_tokens),
                      _f(p.output_tokens_per_s, 2), _f(p.requests_per_s, 3)))
-    out += [_table(("schedule position", "arm", "pass", "kind", "status", "counted", "wall s",
+    out += [md_table(("schedule position", "arm", "pass", "kind", "status", "counted", "wall s",
                     "requests", "failed", "output tokens", "output tokens/s", "requests/s"),
                    rows), ""]
     cl = f"{s.confidence_level * 100:g} %"
@@ -535,7 +535,7 @@ def _throughput(s: RunSummary, plot: str) -> list[str]:
                            "—" if r is None else f"{r.n_treatment} / {r.n_control}"))
     out += ["Ratio of per-pass output tokens/s (geometric means; Welch interval on log "
             "throughput):", "",
-            _table(("ratio", "point", f"{cl} interval", "Welch df", "passes (treatment / control)"),
+            md_table(("ratio", "point", f"{cl} interval", "Welch df", "passes (treatment / control)"),
                    ratio_rows), "",
             "Wall time and requests/s are whole-pass figures; output tokens/s is what the rule "
             "compares.", "", *_jit_note(s), f"![Per-pass throughput]({plot})", ""]
@@ -589,12 +589,12 @@ def _divergence(s: RunSummary, plot: str) -> list[str]:
         head += ("KV length at first divergence: earliest", "median (lower)")
         out += ["The KV length is the prompt's tokens plus the index: the keys the first "
                 "differing token's attention read.", ""]
-    out += [_table(head, rows), "", *_kv_tile_boundary(s)]
+    out += [md_table(head, rows), "", *_kv_tile_boundary(s)]
     detail = [(d.arm, d.prompt_id, str(d.reference_pass), str(d.pass_index), str(d.position))
               for a in s.arms for d in a.divergences]
     if detail and len(detail) <= 200:
         out += ["<details><summary>Every divergence</summary>", "",
-                _table(("arm", "prompt", "reference pass", "pass", "first differing index"),
+                md_table(("arm", "prompt", "reference pass", "pass", "first differing index"),
                        detail), "", "</details>", ""]
     elif detail:
         out += [f"{len(detail)} divergences: too many to list here; "
@@ -664,7 +664,7 @@ def _batching(s: RunSummary, plot: str) -> list[str]:
     rows = [(str(p.seq), p.arm, str(p.pass_index), p.kind, str(p.n_metric_samples),
              _f(p.client_in_flight, 2), _f(p.mean_running, 2), _f(p.max_running, 0),
              _f(p.mean_waiting, 2), _f(p.preemptions, 0)) for p in s.passes]
-    out += [_table(("schedule position", "arm", "pass", "kind", "samples", "mean in flight",
+    out += [md_table(("schedule position", "arm", "pass", "kind", "samples", "mean in flight",
                     "mean running", "max running", "mean waiting", "preemptions"), rows), ""]
     counted = [p for p in s.passes if p.counted and p.mean_running is not None
                and p.client_in_flight]
@@ -731,7 +731,7 @@ def _beyond_graphs(s: RunSummary) -> list[str]:
            "without one, every kernel launched from the host. Time-weighted from the metrics "
            "samples of the counted passes, so a lower bound (a prefill step outgrows the graphs "
            "with fewer requests) read at the samples' resolution:", "",
-           _table(("arm", "CUDA graphs (logged: mode, largest size)", "counted passes",
+           md_table(("arm", "CUDA graphs (logged: mode, largest size)", "counted passes",
                    "seconds per pass", "of them beyond the largest size", "share"), rows), ""]
     by_arm = {b.arm: b for b in found}
     roles = {a.name: a.role for a in s.arms}
@@ -754,10 +754,10 @@ def _validity(s: RunSummary) -> list[str]:
         out += ["Whether the registration precedes the data is not checked here: this rule was "
                 f"sealed at {s.sealed_utc}, after the run's first record ({s.created_utc}), so "
                 "the analysis is exploratory (first line).", ""]
-    rows = [(v.name, _decided_cell(v.observed, v.limit), _cell(v.limit),
+    rows = [(v.name, _decided_cell(v.observed, v.limit), md_cell(v.limit),
              {True: "passed", False: "**failed**", None: "not evaluable"}[v.passed], v.detail)
             for v in s.validity]
-    out += [_table(("check", "observed", "limit", "result", "detail"), rows) if rows
+    out += [md_table(("check", "observed", "limit", "result", "detail"), rows) if rows
             else "No validity check was declared.", ""]
     out += [f"Run status: {'testable' if s.status.testable else 'not testable'}"
             + (f" ({s.status.reason})." if s.status.reason else "."), ""]
@@ -819,10 +819,10 @@ def _latency(s: RunSummary) -> list[str]:
             "batch latency; time per output token is that latency divided by the tokens each "
             "request generated. Counted passes with a failed request are left out (their wall "
             "time is not a batch's latency).", "",
-            _table(("arm", "counted passes", "median latency s", "p90 latency s",
+            md_table(("arm", "counted passes", "median latency s", "p90 latency s",
                     "median ms per output token"), rows), "",
             "Latency ratio (the inverse of the throughput ratio and of its interval):", "",
-            _table(("ratio", "point", f"{cl} interval"), ratio_rows), ""]
+            md_table(("ratio", "point", f"{cl} interval"), ratio_rows), ""]
 
 
 def render_markdown(summary: RunSummary, plot_files: dict[str, str] | None = None, *,
@@ -884,13 +884,13 @@ def render_version_comparison(vc: Any) -> str:
              f" {cl} Newcombe interval of (later − earlier) excludes 0; the verdict's "
              "label differs; the two cost-ratio intervals do not overlap; the engine's recorded "
              "mode differs.", "",
-             _table(("", vc.earlier_run, vc.later_run), [
+             md_table(("", vc.earlier_run, vc.later_run), [
                  ("engine", e, l),
                  ("registration", f"`{vc.earlier_registration or '—'}`",
                   f"`{vc.later_registration or '—'}`"),
                  ("GPU", ", ".join(vc.earlier_gpus) or "—", ", ".join(vc.later_gpus) or "—")]),
              "", "## Per arm", "",
-             _table(("arm", "release", "backend", "mode", "matched / compared",
+             md_table(("arm", "release", "backend", "mode", "matched / compared",
                      f"{cl} interval", "invariant?", "cost", "ratio", "ratio interval"),
                     [row for c in vc.arms for row in (
                         (c.earlier.arm, e, c.earlier.backend, c.earlier.modes or "—",
@@ -904,7 +904,7 @@ def render_version_comparison(vc: Any) -> str:
                          if c.later.verdict else "(control)", c.later.cost or "—",
                          num(c.later.ratio), iv(c.later.ratio_interval)))]),
              "", "## What changed", "",
-             _table(("arm", f"match rate, later − earlier ({cl} Newcombe)", "match changed",
+             md_table(("arm", f"match rate, later − earlier ({cl} Newcombe)", "match changed",
                      "verdict changed", "cost changed", "mode changed", "upstream"),
                     [(c.later.arm if c.later.arm == c.earlier.arm
                       else f"{c.earlier.arm} → {c.later.arm}",
@@ -920,7 +920,7 @@ def render_version_comparison(vc: Any) -> str:
               f"{len(vc.upstream)} between {e} and {l}." if vc.upstream else
               f"`src/bistat/data/vllm_changes.toml` holds no change between {e} and {l}.", ""]
     if vc.upstream:
-        lines += [_table(("change", "kind", "touches", "what", "source"),
+        lines += [md_table(("change", "kind", "touches", "what", "source"),
                          [(u.reference, u.kind, ", ".join(u.components), u.summary, u.source)
                           for u in vc.upstream]), ""]
     lines += ["## Differences of design", "",
