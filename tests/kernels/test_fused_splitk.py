@@ -263,12 +263,15 @@ def test_prefill_candidates_include_small_tiles_for_narrow_shapes():
 
 def test_all_sweep_configs_include_fused_only_for_split_layouts():
     configs = sweep.all_sweep_configs([GemmShape("t", "down", 4096, 12288)], 132)
-    # the layouts, and BLOCK_K 64 (every free class) and 256 (decode and small buckets) with the
-    # split layouts' ranges (6144 and 3072 per split; sweep.FREE_BLOCK_K_CLASSES)
+    # the layouts, and BLOCK_K 64 (every free class) and 256 (decode, small and mid buckets) with
+    # the split layouts' ranges (6144 and 3072 per split; sweep.FREE_BLOCK_K_CLASSES)
     assert {(c.block_k, c.split_k) for c in configs} == {(64, 1), (128, 1), (256, 1), (128, 2),
                                                          (128, 4), (64, 2), (64, 4), (256, 2),
                                                          (256, 4)}
-    assert {c.block_m for c in configs if c.block_k == 256 and c.split_k > 1} <= {16, 32}
+    # at BLOCK_K 256 only tiles whose stages fit 227 KiB: 16 and 32 rows, and 64 x 64 in mid
+    deep = [c for c in configs if c.block_k == 256 and c.split_k > 1]
+    assert {c.block_m for c in deep} == {16, 32, 64}
+    assert all((c.block_m + c.block_n) * 256 * 2 * c.num_stages <= 227 * 1024 for c in deep)
     assert {tables.split_ranges(12288, c.block_k, c.split_k) for c in configs if c.split_k == 4} \
         == {((0, 3072), (3072, 6144), (6144, 9216), (9216, 12288))}
     assert {c.split_k for c in configs if c.fuse_splits} == {2, 4}
