@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
+import bistat
 import fakes
 import helpers_runner as h
 from bistat.engines.base import MetricsSample
@@ -76,6 +78,14 @@ def test_complete_run_records_every_table(tmp_path):
         assert p["output_tokens_per_s"] == pytest.approx(p["output_tokens"] / p["wall_s"])
         assert p["batching"]["max_running"] == 4.0 and p["batching"]["preemptions"] == 0.0
         assert set(p["batching"]["running_hist"]) == {"0", "4"}
+        # the host's load over the pass (bistat.run.hostload): counters, not guesses
+        host = p["host"]
+        assert host["n_cpus"] >= 1 and host["busy_s"] >= 0.0 and host["steal_s"] >= 0.0
+        assert 0.0 <= host["own_cpu_s"] <= host["n_cpus"] * p["wall_s"] + 0.05
+    import jsonschema
+    schema = json.loads((Path(bistat.__file__).parent / "schemas" / "passes.schema.json").read_text())
+    for p in passes:
+        jsonschema.validate(p, schema)
 
     metrics, _ = read_jsonl(d / "metrics.jsonl")
     assert Counter(m["seq"] for m in metrics) == {s: 4 for s in range(10)}  # 3 batches + the final sample

@@ -112,6 +112,8 @@ __all__ = [
     "analyze_run",
     "summary_to_dict",
     "time_beyond_graphs",
+    "HostLoad",
+    "host_load",
 ]
 
 VERSION_KEYS = ("python", "numpy", "torch", "triton", "vllm", "bistat")
@@ -153,6 +155,12 @@ class PassSummary:
     #: seconds of the pass at each running-request count, (count, seconds) in count order (the
     #: time weights of the mean running batch; empty without metrics samples)
     running_hist: tuple[tuple[int, float], ...] = ()
+    #: shares of the host's CPU time over the pass (its ``host`` record, bistat.run.hostload):
+    #: busy (machine-wide, non-idle), stolen by the hypervisor, and used by other processes than
+    #: bistat's own (an engine in a subprocess counts as other); None where not recorded
+    host_busy_share: float | None = None
+    host_steal_share: float | None = None
+    host_other_share: float | None = None
 
 
 @dataclass(frozen=True)
@@ -595,7 +603,8 @@ def _pass_summaries(tables: _Tables, roles: Mapping[str, str],
             mean_waiting=b.get("mean_waiting", _opt_float(batch_rec.get("mean_waiting"))),
             preemptions=b.get("preemptions", _opt_float(batch_rec.get("preemptions"))),
             n_metric_samples=int(b.get("n", 0)), client_in_flight=in_flight.get((arm, pidx)),
-            running_hist=b.get("running_hist", _hist_pairs(batch_rec.get("running_hist")))))
+            running_hist=b.get("running_hist", _hist_pairs(batch_rec.get("running_hist"))),
+            **_host_shares(rec.get("host"), _opt_float(rec.get("wall_s")))))
         if kind == "counted" and not counted and arm in roles:
             deviations.append(f"{arm} counted pass {pidx} (schedule position {seq}) ended "
                               f"'{stat}'; not counted")
@@ -1123,6 +1132,76 @@ class BeyondGraphs:
         return t - ct, b - cb
 
 
+def _host_shares(host: Any, wall_s: float | None) -> dict[str, float | None]:
+    """A pass's ``host`` record as shares of its CPU time (n_cpus x wall_s); {} if unusable."""
+    if not isinstance(host, Mapping) or not wall_s or wall_s <= 0:
+        return {}
+    try:
+        capacity = float(host["n_cpus"]) * wall_s
+        busy, steal, own = (float(host[k]) for k in ("busy_s", "steal_s", "own_cpu_s"))
+    except (KeyError, TypeError, ValueError):
+        return {}
+    if not capacity > 0 or not all(math.isfinite(x) for x in (busy, steal, own)):
+        return {}
+    return {"host_busy_share": min(1.0, busy / capacity),
+            "host_steal_share": min(1.0, steal / capacity),
+            "host_other_share": min(1.0, max(0.0, busy - own) / capacity)}
+
+
+@dataclass(frozen=True)
+class HostLoad:
+    """How busy the host was during the counted passes, and whether the slow ones were the busy
+    ones (:func:`host_load`)."""
+
+    #: per arm: (arm, counted passes with a host record, median busy, steal, other shares)
+    arms: tuple[tuple[str, int, float, float, float], ...]
+    #: Spearman's rank correlation over the counted passes between each pass's log wall time
+    #: less its arm's mean and the share of CPU time other processes used; None with < 5 passes
+    rho: float | None
+    p_value: float | None
+    n: int
+
+    @property
+    def slow_when_busy(self) -> bool:
+        """The slower passes coincided with more CPU time used by other processes (p < 0.05)."""
+        return self.rho is not None and self.rho > 0 and (self.p_value or 1.0) < 0.05
+
+
+def host_load(summary: "RunSummary") -> HostLoad | None:
+    """The host's load over the counted passes (None when no pass recorded one).
+
+    Within each arm a pass's log wall time is taken relative to the arm's mean, so that the
+    arms' own speeds do not make a correlation; Spearman's rho (``scipy.stats.spearmanr``) of
+    those residuals against the share of CPU time used by processes other than bistat's own.
+    """
+    import numpy as np
+    from scipy import stats as sps
+
+    rows = [p for p in summary.passes if p.counted and p.host_busy_share is not None
+            and p.wall_s and p.wall_s > 0]
+    if not rows:
+        return None
+    arms = []
+    for arm in [a.name for a in summary.arms]:
+        mine = [p for p in rows if p.arm == arm]
+        if mine:
+            arms.append((arm, len(mine),
+                         float(np.median([p.host_busy_share for p in mine])),
+                         float(np.median([p.host_steal_share for p in mine])),
+                         float(np.median([p.host_other_share for p in mine]))))
+    resid, other = [], []
+    for arm in {p.arm for p in rows}:
+        mine = [p for p in rows if p.arm == arm]
+        logs = np.log([p.wall_s for p in mine])
+        resid += list(logs - logs.mean())
+        other += [p.host_other_share for p in mine]
+    rho = p_value = None
+    if len(resid) >= 5 and len(set(other)) > 1 and np.ptp(resid) > 0:
+        res = sps.spearmanr(resid, other)
+        rho, p_value = float(res.statistic), float(res.pvalue)
+    return HostLoad(tuple(arms), rho, p_value, len(resid))
+
+
 def time_beyond_graphs(summary: "RunSummary") -> list[BeyondGraphs]:
     """Per arm whose engine logged its CUDA-graph sizes: the time-weighted share of its counted
     passes with more requests running than ``max_cudagraph_capture_size``.
@@ -1523,4 +1602,10 @@ def summary_to_dict(summary: RunSummary, *, divergences: bool = True,
          "cudagraph_mode": b.sizes.cudagraph_mode, "n_passes": b.n_passes,
          "seconds_total": b.seconds_total, "seconds_beyond": b.seconds_beyond, "share": b.share}
         for b in time_beyond_graphs(summary)]
+    load = host_load(summary)
+    data["host_load"] = None if load is None else {
+        "arms": [{"arm": a, "n_passes": n, "busy_share": b, "steal_share": st, "other_share": o}
+                 for a, n, b, st, o in load.arms],
+        "rho": load.rho, "p_value": load.p_value, "n": load.n,
+        "slow_when_busy": load.slow_when_busy}
     return data

@@ -18,7 +18,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from bistat.engines.registry import capabilities
-from bistat.analysis.summary import RunSummary, time_beyond_graphs
+from bistat.analysis.summary import RunSummary, host_load, time_beyond_graphs
 from bistat.core.classify import format_decided
 from bistat.report.index import RELEASE_COMPARISON_TITLE
 from bistat.core.rule import CostRule, Rule, speed_as_evidence_warnings
@@ -538,7 +538,35 @@ def _throughput(s: RunSummary, plot: str) -> list[str]:
             md_table(("ratio", "point", f"{cl} interval", "Welch df", "passes (treatment / control)"),
                    ratio_rows), "",
             "Wall time and requests/s are whole-pass figures; output tokens/s is what the rule "
-            "compares.", "", *_jit_note(s), f"![Per-pass throughput]({plot})", ""]
+            "compares.", "", *_jit_note(s), *_host_note(s), f"![Per-pass throughput]({plot})",
+            ""]
+    return out
+
+
+def _host_note(s: RunSummary) -> list[str]:
+    """How busy the host was over the counted passes, and whether the slow passes were the busy
+    ones (nothing for runs recorded before passes carried their host's load)."""
+    load = host_load(s)
+    if load is None:
+        return []
+    rows = [(arm, str(n), f"{busy:.0%}", f"{steal:.1%}", f"{other:.0%}")
+            for arm, n, busy, steal, other in load.arms]
+    out = ["**Host load.** The host's CPU time during the counted passes (median per pass; "
+           "*other* is CPU time used by processes other than bistat's own, where an engine "
+           "running in its own process counts as other, and *stolen* is time the hypervisor "
+           "gave to other guests):", "",
+           md_table(("arm", "passes", "busy", "stolen", "other"), rows), ""]
+    if load.rho is None:
+        out += [f"Too few counted passes ({load.n}) or no spread in the load to relate pass "
+                "times to it.", ""]
+    else:
+        verdict = ("the slower passes were the ones with more CPU time taken by other "
+                   "processes: part of the pass-to-pass variation came from the host, not the "
+                   "engine" if load.slow_when_busy else
+                   "no sign that the host's other load set the pass times")
+        out += [f"Pass time (within each arm, relative to its mean) against the *other* share, "
+                f"Spearman's rho over {load.n} counted passes: {load.rho:.2f} (p = "
+                f"{load.p_value:.3g}): {verdict}.", ""]
     return out
 
 

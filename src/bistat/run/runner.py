@@ -66,6 +66,7 @@ from typing import (
 
 from bistat import __version__
 from bistat.run.batching import batching_summary  # one batching mean, the analysis's too
+from bistat.run.hostload import host_load, host_sample
 from bistat.engines.base import (
     Engine,
     EngineError,
@@ -592,6 +593,7 @@ class _Session:
                 state.samples.append(sample)
                 self.writer.append("metrics", _metrics_record(planned, sample))
 
+        host_before = host_sample()
         t0 = time.perf_counter()
         try:
             engine.run_pass(requests, concurrency=wl.concurrency, on_result=on_result, on_metrics=on_metrics)
@@ -612,6 +614,7 @@ class _Session:
                 )
             raise
         wall_s = time.perf_counter() - t0
+        host = host_load(host_before, host_sample())
         with state.lock:
             for request in requests:
                 if request.prompt_id not in state.received:
@@ -642,6 +645,7 @@ class _Session:
                 "status": status,
                 "block": planned.block,
                 "batching": batching_summary(samples, wall_s),
+                **({"host": host} if host is not None else {}),
             },
         )
         self.passes_run += 1
