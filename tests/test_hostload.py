@@ -13,7 +13,7 @@ from scipy import stats as sps
 
 from bistat.analysis.summary import analyze_run, host_load, summary_to_dict
 from bistat.report.finding import render_markdown
-from bistat.run.hostload import host_load as host_record, host_sample
+from bistat.run.hostload import host_record, host_sample
 from helpers_analysis import declaration, make_run, register_tiny
 
 psutil = pytest.importorskip("psutil")

@@ -18,26 +18,6 @@
 #                                                  it matches the call's own command line (2026-12-03).
 set -uo pipefail
 . "$(dirname "$0")/env.sh"
-if [ "${1:-}" = "--stop" ]; then
-  NAME=${2:?usage: run_bg.sh --stop NAME [GRACE]}; GRACE=${3:-60}
-  PIDF="$REPO/runs/$NAME.pid"; STATUS="$REPO/runs/$NAME.status"; LOG="$REPO/runs/$NAME.log"
-  if ! { [ -f "$PIDF" ] && kill -0 "$(cat "$PIDF")" 2>/dev/null; }; then
-    echo "[bg] $NAME is not running"; exit 0; fi
-  group=$(cat "$PIDF")                  # the wrapper started by setsid: its pid leads the group
-  runs=$(pgrep -P "$group" || true)     # `bistat run` under it (the wrapper then writes STATUS)
-  echo "[bg] stopping $NAME: SIGINT to bistat run (pid ${runs:-none}), up to ${GRACE} s"
-  [ -n "$runs" ] && kill -INT $runs 2>/dev/null
-  t0=$SECONDS
-  while kill -0 "$group" 2>/dev/null && [ $((SECONDS - t0)) -lt "$GRACE" ]; do sleep 1; done
-  if kill -0 "$group" 2>/dev/null; then
-    echo "[bg] $NAME did not stop within ${GRACE} s: SIGTERM, then SIGKILL, to its process group"
-    kill -TERM -- "-$group" 2>/dev/null; sleep 5; kill -KILL -- "-$group" 2>/dev/null
-  fi
-  gpu_clean
-  tail -n 3 "$LOG" 2>/dev/null
-  echo "[bg] $NAME stopped after $((SECONDS - t0)) s: $(cat "$STATUS" 2>/dev/null || echo 'no status (killed)'); its data are in runs/$NAME (pack.sh $NAME)"
-  exit 0
-fi
 if [ "${1:-}" = "--check" ]; then
   if [ -f /tmp/bg-marker.pid ] && kill -0 "$(cat /tmp/bg-marker.pid)" 2>/dev/null; then
     echo "[bg] background processes survive between calls (marker pid $(cat /tmp/bg-marker.pid) alive)"; exit 0
@@ -47,12 +27,33 @@ if [ "${1:-}" = "--check" ]; then
   setsid nohup sleep 3000 >/dev/null 2>&1 < /dev/null & echo $! > /tmp/bg-marker.pid
   echo "[bg] marker started (pid $(cat /tmp/bg-marker.pid)); call --check again"; exit 0
 fi
-NAME=$1; BUDGET=${2:-540}
+STOP=0
+if [ "${1:-}" = "--stop" ]; then STOP=1; shift; fi
+NAME=${1:?usage: run_bg.sh [--stop] NAME [SECONDS]}
 REG="$REPO/preregistrations/$NAME.json"; RUN="$REPO/runs/$NAME"; LOG="$REPO/runs/$NAME.log"
 PIDF="$REPO/runs/$NAME.pid"; STATUS="$REPO/runs/$NAME.status"
+alive() { [ -f "$PIDF" ] && kill -0 "$(cat "$PIDF")" 2>/dev/null; }
+if [ "$STOP" = 1 ]; then
+  GRACE=${2:-60}
+  alive || { echo "[bg] $NAME is not running"; exit 0; }
+  group=$(cat "$PIDF")                  # the wrapper started by setsid: its pid leads the group
+  runs=$(pgrep -P "$group" || true)     # `bistat run` under it (the wrapper then writes STATUS)
+  echo "[bg] stopping $NAME: SIGINT to bistat run (pid ${runs:-none}), up to ${GRACE} s"
+  [ -n "$runs" ] && kill -INT $runs 2>/dev/null
+  t0=$SECONDS
+  while alive && [ $((SECONDS - t0)) -lt "$GRACE" ]; do sleep 1; done
+  if alive; then
+    echo "[bg] $NAME did not stop within ${GRACE} s: SIGTERM, then SIGKILL, to its process group"
+    kill -TERM -- "-$group" 2>/dev/null; sleep 5; kill -KILL -- "-$group" 2>/dev/null
+  fi
+  gpu_clean
+  tail -n 3 "$LOG" 2>/dev/null
+  echo "[bg] $NAME stopped after $((SECONDS - t0)) s: $(cat "$STATUS" 2>/dev/null || echo 'no status (killed)'); its data are in runs/$NAME (pack.sh $NAME)"
+  exit 0
+fi
+BUDGET=${2:-540}
 [ -f "$REG" ] || { echo "run_bg: $REG not found"; exit 1; }
 mkdir -p "$REPO/runs"
-alive() { [ -f "$PIDF" ] && kill -0 "$(cat "$PIDF")" 2>/dev/null; }
 if ! alive; then
   if grep -q '"status": 0' "$STATUS" 2>/dev/null; then echo "[bg] $NAME already finished"; exit 0; fi
   rm -f "$STATUS"

@@ -1174,7 +1174,6 @@ def host_load(summary: "RunSummary") -> HostLoad | None:
     arms' own speeds do not make a correlation; Spearman's rho (``scipy.stats.spearmanr``) of
     those residuals against the share of CPU time used by processes other than bistat's own.
     """
-    import numpy as np
     from scipy import stats as sps
 
     rows = [p for p in summary.passes if p.counted and p.host_busy_share is not None
@@ -1182,16 +1181,16 @@ def host_load(summary: "RunSummary") -> HostLoad | None:
     if not rows:
         return None
     arms = []
+    resid: list[float] = []
+    other: list[float] = []
     for arm in [a.name for a in summary.arms]:
         mine = [p for p in rows if p.arm == arm]
-        if mine:
-            arms.append((arm, len(mine),
-                         float(np.median([p.host_busy_share for p in mine])),
-                         float(np.median([p.host_steal_share for p in mine])),
-                         float(np.median([p.host_other_share for p in mine]))))
-    resid, other = [], []
-    for arm in {p.arm for p in rows}:
-        mine = [p for p in rows if p.arm == arm]
+        if not mine:
+            continue
+        arms.append((arm, len(mine),
+                     float(np.median([p.host_busy_share for p in mine])),
+                     float(np.median([p.host_steal_share for p in mine])),
+                     float(np.median([p.host_other_share for p in mine]))))
         logs = np.log([p.wall_s for p in mine])
         resid += list(logs - logs.mean())
         other += [p.host_other_share for p in mine]

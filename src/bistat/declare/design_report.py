@@ -347,6 +347,15 @@ class DesignReport:
 # --------------------------------------------------------------------------------------------
 
 
+def _read_strict(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    """The records of an earlier run's JSONL file (:func:`iter_jsonl_strict`): damage is a
+    :class:`DesignError` naming the file and line."""
+    try:
+        return list(iter_jsonl_strict(path))
+    except RecordsError as exc:
+        raise DesignError(f"design.cv_from: {exc}") from None
+
+
 def cv_from_run(run_dir: str | Path) -> tuple[stats.CVResult, str]:
     """Pooled pass-to-pass CV of an earlier run's counted passes, grouped by arm.
 
@@ -363,10 +372,7 @@ def cv_from_run(run_dir: str | Path) -> tuple[stats.CVResult, str]:
         raise DesignError(f"design.cv_from: {run_dir}: no passes.jsonl there; name a run "
                           "directory of an earlier run, or declare design.expected_cv instead")
     groups: dict[str, list[float]] = {}
-    try:
-        recs = [rec for _, rec in iter_jsonl_strict(path)]
-    except RecordsError as exc:
-        raise DesignError(f"design.cv_from: {exc}") from None
+    recs = [rec for _, rec in _read_strict(path)]
     for rec in recs:
         if rec.get("kind") != "counted":
             continue
@@ -387,13 +393,6 @@ def cv_from_run(run_dir: str | Path) -> tuple[stats.CVResult, str]:
 #: start (``refused``, ``start_failed``) ends a group of starts too.
 _ENGINE_ENDS = ("stopped", "exited")
 _START_ENDS = _ENGINE_ENDS + ("refused", "start_failed")
-
-
-def _read_strict(path: Path) -> list[tuple[int, dict[str, Any]]]:
-    try:
-        return list(iter_jsonl_strict(path))
-    except RecordsError as exc:
-        raise DesignError(f"design.cv_from: {exc}") from None
 
 
 def _time(value: Any, path: Path, line: int | None, key: str) -> dt.datetime:

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["HostSample", "host_sample", "host_load"]
+__all__ = ["HostSample", "host_sample", "host_record"]
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ def host_sample() -> HostSample | None:
                       steal_s=float(fields.get("steal", 0.0)), own_s=float(own.user + own.system))
 
 
-def host_load(before: HostSample | None, after: HostSample | None) -> dict[str, Any] | None:
+def host_record(before: HostSample | None, after: HostSample | None) -> dict[str, Any] | None:
     """The ``host`` record of a pass from the counters at its start and end (None if either is
     missing)."""
     if before is None or after is None:

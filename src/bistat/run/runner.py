@@ -66,7 +66,7 @@ from typing import (
 
 from bistat import __version__
 from bistat.run.batching import batching_summary  # one batching mean, the analysis's too
-from bistat.run.hostload import host_load, host_sample
+from bistat.run.hostload import host_record, host_sample
 from bistat.engines.base import (
     Engine,
     EngineError,
@@ -614,7 +614,7 @@ class _Session:
                 )
             raise
         wall_s = time.perf_counter() - t0
-        host = host_load(host_before, host_sample())
+        host = host_record(host_before, host_sample())
         with state.lock:
             for request in requests:
                 if request.prompt_id not in state.received:
