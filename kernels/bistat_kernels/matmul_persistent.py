@@ -33,7 +33,12 @@ another; each split starts from a fresh float32 zero accumulator and runs the ve
 same order. Storing a float32 partial to the workspace and loading it back is exact, and float32
 addition is the same IEEE operation in either place, so fused and parallel produce the same bits:
 the same operations on the same values in the same order. Which program adds the partials
-decides nothing but where the sum happens.
+decides nothing but where the sum happens. The fused mode comes in two forms (``FLAT_SPLITS``):
+nested loops (tiles, splits, K-tiles), whose software pipeline drains at the end of every split,
+and one flat loop over the program's tiles times all K-tiles (the persistent tutorial's manual
+flattening), where the accumulator is folded into the total and reset where a split ends and the
+output stored where a tile ends: the same K-tiles through the same loads (:func:`_k_tile`) into
+the same ``tl.dot`` chain from a fresh zero accumulator per split, added in the same order.
 """
 
 from __future__ import annotations
@@ -84,6 +89,24 @@ def _operand_offsets(pid_m, pid_n, M, N, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_
 
 
 @triton.jit
+def _k_tile(a_ptr, b_ptr, offs_am, offs_bn, K, stride_am, stride_ak, stride_bk, stride_bn, k_tile,
+            BLOCK_SIZE_K: tl.constexpr, A_LARGE: tl.constexpr, B_LARGE: tl.constexpr):
+    # The operand tiles of K-tile ``k_tile``; K-tiles past K load zeros (adding an exact 0 leaves
+    # a sum's bits unchanged).
+    offs_k_base = tl.arange(0, BLOCK_SIZE_K)
+    k_start = k_tile * BLOCK_SIZE_K
+    if A_LARGE or B_LARGE:
+        offs_k = k_start + offs_k_base.to(tl.int64)
+    else:
+        offs_k = k_start + offs_k_base
+    a_ptrs = a_ptr + (offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak)
+    b_ptrs = b_ptr + (offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn)
+    a = tl.load(a_ptrs, mask=offs_k_base[None, :] < K - k_start, other=0.0)
+    b = tl.load(b_ptrs, mask=offs_k_base[:, None] < K - k_start, other=0.0)
+    return a, b
+
+
+@triton.jit
 def _split_partial(a_ptr, b_ptr, offs_am, offs_bn, K, stride_am, stride_ak, stride_bk, stride_bn,
                    k_tile0, k_tiles_per_split,
                    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
@@ -91,19 +114,10 @@ def _split_partial(a_ptr, b_ptr, offs_am, offs_bn, K, stride_am, stride_ak, stri
                    IEEE: tl.constexpr):
     # One split's float32 partial sum of a tile: K-tiles k_tile0 .. k_tile0 + k_tiles_per_split - 1
     # added one after another into a fresh zero accumulator (both split-K modes call this).
-    offs_k_base = tl.arange(0, BLOCK_SIZE_K)
     accumulator = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
     for kk in range(k_tiles_per_split):
-        # K-tiles past K load zeros: adding an exact 0 leaves the sum's bits unchanged.
-        k_start = (k_tile0 + kk) * BLOCK_SIZE_K
-        if A_LARGE or B_LARGE:
-            offs_k = k_start + offs_k_base.to(tl.int64)
-        else:
-            offs_k = k_start + offs_k_base
-        a_ptrs = a_ptr + (offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak)
-        b_ptrs = b_ptr + (offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn)
-        a = tl.load(a_ptrs, mask=offs_k_base[None, :] < K - k_start, other=0.0)
-        b = tl.load(b_ptrs, mask=offs_k_base[:, None] < K - k_start, other=0.0)
+        a, b = _k_tile(a_ptr, b_ptr, offs_am, offs_bn, K, stride_am, stride_ak, stride_bk,
+                       stride_bn, k_tile0 + kk, BLOCK_SIZE_K, A_LARGE, B_LARGE)
         if IEEE:
             accumulator = tl.dot(a, b, accumulator, input_precision="ieee")
         else:
@@ -168,6 +182,7 @@ def _matmul_persistent_kernel(
     GROUP_SIZE_M: tl.constexpr, SPLIT_K: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
     A_LARGE: tl.constexpr, B_LARGE: tl.constexpr, C_LARGE: tl.constexpr,
     HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, FUSE_SPLITS: tl.constexpr,
+    FLAT_SPLITS: tl.constexpr,
 ):
     start_pid = tl.program_id(axis=0)
     num_pid_m = tl.cdiv(M, BLOCK_SIZE_M)
@@ -177,7 +192,42 @@ def _matmul_persistent_kernel(
     num_mn = num_pid_m * num_pid_n
     num_pid_in_group = GROUP_SIZE_M * num_pid_n
 
-    if FUSE_SPLITS:
+    if FLAT_SPLITS:
+        # Fused split-K in one flat loop over (this program's tiles) x (every K-tile): the same
+        # chains and the same sums as below, with no loop boundary between splits or tiles for
+        # the software pipeliner to drain (FLAT_SPLITS implies FUSE_SPLITS).
+        k_tiles_all = k_tiles_per_split * SPLIT_K
+        my_tiles = tl.cdiv(num_mn - start_pid, NUM_PROGRAMS)  # grid <= num_mn: start_pid < num_mn
+        tile_id = start_pid - NUM_PROGRAMS
+        ki = -1
+        pid_m, pid_n = _compute_pid(start_pid, num_pid_in_group, num_pid_m, GROUP_SIZE_M)
+        offs_am, offs_bn = _operand_offsets(pid_m, pid_n, M, N, BLOCK_SIZE_M, BLOCK_SIZE_N,
+                                            A_LARGE, B_LARGE)
+        accumulator = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+        total = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+        for _ in range(0, k_tiles_all * my_tiles):
+            ki = tl.where(ki == k_tiles_all - 1, 0, ki + 1)
+            if ki == 0:
+                tile_id += NUM_PROGRAMS
+                pid_m, pid_n = _compute_pid(tile_id, num_pid_in_group, num_pid_m, GROUP_SIZE_M)
+                offs_am, offs_bn = _operand_offsets(pid_m, pid_n, M, N, BLOCK_SIZE_M,
+                                                    BLOCK_SIZE_N, A_LARGE, B_LARGE)
+            a, b = _k_tile(a_ptr, b_ptr, offs_am, offs_bn, K, stride_am, stride_ak, stride_bk,
+                           stride_bn, ki, BLOCK_SIZE_K, A_LARGE, B_LARGE)
+            if IEEE:
+                accumulator = tl.dot(a, b, accumulator, input_precision="ieee")
+            else:
+                accumulator = tl.dot(a, b, accumulator)
+            if (ki + 1) % k_tiles_per_split == 0:
+                # a split ends: split 0 is taken as it is, later ones added in split order
+                total = tl.where(ki < k_tiles_per_split, accumulator, total + accumulator)
+                accumulator = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+                if ki == k_tiles_all - 1:
+                    offs_cm, offs_cn, c_mask = _output_offsets(pid_m, pid_n, M, N, BLOCK_SIZE_M,
+                                                               BLOCK_SIZE_N, C_LARGE)
+                    _store_output(c_ptr, bias_ptr, total, offs_cm, offs_cn, c_mask, N, stride_cm,
+                                  stride_cn, HAS_BIAS)
+    elif FUSE_SPLITS:
         # Fused split-K: num_pid_m x num_pid_n tiles; each runs its SPLIT_K splits in order and
         # adds the partial sums as the parallel mode does: total = p0; total = total + p1; ...
         for tile_id in tl.range(start_pid, num_mn, NUM_PROGRAMS):
@@ -246,6 +296,7 @@ def _matmul_persistent_tma_kernel(
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr, SPLIT_K: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
     C_LARGE: tl.constexpr, HAS_BIAS: tl.constexpr, FUSE_SPLITS: tl.constexpr,
+    FLAT_SPLITS: tl.constexpr,
 ):
     # _matmul_persistent_kernel with descriptor loads (bf16/fp16 only): the same tiles, splits and
     # epilogues, so every output element is the same sum in the same order.
@@ -256,7 +307,33 @@ def _matmul_persistent_tma_kernel(
     k_tiles_per_split = tl.cdiv(k_tiles, SPLIT_K)
     num_mn = num_pid_m * num_pid_n
     num_pid_in_group = GROUP_SIZE_M * num_pid_n
-    if FUSE_SPLITS:
+    if FLAT_SPLITS:
+        # the flat fused loop of _matmul_persistent_kernel with descriptor loads
+        k_tiles_all = k_tiles_per_split * SPLIT_K
+        my_tiles = tl.cdiv(num_mn - start_pid, NUM_PROGRAMS)
+        tile_id = start_pid - NUM_PROGRAMS
+        ki = -1
+        pid_m, pid_n = _compute_pid(start_pid, num_pid_in_group, num_pid_m, GROUP_SIZE_M)
+        accumulator = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+        total = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+        for _ in range(0, k_tiles_all * my_tiles):
+            ki = tl.where(ki == k_tiles_all - 1, 0, ki + 1)
+            if ki == 0:
+                tile_id += NUM_PROGRAMS
+                pid_m, pid_n = _compute_pid(tile_id, num_pid_in_group, num_pid_m, GROUP_SIZE_M)
+            k_start = ki * BLOCK_SIZE_K
+            a = a_desc.load([pid_m * BLOCK_SIZE_M, k_start])  # [BLOCK_M, BLOCK_K]
+            w = w_desc.load([pid_n * BLOCK_SIZE_N, k_start])  # [BLOCK_N, BLOCK_K]
+            accumulator = tl.dot(a, w.T, accumulator)
+            if (ki + 1) % k_tiles_per_split == 0:
+                total = tl.where(ki < k_tiles_per_split, accumulator, total + accumulator)
+                accumulator = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+                if ki == k_tiles_all - 1:
+                    offs_cm, offs_cn, c_mask = _output_offsets(pid_m, pid_n, M, N, BLOCK_SIZE_M,
+                                                               BLOCK_SIZE_N, C_LARGE)
+                    _store_output(c_ptr, bias_ptr, total, offs_cm, offs_cn, c_mask, N, stride_cm,
+                                  stride_cn, HAS_BIAS)
+    elif FUSE_SPLITS:
         for tile_id in tl.range(start_pid, num_mn, NUM_PROGRAMS):
             pid_m, pid_n = _compute_pid(tile_id, num_pid_in_group, num_pid_m, GROUP_SIZE_M)
             total = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
@@ -657,8 +734,9 @@ def _constexprs(config: tables.GemmConfig, num_programs: int, has_bias: bool, tm
     common = (config.block_m, config.block_n, config.block_k, config.group_m, config.split_k,
               num_programs)
     if tma:
-        return common + (large[2], has_bias, config.fuse_splits)
-    return common + (*large, has_bias, dtype == torch.float32, config.fuse_splits)
+        return common + (large[2], has_bias, config.fuse_splits, config.flat_splits)
+    return common + (*large, has_bias, dtype == torch.float32, config.fuse_splits,
+                     config.flat_splits)
 
 
 def _launch(key: tuple, grid0: int, head: tuple, config: tables.GemmConfig, num_programs: int,

@@ -7,9 +7,10 @@ Method, per weight shape ``(N, K)``:
    decode-weighted geometric mean of ``time / torch.mm time`` (weights ``SCORE_WEIGHTS``) wins.
 2. *Launch parameters* per M bucket: with that layout fixed, every launch candidate of the bucket
    is timed at the bucket's upper bound M, and the fastest one that passes both gates is kept.
-   For split-K layouts the prefill buckets (M > 512) try every candidate twice, with the
-   splits run by separate programs whose last one adds the partial sums (parallel) and by one
-   program, one split after another (fused): a launch choice per bucket that leaves the bits
+   For split-K layouts the large and prefill buckets (M > 128) try every candidate three times,
+   with the splits run by separate programs whose last one adds the partial sums (parallel), by
+   one program, one split after another (fused), and by one program in one flat loop over its
+   tiles' K-tiles (fused, ``flat_splits``): a launch choice per bucket that leaves the bits
    unchanged, so timing decides.
    Smaller buckets try the parallel form only (see ``FUSED_CLASSES``).
 
@@ -106,7 +107,11 @@ _LAUNCH_CANDIDATES: dict[str, tuple[tuple[int, int, int, int, int], ...]] = {
 # 13 % and 4 % slower than the best parallel one, at M = 256 within 2 %, at M = 4096 17 % faster
 # (kernels/results/call4_retune_partial/, device call 10, not adopted); for both split-K `down` shapes fused
 # lost at M = 64 and 256 and won at 1024 and 4096 (kernels/results/fused_compare_nvidia_h200.json).
-FUSED_CLASSES: tuple[str, ...] = ("prefill",)
+# Those were the nested form. The flat form (``flat_splits``) keeps the pipeline full across the
+# split boundary, where the nested one drains it (17-37 % against split-K 1 at M = 4096 on the
+# three split-K shapes, in the first sweep's raw records), so the large class (M 129-512) tries
+# both forms too.
+FUSED_CLASSES: tuple[str, ...] = ("large", "prefill")
 # Bucket classes whose candidates also come with tensor-memory-accelerator loads (Hopper). The
 # first sweep with them (M > 32, BLOCK_M >= 64; kernels/results/tma_sweep/) kept a descriptor form
 # in 102 of the 105 buckets above M = 32 where it offered them; the decode sizes, bound by the
@@ -167,7 +172,8 @@ def launch_candidates(m: int, n: int, block_k: int, split_k: int,
     fused twins, descriptor loads).
 
     With ``split_k > 1`` and a bucket class in ``FUSED_CLASSES`` each candidate comes in the
-    parallel form followed by the fused one (``fuse_splits=True``); otherwise, and always with
+    parallel form followed by the fused one (``fuse_splits=True``) and the fused one in a flat
+    loop (``flat_splits=True`` as well); otherwise, and always with
     ``split_k == 1`` (nothing to fuse), in the parallel form only. With ``tma`` (bf16/fp16 on a
     GPU with a tensor-memory accelerator) and a bucket class in ``TMA_CLASSES``, every form with
     BLOCK_M >= ``TMA_MIN_BLOCK_M`` also comes with descriptor loads. Duplicates (after the
@@ -185,17 +191,19 @@ def launch_candidates(m: int, n: int, block_k: int, split_k: int,
             if alt != block_k and tables.split_ranges(k, alt, split_k) == ranges:
                 raw += [(bm, min(bn, cap), warps, stages, per_sm, alt)
                         for bm, bn, warps, stages, per_sm in _ALT_BLOCK_K_TILES[cls]]
-    modes = (False, True) if split_k > 1 and _bucket_class(m) in FUSED_CLASSES else (False,)
+    # (fuse_splits, flat_splits): parallel, then fused, then fused in one flat loop
+    modes = (((False, False), (True, False), (True, True))
+             if split_k > 1 and _bucket_class(m) in FUSED_CLASSES else ((False, False),))
     tma_forms = (False, True) if tma and _bucket_class(m) in TMA_CLASSES else (False,)
     out: list[tables.GemmConfig] = []
     seen: set[tables.GemmConfig] = set()
     for bm, bn, warps, stages, per_sm, bk in raw:
-        for fused in modes:
+        for fused, flat in modes:
             for use_tma in tma_forms:
                 if use_tma and bm < TMA_MIN_BLOCK_M:
                     continue
                 cfg = tables.GemmConfig(bm, bn, bk, GROUP_M, warps, stages, split_k, per_sm,
-                                        fuse_splits=fused, tma=use_tma)
+                                        fuse_splits=fused, tma=use_tma, flat_splits=flat)
                 if cfg not in seen:
                     seen.add(cfg)
                     out.append(cfg)
@@ -305,7 +313,8 @@ def _compile_worker(args: tuple[str, list[tuple[int, ...]]]) -> list[str]:
                 NUM_PROGRAMS=_WORKER_NUM_SMS * cfg.programs_per_sm,
                 A_LARGE=False, B_LARGE=False, C_LARGE=False, HAS_BIAS=False,
                 IEEE=dtype == torch.float32, FUSE_SPLITS=cfg.fuse_splits,
-                num_warps=cfg.num_warps, num_stages=cfg.num_stages, grid=(1,))
+                FLAT_SPLITS=cfg.flat_splits, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                grid=(1,))
         except Exception as exc:  # noqa: BLE001 - reported per config; the real launch re-raises
             errors.append(f"{cfg}: {type(exc).__name__}: {str(exc)[:200]}")
     return errors
@@ -327,8 +336,8 @@ def _warm_tma(cfg: tables.GemmConfig, dtype: torch.dtype, ws_dtype: torch.dtype)
         BLOCK_SIZE_M=cfg.block_m, BLOCK_SIZE_N=cfg.block_n, BLOCK_SIZE_K=cfg.block_k,
         GROUP_SIZE_M=cfg.group_m, SPLIT_K=cfg.split_k,
         NUM_PROGRAMS=_WORKER_NUM_SMS * cfg.programs_per_sm, C_LARGE=False, HAS_BIAS=False,
-        FUSE_SPLITS=cfg.fuse_splits, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        grid=(1,))
+        FUSE_SPLITS=cfg.fuse_splits, FLAT_SPLITS=cfg.flat_splits, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, grid=(1,))
 
 
 _WORKER_NUM_SMS = int(os.environ.get("BISTAT_PRECOMPILE_NUM_SMS", "0") or 0)
@@ -500,6 +509,7 @@ def sweep_shape(shape: GemmShape, dtype: torch.dtype, num_sms: int, provenance: 
             num_warps=w_rec["num_warps"], num_stages=w_rec["num_stages"],
             programs_per_sm=w_rec["programs_per_sm"],
             fuse_splits=w_rec["fuse_splits"], tma=w_rec.get("tma", False),
+            flat_splits=w_rec.get("flat_splits", False),
             block_k=None if w_rec["block_k"] == chosen[0] else w_rec["block_k"],
             measured={"m": m, "time_ms": round(w_rec["time_ms"], 5),
                       "torch_mm_ms": round(st.torch_mm_ms[m], 5),
@@ -530,7 +540,8 @@ def sweep_shape(shape: GemmShape, dtype: torch.dtype, num_sms: int, provenance: 
 
 
 def _config_of(record: dict[str, Any]) -> tables.GemmConfig:
-    return tables.GemmConfig(**{k: record[k] for k in tables._CONFIG_FIELDS})
+    # records written before a field existed lack it: its default then (flat_splits)
+    return tables.GemmConfig(**{k: record[k] for k in tables._CONFIG_FIELDS if k in record})
 
 
 def retune_buckets(entry: tables.ShapeConfig, shape: GemmShape, dtype: torch.dtype,
@@ -586,6 +597,7 @@ def retune_buckets(entry: tables.ShapeConfig, shape: GemmShape, dtype: torch.dty
             group_m=winner["group_m"], num_warps=winner["num_warps"],
             num_stages=winner["num_stages"], programs_per_sm=winner["programs_per_sm"],
             fuse_splits=winner["fuse_splits"], tma=winner.get("tma", False),
+            flat_splits=winner.get("flat_splits", False),
             block_k=None if winner["block_k"] == layout[0] else winner["block_k"],
             measured={"m": m, "time_ms": round(winner["time_ms"], 5),
                       "torch_mm_ms": round(st.torch_mm_ms[m], 5),

@@ -307,6 +307,32 @@ def pack_cache(out: Path, cache_dir: Path) -> None:
         target.unlink()
 
 
+def _shape_list(text: str) -> list[tuple[int, int]]:
+    """``"576x1536,2048x6144"`` -> ``[(576, 1536), (2048, 6144)]`` (argparse type)."""
+    out = []
+    for item in text.split(","):
+        n, sep, k = item.strip().partition("x")
+        if not sep or not n.isdigit() or not k.isdigit():
+            raise argparse.ArgumentTypeError(
+                f"--shapes: {item.strip()!r} is not NxK (e.g. 576x1536); give weight shapes as "
+                f"N x K separated by commas")
+        out.append((int(n), int(k)))
+    return out
+
+
+def _selected_shapes(wanted: list[tuple[int, int]] | None) -> list:
+    """The models' shapes, or those of them named by ``--shapes`` (each must be one of them)."""
+    shapes = shapes_for(MODELS)
+    if wanted is None:
+        return shapes
+    known = {(s.n, s.k) for s in shapes}
+    unknown = [f"{n}x{k}" for n, k in wanted if (n, k) not in known]
+    if unknown:
+        raise SystemExit(f"--shapes: {', '.join(unknown)} is not a shape of {', '.join(MODELS)}; "
+                         f"known: {', '.join(f'{n}x{k}' for n, k in sorted(known))}")
+    return [s for s in shapes if (s.n, s.k) in set(wanted)]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("stages", nargs="+", choices=("check", "hostcost", "sweep", "buckets",
@@ -322,6 +348,8 @@ def main() -> int:
                         help="buckets: re-tune the committed table's buckets from this M up")
     parser.add_argument("--retune-max-m", type=int, default=None,
                         help="buckets: ... and up to this M (default: every larger bucket)")
+    parser.add_argument("--shapes", type=_shape_list, default=None,
+                        help="buckets: only these weight shapes, as NxK[,NxK...] (default: all)")
     parser.add_argument("--retune", action="store_true",
                         help="re-tune every shape; shapes not reached keep the committed table's entry")
     args = parser.parse_args()
@@ -354,7 +382,8 @@ def main() -> int:
                 sweep_complete = not res["missing"]
             elif stage == "buckets":
                 res = sweep.run_retune_buckets(
-                    shapes_for(MODELS), _table_path(args.out), args.out, min_m=args.min_m,
+                    _selected_shapes(args.shapes), _table_path(args.out), args.out,
+                    min_m=args.min_m,
                     max_m=args.retune_max_m,
                     budget_s=left - 100, precompile_workers=args.workers, command=sys.argv,
                     progress=log)

@@ -6,6 +6,7 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 from helpers_kernels import torch
 
@@ -144,3 +145,20 @@ def test_the_device_probe_stage_writes_the_cli_probes_document(tmp_path, monkeyp
     # same cases, same seeds: the same rows, both gates' numbers included
     assert device["shapes"] == cli["shapes"]
     assert device["passed"] is cli["passed"] is True
+
+
+def test_the_device_bucket_retune_takes_a_list_of_shapes():
+    import argparse
+
+    gpu_call = _gpu_call()
+    assert gpu_call._shape_list("576x1536, 2048x6144") == [(576, 1536), (2048, 6144)]
+    with pytest.raises(argparse.ArgumentTypeError, match=r"'576-1536' is not NxK \(e\.g\. "
+                                                           r"576x1536\)"):
+        gpu_call._shape_list("576-1536")
+    picked = gpu_call._selected_shapes([(4096, 12288), (576, 1536)])
+    assert sorted((s.model, s.layer) for s in picked) == [("qwen3-8b", "down"),
+                                                          ("smollm2-135m", "down")]
+    assert len(gpu_call._selected_shapes(None)) == 15
+    with pytest.raises(SystemExit, match=r"--shapes: 5x7 is not a shape of qwen3-8b, qwen3-1.7b, "
+                                         r"smollm2-135m; known: 576x576"):
+        gpu_call._selected_shapes([(5, 7)])

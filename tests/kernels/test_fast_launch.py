@@ -83,7 +83,7 @@ def test_the_direct_launch_passes_what_the_jit_call_bound(fake_kernel):
     assert launched[0] is a and launched[3] is launched[2] and launched[4] is None
     assert launched[5].dtype == torch.int32 and launched[5] is mp._LOCKS[(None, 1007)]
     assert launched[6:15] == (5, 96, 64, 64, 1, 1, 64, 96, 1)
-    assert launched[15:] == (16, 32, 64, 8, 1, 4, False, False, False, False, True, False)
+    assert launched[15:] == (16, 32, 64, 8, 1, 4, False, False, False, False, True, False, False)
 
 
 def test_anything_triton_specialises_on_goes_back_through_the_jit_call(fake_kernel):

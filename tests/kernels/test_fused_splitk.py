@@ -53,7 +53,13 @@ def test_fused_equals_parallel_bit_for_bit(dtype, block_k, split_k):
     a, w, bias = _inputs(17, 40, 200, dtype, seed=11)
     parallel = tables.GemmConfig(16, 16, block_k, 8, 4, 2, split_k)
     fused = [tables.GemmConfig(16, 16, block_k, 8, 4, 2, split_k, fuse_splits=True),
-             tables.GemmConfig(32, 64, block_k, 1, 4, 3, split_k, 2, fuse_splits=True)]
+             tables.GemmConfig(32, 64, block_k, 1, 4, 3, split_k, 2, fuse_splits=True),
+             # the flat loop: at M = 17, 2 x 3 tiles over the interpreter's 4 programs, so two
+             # programs carry their loop from one tile into the next
+             tables.GemmConfig(16, 16, block_k, 8, 4, 2, split_k, fuse_splits=True,
+                               flat_splits=True),
+             tables.GemmConfig(16, 32, block_k, 1, 4, 3, split_k, 1, fuse_splits=True,
+                               flat_splits=True)]
     for m in (1, 3, 17):
         for bb in (None, bias):
             expected = mp.matmul_persistent(a[:m], w.t(), bb, config=parallel)  # [m, 40]
@@ -234,22 +240,25 @@ def test_reduction_candidates(n, k, num_sms, expected):
     assert sweep.reduction_candidates(n, k, num_sms) == expected
 
 
-@pytest.mark.parametrize("m", [513, 1024, 4096])
-def test_prefill_launch_candidates_pair_each_split_candidate_with_its_fused_twin(m):
+@pytest.mark.parametrize("m", [256, 512, 513, 1024, 4096])
+def test_large_and_prefill_candidates_pair_each_split_candidate_with_its_fused_twins(m):
     single = sweep.launch_candidates(m, 2048, 128, 1)
-    assert not any(c.fuse_splits for c in single)
+    assert not any(c.fuse_splits or c.flat_splits for c in single)
     split = sweep.launch_candidates(m, 2048, 128, 2)
     parallel = [c for c in split if not c.fuse_splits]
-    fused = [c for c in split if c.fuse_splits]
+    nested = [c for c in split if c.fuse_splits and not c.flat_splits]
+    flat = [c for c in split if c.flat_splits]
     assert len(set(split)) == len(split)
-    assert len(parallel) == len(fused) == len(single)
-    assert fused == [dataclasses.replace(c, fuse_splits=True) for c in parallel]
+    assert len(parallel) == len(nested) == len(flat) == len(single)
+    assert nested == [dataclasses.replace(c, fuse_splits=True) for c in parallel]
+    assert flat == [dataclasses.replace(c, fuse_splits=True, flat_splits=True) for c in parallel]
+    assert all(c.fuse_splits for c in flat)
     assert {(c.block_k, c.split_k) for c in split} == {(128, 2)}
 
 
-@pytest.mark.parametrize("m", [1, 32, 128, 512])
+@pytest.mark.parametrize("m", [1, 32, 64, 128])
 def test_smaller_buckets_try_split_candidates_in_the_parallel_form_only(m):
-    # fused lost at M <= 256 on the H200 (sweep.FUSED_CLASSES cites the measurements)
+    # fused lost at M <= 128 on the H200 (sweep.FUSED_CLASSES cites the measurements)
     single = sweep.launch_candidates(m, 2048, 128, 1)
     split = sweep.launch_candidates(m, 2048, 128, 2)
     assert split == [dataclasses.replace(c, split_k=2) for c in single]
@@ -440,3 +449,51 @@ def test_gpu_split_k_in_a_cuda_graph_replays_the_eager_bits():
         torch.cuda.synchronize()
         _assert_same_bits(out, eager)
         _assert_same_bits(mp.matmul_persistent(a, w.t(), config=cfg), eager)  # eager between
+
+
+# ---- the flat fused form ------------------------------------------------------------------------
+
+def test_flat_splits_is_normalised_away_without_fused_splits():
+    assert tables.GemmConfig(16, 32, 64, 8, 4, 4, 2, flat_splits=True).flat_splits is False
+    assert tables.GemmConfig(16, 32, 64, 8, 4, 4, 1, fuse_splits=True,
+                             flat_splits=True).flat_splits is False
+    flat = tables.GemmConfig(16, 32, 64, 8, 4, 4, 2, fuse_splits=True, flat_splits=True)
+    assert flat.flat_splits is True
+    assert flat != tables.GemmConfig(16, 32, 64, 8, 4, 4, 2, fuse_splits=True)
+    assert flat.reduction_key() == (64, 2)
+
+
+def test_a_table_keeps_flat_splits_and_rejects_it_without_fuse_splits():
+    data = _fused_table_dict()
+    data["entries"][1]["buckets"][2]["flat_splits"] = True
+    table = tables.parse_table(data, "flat_table")
+    entry = table.entries[("float32", 37, 100)]
+    assert [entry.config_for(m).flat_splits for m in (1, 4, 64)] == [False, False, True]
+    dumped = tables.table_to_dict(table.device_name, list(table.entries.values()))
+    assert [["flat_splits" in b for b in e["buckets"]] for e in dumped["entries"]] == [
+        [False, False, True], [False] * 4]
+    assert tables.parse_table(json.loads(json.dumps(dumped))).entries == table.entries
+    bad = _fused_table_dict()
+    bad["entries"][1]["buckets"][0]["flat_splits"] = True  # a parallel bucket
+    with pytest.raises(tables.TableError, match=r"bad_table: .*buckets\[0\]\.flat_splits: true is "
+                                                r"a form of fused split-K; set fuse_splits"):
+        tables.parse_table(bad, "bad_table")
+    bad["entries"][1]["buckets"][0]["flat_splits"] = "yes"
+    with pytest.raises(tables.TableError, match=r"flat_splits: got 'yes'; expected true or false"):
+        tables.parse_table(bad, "bad_table")
+
+
+def test_rows_alone_equal_rows_in_batch_with_flat_buckets():
+    data = _fused_table_dict()
+    data["entries"][1]["buckets"][2]["flat_splits"] = True  # M 5..64: flat; 2..4: nested
+    tables.set_device_table(tables.parse_table(data, "flat_table"))
+    try:
+        a, w, bias = _inputs(64, 37, 100, torch.float32, seed=15)
+        alone = {r: mp.matmul_persistent(a[r:r + 1], w.t(), bias)[0]
+                 for m in (3, 17, 64) for r in row_positions(m)}
+        for m in (3, 17, 64):
+            batch = mp.matmul_persistent(a[:m], w.t(), bias)  # [m, 37]
+            for r in row_positions(m):
+                _assert_same_bits(batch[r], alone[r])
+    finally:
+        tables.reset_device_table()
