@@ -116,3 +116,22 @@ def test_stop_kills_the_process_group_when_sigint_is_ignored(repo):
     with pytest.raises(ProcessLookupError):
         os.killpg(group, 0)
     assert (repo / "runs" / "fake" / "passes.jsonl").read_text().count("complete") >= 2
+
+
+def test_every_watching_call_leaves_a_snapshot_of_the_recorded_data_in_out(repo):
+    import tarfile
+
+    first = _run_bg(repo, "fake", "3")
+    assert first.returncode == 3, first.stdout + first.stderr
+    snap = repo / "out" / "fake.partial.tar.xz"
+    assert "[bg] snapshot: $OUT/fake.partial.tar.xz" in first.stdout
+    with tarfile.open(snap) as tar:
+        names = set(tar.getnames())
+        got = tar.extractfile("fake/passes.jsonl").read().decode().splitlines()
+    assert {"fake/run.json", "fake/passes.jsonl", "fake.log"} <= names
+    assert len(got) >= 2 and set(got) == {'{"status": "complete"}'}
+    second = _run_bg(repo, "fake", "2")                      # the next call: a newer snapshot
+    with tarfile.open(snap) as tar:
+        later = tar.extractfile("fake/passes.jsonl").read().decode().splitlines()
+    assert second.returncode == 3 and len(later) > len(got)
+    assert _run_bg(repo, "--stop", "fake", "20").returncode == 0

@@ -179,13 +179,17 @@ _EARLIER_RUNS = (
      "and `k11/confirm3` are its independent repeats)"),
     ("k11/before2", "the k10 table again, right after the main bench (`results/k11/`)"),
     ("k11/confirm3", "the re-tuned table, a third time (`results/k11/`)"),
-    ("k11/before3", "the k10 table, a third time, right after `k11/confirm3`"))
+    ("k11/before3", "the k10 table, a third time, right after `k11/confirm3`"),
+    ("k11/confirm", "the k11 table's main bench (GPU-f2e2bf42...), before the k12 re-tune"),
+    ("k12/after", "the k12 table benched in its re-tune's own call, after its candidates were "
+     "chosen by time on the same GPU (optimistic; the main bench and `k12/confirm2` are its "
+     "independent repeats; `results/k12/`)"))
 
 
 # Independent repeats of the main bench: the committed table benched again on the main bench's
 # GPU by the same command (folders under results/). A ratio goal counts as met only if every run
 # meets it (results_model.goal).
-_REPEATS = ("k11/confirm3",)
+_REPEATS = ("k12/confirm2",)
 
 
 # Benches on another software stack (folder under results/, and what table it benched), shown in

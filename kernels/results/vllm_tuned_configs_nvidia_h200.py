@@ -48,8 +48,8 @@ BISTAT_TUNED_CONFIGS: dict[str, dict[tuple[int, int], _MatmulShapeConfig]] = {
                 (4, _MatmulMConfig(16, 32, 4, 6)),  # 0.00365 ms = 0.924x torch.mm at M=4; dropped programs_per_sm=2
                 (16, _MatmulMConfig(16, 32, 4, 6)),  # 0.00354 ms = 0.962x torch.mm at M=16; dropped programs_per_sm=2
                 (32, _MatmulMConfig(16, 32, 4, 6)),  # 0.00359 ms = 0.962x torch.mm at M=32
-                (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.004 ms = 1.061x torch.mm at M=64; dropped tma=True
-                (128, _MatmulMConfig(64, 64, 4, 4)),  # 0.004 ms = 1.050x torch.mm at M=128; dropped tma=True
+                (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.00406 ms = 1.066x torch.mm at M=64 (retune); dropped programs_per_sm=2, tma=True
+                (128, _MatmulMConfig(64, 64, 4, 4)),  # 0.00406 ms = 1.049x torch.mm at M=128 (retune); dropped programs_per_sm=2, tma=True
                 (256, _MatmulMConfig(64, 64, 4, 4)),  # 0.004 ms = 1.013x torch.mm at M=256 (retune); dropped programs_per_sm=2, tma=True
                 (512, _MatmulMConfig(64, 64, 4, 4)),  # 0.00417 ms = 0.977x torch.mm at M=512 (retune); dropped tma=True
                 (1024, _MatmulMConfig(64, 128, 4, 4)),  # 0.00518 ms = 1.114x torch.mm at M=1024 (retune); dropped tma=True
@@ -68,8 +68,8 @@ BISTAT_TUNED_CONFIGS: dict[str, dict[tuple[int, int], _MatmulShapeConfig]] = {
                 (4, _MatmulMConfig(16, 32, 4, 6)),  # 0.00663 ms = 1.064x torch.mm at M=4 (retune); dropped programs_per_sm=2, block_k=256; exported: the bucket's launch before the re-tune, at the entry's block_k (0.00726 ms at M=4)
                 (16, _MatmulMConfig(16, 32, 4, 6)),  # 0.00658 ms = 1.056x torch.mm at M=16 (retune); dropped block_k=256; exported: the bucket's launch before the re-tune, at the entry's block_k (0.00714 ms at M=16)
                 (32, _MatmulMConfig(16, 32, 4, 6)),  # 0.00717 ms = 1.138x torch.mm at M=32 (retune)
-                (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.00786 ms = 1.234x torch.mm at M=64; dropped tma=True
-                (128, _MatmulMConfig(64, 64, 4, 4)),  # 0.00769 ms = 1.131x torch.mm at M=128; dropped programs_per_sm=2, tma=True
+                (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.00762 ms = 1.171x torch.mm at M=64 (retune); dropped block_k=256; exported: the bucket's launch before the re-tune, at the entry's block_k (0.00797 ms at M=64)
+                (128, _MatmulMConfig(64, 64, 4, 4)),  # 0.00763 ms = 1.115x torch.mm at M=128 (retune); dropped tma=True, block_k=256; exported: the bucket's launch before the re-tune, at the entry's block_k (0.00801 ms at M=128)
                 (256, _MatmulMConfig(64, 64, 4, 5)),  # 0.00729 ms = 1.064x torch.mm at M=256; dropped programs_per_sm=3, tma=True
                 (512, _MatmulMConfig(64, 128, 4, 4)),  # 0.00922 ms = 1.013x torch.mm at M=512 (retune); dropped tma=True
                 (1024, _MatmulMConfig(128, 128, 4, 3)),  # 0.01396 ms = 1.024x torch.mm at M=1024 (retune); dropped tma=True, block_k=64; exported: the bucket's launch before the re-tune, at the entry's block_k (0.01508 ms at M=1024)
@@ -89,7 +89,7 @@ BISTAT_TUNED_CONFIGS: dict[str, dict[tuple[int, int], _MatmulShapeConfig]] = {
                 (16, _MatmulMConfig(16, 32, 4, 6)),  # 0.00406 ms = 0.971x torch.mm at M=16
                 (32, _MatmulMConfig(32, 32, 4, 6)),  # 0.00454 ms = 1.076x torch.mm at M=32
                 (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.0043 ms = 1.007x torch.mm at M=64; dropped programs_per_sm=2, tma=True
-                (128, _MatmulMConfig(64, 64, 4, 4)),  # 0.00437 ms = 0.989x torch.mm at M=128; dropped programs_per_sm=2, tma=True
+                (128, _MatmulMConfig(64, 64, 4, 4)),  # 0.0044 ms = 0.987x torch.mm at M=128 (retune); dropped tma=True
                 (256, _MatmulMConfig(64, 128, 4, 4)),  # 0.00509 ms = 1.134x torch.mm at M=256; dropped tma=True
                 (512, _MatmulMConfig(128, 128, 4, 3)),  # 0.0066 ms = 1.138x torch.mm at M=512 (retune); dropped tma=True, block_k=64; exported: the bucket's launch before the re-tune, at the entry's block_k (0.00729 ms at M=512)
                 (1024, _MatmulMConfig(64, 128, 4, 4)),  # 0.01028 ms = 1.221x torch.mm at M=1024 (retune); dropped tma=True, block_k=64; exported: the bucket's launch before the re-tune, at the entry's block_k (0.01033 ms at M=1024)
@@ -128,8 +128,8 @@ BISTAT_TUNED_CONFIGS: dict[str, dict[tuple[int, int], _MatmulShapeConfig]] = {
                 (4, _MatmulMConfig(16, 32, 4, 6)),  # 0.01402 ms = 1.047x torch.mm at M=4; dropped programs_per_sm=2, tma=True
                 (16, _MatmulMConfig(16, 32, 4, 6)),  # 0.01268 ms = 0.939x torch.mm at M=16 (retune); dropped programs_per_sm=2, block_k=256; exported: the bucket's launch before the re-tune, at the entry's block_k (0.01298 ms at M=16)
                 (32, _MatmulMConfig(32, 32, 4, 6)),  # 0.01345 ms = 0.973x torch.mm at M=32 (retune); dropped programs_per_sm=2, block_k=256; exported: the bucket's launch before the re-tune, at the entry's block_k (0.01523 ms at M=32)
-                (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.01532 ms = 1.206x torch.mm at M=64; dropped tma=True
-                (128, _MatmulMConfig(64, 64, 4, 4)),  # 0.0153 ms = 1.034x torch.mm at M=128; dropped tma=True
+                (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.01494 ms = 1.007x torch.mm at M=64 (retune); dropped programs_per_sm=2, tma=True
+                (128, _MatmulMConfig(64, 64, 4, 4)),  # 0.01574 ms = 1.043x torch.mm at M=128 (retune); dropped programs_per_sm=2, tma=True
                 (256, _MatmulMConfig(64, 128, 4, 4)),  # 0.01749 ms = 1.015x torch.mm at M=256; dropped programs_per_sm=2, tma=True
                 (512, _MatmulMConfig(128, 128, 4, 3)),  # 0.02537 ms = 1.012x torch.mm at M=512 (retune); dropped tma=True, block_k=64; exported: the bucket's launch before the re-tune, at the entry's block_k (0.02786 ms at M=512)
                 (1024, _MatmulMConfig(128, 128, 4, 3)),  # 0.04586 ms = 1.006x torch.mm at M=1024 (retune); dropped tma=True, block_k=64; exported: the bucket's launch before the re-tune, at the entry's block_k (0.05165 ms at M=1024)
@@ -148,7 +148,7 @@ BISTAT_TUNED_CONFIGS: dict[str, dict[tuple[int, int], _MatmulShapeConfig]] = {
                 (4, _MatmulMConfig(16, 64, 4, 6)),  # 0.01746 ms = 0.990x torch.mm at M=4 (retune); dropped tma=True, block_k=256; exported: the bucket's launch before the re-tune, at the entry's block_k (0.01769 ms at M=4)
                 (16, _MatmulMConfig(16, 64, 4, 6)),  # 0.01718 ms = 0.986x torch.mm at M=16 (retune); dropped programs_per_sm=2, block_k=256; exported: the bucket's launch before the re-tune, at the entry's block_k (0.01789 ms at M=16)
                 (32, _MatmulMConfig(16, 128, 4, 6)),  # 0.01814 ms = 1.016x torch.mm at M=32 (retune); dropped block_k=256; exported: the bucket's launch before the re-tune, at the entry's block_k (0.0196 ms at M=32)
-                (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.01886 ms = 1.050x torch.mm at M=64; dropped programs_per_sm=2, tma=True
+                (64, _MatmulMConfig(64, 64, 4, 4)),  # 0.02173 ms = 1.235x torch.mm at M=64 (retune); dropped tma=True, block_k=256; exported: the bucket's launch before the re-tune, at the entry's block_k (0.02237 ms at M=64)
                 (128, _MatmulMConfig(64, 128, 4, 4)),  # 0.02017 ms = 1.095x torch.mm at M=128; dropped tma=True
                 (256, _MatmulMConfig(128, 128, 8, 3)),  # 0.02611 ms = 1.190x torch.mm at M=256 (retune); dropped tma=True, block_k=64; exported: the bucket's launch before the re-tune, at the entry's block_k (0.0294 ms at M=256)
                 (512, _MatmulMConfig(64, 128, 4, 4)),  # 0.04456 ms = 1.166x torch.mm at M=512; dropped tma=True
@@ -248,7 +248,7 @@ BISTAT_TUNED_CONFIGS: dict[str, dict[tuple[int, int], _MatmulShapeConfig]] = {
                 (4, _MatmulMConfig(16, 64, 4, 6)),  # 0.28703 ms = 0.858x torch.mm at M=4 (retune); dropped tma=True, block_k=256; exported: the bucket's launch before the re-tune, at the entry's block_k (0.29498 ms at M=4)
                 (16, _MatmulMConfig(16, 128, 4, 6)),  # 0.28977 ms = 0.873x torch.mm at M=16 (retune); dropped block_k=256; exported: the bucket's launch before the re-tune, at the entry's block_k (0.30682 ms at M=16)
                 (32, _MatmulMConfig(32, 128, 4, 6)),  # 0.30207 ms = 0.923x torch.mm at M=32 (retune); dropped programs_per_sm=2, tma=True, block_k=256; exported: the bucket's launch before the re-tune, at the entry's block_k (0.31594 ms at M=32)
-                (64, _MatmulMConfig(64, 256, 4, 4)),  # 0.31715 ms = 0.948x torch.mm at M=64
+                (64, _MatmulMConfig(64, 256, 4, 4)),  # 0.30474 ms = 0.990x torch.mm at M=64 (retune); dropped tma=True
                 (128, _MatmulMConfig(64, 256, 4, 4)),  # 0.34206 ms = 1.016x torch.mm at M=128; dropped tma=True
                 (256, _MatmulMConfig(128, 256, 8, 3)),  # 0.47538 ms = 1.049x torch.mm at M=256; dropped tma=True
                 (512, _MatmulMConfig(128, 256, 8, 3)),  # 0.84454 ms = 0.982x torch.mm at M=512; dropped tma=True

@@ -16,6 +16,11 @@
 #                                                  whole process group; its data stay in runs/NAME
 #                                                  for pack.sh. Never `pkill -f` a pattern instead:
 #                                                  it matches the call's own command line (2026-12-03).
+# Every watching call ends by leaving a snapshot of what the run has recorded so far (runs/NAME
+# and its log) under $OUT as NAME.partial.tar.xz (xz -1, one thread, nice 19: a few seconds of one
+# of the 16 cores, beside the engines' host load, which each pass records). A machine lost or a
+# session's budget spent mid-run then costs only the passes since the last call: on 2026-12-03
+# (fourth session) a study that ran out of budget 83 passes in came back with nothing.
 set -uo pipefail
 . "$(dirname "$0")/env.sh"
 if [ "${1:-}" = "--check" ]; then
@@ -72,11 +77,22 @@ if ! alive; then
     echo "{\"status\": $rc}" > "'"$STATUS"'"' _ "${what[@]}" >> "$LOG" 2>&1 < /dev/null &
   echo $! > "$PIDF"
 fi
+snapshot() {   # what runs/NAME holds now, into $OUT (a later pack.sh supersedes it)
+  [ -n "${OUT:-}" ] && [ -d "$RUN" ] || return 0
+  mkdir -p "$OUT"
+  if nice -n 19 tar -C "$REPO/runs" -cf - "$NAME" "$NAME.log" 2>/dev/null \
+      | nice -n 19 xz -1 -T1 > "$OUT/$NAME.partial.tar.xz"; then
+    echo "[bg] snapshot: \$OUT/$NAME.partial.tar.xz ($(du -k "$OUT/$NAME.partial.tar.xz" | cut -f1) KiB; $(wc -l < "$RUN/passes.jsonl" 2>/dev/null || echo 0) passes recorded)"
+  else
+    echo "[bg] snapshot of $NAME failed; the run goes on"
+  fi
+}
 t0=$SECONDS; seen=0
 while alive && [ $((SECONDS - t0)) -lt "$BUDGET" ]; do
   n=$(wc -l < "$LOG"); [ "$n" -gt "$seen" ] && { sed -n "$((seen + 1)),${n}p" "$LOG"; seen=$n; }
   sleep 5
 done
 n=$(wc -l < "$LOG"); [ "$n" -gt "$seen" ] && sed -n "$((seen + 1)),${n}p" "$LOG"
+snapshot
 if alive; then echo "[bg] $NAME still running after this call's ${BUDGET} s; call again at once"; exit 3; fi
 echo "[bg] $NAME finished: $(cat "$STATUS" 2>/dev/null || echo 'no status (killed?)')"; exit 0

@@ -77,7 +77,7 @@ def test_the_h200_table_exports_12_shapes_and_says_what_it_left_out():
     assert [(o["n"], o["k"], o["split_k"]) for o in export.omitted] == [
         (576, 1536, 2), (2048, 6144, 2), (4096, 12288, 2)]
     assert "vLLM's kernel has no split-K" in export.omitted[0]["reason"]
-    assert export.dropped_summary() == {"block_k": 55, "programs_per_sm": 33, "tma": 95}
+    assert export.dropped_summary() == {"block_k": 58, "programs_per_sm": 34, "tma": 95}
     parsed = export_vllm.parse_vllm_source(export.python_text)
     assert list(parsed) == ["hopper"]
     for s in export.shapes:
@@ -107,8 +107,8 @@ def test_the_committed_export_regenerates_byte_for_byte(tmp_path, monkeypatch):
                                 catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert result.output.splitlines()[1:] == [
-        "dropped block_k (vLLM's kernel cannot express it) in 55 buckets",
-        "dropped programs_per_sm (vLLM's kernel cannot express it) in 33 buckets",
+        "dropped block_k (vLLM's kernel cannot express it) in 58 buckets",
+        "dropped programs_per_sm (vLLM's kernel cannot express it) in 34 buckets",
         "dropped tma (vLLM's kernel cannot express it) in 95 buckets",
         *[f"omitted ({n}, {k}) bfloat16: split_k {split}: vLLM's kernel has no split-K and the "
           f"nearest layout (block_k 128, no split) was never timed; vLLM keeps its own entry or "

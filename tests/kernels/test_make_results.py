@@ -157,12 +157,15 @@ def test_committed_fused_comparison_keeps_the_measured_numbers_and_says_how():
     assert round(big["fused_128x128w8s3"], 3) == 0.643 and round(big["table"], 3) == 0.707
     # the table it set four buckets of (2026-11-29) is in git history; the re-tune with descriptor
     # loads (kernels/results/tma_sweep/) chose fused split-K at prefill sizes by its own timing,
-    # and the per-bucket BLOCK_K re-tune (results/k10/) replaced that launch at M = 4096 by a
-    # parallel split-K one at BLOCK_K 64, recording the fused launch it replaced and its time
+    # the per-bucket BLOCK_K re-tune (results/k10/) replaced that launch at M = 4096 by a
+    # parallel split-K one at BLOCK_K 64, and the k12 re-tune (results/k12/) replaced that by the
+    # flat fused form, each recording the launch it replaced and its time
     table = tables.load_table(make_results.TABLES_DIR / "nvidia_h200.json")
     bucket = table.lookup("bfloat16", 4096, 12288).buckets[-1]
-    assert bucket.measured["m"] == 4096 and bucket.block_k == 64 and not bucket.fuse_splits
-    assert "fuse_splits=True" in bucket.measured["previous"]["config"]
+    assert bucket.measured["m"] == 4096 and bucket.block_k == 64
+    assert bucket.fuse_splits and bucket.flat_splits
+    assert "results/k12/after/" in bucket.measured["source"]
+    assert "fuse_splits=False" in bucket.measured["previous"]["config"]
     assert bucket.measured["time_ms"] < bucket.measured["previous"]["time_ms"]
 
 
