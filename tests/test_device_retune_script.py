@@ -1,0 +1,89 @@
+"""kernels/device/retune_and_confirm.sh: the background kernel job of a device session.
+
+It ran on the H200 on 2026-12-03 (kernels/results/k12/). Here it runs on the CPU with a stand-in
+``gpu_call.py`` that records its arguments and writes what each stage would: the order of the
+stages, the table each one starts from and the files left for the calls that follow are checked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.skipif(shutil.which("bash") is None or sys.platform != "linux",
+                                reason="needs bash and Linux")
+
+# The stand-in: appends its argv to calls.jsonl; "buckets" writes --out/nvidia_h200.json with the
+# table it started from (the --out copy if there is one, else the committed one) plus its stage
+# name; "bench" writes a bench file naming the table it found in --out.
+FAKE_GPU_CALL = r'''
+import json, sys
+from pathlib import Path
+args = sys.argv[1:]
+out = Path(args[args.index("--out") + 1])
+out.mkdir(parents=True, exist_ok=True)
+log = Path(__file__).resolve().parents[3] / "calls.jsonl"
+with log.open("a") as f:
+    f.write(json.dumps(args) + "\n")
+table = out / "nvidia_h200.json"
+start = table if table.is_file() else Path("kernels/bistat_kernels/tables/nvidia_h200.json")
+doc = json.loads(start.read_text())
+if "buckets" in args:
+    doc["stages"] = doc.get("stages", []) + [str(out.name)]
+    table.write_text(json.dumps(doc))
+if "bench" in args:
+    (out / "bench_nvidia_h200.json").write_text(json.dumps({"table_stages": doc.get("stages")}))
+'''
+
+
+@pytest.fixture
+def repo(tmp_path):
+    r = tmp_path / "repo"
+    (r / "kernels" / "device").mkdir(parents=True)
+    shutil.copy(ROOT / "kernels" / "device" / "retune_and_confirm.sh",
+                r / "kernels" / "device" / "retune_and_confirm.sh")
+    (r / "kernels" / "device" / "gpu_call.py").write_text(FAKE_GPU_CALL)
+    (r / "kernels" / "bistat_kernels" / "tables").mkdir(parents=True)
+    (r / "kernels" / "bistat_kernels" / "tables" / "nvidia_h200.json").write_text(
+        json.dumps({"stages": ["committed"]}))
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "nvidia-smi").write_text("#!/bin/sh\necho 'NVIDIA H200, GPU-test, 1.0'\n")
+    (fake_bin / "nvidia-smi").chmod(0o755)
+    (fake_bin / "python3").symlink_to(sys.executable)
+    return r
+
+
+def test_the_job_retunes_mid_then_the_split_shapes_then_benches_the_new_table_twice(repo):
+    job = repo / ".dev" / "k12"
+    env = dict(os.environ, PATH=f"{repo.parent / 'bin'}:{os.environ['PATH']}")
+    subprocess.run(["bash", "kernels/device/retune_and_confirm.sh", str(job), "33", "128",
+                    "576x1536,2048x6144", "256", "300"], cwd=repo, env=env, check=True,
+                   timeout=60)
+    assert (job / "done").read_text().split() == ["mid=0", "after=0", "confirm1=0", "confirm2=0"]
+    calls = [json.loads(line) for line in (job / "calls.jsonl").read_text().splitlines()]
+    assert calls == [
+        ["buckets", "--min-m", "33", "--retune-max-m", "128", "--out", f"{job}/mid",
+         "--budget-s", "300"],
+        ["buckets", "probe", "bench", "--shapes", "576x1536,2048x6144", "--min-m", "256",
+         "--out", f"{job}/after", "--budget-s", "300"],
+        ["bench", "--out", f"{job}/confirm1", "--budget-s", "60"],
+        ["bench", "--out", f"{job}/confirm2", "--budget-s", "60"]]
+    # the split-K re-tune starts from the mid re-tune's table; both confirmations bench its result
+    after = json.loads((job / "after" / "nvidia_h200.json").read_text())
+    assert after["stages"] == ["committed", "mid", "after"]
+    for n in (1, 2):
+        bench = json.loads((job / f"confirm{n}" / "bench_nvidia_h200.json").read_text())
+        assert bench["table_stages"] == ["committed", "mid", "after"]
+    log = (job / "log.txt").read_text()
+    assert "NVIDIA H200, GPU-test" in log
+    # it ran from its own copy of the package: the checkout's files may change under it
+    assert (job / "src" / "kernels" / "device" / "gpu_call.py").is_file()
