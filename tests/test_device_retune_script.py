@@ -1,8 +1,10 @@
-"""kernels/device/retune_and_confirm.sh: the background kernel job of a device session.
+"""The kernels' device scripts on the CPU, each with a stand-in ``gpu_call.py``.
 
-It ran on the H200 on 2026-12-03 (kernels/results/k12/). Here it runs on the CPU with a stand-in
-``gpu_call.py`` that records its arguments and writes what each stage would: the order of the
-stages, the table each one starts from and the files left for the calls that follow are checked.
+``kernels/device/retune_and_confirm.sh`` (the background kernel job of a device session; it ran
+on the H200 on 2026-12-03, kernels/results/k12/): the order of its stages, the table each one
+starts from and the files left for the calls that follow. ``kernels/device/bench_tables.sh``
+(two tables benched on one GPU, interleaved): the order of the benches, the table in each folder
+and the summary it writes.
 """
 
 from __future__ import annotations
@@ -87,3 +89,42 @@ def test_the_job_retunes_mid_then_the_split_shapes_then_benches_the_new_table_tw
     assert "NVIDIA H200, GPU-test" in log
     # it ran from its own copy of the package: the checkout's files may change under it
     assert (job / "src" / "kernels" / "device" / "gpu_call.py").is_file()
+
+
+# The stand-in bench of bench_tables.sh: a summary computed from the table it finds in --out.
+FAKE_BENCH = r'''
+import json, sys
+from pathlib import Path
+args = sys.argv[1:]
+out = Path(args[args.index("--out") + 1])
+table = json.loads((out / "nvidia_h200.json").read_text())
+with (Path(__file__).resolve().parents[2] / "calls.jsonl").open("a") as f:
+    f.write(json.dumps([args, table["name"]]) + "\n")
+(out / "bench_nvidia_h200.json").write_text(json.dumps({
+    "summary": {"geomean_tuned_over_mm": table["g"], "decode_geomean_tuned_over_mm": table["d"]},
+    "provenance": {"gpu_uuid": "GPU-test", "date_utc": "2026-12-03T00:00:00Z"}}))
+'''
+
+
+def test_bench_tables_interleaves_the_two_tables_and_summarises_every_run(tmp_path):
+    r = tmp_path / "repo"
+    (r / "kernels" / "device").mkdir(parents=True)
+    shutil.copy(ROOT / "kernels" / "device" / "bench_tables.sh",
+                r / "kernels" / "device" / "bench_tables.sh")
+    (r / "kernels" / "device" / "gpu_call.py").write_text(FAKE_BENCH)
+    a, b = tmp_path / "old.json", tmp_path / "new.json"
+    a.write_text(json.dumps({"name": "old", "g": 1.0512, "d": 1.0006}))
+    b.write_text(json.dumps({"name": "new", "g": 1.0463, "d": 1.0079}))
+    done = subprocess.run(["bash", "kernels/device/bench_tables.sh", str(tmp_path / "ab"), "2",
+                           str(a), str(b)], cwd=r, capture_output=True, text=True, timeout=60,
+                          check=True)
+    calls = [json.loads(line) for line in (r / "calls.jsonl").read_text().splitlines()]
+    assert [name for _, name in calls] == ["old", "new", "old", "new"]
+    assert [args[args.index("--out") + 1] for args, _ in calls] == [
+        str(tmp_path / "ab" / d) for d in ("a1", "b1", "a2", "b2")]
+    lines = (tmp_path / "ab" / "summary.txt").read_text().splitlines()
+    assert [line.split()[:3] for line in lines] == [
+        ["a1", "1.0512", "1.0006"], ["b1", "1.0463", "1.0079"],
+        ["a2", "1.0512", "1.0006"], ["b2", "1.0463", "1.0079"]]
+    assert lines[1].endswith(str(b)) and "GPU-test" in lines[1]
+    assert done.stdout.splitlines() == lines
