@@ -46,13 +46,18 @@ if "bench" in args:
 '''
 
 
+def _repo_with(root: Path, script: str, fake_gpu_call: str) -> Path:
+    """A throw-away checkout holding kernels/device/SCRIPT and a stand-in gpu_call.py."""
+    r = root / "repo"
+    (r / "kernels" / "device").mkdir(parents=True)
+    shutil.copy(ROOT / "kernels" / "device" / script, r / "kernels" / "device" / script)
+    (r / "kernels" / "device" / "gpu_call.py").write_text(fake_gpu_call)
+    return r
+
+
 @pytest.fixture
 def repo(tmp_path):
-    r = tmp_path / "repo"
-    (r / "kernels" / "device").mkdir(parents=True)
-    shutil.copy(ROOT / "kernels" / "device" / "retune_and_confirm.sh",
-                r / "kernels" / "device" / "retune_and_confirm.sh")
-    (r / "kernels" / "device" / "gpu_call.py").write_text(FAKE_GPU_CALL)
+    r = _repo_with(tmp_path, "retune_and_confirm.sh", FAKE_GPU_CALL)
     (r / "kernels" / "bistat_kernels" / "tables").mkdir(parents=True)
     (r / "kernels" / "bistat_kernels" / "tables" / "nvidia_h200.json").write_text(
         json.dumps({"stages": ["committed"]}))
@@ -107,11 +112,7 @@ with (Path(__file__).resolve().parents[2] / "calls.jsonl").open("a") as f:
 
 
 def test_bench_tables_interleaves_the_two_tables_and_summarises_every_run(tmp_path):
-    r = tmp_path / "repo"
-    (r / "kernels" / "device").mkdir(parents=True)
-    shutil.copy(ROOT / "kernels" / "device" / "bench_tables.sh",
-                r / "kernels" / "device" / "bench_tables.sh")
-    (r / "kernels" / "device" / "gpu_call.py").write_text(FAKE_BENCH)
+    r = _repo_with(tmp_path, "bench_tables.sh", FAKE_BENCH)
     a, b = tmp_path / "old.json", tmp_path / "new.json"
     a.write_text(json.dumps({"name": "old", "g": 1.0512, "d": 1.0006}))
     b.write_text(json.dumps({"name": "new", "g": 1.0463, "d": 1.0079}))

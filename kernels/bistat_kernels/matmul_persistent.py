@@ -149,6 +149,25 @@ def _store_output(c_ptr, bias_ptr, total, offs_cm, offs_cn, c_mask, N, stride_cm
 
 
 @triton.jit
+def _flat_split_end(total, accumulator, ki, k_tiles_per_split, k_tiles_all, pid_m, pid_n,
+                    c_ptr, bias_ptr, M, N, stride_cm, stride_cn,
+                    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
+                    C_LARGE: tl.constexpr, HAS_BIAS: tl.constexpr):
+    # The flat fused loop after K-tile ``ki``'s dot: where a split ends, its partial is folded
+    # into the total (split 0 taken as it is, later ones added in split order) and the next split
+    # starts from a fresh zero; where the tile's last split ends, the total is stored.
+    if (ki + 1) % k_tiles_per_split == 0:
+        total = tl.where(ki < k_tiles_per_split, accumulator, total + accumulator)
+        accumulator = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+        if ki == k_tiles_all - 1:
+            offs_cm, offs_cn, c_mask = _output_offsets(pid_m, pid_n, M, N, BLOCK_SIZE_M,
+                                                       BLOCK_SIZE_N, C_LARGE)
+            _store_output(c_ptr, bias_ptr, total, offs_cm, offs_cn, c_mask, N, stride_cm,
+                          stride_cn, HAS_BIAS)
+    return total, accumulator
+
+
+@triton.jit
 def _split_store_and_fixup(ws_ptr, lock_ptr, c_ptr, bias_ptr, accumulator, split, tile,
                            offs_cm, offs_cn, c_mask, M, N, stride_cm, stride_cn,
                            SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr):
@@ -218,15 +237,10 @@ def _matmul_persistent_kernel(
                 accumulator = tl.dot(a, b, accumulator, input_precision="ieee")
             else:
                 accumulator = tl.dot(a, b, accumulator)
-            if (ki + 1) % k_tiles_per_split == 0:
-                # a split ends: split 0 is taken as it is, later ones added in split order
-                total = tl.where(ki < k_tiles_per_split, accumulator, total + accumulator)
-                accumulator = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-                if ki == k_tiles_all - 1:
-                    offs_cm, offs_cn, c_mask = _output_offsets(pid_m, pid_n, M, N, BLOCK_SIZE_M,
-                                                               BLOCK_SIZE_N, C_LARGE)
-                    _store_output(c_ptr, bias_ptr, total, offs_cm, offs_cn, c_mask, N, stride_cm,
-                                  stride_cn, HAS_BIAS)
+            total, accumulator = _flat_split_end(
+                total, accumulator, ki, k_tiles_per_split, k_tiles_all, pid_m, pid_n, c_ptr,
+                bias_ptr, M, N, stride_cm, stride_cn, BLOCK_SIZE_M, BLOCK_SIZE_N, C_LARGE,
+                HAS_BIAS)
     elif FUSE_SPLITS:
         # Fused split-K: num_pid_m x num_pid_n tiles; each runs its SPLIT_K splits in order and
         # adds the partial sums as the parallel mode does: total = p0; total = total + p1; ...
@@ -325,14 +339,10 @@ def _matmul_persistent_tma_kernel(
             a = a_desc.load([pid_m * BLOCK_SIZE_M, k_start])  # [BLOCK_M, BLOCK_K]
             w = w_desc.load([pid_n * BLOCK_SIZE_N, k_start])  # [BLOCK_N, BLOCK_K]
             accumulator = tl.dot(a, w.T, accumulator)
-            if (ki + 1) % k_tiles_per_split == 0:
-                total = tl.where(ki < k_tiles_per_split, accumulator, total + accumulator)
-                accumulator = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-                if ki == k_tiles_all - 1:
-                    offs_cm, offs_cn, c_mask = _output_offsets(pid_m, pid_n, M, N, BLOCK_SIZE_M,
-                                                               BLOCK_SIZE_N, C_LARGE)
-                    _store_output(c_ptr, bias_ptr, total, offs_cm, offs_cn, c_mask, N, stride_cm,
-                                  stride_cn, HAS_BIAS)
+            total, accumulator = _flat_split_end(
+                total, accumulator, ki, k_tiles_per_split, k_tiles_all, pid_m, pid_n, c_ptr,
+                bias_ptr, M, N, stride_cm, stride_cn, BLOCK_SIZE_M, BLOCK_SIZE_N, C_LARGE,
+                HAS_BIAS)
     elif FUSE_SPLITS:
         for tile_id in tl.range(start_pid, num_mn, NUM_PROGRAMS):
             pid_m, pid_n = _compute_pid(tile_id, num_pid_in_group, num_pid_m, GROUP_SIZE_M)

@@ -231,12 +231,19 @@ def _require_int(where: str, obj: dict[str, Any], key: str, *, pow2: bool = Fals
     return value
 
 
-def _optional_fuse_splits(where: str, bucket: dict[str, Any], split_k: int) -> bool:
-    """The optional ``fuse_splits`` of a bucket (absent: false, as in tables written before it)."""
-    value = bucket.get("fuse_splits", False)
+def _optional_flag(where: str, bucket: dict[str, Any], key: str) -> bool:
+    """A bucket's optional true/false field ``key`` (absent: false, as in tables written before
+    it)."""
+    value = bucket.get(key, False)
     if not isinstance(value, bool):
-        raise TableError(f"{where}.fuse_splits: got {value!r}; expected true or false (or leave "
-                         f"it out for false)")
+        raise TableError(f"{where}.{key}: got {value!r}; expected true or false (or leave it out "
+                         f"for false)")
+    return value
+
+
+def _optional_fuse_splits(where: str, bucket: dict[str, Any], split_k: int) -> bool:
+    """The optional ``fuse_splits`` of a bucket, refused without splits to fuse."""
+    value = _optional_flag(where, bucket, "fuse_splits")
     if value and split_k == 1:
         raise TableError(f"{where}.fuse_splits: true needs the entry's split_k > 1 (got "
                          f"split_k 1: there are no splits to fuse); remove the field")
@@ -244,11 +251,8 @@ def _optional_fuse_splits(where: str, bucket: dict[str, Any], split_k: int) -> b
 
 
 def _optional_flat_splits(where: str, bucket: dict[str, Any], fuse_splits: bool) -> bool:
-    """The optional ``flat_splits`` of a bucket (absent: false, as in tables written before it)."""
-    value = bucket.get("flat_splits", False)
-    if not isinstance(value, bool):
-        raise TableError(f"{where}.flat_splits: got {value!r}; expected true or false (or leave "
-                         f"it out for false)")
+    """The optional ``flat_splits`` of a bucket, refused unless the bucket fuses its splits."""
+    value = _optional_flag(where, bucket, "flat_splits")
     if value and not fuse_splits:
         raise TableError(f"{where}.flat_splits: true is a form of fused split-K; set "
                          f"fuse_splits to true as well, or remove the field")
@@ -256,11 +260,8 @@ def _optional_flat_splits(where: str, bucket: dict[str, Any], fuse_splits: bool)
 
 
 def _optional_tma(where: str, bucket: dict[str, Any], dtype: str) -> bool:
-    """The optional ``tma`` of a bucket (absent: false, as in tables written before it)."""
-    value = bucket.get("tma", False)
-    if not isinstance(value, bool):
-        raise TableError(f"{where}.tma: got {value!r}; expected true or false (or leave it out "
-                         f"for false)")
+    """The optional ``tma`` of a bucket, refused for float32 entries."""
+    value = _optional_flag(where, bucket, "tma")
     if value and dtype == "float32":
         raise TableError(f"{where}.tma: true is for bfloat16/float16 entries (the float32 path "
                          f"keeps pointer loads); remove the field")
