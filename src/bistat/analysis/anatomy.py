@@ -608,8 +608,8 @@ def render_anatomy_section(anatomy: Anatomy, plot_file: str | None = None,
                      "—" if pq is None else f"{pq['median']:.0f} [{pq['min']:.0f}, {pq['max']:.0f}]",
                      "—" if rq is None else f"{100 * rq['median']:.0f} %"))
     out += [md_table(("arm", "divergences", "near-tie flips", "large drifts", "logprob jitter",
-                       "undetermined", "margin (nats): median [min, max]",
-                       "first index: median [min, max]", "median depth into output"), rows), ""]
+                      "undetermined", "margin (nats): median [min, max]",
+                      "first index: median [min, max]", "median depth into output"), rows), ""]
     if anatomy.divergences and len(anatomy.divergences) <= max_listed:
         detail = []
         for d in anatomy.divergences:
@@ -618,7 +618,7 @@ def render_anatomy_section(anatomy: Anatomy, plot_file: str | None = None,
                            ("≥ " if d.margin_is_bound else "") + _g(d.margin), d.label))
         out += ["<details><summary>Every divergence</summary>", "",
                 md_table(("arm", "prompt", "passes (ref / other)", "index", "ref token",
-                           "other token", "margin (nats)", "label"), detail), "", "</details>", ""]
+                          "other token", "margin (nats)", "label"), detail), "", "</details>", ""]
     elif anatomy.divergences:
         out += [f"{len(anatomy.divergences)} divergences: too many to list; "
                 "`bistat diagnose --json` prints them.", ""]

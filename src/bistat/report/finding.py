@@ -199,7 +199,7 @@ def _summary(s: RunSummary) -> list[str]:
             f"Engine: {_engine_version(s)} · GPU: {', '.join(gpus)} · model: `{model}` · run: "
             f"`{s.run_id}` · rule: `{s.registration_path or '—'}` ({kind})", "",
             md_table(("treatment", "control", "backend", "invariant?", "matched / compared",
-                    f"{cl} interval", "cost", "ratio", "interval"), rows), ""]
+                      f"{cl} interval", "cost", "ratio", "interval"), rows), ""]
 
 
 def _engine_version(s: RunSummary) -> str:
@@ -286,7 +286,7 @@ def _amendments(s: RunSummary) -> list[str]:
                      f"`{a.get('new_declaration_sha256', '—')}`",
                      f"`{a.get('previous_sha256', '—')}`"))
     return out + [md_table(("#", "time (UTC)", "reason", "declaration before (SHA-256)",
-                          "declaration after (SHA-256)", "seal replaced"), rows), ""]
+                            "declaration after (SHA-256)", "seal replaced"), rows), ""]
 
 
 def _environment(s: RunSummary) -> list[str]:
@@ -387,7 +387,7 @@ def _activation(s: RunSummary) -> list[str]:
             "evidence: the batch-invariant kernels registering, bistat's tuned GEMM installing "
             "itself, the attention backend chosen.", "", *parts,
             md_table(("arm", "role", "requested (vs control)", "batch-invariant kernels in log",
-                    "tuned GEMM in log", "attention backend (log)", "probe", "status"), rows), "",
+                      "tuned GEMM in log", "attention backend (log)", "probe", "status"), rows), "",
             *_probe_detail(s)]
 
 
@@ -440,8 +440,8 @@ def _probe_detail(s: RunSummary) -> list[str]:
             f"{st.min_fillers}-{st.max_fillers} fillers, {st.max_tokens} tokens, bitwise token ids "
             f"and logprobs): **{probe.outcome.replace('_', ' ')}** — {probe.reason}.{pending}", "",
             md_table(("arm", "role", "needle alone, twice", "identical among fillers",
-                    "fillers per trial", "needle shared an engine step", "first divergence (token)"),
-                   rows), "", *filler_note, *_probe_needles(s), *disagree]
+                      "fillers per trial", "needle shared an engine step",
+                      "first divergence (token)"), rows), "", *filler_note, *_probe_needles(s), *disagree]
 
 
 def _probe_needles(s: RunSummary) -> list[str]:
@@ -479,7 +479,7 @@ def _probe_needles(s: RunSummary) -> list[str]:
             f"among fillers of {st.filler_tokens} tokens arriving while they decode; identical "
             f"in how many trials, bitwise).{left}", "",
             md_table(("needle", "design tokens", "prompt tokens", "keys decoded",
-                    *[f"{arm}: in batch" for arm in by_arm], "outcome"), rows), ""]
+                      *[f"{arm}: in batch" for arm in by_arm], "outcome"), rows), ""]
 
 
 def _match(s: RunSummary, plot: str) -> list[str]:
@@ -495,9 +495,9 @@ def _match(s: RunSummary, plot: str) -> list[str]:
                      "—" if iv is None else f"[{iv.low:.4f}, {iv.high:.4f}]"))
     cl = f"{s.confidence_level * 100:g} %"
     out += [md_table(("arm", "counted passes", "prompts recorded", "prompts compared",
-                    "excluded: failed request", "excluded: missing", "excluded: no logprobs",
-                    "prompts identical in all passes", "matched units", "match rate",
-                    f"{cl} Wilson interval"), rows), ""]
+                      "excluded: failed request", "excluded: missing", "excluded: no logprobs",
+                      "prompts identical in all passes", "matched units", "match rate",
+                      f"{cl} Wilson interval"), rows), ""]
     comp_rows = []
     for c in s.comparisons:
         mc = c.mcnemar
@@ -509,7 +509,7 @@ def _match(s: RunSummary, plot: str) -> list[str]:
     out += ["Between arms (paired by prompt; McNemar on prompts identical in all passes; "
             f"Newcombe {cl} interval for treatment − control match rate):", "",
             md_table(("comparison", "paired prompts", "discordant: control only / treatment only",
-                    "McNemar p", f"Newcombe {cl} difference"), comp_rows), "",
+                      "McNemar p", f"Newcombe {cl} difference"), comp_rows), "",
             f"![Match intervals per arm]({plot})", ""]
     return out
 
@@ -523,8 +523,8 @@ def _throughput(s: RunSummary, plot: str) -> list[str]:
                      md_cell(p.n_requests), md_cell(p.n_failed), md_cell(p.output_tokens),
                      _f(p.output_tokens_per_s, 2), _f(p.requests_per_s, 3)))
     out += [md_table(("schedule position", "arm", "pass", "kind", "status", "counted", "wall s",
-                    "requests", "failed", "output tokens", "output tokens/s", "requests/s"),
-                   rows), ""]
+                      "requests", "failed", "output tokens", "output tokens/s", "requests/s"),
+                     rows), ""]
     cl = f"{s.confidence_level * 100:g} %"
     ratio_rows = []
     for c in s.comparisons:
@@ -535,8 +535,8 @@ def _throughput(s: RunSummary, plot: str) -> list[str]:
                            "—" if r is None else f"{r.n_treatment} / {r.n_control}"))
     out += ["Ratio of per-pass output tokens/s (geometric means; Welch interval on log "
             "throughput):", "",
-            md_table(("ratio", "point", f"{cl} interval", "Welch df", "passes (treatment / control)"),
-                   ratio_rows), "",
+            md_table(("ratio", "point", f"{cl} interval", "Welch df",
+                      "passes (treatment / control)"), ratio_rows), "",
             "Wall time and requests/s are whole-pass figures; output tokens/s is what the rule "
             "compares.", "", *_jit_note(s), *_host_note(s), f"![Per-pass throughput]({plot})",
             ""]
@@ -623,7 +623,7 @@ def _divergence(s: RunSummary, plot: str) -> list[str]:
     if detail and len(detail) <= 200:
         out += ["<details><summary>Every divergence</summary>", "",
                 md_table(("arm", "prompt", "reference pass", "pass", "first differing index"),
-                       detail), "", "</details>", ""]
+                         detail), "", "</details>", ""]
     elif detail:
         out += [f"{len(detail)} divergences: too many to list here; "
                 "`bistat analyze --json` prints them.", ""]
@@ -693,7 +693,7 @@ def _batching(s: RunSummary, plot: str) -> list[str]:
              _f(p.client_in_flight, 2), _f(p.mean_running, 2), _f(p.max_running, 0),
              _f(p.mean_waiting, 2), _f(p.preemptions, 0)) for p in s.passes]
     out += [md_table(("schedule position", "arm", "pass", "kind", "samples", "mean in flight",
-                    "mean running", "max running", "mean waiting", "preemptions"), rows), ""]
+                      "mean running", "max running", "mean waiting", "preemptions"), rows), ""]
     counted = [p for p in s.passes if p.counted and p.mean_running is not None
                and p.client_in_flight]
     shares = [(p.mean_running / p.client_in_flight, p) for p in counted
@@ -760,7 +760,7 @@ def _beyond_graphs(s: RunSummary) -> list[str]:
            "samples of the counted passes, so a lower bound (a prefill step outgrows the graphs "
            "with fewer requests) read at the samples' resolution:", "",
            md_table(("arm", "CUDA graphs (logged: mode, largest size)", "counted passes",
-                   "seconds per pass", "of them beyond the largest size", "share"), rows), ""]
+                     "seconds per pass", "of them beyond the largest size", "share"), rows), ""]
     by_arm = {b.arm: b for b in found}
     roles = {a.name: a.role for a in s.arms}
     controls = [a for a, r in roles.items() if r == "control" and a in by_arm]
@@ -848,7 +848,7 @@ def _latency(s: RunSummary) -> list[str]:
             "request generated. Counted passes with a failed request are left out (their wall "
             "time is not a batch's latency).", "",
             md_table(("arm", "counted passes", "median latency s", "p90 latency s",
-                    "median ms per output token"), rows), "",
+                      "median ms per output token"), rows), "",
             "Latency ratio (the inverse of the throughput ratio and of its interval):", "",
             md_table(("ratio", "point", f"{cl} interval"), ratio_rows), ""]
 
@@ -919,8 +919,8 @@ def render_version_comparison(vc: Any) -> str:
                  ("GPU", ", ".join(vc.earlier_gpus) or "—", ", ".join(vc.later_gpus) or "—")]),
              "", "## Per arm", "",
              md_table(("arm", "release", "backend", "mode", "matched / compared",
-                     f"{cl} interval", "invariant?", "cost", "ratio", "ratio interval"),
-                    [row for c in vc.arms for row in (
+                       f"{cl} interval", "invariant?", "cost", "ratio", "ratio interval"),
+                      [row for c in vc.arms for row in (
                         (c.earlier.arm, e, c.earlier.backend, c.earlier.modes or "—",
                          f"{c.earlier.n_matched} / {c.earlier.n_units}",
                          iv(c.earlier.match_interval), f"*{c.earlier.verdict}*"
@@ -933,12 +933,12 @@ def render_version_comparison(vc: Any) -> str:
                          num(c.later.ratio), iv(c.later.ratio_interval)))]),
              "", "## What changed", "",
              md_table(("arm", f"match rate, later − earlier ({cl} Newcombe)", "match changed",
-                     "verdict changed", "cost changed", "mode changed", "upstream"),
-                    [(c.later.arm if c.later.arm == c.earlier.arm
-                      else f"{c.earlier.arm} → {c.later.arm}",
-                      iv(c.match_difference), yes(c.match_changed), yes(c.verdict_changed),
-                      yes(c.cost_changed), yes(c.mode_changed), c.explanation())
-                     for c in vc.arms]), ""]
+                       "verdict changed", "cost changed", "mode changed", "upstream"),
+                      [(c.later.arm if c.later.arm == c.earlier.arm
+                        else f"{c.earlier.arm} → {c.later.arm}",
+                        iv(c.match_difference), yes(c.match_changed), yes(c.verdict_changed),
+                        yes(c.cost_changed), yes(c.mode_changed), c.explanation())
+                       for c in vc.arms]), ""]
     if vc.only_earlier or vc.only_later:
         lines += [f"Arms in one run only: {', '.join(vc.only_earlier) or 'none'} "
                   f"({vc.earlier_run}); {', '.join(vc.only_later) or 'none'} ({vc.later_run}). "
@@ -949,8 +949,8 @@ def render_version_comparison(vc: Any) -> str:
               f"`src/bistat/data/vllm_changes.toml` holds no change between {e} and {l}.", ""]
     if vc.upstream:
         lines += [md_table(("change", "kind", "touches", "what", "source"),
-                         [(u.reference, u.kind, ", ".join(u.components), u.summary, u.source)
-                          for u in vc.upstream]), ""]
+                           [(u.reference, u.kind, ", ".join(u.components), u.summary, u.source)
+                            for u in vc.upstream]), ""]
     lines += ["## Differences of design", "",
               _bullets(vc.notes, "None: the same workload, on GPUs of the same model."), ""]
     return "\n".join(lines)
