@@ -24,6 +24,7 @@ image may run bistat from source) no ``host`` is recorded.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,11 @@ class HostSample:
     idle_s: float        # idle + iowait
     steal_s: float
     own_s: float         # this process's user + system
+
+    @property
+    def busy_s(self) -> float:
+        """Every CPU-time field but idle and iowait, summed over CPUs."""
+        return self.total_s - self.idle_s
 
 
 def host_sample() -> HostSample | None:
@@ -64,8 +70,6 @@ def host_record(before: HostSample | None, after: HostSample | None) -> dict[str
     missing)."""
     if before is None or after is None:
         return None
-    import os
-
     import psutil
 
     try:
@@ -74,7 +78,7 @@ def host_record(before: HostSample | None, after: HostSample | None) -> dict[str
         load_1m = None
     return {
         "n_cpus": int(psutil.cpu_count() or 1),
-        "busy_s": round(max(0.0, (after.total_s - after.idle_s) - (before.total_s - before.idle_s)), 3),
+        "busy_s": round(max(0.0, after.busy_s - before.busy_s), 3),
         "steal_s": round(max(0.0, after.steal_s - before.steal_s), 3),
         "own_cpu_s": round(max(0.0, after.own_s - before.own_s), 3),
         "load_1m": None if load_1m is None else round(load_1m, 2),
