@@ -330,7 +330,8 @@ def _selected_shapes(wanted: list[tuple[int, int]] | None) -> list:
     if unknown:
         raise SystemExit(f"--shapes: {', '.join(unknown)} is not a shape of {', '.join(MODELS)}; "
                          f"known: {', '.join(f'{n}x{k}' for n, k in sorted(known))}")
-    return [s for s in shapes if (s.n, s.k) in set(wanted)]
+    wanted_set = set(wanted)
+    return [s for s in shapes if (s.n, s.k) in wanted_set]
 
 
 def main() -> int:
@@ -383,10 +384,8 @@ def main() -> int:
             elif stage == "buckets":
                 res = sweep.run_retune_buckets(
                     _selected_shapes(args.shapes), _table_path(args.out), args.out,
-                    min_m=args.min_m,
-                    max_m=args.retune_max_m,
-                    budget_s=left - 100, precompile_workers=args.workers, command=sys.argv,
-                    progress=log)
+                    min_m=args.min_m, max_m=args.retune_max_m, budget_s=left - 100,
+                    precompile_workers=args.workers, command=sys.argv, progress=log)
                 log(f"buckets: {json.dumps(res)}")
             elif stage == "probe" and sweep_complete and left > 60:
                 status |= 0 if stage_probe(args.out, args.max_m) else 1
