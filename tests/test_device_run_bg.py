@@ -97,6 +97,12 @@ def test_stop_interrupts_bistat_run_keeps_its_data_and_leaves_nothing_running(re
     assert "did not stop" not in stopped.stdout
     passes = (repo / "runs" / "fake" / "passes.jsonl").read_text().splitlines()
     assert passes[-1] == '{"status": "interrupted"}' and len(passes) >= 4
+    # the stopped run's snapshot in $OUT holds every pass, the interrupted one last
+    import tarfile
+
+    assert "[bg] snapshot: $OUT/fake.partial.tar.xz" in stopped.stdout
+    with tarfile.open(repo / "out" / "fake.partial.tar.xz") as tar:
+        assert tar.extractfile("fake/passes.jsonl").read().decode().splitlines() == passes
     with pytest.raises(ProcessLookupError):
         os.killpg(group, 0)                                             # nothing of it is left
     # stopping again is harmless

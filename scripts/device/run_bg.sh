@@ -16,8 +16,8 @@
 #                                                  whole process group; its data stay in runs/NAME
 #                                                  for pack.sh. Never `pkill -f` a pattern instead:
 #                                                  it matches the call's own command line (2026-12-03).
-# Every watching call ends by leaving a snapshot of what the run has recorded so far (runs/NAME
-# and its log) under $OUT as NAME.partial.tar.xz (xz -1, one thread, nice 19: a few seconds of one
+# Every watching call, and --stop, ends by leaving a snapshot of what the run has recorded so far
+# (runs/NAME and its log) under $OUT as NAME.partial.tar.xz (xz -1, one thread, nice 19: a few seconds of one
 # of the 16 cores, beside the engines' host load, which each pass records). A machine lost or a
 # session's budget spent mid-run then costs only the passes since the last call: on 2026-12-03
 # (fourth session) a study that ran out of budget 83 passes in came back with nothing.
@@ -38,6 +38,16 @@ NAME=${1:?usage: run_bg.sh [--stop] NAME [SECONDS]}
 REG="$REPO/preregistrations/$NAME.json"; RUN="$REPO/runs/$NAME"; LOG="$REPO/runs/$NAME.log"
 PIDF="$REPO/runs/$NAME.pid"; STATUS="$REPO/runs/$NAME.status"
 alive() { [ -f "$PIDF" ] && kill -0 "$(cat "$PIDF")" 2>/dev/null; }
+snapshot() {   # what runs/NAME holds now, into $OUT (a later pack.sh supersedes it)
+  [ -n "${OUT:-}" ] && [ -d "$RUN" ] || return 0
+  mkdir -p "$OUT"
+  if nice -n 19 tar -C "$REPO/runs" -cf - "$NAME" "$NAME.log" 2>/dev/null \
+      | nice -n 19 xz -1 -T1 > "$OUT/$NAME.partial.tar.xz"; then
+    echo "[bg] snapshot: \$OUT/$NAME.partial.tar.xz ($(du -k "$OUT/$NAME.partial.tar.xz" | cut -f1) KiB; $(wc -l < "$RUN/passes.jsonl" 2>/dev/null || echo 0) passes recorded)"
+  else
+    echo "[bg] snapshot of $NAME failed; the run goes on"
+  fi
+}
 if [ "$STOP" = 1 ]; then
   GRACE=${2:-60}
   alive || { echo "[bg] $NAME is not running"; exit 0; }
@@ -53,6 +63,7 @@ if [ "$STOP" = 1 ]; then
   fi
   gpu_clean
   tail -n 3 "$LOG" 2>/dev/null
+  snapshot
   echo "[bg] $NAME stopped after $((SECONDS - t0)) s: $(cat "$STATUS" 2>/dev/null || echo 'no status (killed)'); its data are in runs/$NAME (pack.sh $NAME)"
   exit 0
 fi
@@ -77,16 +88,6 @@ if ! alive; then
     echo "{\"status\": $rc}" > "'"$STATUS"'"' _ "${what[@]}" >> "$LOG" 2>&1 < /dev/null &
   echo $! > "$PIDF"
 fi
-snapshot() {   # what runs/NAME holds now, into $OUT (a later pack.sh supersedes it)
-  [ -n "${OUT:-}" ] && [ -d "$RUN" ] || return 0
-  mkdir -p "$OUT"
-  if nice -n 19 tar -C "$REPO/runs" -cf - "$NAME" "$NAME.log" 2>/dev/null \
-      | nice -n 19 xz -1 -T1 > "$OUT/$NAME.partial.tar.xz"; then
-    echo "[bg] snapshot: \$OUT/$NAME.partial.tar.xz ($(du -k "$OUT/$NAME.partial.tar.xz" | cut -f1) KiB; $(wc -l < "$RUN/passes.jsonl" 2>/dev/null || echo 0) passes recorded)"
-  else
-    echo "[bg] snapshot of $NAME failed; the run goes on"
-  fi
-}
 t0=$SECONDS; seen=0
 while alive && [ $((SECONDS - t0)) -lt "$BUDGET" ]; do
   n=$(wc -l < "$LOG"); [ "$n" -gt "$seen" ] && { sed -n "$((seen + 1)),${n}p" "$LOG"; seen=$n; }
