@@ -17,10 +17,11 @@
 #                                                  for pack.sh. Never `pkill -f` a pattern instead:
 #                                                  it matches the call's own command line (2026-12-03).
 # Every watching call, and --stop, ends by leaving a snapshot of what the run has recorded so far
-# (runs/NAME and its log) under $OUT as NAME.partial.tar.xz (xz -1, one thread, nice 19: a few seconds of one
-# of the 16 cores, beside the engines' host load, which each pass records). A machine lost or a
-# session's budget spent mid-run then costs only the passes since the last call: on 2026-12-03
-# (fourth session) a study that ran out of budget 83 passes in came back with nothing.
+# (runs/NAME and its log) under $OUT as NAME.partial.tar.xz (xz -1, one thread, nice 19: a few
+# seconds of one of the 16 cores, beside the engines' host load, which each pass records). A
+# machine lost or a session's budget spent mid-run then costs only the passes since the last call:
+# on 2026-12-03 (fourth session) a study that ran out of budget 83 passes in came back with
+# nothing.
 set -uo pipefail
 . "$(dirname "$0")/env.sh"
 if [ "${1:-}" = "--check" ]; then
