@@ -183,7 +183,11 @@ _EARLIER_RUNS = (
     ("k11/confirm", "the k11 table's main bench (GPU-f2e2bf42...), before the k12 re-tune"),
     ("k12/after", "the k12 table benched in its re-tune's own call, after its candidates were "
      "chosen by time on the same GPU (optimistic; the main bench and `k12/confirm2` are its "
-     "independent repeats; `results/k12/`)"))
+     "independent repeats; `results/k12/`)"),
+    *((f"k13/{side}{i}", f"{what}, round {i} of three on GPU-bc251caf... (not the main bench's "
+       "GPU), the two tables interleaved by `kernels/device/bench_tables.sh` (`results/k13/`)")
+      for i in (1, 2, 3)
+      for side, what in (("a", "the k11 table"), ("b", "the committed (k12) table"))))
 
 
 # Independent repeats of the main bench: the committed table benched again on the main bench's
