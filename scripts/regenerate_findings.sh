@@ -44,6 +44,9 @@ analyze data/h200-v034/h200-v034-i23-latency-qwen3-17b-b8-compiled findings/h200
 # issue 23's workload-(i) goal on vLLM 0.34.0, one engine resident at a time: stopped after 11 of
 # its 24 counted passes per arm (its NOTES.md), a pilot
 analyze data/h200-v034/h200-v034-i23-throughput-qwen3-8b-serial-compiled findings/h200 h200-v034-i23-throughput-qwen3-8b-serial-compiled
+# the same goal with both engines up together: stopped after 54 of its 66 counted passes per arm
+# (its NOTES.md), a pilot
+analyze data/h200-v034/h200-v034-i23-throughput-qwen3-8b-concurrent-compiled findings/h200 h200-v034-i23-throughput-qwen3-8b-concurrent-compiled
 # Study 1(a) on two releases, both runs under the default rule (r2's exploratory sibling)
 bistat compare data/h200/h200-match-smollm2-r2 data/h200-v033/h200-v033-match-smollm2 \
   --earlier-registration preregistrations/h200-match-smollm2-r2-exploratory.json \

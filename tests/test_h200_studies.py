@@ -44,6 +44,8 @@ I23_B32_V034 = DATA_V034 / "h200-v034-i23-latency-qwen3-8b-b32-compiled"
 I23_B8_17_V034 = DATA_V034 / "h200-v034-i23-latency-qwen3-17b-b8-compiled"
 #: workload (i) on vLLM 0.34.0, one engine resident at a time: stopped after 11 of 24 passes
 I23_SERIAL_V034 = DATA_V034 / "h200-v034-i23-throughput-qwen3-8b-serial-compiled"
+#: the same with both engines up together: stopped after 54 of 66 counted passes per arm
+I23_CONC_V034 = DATA_V034 / "h200-v034-i23-throughput-qwen3-8b-concurrent-compiled"
 #: every committed finding of findings/h200 -> (its run directory, the registration analysed
 #: against); the first registration of each run is the one it was recorded under
 FINDINGS = {
@@ -73,6 +75,8 @@ FINDINGS = {
                                                     "h200-v034-i23-latency-qwen3-17b-b8-compiled"),
     "h200-v034-i23-throughput-qwen3-8b-serial-compiled": (
         I23_SERIAL_V034, "h200-v034-i23-throughput-qwen3-8b-serial-compiled"),
+    "h200-v034-i23-throughput-qwen3-8b-concurrent-compiled": (
+        I23_CONC_V034, "h200-v034-i23-throughput-qwen3-8b-concurrent-compiled"),
 }
 #: the default rule applied to every run as an exploratory analysis (registered after the data;
 #: issue 18): NAME-exploratory for each run's own registration NAME
@@ -503,3 +507,23 @@ def test_the_serial_workload_i_run_stopped_early_is_an_untested_pilot_with_its_n
     assert {u for _, env in s.environments for u in env.gpu_uuids} == {
         "GPU-f2e2bf42-1062-38a0-5c74-bddd47f08f59"}
     assert s.operator_notes.startswith("Run in the device session of 2026-12-03")
+
+
+def test_the_concurrent_workload_i_run_stopped_early_is_an_untested_pilot_with_its_numbers():
+    """Issue 23's workload (i) on vLLM 0.34.0 with both engines up together (2026-12-03, fifth
+    session): the session's device time ran out after 110 of 134 passes and the operator stopped
+    it (its NOTES.md). Untested by its registered rule; its numbers a pilot: the tuned arm about
+    4 % slower, every prompt of it matched, the control diverging on 14."""
+    s = analyze_run(I23_CONC_V034,
+                    REG / "h200-v034-i23-throughput-qwen3-8b-concurrent-compiled.json")
+    assert {a.name: (len(a.counted_passes), a.n_matched, a.n_units) for a in s.arms} == {
+        "default": (54, 986, 1000), "bi-tuned-gemm-compiled": (54, 1000, 1000)}
+    (comp,) = s.comparisons
+    assert str(getattr(comp.verdict.label, "value", comp.verdict.label)) == "untested"
+    assert "stopped early, 54 of 66 registered counted passes recorded" in comp.verdict.basis
+    assert (round(comp.ratio.ratio, 4), round(comp.ratio.interval.low, 4),
+            round(comp.ratio.interval.high, 4)) == (0.9594, 0.9256, 0.9945)
+    assert [v.name for v in s.validity if v.passed is not True] == []
+    assert {u for _, env in s.environments for u in env.gpu_uuids} == {
+        "GPU-bc251caf-355f-cf6c-0204-b3026b11e54f"}
+    assert s.operator_notes.startswith("Run in the device session of 2026-12-03 (fifth")
