@@ -1,12 +1,15 @@
 #!/bin/bash
-# Device side: run (or resume) a registered study in the background and watch it for at most
-# SECONDS, without stopping it. Engines start once per run instead of once per 10-minute call,
-# if the lent machine keeps background processes between calls (it keeps files in the repo copy
-# while warm; check with `bash scripts/device/run_bg.sh --check`). Calls must come back to back:
-# an idle machine is given back after 30 s.
-#   bash scripts/device/run_bg.sh NAME [SECONDS]   start, or keep watching; exit 0 when the run
-#                                                  has finished (its status line is printed),
-#                                                  3 while it is still running
+# Device side: run (or resume) a registered study in the background and watch it, without
+# stopping it. Engines start once per run instead of once per 10-minute call, if the lent machine
+# keeps background processes between calls (it keeps files in the repo copy while warm; check with
+# `bash scripts/device/run_bg.sh --check`). Calls must come back to back: an idle machine is given
+# back after 30 s.
+#   bash scripts/device/run_bg.sh NAME [SECONDS]   start, or keep watching; SECONDS (default 540)
+#                                                  is the whole call's time in this script: it
+#                                                  watches SECONDS - SNAP_RESERVE_S (default 20),
+#                                                  then snapshots. Exit 0 when the run has
+#                                                  finished (its status line is printed), 3 while
+#                                                  it is still running
 #   bash scripts/device/run_bg.sh --check          1st call: leave a marker process; 2nd: report it
 #   bash scripts/device/run_bg.sh --stop NAME [GRACE]
 #                                                  stop the run cleanly when the session's time
@@ -16,12 +19,18 @@
 #                                                  whole process group; its data stay in runs/NAME
 #                                                  for pack.sh. Never `pkill -f` a pattern instead:
 #                                                  it matches the call's own command line (2026-12-03).
-# Every watching call, and --stop, ends by leaving a snapshot of what the run has recorded so far
-# (runs/NAME and its log) under $OUT as NAME.partial.tar.xz (xz -1, one thread, nice 19: a few
-# seconds of one of the 16 cores, beside the engines' host load, which each pass records). A
-# machine lost or a session's budget spent mid-run then costs only the passes since the last call:
-# on 2026-12-03 (fourth session) a study that ran out of budget 83 passes in came back with
-# nothing.
+#   bash scripts/device/run_bg.sh --resend NAME FIRST [N]
+#                                                  parts FIRST.. of snapshot N (default the last)
+#                                                  into $OUT again, 4 a call
+# Every watching call, and --stop, ends with a snapshot of what the run recorded since the last
+# one (snap.py: appended bytes of the JSONL tables, changed files whole; gzip -1, one thread, nice
+# 19, beside the engines) as $OUT/NAME.snap-SSS.tgz.PP, 15 MiB parts, 4 a call, and .sha256;
+# here, `python3 scripts/device/unsnap.py DEST DIRS...` rebuilds DEST/NAME from every call's files.
+# A machine lost or a budget spent mid-run then costs only the passes since the last call (on
+# 2026-12-03, fourth session, a study 83 passes in came back with nothing). Incremental, because
+# a whole-run snapshot fails when it matters: on 2026-12-03 (fifth session) 1000 requests a pass
+# recorded ~1 MB a pass compressed; after 96 passes the snapshot was 104 MB, over the 16 MiB a
+# returned file may have, and its one-thread xz ran the call into its 600 s limit.
 set -uo pipefail
 . "$(dirname "$0")/env.sh"
 if [ "${1:-}" = "--check" ]; then
@@ -33,21 +42,20 @@ if [ "${1:-}" = "--check" ]; then
   setsid nohup sleep 3000 >/dev/null 2>&1 < /dev/null & echo $! > /tmp/bg-marker.pid
   echo "[bg] marker started (pid $(cat /tmp/bg-marker.pid)); call --check again"; exit 0
 fi
+if [ "${1:-}" = "--resend" ]; then
+  exec python3 -E "$(dirname "$0")/snap.py" resend "$REPO/runs" "${2:?usage: run_bg.sh --resend NAME FIRST [N]}" \
+    "$OUT" "${3:?usage: run_bg.sh --resend NAME FIRST [N]}" ${4:+"$4"}
+fi
 STOP=0
 if [ "${1:-}" = "--stop" ]; then STOP=1; shift; fi
 NAME=${1:?usage: run_bg.sh [--stop] NAME [SECONDS]}
 REG="$REPO/preregistrations/$NAME.json"; RUN="$REPO/runs/$NAME"; LOG="$REPO/runs/$NAME.log"
 PIDF="$REPO/runs/$NAME.pid"; STATUS="$REPO/runs/$NAME.status"
 alive() { [ -f "$PIDF" ] && kill -0 "$(cat "$PIDF")" 2>/dev/null; }
-snapshot() {   # what runs/NAME holds now, into $OUT (a later pack.sh supersedes it)
+snapshot() {   # what runs/NAME recorded since the last snapshot, into $OUT (snap.py)
   [ -n "${OUT:-}" ] && [ -d "$RUN" ] || return 0
-  mkdir -p "$OUT"
-  if nice -n 19 tar -C "$REPO/runs" -cf - "$NAME" "$NAME.log" 2>/dev/null \
-      | nice -n 19 xz -1 -T1 > "$OUT/$NAME.partial.tar.xz"; then
-    echo "[bg] snapshot: \$OUT/$NAME.partial.tar.xz ($(du -k "$OUT/$NAME.partial.tar.xz" | cut -f1) KiB; $(wc -l < "$RUN/passes.jsonl" 2>/dev/null || echo 0) passes recorded)"
-  else
-    echo "[bg] snapshot of $NAME failed; the run goes on"
-  fi
+  nice -n 19 python3 -E "$(dirname "$0")/snap.py" make "$REPO/runs" "$NAME" "$OUT" \
+    || echo "[bg] snapshot of $NAME failed (the next one carries its data); the run goes on"
 }
 if [ "$STOP" = 1 ]; then
   GRACE=${2:-60}
@@ -68,7 +76,7 @@ if [ "$STOP" = 1 ]; then
   echo "[bg] $NAME stopped after $((SECONDS - t0)) s: $(cat "$STATUS" 2>/dev/null || echo 'no status (killed)'); its data are in runs/$NAME (pack.sh $NAME)"
   exit 0
 fi
-BUDGET=${2:-540}
+BUDGET=${2:-540}; WATCH=$((BUDGET - ${SNAP_RESERVE_S:-20}))   # bash's SECONDS: since this script began
 [ -f "$REG" ] || { echo "run_bg: $REG not found"; exit 1; }
 mkdir -p "$REPO/runs"
 if ! alive; then
@@ -89,10 +97,10 @@ if ! alive; then
     echo "{\"status\": $rc}" > "'"$STATUS"'"' _ "${what[@]}" >> "$LOG" 2>&1 < /dev/null &
   echo $! > "$PIDF"
 fi
-t0=$SECONDS; seen=0
-while alive && [ $((SECONDS - t0)) -lt "$BUDGET" ]; do
+seen=0
+while alive && [ "$SECONDS" -lt "$WATCH" ]; do
   n=$(wc -l < "$LOG"); [ "$n" -gt "$seen" ] && { sed -n "$((seen + 1)),${n}p" "$LOG"; seen=$n; }
-  sleep 5
+  left=$((WATCH - SECONDS)); [ "$left" -gt 0 ] && sleep $((left < 5 ? left : 5))
 done
 n=$(wc -l < "$LOG"); [ "$n" -gt "$seen" ] && sed -n "$((seen + 1)),${n}p" "$LOG"
 snapshot
