@@ -415,3 +415,38 @@ def test_pooled_cv_errors():
     with pytest.raises(ValueError) as exc:
         pooled_cv([[1.0, 2.0], [3.0, -1.0]])
     assert str(exc.value) == "groups[1] must hold finite throughputs > 0, got [-1.0]"
+
+
+# Student's sleep data (Cushny and Peebles via "Student" 1908): R's
+# t.test(extra ~ group, data = sleep, paired = TRUE) gives mean difference -1.58, t = -4.0621,
+# df = 9, 95 % interval -2.4598858 to -0.7001142.
+SLEEP_1 = [0.7, -1.6, -0.2, -1.2, -0.1, 3.4, 3.7, 0.8, 0.0, 2.0]
+SLEEP_2 = [1.9, 0.8, 1.1, 0.1, -0.1, 4.4, 5.5, 1.6, 4.6, 3.4]
+
+
+def test_paired_ratio_reproduces_students_sleep_data():
+    res = bs.paired_ratio([math.exp(x) for x in SLEEP_1], [math.exp(x) for x in SLEEP_2])
+    assert res.log_diff == pytest.approx(-1.58, abs=1e-12)
+    assert math.log(res.interval.low) == pytest.approx(-2.4598858, abs=1e-7)
+    assert math.log(res.interval.high) == pytest.approx(-0.7001142, abs=1e-7)
+    assert res.log_diff / res.se == pytest.approx(-4.0621, abs=1e-4)
+    assert (res.df, res.n_treatment, res.n_control, res.method) == (9.0, 10, 10, "paired-log")
+    assert res.ratio == pytest.approx(math.exp(-1.58))
+    # the pairing matters: the same values unpaired give Welch's much wider interval
+    welch = bs.throughput_ratio([math.exp(x) for x in SLEEP_1], [math.exp(x) for x in SLEEP_2])
+    assert welch.ratio == pytest.approx(res.ratio)
+    assert math.log(welch.interval.low) == pytest.approx(-3.3654832, abs=1e-6)   # R, Welch
+
+
+def test_paired_ratio_identical_differences_and_errors():
+    same = bs.paired_ratio([100.0, 110.0, 120.0], [100.0, 110.0, 120.0])
+    assert same.ratio == 1.0 and same.se == 0.0
+    assert same.interval.low == same.interval.high == 1.0      # scipy would give nan
+    near = bs.paired_ratio([90.0, 99.0, 108.0], [100.0, 110.0, 120.0])  # 0.9 up to rounding
+    assert near.ratio == pytest.approx(0.9) and near.interval.width < 1e-12
+    with pytest.raises(ValueError, match="must pair pass for pass, got 3 .treatment. and 2"):
+        bs.paired_ratio([1.0, 2.0, 3.0], [1.0, 2.0])
+    with pytest.raises(ValueError, match="treatment"):
+        bs.paired_ratio([1.0], [1.0])
+    with pytest.raises(ValueError, match="control"):
+        bs.paired_ratio([1.0, 2.0], [1.0, -2.0])
