@@ -476,3 +476,31 @@ def test_a_run_stopped_before_its_registered_passes_is_untested_but_keeps_its_nu
     s2 = analyze_run(make_run(tmp_path / "two", reg2, lambda arm, p, i: BASE[i], passes=2))
     assert str(getattr(s2.comparisons[0].verdict.label, "value",
                        s2.comparisons[0].verdict.label)) != "untested"
+
+
+def test_a_paired_cost_rule_pairs_the_recorded_passes_and_the_finding_shows_its_interval(tmp_path):
+    """``[rule.cost] interval = "paired"``: the run's passes slow down over the run in both arms
+    alike and the treatment is 4 % slower within each pair. The cost is decided on the paired
+    interval (pass i with pass i), which the finding shows beside Welch's; Welch's own interval,
+    widened by the drift, would not have decided it."""
+    text = declaration(passes=8) + "[rule.cost]\nmargin = 0.05\ninterval = \"paired\"\n"
+    reg = register_tiny(tmp_path, text)
+    slow = (100.0, 97.0, 93.0, 90.0, 88.0, 86.0, 85.0, 84.0)
+    jitter = (0.998, 1.002, 1.001, 0.999, 1.0, 1.0015, 0.9985, 1.0)
+    s = analyze_run(make_run(tmp_path, reg, lambda arm, p, i: BASE[i], passes=8,
+                             throughput=lambda arm, p: slow[p] * (0.96 * jitter[p]
+                                                                  if arm == "trt" else 1.0)))
+    (comp,) = s.comparisons
+    cost = comp.verdict.cost
+    want = stats.paired_ratio([slow[p] * 0.96 * jitter[p] for p in range(8)], list(slow))
+    assert (cost.interval.low, cost.interval.high) == pytest.approx(
+        (want.interval.low, want.interval.high), rel=1e-12)
+    assert cost.interval.method == "paired-log" and cost.n_pairs == 8
+    assert cost.outcome.value == "no measurable cost"
+    assert comp.ratio.method == "welch-log" and comp.ratio.interval.low < 0.95   # Welch: no
+    md = render_markdown(s)
+    assert "(`[rule.cost]`: throughput ratio (treatment ÷ control, output tokens/s per pass), " \
+           "95 % paired interval against [0.95, 1.05]): **no measurable cost**" in md
+    assert (f"| trt ÷ ctl | {want.ratio:.4f} | [{want.interval.low:.4f}, "
+            f"{want.interval.high:.4f}] | 8 |") in md
+    assert "The cost rule pairs the passes" in md

@@ -5,6 +5,7 @@ against brute force and seeded simulation, and its warnings about false verdicts
 
 from __future__ import annotations
 
+import json
 import math
 import tomllib
 from pathlib import Path
@@ -17,7 +18,7 @@ from scipy import stats as sps
 from bistat.core import design, stats
 from bistat.core.classify import ArmStats, CostOutcome, classify_cost
 from bistat.declare.design_report import analyse_design, format_design
-from bistat.declare.experiment import validate_experiment
+from bistat.declare.experiment import load_experiment, validate_experiment
 from bistat.core.rule import CostRule, Rule, speed_as_evidence_warnings
 from bistat.declare.template import declaration_template
 
@@ -284,3 +285,34 @@ def test_speed_as_evidence_is_warned_where_a_faster_kernel_gets_a_worse_label():
                                        "margin_low": 0.95, "margin_high": 1.05}]}]})
     assert [w[:37] for w in speed_as_evidence_warnings(improved)] == [
         "rule.labels[0].all[0] ('working': thr", "rule.labels[1].all[0] ('doubtful': th"]
+
+
+def test_a_paired_cost_rule_is_planned_from_the_pairs_of_the_earlier_run(tmp_path):
+    """design.cv_from with ``[rule.cost] interval = "paired"``: the cost is planned at the SD of
+    the earlier run's pass-pair log differences over sqrt(2), not at its pooled CV. The committed
+    workload-(i) pilot of 2026-12-03 (54 pairs; both arms slowed over the run): pooled CV 0.094,
+    paired 0.0515."""
+    from bistat.declare.design_report import paired_cv_from_run
+    pilot = ROOT / "data" / "h200-v034" / "h200-v034-i23-throughput-qwen3-8b-concurrent-compiled"
+    cv, where = paired_cv_from_run(pilot)
+    recs = [json.loads(x) for x in (pilot / "passes.jsonl").read_text().splitlines()]
+    by = {}
+    for r in recs:
+        if r["kind"] == "counted" and r["status"] == "complete":
+            by.setdefault(r["arm"], {})[r["pass_index"]] = r["output_tokens_per_s"]
+    keys = sorted(set(by["default"]) & set(by["bi-tuned-gemm-compiled"]))
+    d = [math.log(by["bi-tuned-gemm-compiled"][k]) - math.log(by["default"][k]) for k in keys]
+    assert len(keys) == 54 and cv == pytest.approx(float(np.std(d, ddof=1)) / math.sqrt(2))
+    assert round(cv, 4) == 0.0515 and "54 pass pairs" in where
+    # three arms (or fewer than three pairs): no pairing to plan from
+    three = tmp_path / "three"
+    three.mkdir()
+    (three / "passes.jsonl").write_text("".join(
+        json.dumps({"arm": a, "pass_index": p, "kind": "counted", "status": "complete",
+                    "output_tokens_per_s": 100.0 + p}) + "\n" for a in "abc" for p in range(4)))
+    assert paired_cv_from_run(three) is None
+    rep = analyse_design(load_experiment(
+        ROOT / "experiments" / "h200-v034-i23-throughput-qwen3-8b-paired.toml"), base_dir=ROOT)
+    assert rep.cost.cv == pytest.approx(cv)
+    assert rep.duration.seconds == pytest.approx(798, abs=1)
+    assert rep.cost.passes_per_arm == 32

@@ -518,3 +518,60 @@ def test_random_passes_never_change_the_working_label_of_the_default_rule():
                                                                       tp),
                        paired=PairedCounts(541, 0, 531)).label
         assert got is base is Label.WORKING
+
+
+# ---- the cost rule, passes paired (``interval = "paired"``) -----------------------------------
+
+PAIRED = CostRule(margin=0.05, interval="paired")
+
+
+def test_a_paired_cost_rule_decides_where_a_drift_common_to_both_arms_leaves_welch_undecided():
+    """Both arms slow down over the run alike (as the 2026-12-03 workload-(i) pilot did); the
+    treatment is 4 % slower within every pair. Welch, treating passes as independent, cannot
+    tell a 4 % cost from the drift; the paired interval can."""
+    drift = (100.0, 97.0, 93.0, 90.0, 88.0, 86.0, 85.0, 84.0)
+    c = ArmStats("c", "control", 0, 0, drift, throughput_passes=tuple(range(1, 9)))
+    t = ArmStats("t", "treatment", 0, 0, tuple(x * 0.96 * (1.002 if i % 2 else 0.998)
+                                             for i, x in enumerate(drift)),
+                 throughput_passes=tuple(range(1, 9)))
+    welch = classify_cost(CostRule(margin=0.05), c, t)
+    paired = classify_cost(PAIRED, c, t)
+    assert welch.outcome is CostOutcome.UNDECIDABLE and welch.n_pairs is None
+    assert "at 8 passes" in welch.statement
+    rr = stats.paired_ratio(t.pass_throughputs, c.pass_throughputs)
+    assert paired.interval == rr.interval and paired.interval.method == "paired-log"
+    assert paired.ratio == pytest.approx(rr.ratio) and paired.n_pairs == 8
+    assert paired.outcome is CostOutcome.NO_MEASURABLE_COST     # 0.957-0.963 within [0.95, 1.05]
+    assert (round(rr.interval.low, 3), round(rr.interval.high, 3)) == (0.958, 0.962)
+    assert paired.statement == "no measurable cost (ratio 0.96, 95 % interval 0.96–0.96)"
+    assert paired.to_dict()["n_pairs"] == 8 and "n_pairs" not in welch.to_dict()
+    assert PAIRED.describe() == ("throughput ratio (treatment ÷ control, output tokens/s per "
+                                 "pass), 95 % paired interval against [0.95, 1.05]")
+    assert CostRule(margin=0.05).describe().endswith("95 % interval against [0.95, 1.05]")
+
+
+def test_a_paired_cost_rule_pairs_by_pass_index_and_needs_two_pairs():
+    # pass 2 of the treatment is missing: pass 3 pairs with pass 3, not with the control's pass 2
+    c = ArmStats("c", "control", 0, 0, (100.0, 50.0, 100.0, 100.0), throughput_passes=(1, 2, 3, 4))
+    t = ArmStats("t", "treatment", 0, 0, (90.0, 91.0, 89.0), throughput_passes=(1, 3, 4))
+    v = classify_cost(PAIRED, c, t)
+    assert v.n_pairs == 3
+    assert v.ratio == pytest.approx(stats.paired_ratio((90.0, 91.0, 89.0), (100.0,) * 3).ratio)
+    assert v.outcome is CostOutcome.COSTS
+    # no pass indices (a hand-made ArmStats): paired by position
+    bare = classify_cost(PAIRED, ArmStats("c", "control", 0, 0, (100.0, 102.0, 98.0)),
+                         ArmStats("t", "treatment", 0, 0, (99.0, 101.0, 97.0)))
+    assert bare.n_pairs == 3 and bare.ratio == pytest.approx(
+        stats.paired_ratio((99.0, 101.0, 97.0), (100.0, 102.0, 98.0)).ratio)
+    one = classify_cost(PAIRED, ArmStats("c", "control", 0, 0, (100.0, 101.0), throughput_passes=(1, 2)),
+                        ArmStats("t", "treatment", 0, 0, (99.0, 98.0), throughput_passes=(2, 3)))
+    assert one.outcome is CostOutcome.UNDECIDABLE and one.n_pairs == 1
+    assert one.statement == ("cost undecidable at 1 pair of passes (needs at least 2 for a "
+                             "paired interval)")
+
+
+def test_a_paired_cost_rule_is_declared_in_rule_cost_and_a_bad_value_is_named():
+    assert Rule.model_validate({**default_rule().model_dump(), "cost": {
+        "margin": 0.05, "interval": "paired"}}).cost.interval == "paired"
+    with pytest.raises(Exception, match="interval"):
+        CostRule(margin=0.05, interval="blocked")

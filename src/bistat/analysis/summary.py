@@ -63,7 +63,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, is_dataclass
+from dataclasses import dataclass, field, is_dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -489,6 +489,8 @@ class _Matching:
     anatomy: anat.Anatomy
     last: pd.DataFrame          # the counted passes' responses
     duplicated: np.ndarray      # rows of ``last`` recorded again later (a resumed run)
+    # arm -> the pass index of each of its ArmSummary.pass_throughputs (a paired cost interval)
+    throughput_passes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 #: one control-treatment pair as the classifier takes it: the statistics of both arms, whether
@@ -636,6 +638,7 @@ def _match(run: RecordedRun, exp: Experiment, responses: pd.DataFrame,
     arm_summaries: list[ArmSummary] = []
     matches: dict[str, _ArmMatch] = {}
     arm_passes: dict[str, list[int]] = {}
+    thr_passes: dict[str, tuple[int, ...]] = {}
     for arm in arm_names:
         cpasses = sorted(p.pass_index for p in passes if p.arm == arm and p.counted)
         sel = (arm_codes == arm_code.get(arm, -2)) & np.isin(pass_idx, cpasses) & ~dup
@@ -655,8 +658,10 @@ def _match(run: RecordedRun, exp: Experiment, responses: pd.DataFrame,
         interval = None
         if m.n_units > 0:
             interval = stats.wilson_interval(m.n_matched, m.n_units, cl, "two-sided")
-        thr = tuple(float(p.output_tokens_per_s) for p in passes
-                    if p.arm == arm and p.counted and p.output_tokens_per_s is not None)
+        timed = [p for p in passes
+                 if p.arm == arm and p.counted and p.output_tokens_per_s is not None]
+        thr = tuple(float(p.output_tokens_per_s) for p in timed)
+        thr_passes[arm] = tuple(int(p.pass_index) for p in timed)
         arm_summaries.append(ArmSummary(
             name=arm, role=roles[arm], counted_passes=tuple(cpasses),
             reference_pass=cpasses[0] if cpasses else None, n_prompts_recorded=m.n_recorded,
@@ -667,7 +672,7 @@ def _match(run: RecordedRun, exp: Experiment, responses: pd.DataFrame,
             n_units=m.n_units, n_matched=m.n_matched, match_interval=interval,
             pass_throughputs=thr, n_failed_requests=m.n_failed_requests,
             divergences=tuple(divs)))
-    return _Matching(tuple(arm_summaries), matches, arm_passes, anatomy, last, dup)
+    return _Matching(tuple(arm_summaries), matches, arm_passes, anatomy, last, dup, thr_passes)
 
 
 def _bad_events(events: pd.DataFrame) -> tuple[list[tuple[str, str, str | None]], list[str]]:
@@ -783,7 +788,10 @@ def _comparisons(exp: Experiment, matching: _Matching, validity: Sequence[Validi
     cl = rule.confidence_level
     arm_summaries, matches = matching.arms, matching.matches
     large_drifts = matching.anatomy.large_drifts()
-    latencies = _pass_latencies(matching.last[~matching.duplicated], matching.arm_passes)
+    timed = _pass_latencies(matching.last[~matching.duplicated], matching.arm_passes)
+    latencies = {arm: tuple(v for _, v in pv) for arm, pv in timed.items()}
+    latency_passes = {arm: tuple(k for k, _ in pv) for arm, pv in timed.items()}
+    thr_passes = matching.throughput_passes
     control = next(a for a in arm_summaries if a.role == "control")
     comparisons: list[ArmComparison] = []
     pairs: list[_Pair] = []
@@ -811,10 +819,14 @@ def _comparisons(exp: Experiment, matching: _Matching, validity: Sequence[Validi
                 ratio = stats.throughput_ratio(tt, ct, cl)
         pair = (ArmStats(control.name, "control", control.n_units, control.n_matched, ct,
                          large_drifts=large_drifts.get(control.name),
-                         pass_latencies=latencies.get(control.name, ())),
+                         pass_latencies=latencies.get(control.name, ()),
+                         throughput_passes=thr_passes.get(control.name, ()),
+                         latency_passes=latency_passes.get(control.name, ())),
                 ArmStats(treat.name, "treatment", treat.n_units, treat.n_matched, tt,
                          large_drifts=large_drifts.get(treat.name),
-                         pass_latencies=latencies.get(treat.name, ())),
+                         pass_latencies=latencies.get(treat.name, ()),
+                         throughput_passes=thr_passes.get(treat.name, ()),
+                         latency_passes=latency_passes.get(treat.name, ())),
                 _pair_status(arm_reasons, control.name, treat.name), counts,
                 evidence[treat.name])
         pairs.append(pair)
@@ -1459,11 +1471,11 @@ def _evidence(a: act.ArmActivation, probe_recorded: bool) -> ActivationEvidence:
 
 
 def _pass_latencies(counted: pd.DataFrame, arm_passes: Mapping[str, Sequence[int]]
-                    ) -> dict[str, tuple[float, ...]]:
-    """Arm -> each counted pass's mean request latency (``t_done - t_submit``, seconds) over its
-    answered requests, in pass order: what a cost rule on ``latency`` reads. ``counted``: the
-    counted responses, the last recorded per prompt and pass. A pass without a timed answered
-    request is left out."""
+                    ) -> dict[str, tuple[tuple[int, float], ...]]:
+    """Arm -> (pass index, mean request latency) of each counted pass (``t_done - t_submit``,
+    seconds, over its answered requests), in pass order: what a cost rule on ``latency`` reads.
+    ``counted``: the counted responses, the last recorded per prompt and pass. A pass without a
+    timed answered request is left out."""
     if counted.empty or not {"t_submit", "t_done"} <= set(counted.columns):
         return {}
     frame = counted[["arm", "pass_index", "error", "t_submit", "t_done"]].copy()
@@ -1472,10 +1484,11 @@ def _pass_latencies(counted: pd.DataFrame, arm_passes: Mapping[str, Sequence[int
                         - pd.to_numeric(frame["t_submit"], errors="coerce"))
     frame = frame[frame["latency"].notna()]
     means = frame.groupby(["arm", "pass_index"], sort=True)["latency"].mean()
-    out: dict[str, tuple[float, ...]] = {}
+    out: dict[str, tuple[tuple[int, float], ...]] = {}
     for arm, plist in arm_passes.items():
-        vals = [float(means[(arm, p)]) for p in sorted(plist) if (arm, p) in means.index]
-        out[arm] = tuple(v for v in vals if v > 0)
+        vals = [(int(p), float(means[(arm, p)])) for p in sorted(plist)
+                if (arm, p) in means.index]
+        out[arm] = tuple((p, v) for p, v in vals if v > 0)
     return out
 
 

@@ -41,6 +41,7 @@ bound it was compared with.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 from dataclasses import dataclass, field
@@ -114,6 +115,10 @@ class ArmStats:
     pass_latencies : tuple of float
         Mean request latency (seconds, submission to last token, answered requests) of each
         counted pass; what a cost rule on ``latency`` reads. Empty when not computed.
+    throughput_passes, latency_passes : tuple of int
+        The pass index of each value of ``pass_throughputs`` / ``pass_latencies``: a cost rule
+        with ``interval = "paired"`` pairs the arms' passes by it. Empty when not known (the
+        values are then paired by position).
     """
 
     name: str
@@ -123,6 +128,8 @@ class ArmStats:
     pass_throughputs: tuple[float, ...]
     large_drifts: int | None = None
     pass_latencies: tuple[float, ...] = ()
+    throughput_passes: tuple[int, ...] = ()
+    latency_passes: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -830,7 +837,8 @@ class CostVerdict:
     ratio : float or None
         Treatment / control of the metric's per-pass geometric means.
     interval : stats.Interval or None
-        Its Welch interval at the cost rule's confidence level (or the published one).
+        Its interval at the cost rule's confidence level: Welch's, or the paired one where the
+        rule pairs the passes (``interval = "paired"``), or the published one.
     n_treatment, n_control : int
         Counted passes with a value, per arm.
     cv : float or None
@@ -841,6 +849,8 @@ class CostVerdict:
         and CV; None when no number up to 200 does (or the CV is unknown).
     reason : str or None
         Why the cost could not be assessed, or was undecidable without an interval.
+    n_pairs : int or None
+        Passes paired across the arms, where the rule's interval is ``"paired"`` (None else).
     """
 
     outcome: CostOutcome
@@ -855,17 +865,21 @@ class CostVerdict:
     cv: float | None = None
     passes_to_decide: int | None = None
     reason: str | None = None
+    n_pairs: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         iv = self.interval
-        return {"outcome": self.outcome.value, "sentence": self.sentence,
-                "statement": self.statement, "metric": self.metric, "margin": self.margin,
-                "ratio": self.ratio,
-                "interval": None if iv is None else {
-                    "low": iv.low, "high": iv.high, "confidence_level": iv.confidence_level,
-                    "method": iv.method},
-                "n_treatment": self.n_treatment, "n_control": self.n_control, "cv": self.cv,
-                "passes_to_decide": self.passes_to_decide, "reason": self.reason}
+        out = {"outcome": self.outcome.value, "sentence": self.sentence,
+               "statement": self.statement, "metric": self.metric, "margin": self.margin,
+               "ratio": self.ratio,
+               "interval": None if iv is None else {
+                   "low": iv.low, "high": iv.high, "confidence_level": iv.confidence_level,
+                   "method": iv.method},
+               "n_treatment": self.n_treatment, "n_control": self.n_control, "cv": self.cv,
+               "passes_to_decide": self.passes_to_decide, "reason": self.reason}
+        if self.n_pairs is not None:
+            out["n_pairs"] = self.n_pairs
+        return out
 
 
 #: Decimals of the ratio and its interval in a cost statement (more where a margin needs them).
@@ -919,6 +933,10 @@ def classify_cost(cost: CostRule, control: ArmStats, treatment: ArmStats, *,
     The outcomes are ordered *costs* < *undecidable* < *no measurable cost* < *faster*, and
     moving the interval to the faster side never moves the outcome down that order.
 
+    With ``cost.interval == "paired"`` the interval is ``stats.paired_ratio`` of the passes both
+    arms have, paired by pass index (``ArmStats.throughput_passes`` / ``latency_passes``; by
+    position where those are not known), and the ratio its point; the same decision follows.
+
     Examples
     --------
     >>> from bistat.core.rule import CostRule
@@ -970,19 +988,56 @@ def classify_cost(cost: CostRule, control: ArmStats, treatment: ArmStats, *,
                        "counted passes per arm for an interval)", point=point,
                        reason=f"needs at least 2 counted passes per arm with a {metric}, got "
                               f"{len(tv)} (treatment) and {len(cv_)} (control)")
+    if cost.interval == "paired":
+        pt, pc = _paired_values(treatment, control, metric)
+        if len(pt) < 2:
+            return dataclasses.replace(verdict(
+                CostOutcome.UNDECIDABLE,
+                f"cost undecidable at {len(pt)} pair{'' if len(pt) == 1 else 's'} of passes "
+                "(needs at least 2 for a paired interval)",
+                reason=f"needs at least 2 passes paired across the arms with a {metric}, got "
+                       f"{len(pt)}"), n_pairs=len(pt))
     try:
-        rr = stats.throughput_ratio(tv, cv_, cl)
-        point = stats.ratio_of_geometric_means(tv, cv_)
         pooled = stats.pooled_cv([tv, cv_]).cv
+        if cost.interval == "paired":
+            rr = stats.paired_ratio(pt, pc, cl)
+            point = rr.ratio
+            # a pair difference's SD s_d gives the Welch design's per-pass CV s_d / sqrt(2): the
+            # same standard error at the same passes per arm
+            need_cv = rr.se * math.sqrt(rr.n_treatment) / math.sqrt(2.0)
+            n_passes, what = rr.n_treatment, "pairs of passes"
+        else:
+            rr = stats.throughput_ratio(tv, cv_, cl)
+            point = stats.ratio_of_geometric_means(tv, cv_)
+            need_cv, n_passes, what = pooled, min(len(tv), len(cv_)), "passes"
     except ValueError as exc:
         return verdict(CostOutcome.UNDECIDABLE, "cost undecidable (a per-pass value is not a "
                        "positive number)", reason=str(exc))
-    return _decide_cost(cost, rr.interval, point, verdict, pooled, min(len(tv), len(cv_)),
-                        f"ratio {format_decided(point, bounds, COST_DIGITS)}")
+    decided = _decide_cost(cost, rr.interval, point, verdict, pooled, n_passes,
+                           f"ratio {format_decided(point, bounds, COST_DIGITS)}", need_cv, what)
+    return (dataclasses.replace(decided, n_pairs=rr.n_treatment) if cost.interval == "paired"
+            else decided)
+
+
+def _paired_values(treatment: ArmStats, control: ArmStats, metric: str
+                   ) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The metric's values of the passes both arms have, paired by pass index (by position when
+    the arms' pass indices are not known), in pass order."""
+    values, passes = (("pass_throughputs", "throughput_passes") if metric == "throughput"
+                      else ("pass_latencies", "latency_passes"))
+    tv, cv_ = getattr(treatment, values), getattr(control, values)
+    tk, ck = getattr(treatment, passes), getattr(control, passes)
+    if len(tk) != len(tv) or len(ck) != len(cv_) or not tk or not ck:
+        n = min(len(tv), len(cv_))
+        return tuple(tv[:n]), tuple(cv_[:n])
+    by_pass = dict(zip(ck, cv_))
+    pairs = [(v, by_pass[k]) for k, v in sorted(zip(tk, tv)) if k in by_pass]
+    return tuple(v for v, _ in pairs), tuple(c for _, c in pairs)
 
 
 def _decide_cost(cost: CostRule, iv: stats.Interval, point: float | None, verdict, pooled,
-                 n_passes: int | None, shown: str) -> CostVerdict:
+                 n_passes: int | None, shown: str, need_cv: float | None = None,
+                 what: str = "passes") -> CostVerdict:
     lo, hi = cost.low, cost.high
     bounds = (lo, hi)
     pct = f"{iv.confidence_level * 100:g} %"
@@ -1014,16 +1069,18 @@ def _decide_cost(cost: CostRule, iv: stats.Interval, point: float | None, verdic
         return verdict(CostOutcome.NO_MEASURABLE_COST, f"no measurable cost ({nums}{maybe})",
                        point, iv, pooled)
     need = None
-    if pooled is not None and point is not None and pooled > 0:
-        need = design.passes_to_decide(cost.margin, point, pooled, iv.confidence_level,
+    need_cv = pooled if need_cv is None else need_cv
+    if need_cv is not None and point is not None and need_cv > 0:
+        need = design.passes_to_decide(cost.margin, point, need_cv, iv.confidence_level,
                                        cost.metric)
-    at = "" if n_passes is None else f" at {n_passes} passes"
+    at = "" if n_passes is None else f" at {n_passes} {what}"
     if n_passes is None:
         tail = ""
     elif need is not None:
-        tail = f"; about {need} passes per arm would decide it"
+        tail = (f"; about {need} passes per arm would decide it" if what == "passes" else
+                f"; about {need} pairs would decide it")
     else:
-        tail = "; no number of passes up to 200 would decide it at this ratio"
+        tail = f"; no number of {what} up to 200 would decide it at this ratio"
     return verdict(CostOutcome.UNDECIDABLE, f"cost undecidable{at} ({nums}{tail})", point, iv,
                    pooled, need)
 

@@ -411,11 +411,19 @@ class CostRule(_Model):
     *no measurable cost* < *faster*).
 
     Needs two or more counted passes per arm (refused at registration otherwise).
+
+    ``interval``: ``"welch"`` (the default, above) treats the passes as independent;
+    ``"paired"`` pairs pass ``i`` of the treatment with pass ``i`` of the control, which the ABBA
+    schedule runs side by side, and takes the paired t interval of the log differences
+    (``bistat.core.stats.paired_ratio``). A drift of the machine over the run that moves both
+    arms alike then cancels within each pair instead of widening the interval; the ratio is the
+    same. Chosen at registration, like every other part of the rule, never after the data.
     """
 
     metric: Literal["throughput", "latency"] = "throughput"
     margin: float = Field(gt=0.0, lt=1.0)
     confidence_level: float = Field(default=0.95, gt=0.5, lt=1.0)
+    interval: Literal["welch", "paired"] = "welch"
 
     @property
     def low(self) -> float:
@@ -431,7 +439,8 @@ class CostRule(_Model):
         """The cost rule in words."""
         what = {"throughput": "throughput ratio (treatment ÷ control, output tokens/s per pass)",
                 "latency": "latency ratio (treatment ÷ control, mean request latency per pass)"}
-        return (f"{what[self.metric]}, {_pct(self.confidence_level)} interval against "
+        kind = " paired" if self.interval == "paired" else ""
+        return (f"{what[self.metric]}, {_pct(self.confidence_level)}{kind} interval against "
                 f"[{_num(self.low)}, {_num(self.high)}]")
 
 

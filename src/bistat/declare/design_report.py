@@ -389,6 +389,32 @@ def cv_from_run(run_dir: str | Path) -> tuple[stats.CVResult, str]:
                  f"{res.df} degrees of freedom)")
 
 
+def paired_cv_from_run(run_dir: str | Path) -> tuple[float, str] | None:
+    """The per-pass CV that plans a paired cost interval (``[rule.cost] interval = "paired"``),
+    from an earlier run of two arms: the standard deviation of the log differences of its passes
+    paired by pass index, over ``sqrt(2)`` (Welch's standard error at ``n`` passes per arm with
+    this CV equals the paired one at ``n`` pairs; the paired t's ``n - 1`` degrees of freedom
+    against Welch's about ``2n - 2`` are ignored). None when the run does not have exactly two
+    arms with three or more passes of the same index."""
+    path = Path(run_dir) / "passes.jsonl"
+    by_arm: dict[str, dict[int, float]] = {}
+    for _, rec in _read_strict(path):
+        value, index = rec.get("output_tokens_per_s"), rec.get("pass_index")
+        if (rec.get("kind") == "counted" and rec.get("status", "complete") == "complete"
+                and isinstance(value, (int, float)) and value > 0 and isinstance(index, int)):
+            by_arm.setdefault(str(rec.get("arm")), {})[index] = float(value)
+    if len(by_arm) != 2:
+        return None
+    (a, va), (b, vb) = sorted(by_arm.items())
+    common = sorted(set(va) & set(vb))
+    if len(common) < 3:
+        return None
+    diffs = [math.log(va[k]) - math.log(vb[k]) for k in common]
+    sd = statistics.stdev(diffs)
+    return sd / math.sqrt(2.0), (f"{len(common)} pass pairs of {run_dir} ({a} / {b}), the SD of "
+                                 f"their log differences {sd:.4f} over sqrt(2): {sd / math.sqrt(2.0):.4f}")
+
+
 #: ``events.jsonl`` events that end an engine's life (:mod:`bistat.run.runner`); a failed
 #: start (``refused``, ``start_failed``) ends a group of starts too.
 _ENGINE_ENDS = ("stopped", "exited")
@@ -746,7 +772,17 @@ def analyse_design(exp: Experiment, *, base_dir: str | Path | None = None) -> De
 
     cost = None
     if rule.cost is not None:
-        cost = _cost_design(rule.cost, passes, cv, ratios, target)
+        cost_cv = cv
+        if rule.cost.interval == "paired":
+            paired = (paired_cv_from_run(run_dir) if des.cv_from is not None else None)
+            if paired is not None:
+                cost_cv = paired[0]
+                cv_source += f"; the cost's paired interval: {paired[1]}"
+            else:
+                cv_source += ("; the cost's paired interval planned at this CV, as if unpaired "
+                              "(an earlier run of two arms in design.cv_from gives the pairs' "
+                              "spread; a drift common to both arms only makes this CV larger)")
+        cost = _cost_design(rule.cost, passes, cost_cv, ratios, target)
         warnings.extend(_cost_warnings(cost, target))
     fps = _false_positives(rule, n, passes, cv, des.assumed_match_rate, control_rate)
     warnings.extend(_false_positive_warnings(fps))

@@ -537,10 +537,31 @@ def _throughput(s: RunSummary, plot: str) -> list[str]:
             "throughput):", "",
             md_table(("ratio", "point", f"{cl} interval", "Welch df",
                       "passes (treatment / control)"), ratio_rows), "",
+            *_paired_note(s),
             "Wall time and requests/s are whole-pass figures; output tokens/s is what the rule "
             "compares.", "", *_jit_note(s), *_host_note(s), f"![Per-pass throughput]({plot})",
             ""]
     return out
+
+
+def _paired_note(s: RunSummary) -> list[str]:
+    """The cost rule's paired interval beside the Welch one, where the rule pairs the passes
+    (``[rule.cost] interval = "paired"``): the interval that decided the cost."""
+    rows = []
+    for c in s.comparisons:
+        cv = c.verdict.cost
+        iv = None if cv is None else cv.interval
+        if iv is not None and iv.method == "paired-log":
+            rows.append((f"{c.treatment} ÷ {c.control}", _f(cv.ratio),
+                         f"[{iv.low:.4f}, {iv.high:.4f}]", str(cv.n_pairs)))
+    if not rows:
+        return []
+    cl = f"{s.confidence_level * 100:g} %"
+    return ["The cost rule pairs the passes (`interval = \"paired\"`): pass *i* of the treatment "
+            "with pass *i* of the control, which the schedule ran side by side, and a paired t "
+            "interval on the log differences. A drift that moved both arms alike cancels within "
+            "a pair. This is the interval that decided the cost:", "",
+            md_table(("ratio", "point", f"{cl} paired interval", "pairs"), rows), ""]
 
 
 def _host_note(s: RunSummary) -> list[str]:
