@@ -8,6 +8,8 @@ workload (i)).
 
 from __future__ import annotations
 
+import json
+
 import sys
 from pathlib import Path
 
@@ -114,6 +116,10 @@ ISSUE23_V034_NEXT = {
 #: together, the passes and the time budget from the design analysis on the pilot.
 ISSUE23_V034_CONCURRENT = {"h200-v034-i23-throughput-qwen3-8b-concurrent-compiled":
                            "h200-v034-i23-throughput-qwen3-8b-serial-compiled"}
+#: ... and again after that one could not fit beside the payload's staging (its pilot): 32 passes
+#: per arm, its cost interval paired by pass, planned from the pilot's pairs.
+ISSUE23_V034_PAIRED = {"h200-v034-i23-throughput-qwen3-8b-paired":
+                       "h200-v034-i23-throughput-qwen3-8b-concurrent-compiled"}
 
 
 def test_the_declarations_are_the_whole_set():
@@ -121,7 +127,8 @@ def test_the_declarations_are_the_whole_set():
              | {p.stem for p in EXP.glob("tp*-match*.toml")})
     assert names == (set(ALL) | set(FIXTURES) | set(PROBES) | set(MECHANISM) | set(EXPLORATORY)
                      | set(NEWEST) | set(ISSUE23) | set(ISSUE23_COMPILED) | set(ISSUE23_V034)
-                     | set(ISSUE23_V034_NEXT) | set(ISSUE23_V034_CONCURRENT))
+                     | set(ISSUE23_V034_NEXT) | set(ISSUE23_V034_CONCURRENT)
+                     | set(ISSUE23_V034_PAIRED))
 
 
 @pytest.mark.parametrize("name", sorted(ISSUE23))
@@ -254,7 +261,45 @@ def test_the_concurrent_workload_i_study_is_the_serial_one_with_its_engines_up_t
     release = reg.sealed["engine_release"]
     assert (release["index"], release["error"], release["newest"]) == (
         "https://pypi.org/pypi", None, "0.34.0")
-    # sealed before any data of its own: no run of this name is recorded
+    # sealed before any data of its own: its one recorded run (a pilot, stopped at 110 of 134
+    # passes) was created after the seal
+    run = json.loads((ROOT / "data" / "h200-v034" / name / "run.json").read_text())
+    assert reg.sealed_utc < run["created_utc"] == "2026-12-03T15:30:59.080775Z"
+
+
+@pytest.mark.parametrize("name", sorted(ISSUE23_V034_PAIRED))
+def test_the_paired_workload_i_study_is_the_concurrent_one_sized_to_fit_with_its_passes_paired(
+        name):
+    """Registered 2026-12-03 after the concurrent run's pilot (110 of 134 passes in the time a
+    session leaves after staging): the same engine, arms, workload, match, validity and labels,
+    32 passes per arm, and a cost rule that pairs the passes; the design analysis plans the cost
+    from the pilot's pairs and puts the run within the declared budget."""
+    from bistat.declare.design_report import analyse_design, paired_cv_from_run
+    from bistat.declare.prereg import load_registration
+
+    base = ISSUE23_V034_PAIRED[name]
+    mine, theirs = load_experiment(EXP / f"{name}.toml"), load_experiment(EXP / f"{base}.toml")
+    assert mine.engine == theirs.engine and mine.match == theirs.match
+    assert [(a.name, a.role, a.env) for a in mine.arms] == [
+        (a.name, a.role, a.env) for a in theirs.arms]
+    w_mine, w_theirs = mine.workload.model_dump(), theirs.workload.model_dump()
+    assert {k: v for k, v in w_mine.items() if w_theirs[k] != v} == {"passes": 32}
+    assert mine.validity == theirs.validity and mine.rule.labels == theirs.rule.labels
+    assert mine.rule.cost.model_dump() == {**theirs.rule.cost.model_dump(), "interval": "paired"}
+    assert (mine.design.cv_from, mine.design.time_budget_s) == (f"data/h200-v034/{base}", 1000)
+    report = analyse_design(mine, base_dir=ROOT)
+    assert report.warnings == ()
+    assert report.cost.cv == pytest.approx(paired_cv_from_run(ROOT / "data" / "h200-v034" / base)[0])
+    at_one = dict(report.cost.outcomes)[1.0]
+    assert round(at_one["no measurable cost"], 3) == 0.975
+    d = report.duration
+    assert (d.engines_concurrent, d.engine_starts, d.passes, d.fits) == (True, 1, 66, True)
+    assert 790 < d.seconds < 810
+    reg = load_registration(ROOT / "preregistrations" / f"{name}.json")
+    assert reg.experiment().resolved() == mine.resolved()
+    release = reg.sealed["engine_release"]
+    assert (release["index"], release["error"], release["newest"]) == (
+        "https://pypi.org/pypi", None, "0.34.0")
     assert not any((ROOT / "data" / folder / name).exists()
                    for folder in ("h200", "h200-v033", "h200-v034"))
 
