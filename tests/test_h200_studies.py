@@ -490,40 +490,39 @@ def test_study_1a_on_the_newest_vllm_with_the_fa3_pin():
                     200: (False, True), 300: (False, True), 640: (False, True)}
 
 
-def test_the_serial_workload_i_run_stopped_early_is_an_untested_pilot_with_its_numbers():
-    """Issue 23's workload (i) on vLLM 0.34.0, one engine resident at a time (2026-12-03): the
-    operator stopped it after 34 of 73 planned passes (its NOTES.md: 25 engine starts of about a
-    minute each cannot fit a session). Untested by its registered rule; its numbers a pilot."""
-    s = analyze_run(I23_SERIAL_V034, REG / "h200-v034-i23-throughput-qwen3-8b-serial-compiled.json")
+#: Issue 23's workload (i) on vLLM 0.34.0, stopped short (each NOTES.md says why): the run, its
+#: counted passes per arm recorded and registered, the matched prompts per arm (default, tuned),
+#: the ratio with its Welch interval, the GPU, the notes' first words
+STOPPED_PILOTS = {
+    # one engine resident at a time: 25 engine starts of about a minute each cannot fit a
+    # session; stopped by the operator after 34 of 73 planned passes
+    "h200-v034-i23-throughput-qwen3-8b-serial-compiled": (
+        I23_SERIAL_V034, 11, 24, (992, 1000), (0.9921, 0.9069, 1.0853),
+        "GPU-f2e2bf42-1062-38a0-5c74-bddd47f08f59", "Run in the device session of 2026-12-03"),
+    # both engines up together: the session's device time ran out after 110 of 134 passes; the
+    # tuned arm about 4 % slower, every prompt of it matched, the control diverging on 14
+    "h200-v034-i23-throughput-qwen3-8b-concurrent-compiled": (
+        I23_CONC_V034, 54, 66, (986, 1000), (0.9594, 0.9256, 0.9945),
+        "GPU-bc251caf-355f-cf6c-0204-b3026b11e54f",
+        "Run in the device session of 2026-12-03 (fifth"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(STOPPED_PILOTS))
+def test_a_workload_i_run_stopped_early_is_an_untested_pilot_with_its_numbers(name):
+    """Untested by its registered rule (fewer counted passes than registered); its numbers a
+    pilot, the interrupted pass recorded and not counted."""
+    run, counted, planned, matched, ratio, gpu, notes = STOPPED_PILOTS[name]
+    s = analyze_run(run, REG / f"{name}.json")
     assert {a.name: (len(a.counted_passes), a.n_matched, a.n_units) for a in s.arms} == {
-        "default": (11, 992, 1000), "bi-tuned-gemm-compiled": (11, 1000, 1000)}
+        "default": (counted, matched[0], 1000), "bi-tuned-gemm-compiled": (counted, matched[1], 1000)}
     (comp,) = s.comparisons
     assert str(getattr(comp.verdict.label, "value", comp.verdict.label)) == "untested"
-    assert "stopped early, 11 of 24 registered counted passes recorded" in comp.verdict.basis
+    assert (f"stopped early, {counted} of {planned} registered counted passes recorded"
+            in comp.verdict.basis)
     assert (round(comp.ratio.ratio, 4), round(comp.ratio.interval.low, 4),
-            round(comp.ratio.interval.high, 4)) == (0.9921, 0.9069, 1.0853)
+            round(comp.ratio.interval.high, 4)) == ratio
     assert [v.name for v in s.validity if v.passed is not True] == []
     assert any("ended 'interrupted'; not counted" in d for d in s.deviations)
-    assert {u for _, env in s.environments for u in env.gpu_uuids} == {
-        "GPU-f2e2bf42-1062-38a0-5c74-bddd47f08f59"}
-    assert s.operator_notes.startswith("Run in the device session of 2026-12-03")
-
-
-def test_the_concurrent_workload_i_run_stopped_early_is_an_untested_pilot_with_its_numbers():
-    """Issue 23's workload (i) on vLLM 0.34.0 with both engines up together (2026-12-03, fifth
-    session): the session's device time ran out after 110 of 134 passes and the operator stopped
-    it (its NOTES.md). Untested by its registered rule; its numbers a pilot: the tuned arm about
-    4 % slower, every prompt of it matched, the control diverging on 14."""
-    s = analyze_run(I23_CONC_V034,
-                    REG / "h200-v034-i23-throughput-qwen3-8b-concurrent-compiled.json")
-    assert {a.name: (len(a.counted_passes), a.n_matched, a.n_units) for a in s.arms} == {
-        "default": (54, 986, 1000), "bi-tuned-gemm-compiled": (54, 1000, 1000)}
-    (comp,) = s.comparisons
-    assert str(getattr(comp.verdict.label, "value", comp.verdict.label)) == "untested"
-    assert "stopped early, 54 of 66 registered counted passes recorded" in comp.verdict.basis
-    assert (round(comp.ratio.ratio, 4), round(comp.ratio.interval.low, 4),
-            round(comp.ratio.interval.high, 4)) == (0.9594, 0.9256, 0.9945)
-    assert [v.name for v in s.validity if v.passed is not True] == []
-    assert {u for _, env in s.environments for u in env.gpu_uuids} == {
-        "GPU-bc251caf-355f-cf6c-0204-b3026b11e54f"}
-    assert s.operator_notes.startswith("Run in the device session of 2026-12-03 (fifth")
+    assert {u for _, env in s.environments for u in env.gpu_uuids} == {gpu}
+    assert s.operator_notes.startswith(notes)
