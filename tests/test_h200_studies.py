@@ -515,7 +515,8 @@ def test_a_workload_i_run_stopped_early_is_an_untested_pilot_with_its_numbers(na
     run, counted, planned, matched, ratio, gpu, notes = STOPPED_PILOTS[name]
     s = analyze_run(run, REG / f"{name}.json")
     assert {a.name: (len(a.counted_passes), a.n_matched, a.n_units) for a in s.arms} == {
-        "default": (counted, matched[0], 1000), "bi-tuned-gemm-compiled": (counted, matched[1], 1000)}
+        "default": (counted, matched[0], 1000),
+        "bi-tuned-gemm-compiled": (counted, matched[1], 1000)}
     (comp,) = s.comparisons
     assert str(getattr(comp.verdict.label, "value", comp.verdict.label)) == "untested"
     assert (f"stopped early, {counted} of {planned} registered counted passes recorded"

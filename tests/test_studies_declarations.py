@@ -289,7 +289,8 @@ def test_the_paired_workload_i_study_is_the_concurrent_one_sized_to_fit_with_its
     assert (mine.design.cv_from, mine.design.time_budget_s) == (f"data/h200-v034/{base}", 1000)
     report = analyse_design(mine, base_dir=ROOT)
     assert report.warnings == ()
-    assert report.cost.cv == pytest.approx(paired_cv_from_run(ROOT / "data" / "h200-v034" / base)[0])
+    pilot = ROOT / "data" / "h200-v034" / base
+    assert report.cost.cv == pytest.approx(paired_cv_from_run(pilot)[0])
     at_one = dict(report.cost.outcomes)[1.0]
     assert round(at_one["no measurable cost"], 3) == 0.975
     d = report.duration

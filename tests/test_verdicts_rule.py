@@ -563,8 +563,9 @@ def test_a_paired_cost_rule_pairs_by_pass_index_and_needs_two_pairs():
                          ArmStats("t", "treatment", 0, 0, (99.0, 101.0, 97.0)))
     assert bare.n_pairs == 3 and bare.ratio == pytest.approx(
         stats.paired_ratio((99.0, 101.0, 97.0), (100.0, 102.0, 98.0)).ratio)
-    one = classify_cost(PAIRED, ArmStats("c", "control", 0, 0, (100.0, 101.0), throughput_passes=(1, 2)),
-                        ArmStats("t", "treatment", 0, 0, (99.0, 98.0), throughput_passes=(2, 3)))
+    one = classify_cost(
+        PAIRED, ArmStats("c", "control", 0, 0, (100.0, 101.0), throughput_passes=(1, 2)),
+        ArmStats("t", "treatment", 0, 0, (99.0, 98.0), throughput_passes=(2, 3)))
     assert one.outcome is CostOutcome.UNDECIDABLE and one.n_pairs == 1
     assert one.statement == ("cost undecidable at 1 pair of passes (needs at least 2 for a "
                              "paired interval)")

@@ -707,7 +707,8 @@ def paired_ratio(
     >>> g1 = [0.7, -1.6, -0.2, -1.2, -0.1, 3.4, 3.7, 0.8, 0.0, 2.0]
     >>> g2 = [1.9, 0.8, 1.1, 0.1, -0.1, 4.4, 5.5, 1.6, 4.6, 3.4]
     >>> res = paired_ratio([math.exp(x) for x in g1], [math.exp(x) for x in g2])
-    >>> round(res.log_diff, 4), round(math.log(res.interval.low), 4), round(math.log(res.interval.high), 4)
+    >>> low, high = math.log(res.interval.low), math.log(res.interval.high)
+    >>> round(res.log_diff, 4), round(low, 4), round(high, 4)
     (-1.58, -2.4599, -0.7001)
     """
     cl = _confidence_level(confidence_level)

@@ -411,8 +411,9 @@ def paired_cv_from_run(run_dir: str | Path) -> tuple[float, str] | None:
         return None
     diffs = [math.log(va[k]) - math.log(vb[k]) for k in common]
     sd = statistics.stdev(diffs)
-    return sd / math.sqrt(2.0), (f"{len(common)} pass pairs of {run_dir} ({a} / {b}), the SD of "
-                                 f"their log differences {sd:.4f} over sqrt(2): {sd / math.sqrt(2.0):.4f}")
+    cv = sd / math.sqrt(2.0)
+    return cv, (f"{len(common)} pass pairs of {run_dir} ({a} / {b}), the SD of their log "
+                f"differences {sd:.4f} over sqrt(2): {cv:.4f}")
 
 
 #: ``events.jsonl`` events that end an engine's life (:mod:`bistat.run.runner`); a failed
