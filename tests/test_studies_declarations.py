@@ -292,12 +292,17 @@ def test_the_paired_workload_i_study_is_the_concurrent_one_sized_to_fit_with_its
     pilot = ROOT / "data" / "h200-v034" / base
     assert report.cost.cv == pytest.approx(paired_cv_from_run(pilot)[0])
     at_one = dict(report.cost.outcomes)[1.0]
-    assert round(at_one["no measurable cost"], 3) == 0.975
+    # sealed at 0.975 by a plan that gave the paired t Welch's degrees of freedom (about 2n - 2);
+    # with the paired t's n - 1 (2026-12-03, later) the same pairs plan 0.971: still above the
+    # power target, and the seal keeps what was planned then
+    assert round(at_one["no measurable cost"], 3) == 0.971
     d = report.duration
     assert (d.engines_concurrent, d.engine_starts, d.passes, d.fits) == (True, 1, 66, True)
     assert 790 < d.seconds < 810
     reg = load_registration(ROOT / "preregistrations" / f"{name}.json")
     assert reg.experiment().resolved() == mine.resolved()
+    sealed_at_one = dict((r, p) for r, p in reg.sealed["design"]["cost"]["outcomes"])[1.0]
+    assert sealed_at_one["no measurable cost"] == 0.975235
     release = reg.sealed["engine_release"]
     assert (release["index"], release["error"], release["newest"]) == (
         "https://pypi.org/pypi", None, "0.34.0")

@@ -116,6 +116,52 @@ def test_cost_outcome_probabilities_against_the_classifier(metric, true_ratio):
         assert low <= counts[outcome] / reps <= high, (outcome, counts, want)
 
 
+@pytest.mark.parametrize("true_ratio", [1.0, 0.97, 0.9])
+def test_paired_cost_outcome_probabilities_against_the_classifier(true_ratio):
+    """The paired plan (``[rule.cost] interval = "paired"``) against 2,000 seeded runs of 8 pass
+    pairs classified by classify_cost: each pass shares a drift across the arms (SD four times
+    the arms' own noise), which pairing removes; the plan takes the per-arm CV that gives the
+    pairs' log differences their spread. Welch's plan at that CV is wrong by more than the band
+    at a true ratio of 1 (its ~14 degrees of freedom against the paired t's 7)."""
+    rng = np.random.default_rng(11)
+    reps, n, noise = 2000, 8, 0.035
+    cv = math.sqrt(math.expm1(noise ** 2))   # the CV whose log SD is the arms' own noise
+    rule = CostRule(metric="throughput", margin=0.05, interval="paired")
+    want = design.cost_outcome_probabilities(0.05, true_ratio, n, cv, paired=True)
+    counts = {o: 0 for o in want}
+    with mock.patch.object(design, "passes_to_decide", return_value=None):
+        for _ in range(reps):
+            drift = 4 * noise * rng.standard_normal(n)
+            c = 100.0 * np.exp(drift + noise * rng.standard_normal(n))
+            t = 100.0 * true_ratio * np.exp(drift + noise * rng.standard_normal(n))
+            got = classify_cost(rule, ArmStats("c", "control", 0, 0, tuple(c)),
+                                ArmStats("t", "treatment", 0, 0, tuple(t)))
+            assert got.n_pairs == n
+            counts[got.outcome.value] += 1
+    for outcome, p in want.items():
+        low, high = _band(reps, p)
+        assert low <= counts[outcome] / reps <= high, (outcome, counts, want)
+    if true_ratio == 1.0:
+        welch = design.cost_outcome_probabilities(0.05, 1.0, n, cv)["no measurable cost"]
+        low, high = _band(reps, welch)
+        assert not low <= counts["no measurable cost"] / reps <= high, (welch, counts)
+
+
+def test_paired_plan_has_the_paired_t_degrees_of_freedom():
+    """The paired interval's planned half-width is t(n - 1) where Welch's is t(2n - 2), the same
+    standard error; the paired plan never needs fewer passes than Welch's at the same CV."""
+    for n, cv in ((3, 0.05), (10, 0.05), (32, 0.0515)):
+        sigma = design.log_sd_from_cv(cv)
+        se = sigma * math.sqrt(2 / n)
+        assert design.expected_ratio_halfwidth(n, cv, paired=True) == pytest.approx(
+            sps.t.ppf(0.975, n - 1) * se, rel=1e-12)
+        assert design.expected_ratio_halfwidth(n, cv) == pytest.approx(
+            sps.t.ppf(0.975, 2 * n - 2) * se, rel=1e-12)
+    for margin, cv in ((0.10, 0.05), (0.05, 0.0515), (0.05, 0.03)):
+        assert (design.passes_to_decide(margin, 1.0, cv, paired=True)
+                >= design.passes_to_decide(margin, 1.0, cv))
+
+
 @pytest.mark.parametrize("metric", ["throughput", "latency"])
 def test_cost_outcome_probabilities_are_the_one_sided_test_on_the_slower_side(metric):
     """No measurable cost or faster is the one-sided test on the slower margin: on that margin
@@ -302,8 +348,10 @@ def test_a_paired_cost_rule_is_planned_from_the_pairs_of_the_earlier_run(tmp_pat
             by.setdefault(r["arm"], {})[r["pass_index"]] = r["output_tokens_per_s"]
     keys = sorted(set(by["default"]) & set(by["bi-tuned-gemm-compiled"]))
     d = [math.log(by["bi-tuned-gemm-compiled"][k]) - math.log(by["default"][k]) for k in keys]
-    assert len(keys) == 54 and cv == pytest.approx(float(np.std(d, ddof=1)) / math.sqrt(2))
-    assert round(cv, 4) == 0.0515 and "54 pass pairs" in where
+    s = float(np.std(d, ddof=1)) / math.sqrt(2)
+    assert len(keys) == 54 and cv == pytest.approx(math.sqrt(math.expm1(s ** 2)))
+    assert design.log_sd_from_cv(cv) == pytest.approx(s)   # the CV whose log SD is s
+    assert round(s, 4) == 0.0515 and round(cv, 4) == 0.0516 and "54 pass pairs" in where
     # three arms (or fewer than three pairs): no pairing to plan from
     three = tmp_path / "three"
     three.mkdir()

@@ -19,7 +19,8 @@ Activation criteria (:func:`prob_upper_bound_at_most` for ``control_diverges``,
 exactly by summing over the binomial (or multinomial) support, under the planning model that
 prompts match independently, with the declared rate per arm, and the two arms independently.
 The cost rule's outcomes (:func:`cost_outcome_probabilities`, :func:`passes_to_decide`) use the
-Welch draws below.
+Welch draws below, or, for a paired interval, the paired t's: the same mean log difference
+and one ``chi2(n - 1)`` variance, ``n - 1`` degrees of freedom.
 
 Power of the point-estimate criteria is exact (normal distribution). Power of the interval
 criteria and of TOST is computed by Monte Carlo from the exact sampling distribution of the
@@ -535,7 +536,7 @@ def welch_df_equal_variances(passes_per_arm: int) -> float:
 
 
 def expected_ratio_halfwidth(
-    passes_per_arm: int, cv: float, confidence_level: float = 0.95
+    passes_per_arm: int, cv: float, confidence_level: float = 0.95, paired: bool = False
 ) -> float:
     """Planned half-width of the throughput-ratio interval on the log scale.
 
@@ -555,7 +556,9 @@ def expected_ratio_halfwidth(
         log scale when both sample standard deviations equal ``sigma`` (then the Welch
         degrees of freedom are ``2 (n - 1)``). The interval on the ratio scale is
         ``ratio / f .. ratio * f`` with ``f = exp(halfwidth)``
-        (:func:`expected_ratio_interval_factor`).
+        (:func:`expected_ratio_interval_factor`). With ``paired`` (``n`` passes of each arm
+        paired, :func:`bistat.core.stats.paired_ratio`, the log differences' SD
+        ``sigma sqrt(2)``) the same with the paired t's ``n - 1`` degrees of freedom.
 
     Examples
     --------
@@ -563,16 +566,19 @@ def expected_ratio_halfwidth(
     0.4292
     >>> round(expected_ratio_halfwidth(10, 0.05), 4)
     0.0469
+    >>> round(expected_ratio_halfwidth(10, 0.05, paired=True), 4)
+    0.0506
     """
     n = _int_at_least(passes_per_arm, "passes_per_arm", 2)
     cl = _confidence_level(confidence_level)
     sigma = log_sd_from_cv(cv)
-    tq = _sps.t.ppf(1.0 - (1.0 - cl) / 2.0, welch_df_equal_variances(n))
+    df = n - 1 if paired else welch_df_equal_variances(n)
+    tq = _sps.t.ppf(1.0 - (1.0 - cl) / 2.0, df)
     return float(tq * sigma * math.sqrt(2.0 / n))
 
 
 def expected_ratio_interval_factor(
-    passes_per_arm: int, cv: float, confidence_level: float = 0.95
+    passes_per_arm: int, cv: float, confidence_level: float = 0.95, paired: bool = False
 ) -> float:
     """Multiplicative half-width of the planned ratio interval: ``exp(expected_ratio_halfwidth)``.
 
@@ -583,7 +589,7 @@ def expected_ratio_interval_factor(
     >>> round(expected_ratio_interval_factor(2, 0.10), 3)
     1.536
     """
-    return math.exp(expected_ratio_halfwidth(passes_per_arm, cv, confidence_level))
+    return math.exp(expected_ratio_halfwidth(passes_per_arm, cv, confidence_level, paired))
 
 
 def _point_z(bound: float, true_ratio: float, passes_per_arm: int, cv: float) -> float:
@@ -656,6 +662,24 @@ def _welch_draws(
     return d, se, df
 
 
+def _paired_draws(true_ratio: float, pairs: int, cv: float) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded draws of (mean log difference, its standard error) for ``pairs`` passes paired
+    across the arms, at the per-arm ``cv`` that gives the pairs' log differences the standard
+    deviation ``sigma sqrt(2)`` (as :func:`bistat.core.stats.paired_ratio` sees them; the
+    paired t has ``pairs - 1`` degrees of freedom). The mean is the Welch draws' (the same
+    seed and ``N(log r, 2 sigma**2 / n)``); the variance is one ``chi2(n - 1)`` instead of
+    two."""
+    n = _int_at_least(pairs, "pairs", 2)
+    r = _positive(true_ratio, "true_ratio")
+    sigma = log_sd_from_cv(cv)
+    rng = np.random.default_rng(POWER_SEED)
+    z = rng.standard_normal(POWER_DRAWS)
+    q = rng.chisquare(n - 1, size=POWER_DRAWS) / (n - 1)   # s_d**2 / (2 sigma**2)
+    d = math.log(r) + sigma * math.sqrt(2.0 / n) * z
+    se = sigma * math.sqrt(2.0 / n) * np.sqrt(q)
+    return d, se
+
+
 @functools.lru_cache(maxsize=64)
 def _t_quantiles(passes_per_arm: int, cv: float, level: float) -> np.ndarray:
     """``t.ppf(level, df)`` for the Welch draws' degrees of freedom at these passes and CV.
@@ -668,6 +692,18 @@ def _t_quantiles(passes_per_arm: int, cv: float, level: float) -> np.ndarray:
     out = _sps.t.ppf(level, df)
     out.setflags(write=False)
     return out
+
+
+def _interval_draws(true_ratio: float, passes_per_arm: int, cv: float, level: float,
+                    paired: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(estimate, half-width) draws of the two-sided interval whose upper quantile is
+    ``level``: Welch's (estimated degrees of freedom per draw) or, ``paired``, the paired t's
+    (``passes_per_arm - 1`` degrees of freedom)."""
+    if paired:
+        d, se = _paired_draws(true_ratio, passes_per_arm, cv)
+        return d, float(_sps.t.ppf(level, passes_per_arm - 1)) * se
+    d, se, _ = _welch_draws(true_ratio, passes_per_arm, cv)
+    return d, _t_quantiles(passes_per_arm, cv, level) * se
 
 
 def power_ratio_interval_below(
@@ -792,8 +828,8 @@ COST_OUTCOMES = ("no measurable cost", "costs", "faster", "undecidable")
 
 
 def cost_outcome_probabilities(margin: float, true_ratio: float, passes_per_arm: int, cv: float,
-                               confidence_level: float = 0.95, metric: str = "throughput"
-                               ) -> dict[str, float]:
+                               confidence_level: float = 0.95, metric: str = "throughput",
+                               paired: bool = False) -> dict[str, float]:
     """Probability of each outcome of a cost rule (``[rule.cost]``) at a true ratio.
 
     Parameters
@@ -811,6 +847,11 @@ def cost_outcome_probabilities(margin: float, true_ratio: float, passes_per_arm:
         The level of the two-sided Welch interval the rule decides on.
     metric : {"throughput", "latency"}
         Which side is "slower": a throughput ratio below 1, a latency ratio above 1.
+    paired : bool, default False
+        The rule's interval is the paired one (``[rule.cost] interval = "paired"``): the
+        ``passes_per_arm`` passes of each arm paired, the paired t's ``n - 1`` degrees of
+        freedom, ``cv`` the per-arm CV that gives the pairs' log differences their spread
+        (:func:`bistat.declare.design_report.paired_cv_from_run`).
 
     Returns
     -------
@@ -833,6 +874,8 @@ def cost_outcome_probabilities(margin: float, true_ratio: float, passes_per_arm:
     >>> p = cost_outcome_probabilities(0.10, 1.0, 8, 0.05)
     >>> round(p["no measurable cost"], 2), round(p["costs"], 4)
     (0.97, 0.0)
+    >>> round(cost_outcome_probabilities(0.10, 1.0, 8, 0.05, paired=True)["no measurable cost"], 2)
+    0.95
     """
     m = _positive(margin, "margin")
     if not m < 1.0:
@@ -840,9 +883,8 @@ def cost_outcome_probabilities(margin: float, true_ratio: float, passes_per_arm:
     if metric not in ("throughput", "latency"):
         raise ValueError(f"metric must be 'throughput' or 'latency', got {metric!r}")
     cl = _confidence_level(confidence_level)
-    d, se, df = _welch_draws(true_ratio, passes_per_arm, cv)
-    tq = _t_quantiles(passes_per_arm, cv, 1.0 - (1.0 - cl) / 2.0)
-    low, high = d - tq * se, d + tq * se
+    d, half = _interval_draws(true_ratio, passes_per_arm, cv, 1.0 - (1.0 - cl) / 2.0, paired)
+    low, high = d - half, d + half
     lo, hi = math.log(1.0 - m), math.log(1.0 + m)
     below = high < lo
     above = low > hi
@@ -859,7 +901,7 @@ def cost_outcome_probabilities(margin: float, true_ratio: float, passes_per_arm:
 
 def passes_to_decide(margin: float, true_ratio: float, cv: float, confidence_level: float = 0.95,
                      metric: str = "throughput", target: float = 0.80,
-                     max_passes: int = 200) -> int | None:
+                     max_passes: int = 200, paired: bool = False) -> int | None:
     """Passes per arm at which the cost rule decides with probability ``target`` at a true ratio.
 
     Beyond the margin on the slower side "decided" is *costs*; on the other side of that margin
@@ -867,7 +909,8 @@ def passes_to_decide(margin: float, true_ratio: float, cv: float, confidence_lev
     one-sided test of :func:`cost_outcome_probabilities`), whichever it is -- so a faster true
     ratio is decided no later than a slower one on the same side. None when no number up to
     ``max_passes`` gets there (a true ratio on the slower margin is decided either way with
-    probability at most ``(1 - confidence_level) / 2``).
+    probability at most ``(1 - confidence_level) / 2``). ``paired`` plans the paired interval
+    (:func:`cost_outcome_probabilities`).
 
     Examples
     --------
@@ -894,7 +937,7 @@ def passes_to_decide(margin: float, true_ratio: float, cv: float, confidence_lev
     guess = math.ceil(2.0 * (sigma * (zq + zt) / gap) ** 2)
 
     def power(n: int) -> float:
-        probs = cost_outcome_probabilities(m, r, n, cv, confidence_level, metric)
+        probs = cost_outcome_probabilities(m, r, n, cv, confidence_level, metric, paired)
         return sum(probs[o] for o in outcomes)
 
     return min_passes_for_power(power, target, max_passes, start=min(max(guess, 2), max_passes))

@@ -392,10 +392,12 @@ def cv_from_run(run_dir: str | Path) -> tuple[stats.CVResult, str]:
 def paired_cv_from_run(run_dir: str | Path) -> tuple[float, str] | None:
     """The per-pass CV that plans a paired cost interval (``[rule.cost] interval = "paired"``),
     from an earlier run of two arms: the standard deviation of the log differences of its passes
-    paired by pass index, over ``sqrt(2)`` (Welch's standard error at ``n`` passes per arm with
-    this CV equals the paired one at ``n`` pairs; the paired t's ``n - 1`` degrees of freedom
-    against Welch's about ``2n - 2`` are ignored). None when the run does not have exactly two
-    arms with three or more passes of the same index."""
+    paired by pass index, over ``sqrt(2)``, as a CV (``sqrt(expm1(s**2))``, the inverse of
+    :func:`bistat.core.design.log_sd_from_cv`): the per-arm CV at which two independent arms'
+    passes would differ as much, which is what the paired planning of
+    :func:`bistat.core.design.cost_outcome_probabilities` takes (with the paired t's ``n - 1``
+    degrees of freedom). None when the run does not have exactly two arms with three or more
+    passes of the same index."""
     path = Path(run_dir) / "passes.jsonl"
     by_arm: dict[str, dict[int, float]] = {}
     for _, rec in _read_strict(path):
@@ -411,9 +413,9 @@ def paired_cv_from_run(run_dir: str | Path) -> tuple[float, str] | None:
         return None
     diffs = [math.log(va[k]) - math.log(vb[k]) for k in common]
     sd = statistics.stdev(diffs)
-    cv = sd / math.sqrt(2.0)
+    cv = math.sqrt(math.expm1((sd / math.sqrt(2.0)) ** 2))
     return cv, (f"{len(common)} pass pairs of {run_dir} ({a} / {b}), the SD of their log "
-                f"differences {sd:.4f} over sqrt(2): {cv:.4f}")
+                f"differences {sd:.4f} over sqrt(2), as a CV: {cv:.4f}")
 
 
 #: ``events.jsonl`` events that end an engine's life (:mod:`bistat.run.runner`); a failed
@@ -969,13 +971,15 @@ def _activation_warnings(ad: ActivationDesign, where: str, target: float) -> lis
 
 def _cost_design(cost: CostRule, passes: int, cv: float, ratios, target: float) -> CostDesign:
     grid = tuple(dict.fromkeys((1.0, *ratios)))
-    factor = (design.expected_ratio_interval_factor(passes, cv, cost.confidence_level)
+    paired = cost.interval == "paired"
+    factor = (design.expected_ratio_interval_factor(passes, cv, cost.confidence_level, paired)
               if passes >= 2 else None)
-    outcomes = tuple((r, design.cost_outcome_probabilities(cost.margin, r, passes, cv,
-                                                           cost.confidence_level, cost.metric))
-                     for r in grid) if passes >= 2 else ()
+    outcomes = tuple((r, design.cost_outcome_probabilities(
+        cost.margin, r, passes, cv, cost.confidence_level, cost.metric, paired))
+        for r in grid) if passes >= 2 else ()
     decide = tuple((r, design.passes_to_decide(cost.margin, r, cv, cost.confidence_level,
-                                               cost.metric, target)) for r in grid)
+                                               cost.metric, target, paired=paired))
+                   for r in grid)
     return CostDesign(cost.describe(), cost.metric, cost.margin, cost.confidence_level, passes,
                       cv, factor, outcomes, decide)
 
