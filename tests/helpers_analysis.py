@@ -78,7 +78,8 @@ def make_run(tmp: Path, reg: Registration, outputs: Callable[[str, int, int], Ou
              arms: tuple[str, ...] = ("ctl", "trt"),
              events: list[dict] | None = None, run_name: str = "run",
              created_utc: str = "2026-02-01T13:00:00Z",
-             host: Callable[[str, int], dict | None] = lambda arm, p: None) -> Path:
+             host: Callable[[str, int], dict | None] = lambda arm, p: None,
+             gpu: Callable[[str, int], dict | None] = lambda arm, p: None) -> Path:
     """Record a run; ``outputs(arm, pass_index, prompt_index)`` gives each response."""
     run_dir = tmp / run_name
     header = {"run_id": run_name, "registration": reg.reference(), "bistat_version": "0.1.0",
@@ -131,7 +132,8 @@ def make_run(tmp: Path, reg: Registration, outputs: Callable[[str, int, int], Ou
                                 "n_failed": n_failed, "prompt_tokens": 30, "output_tokens": 40,
                                 "output_tokens_per_s": tps, "requests_per_s": n_prompts * tps / 40,
                                 "started_utc": "2026-02-01T13:00:01Z", "batching": {},
-                                **({"host": host(arm, p)} if host(arm, p) is not None else {})})
+                                **({"host": host(arm, p)} if host(arm, p) is not None else {}),
+                                **({"gpu": gpu(arm, p)} if gpu(arm, p) is not None else {})})
             w.append("schedule", {"event": "end", "seq": seq, "arm": arm, "pass_index": p,
                                   "kind": kind, "block": 0, "time_utc": "2026-02-01T13:00:02Z",
                                   "status": status(arm, p), "n_failed": n_failed})

@@ -66,7 +66,7 @@ import re
 from dataclasses import dataclass, field, is_dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -112,7 +112,9 @@ __all__ = [
     "analyze_run",
     "summary_to_dict",
     "time_beyond_graphs",
+    "GpuClocks",
     "HostLoad",
+    "gpu_clocks",
     "host_load",
 ]
 
@@ -161,6 +163,14 @@ class PassSummary:
     host_busy_share: float | None = None
     host_steal_share: float | None = None
     host_other_share: float | None = None
+    #: the GPU during the pass (its ``gpu`` record, bistat.run.gpuload): mean and lowest SM
+    #: clock, hottest temperature, mean power, and the share of samples with a slowdown reason
+    #: active; None where not sampled
+    gpu_sm_clock_mhz: float | None = None
+    gpu_sm_clock_min_mhz: float | None = None
+    gpu_temperature_max_c: float | None = None
+    gpu_power_w: float | None = None
+    gpu_slowdown_share: float | None = None
 
 
 @dataclass(frozen=True)
@@ -606,7 +616,8 @@ def _pass_summaries(tables: _Tables, roles: Mapping[str, str],
             preemptions=b.get("preemptions", _opt_float(batch_rec.get("preemptions"))),
             n_metric_samples=int(b.get("n", 0)), client_in_flight=in_flight.get((arm, pidx)),
             running_hist=b.get("running_hist", _hist_pairs(batch_rec.get("running_hist"))),
-            **_host_shares(rec.get("host"), _opt_float(rec.get("wall_s")))))
+            **_host_shares(rec.get("host"), _opt_float(rec.get("wall_s"))),
+            **_gpu_fields(rec.get("gpu"))))
         if kind == "counted" and not counted and arm in roles:
             deviations.append(f"{arm} counted pass {pidx} (schedule position {seq}) ended "
                               f"'{stat}'; not counted")
@@ -1160,6 +1171,86 @@ def _host_shares(host: Any, wall_s: float | None) -> dict[str, float | None]:
             "host_other_share": min(1.0, max(0.0, busy - own) / capacity)}
 
 
+def _gpu_fields(gpu: Any) -> dict[str, float | None]:
+    """A pass's ``gpu`` record as PassSummary fields; {} without one or without samples."""
+    if not isinstance(gpu, Mapping) or not _opt_int(gpu.get("n_samples")):
+        return {}
+    return {"gpu_sm_clock_mhz": _opt_float(gpu.get("sm_clock_mhz_mean")),
+            "gpu_sm_clock_min_mhz": _opt_float(gpu.get("sm_clock_mhz_min")),
+            "gpu_temperature_max_c": _opt_float(gpu.get("temperature_c_max")),
+            "gpu_power_w": _opt_float(gpu.get("power_w_mean")),
+            "gpu_slowdown_share": _opt_float(gpu.get("slowdown_share"))}
+
+
+@dataclass(frozen=True)
+class GpuClocks:
+    """The GPU's clock, temperature and power over the counted passes, and whether the slow
+    passes were the ones at a lower SM clock (:func:`gpu_clocks`)."""
+
+    #: per arm: (arm, counted passes with samples, median SM clock, lowest SM clock, hottest
+    #: temperature, median power, passes with a slowdown reason active in any sample);
+    #: None where the driver did not report the field
+    arms: tuple[tuple[str, int, float | None, float | None, float | None, float | None, int],
+                ...]
+    #: Spearman's rank correlation over the counted passes between each pass's log wall time
+    #: less its arm's mean and its mean SM clock; None with < 5 passes or no spread
+    rho: float | None
+    p_value: float | None
+    n: int
+
+    @property
+    def slow_at_lower_clock(self) -> bool:
+        """The slower passes ran at lower SM clocks (rho < 0, p < 0.05)."""
+        return self.rho is not None and self.rho < 0 and (self.p_value or 1.0) < 0.05
+
+
+def gpu_clocks(summary: "RunSummary") -> GpuClocks | None:
+    """The GPU over the counted passes (None when no pass was sampled).
+
+    As :func:`host_load` does for the host: within each arm a pass's log wall time less the
+    arm's mean, against its mean SM clock (``scipy.stats.spearmanr``), so that a clock that fell
+    as the GPU warmed shows beside a drift that slowed both arms alike.
+    """
+    from scipy import stats as sps
+
+    rows = [p for p in summary.passes if p.counted and p.wall_s and p.wall_s > 0
+            and any(v is not None for v in (p.gpu_sm_clock_mhz, p.gpu_temperature_max_c,
+                                            p.gpu_power_w, p.gpu_slowdown_share))]
+    if not rows:
+        return None
+
+    def median(values: list[float | None]) -> float | None:
+        vals = [v for v in values if v is not None]
+        return float(np.median(vals)) if vals else None
+
+    def extreme(values: list[float | None], pick: Callable[..., float]) -> float | None:
+        vals = [v for v in values if v is not None]
+        return float(pick(vals)) if vals else None
+
+    arms = []
+    resid: list[float] = []
+    clock: list[float] = []
+    for arm in [a.name for a in summary.arms]:
+        mine = [p for p in rows if p.arm == arm]
+        if not mine:
+            continue
+        arms.append((arm, len(mine), median([p.gpu_sm_clock_mhz for p in mine]),
+                     extreme([p.gpu_sm_clock_min_mhz for p in mine], min),
+                     extreme([p.gpu_temperature_max_c for p in mine], max),
+                     median([p.gpu_power_w for p in mine]),
+                     sum(1 for p in mine if (p.gpu_slowdown_share or 0.0) > 0)))
+        timed = [p for p in mine if p.gpu_sm_clock_mhz is not None]
+        if timed:
+            logs = np.log([p.wall_s for p in timed])
+            resid += list(logs - logs.mean())
+            clock += [float(p.gpu_sm_clock_mhz) for p in timed]
+    rho = p_value = None
+    if len(resid) >= 5 and len(set(clock)) > 1 and np.ptp(resid) > 0:
+        res = sps.spearmanr(resid, clock)
+        rho, p_value = float(res.statistic), float(res.pvalue)
+    return GpuClocks(tuple(arms), rho, p_value, len(resid))
+
+
 @dataclass(frozen=True)
 class HostLoad:
     """How busy the host was during the counted passes, and whether the slow ones were the busy
@@ -1620,4 +1711,11 @@ def summary_to_dict(summary: RunSummary, *, divergences: bool = True,
                  for a, n, b, st, o in load.arms],
         "rho": load.rho, "p_value": load.p_value, "n": load.n,
         "slow_when_busy": load.slow_when_busy}
+    clocks = gpu_clocks(summary)
+    data["gpu_clocks"] = None if clocks is None else {
+        "arms": [{"arm": a, "n_passes": n, "sm_clock_mhz_median": c, "sm_clock_mhz_min": lo,
+                  "temperature_c_max": t, "power_w_median": w, "passes_slowed": k}
+                 for a, n, c, lo, t, w, k in clocks.arms],
+        "rho": clocks.rho, "p_value": clocks.p_value, "n": clocks.n,
+        "slow_at_lower_clock": clocks.slow_at_lower_clock}
     return data

@@ -168,6 +168,7 @@ def run_command(registration: Path | None, resume_dir: Path | None, runs_dir: Pa
     from bistat.store.format import RecordsError
     from bistat.declare.run_registration import RunRegistrationError, run_registration
     from bistat.store.run_dir import RecordedRun
+    from bistat.run.gpuload import GpuSamplingError, sample_interval_s
     from bistat.run.runner import GpuBusyError, ResumeError, new_run_dir, resume_run, start_run
     from bistat.run.workload import WorkloadError
 
@@ -178,6 +179,7 @@ def run_command(registration: Path | None, resume_dir: Path | None, runs_dir: Pa
         raise click.UsageError("--run-dir cannot be combined with --resume")
     reporter = _reporter(no_progress)
     try:
+        sample_interval_s()   # the environment's BISTAT_GPU_SAMPLE_S, before anything is written
         if resume_dir is not None:
             try:
                 recorded = RecordedRun.open(resume_dir)
@@ -225,7 +227,7 @@ def run_command(registration: Path | None, resume_dir: Path | None, runs_dir: Pa
                                     gpu_busy=busy, allow_busy_gpu=allow_busy_gpu)
     except GpuBusyError as exc:
         raise click.ClickException(exc.explain("--allow-busy-gpu")) from exc
-    except (WorkloadError, RecordsError, ResumeError) as exc:
+    except (WorkloadError, RecordsError, ResumeError, GpuSamplingError) as exc:
         raise click.ClickException(str(exc)) from exc
     except OSError as exc:
         if exc.errno != errno.ENOSPC:

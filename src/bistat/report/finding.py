@@ -18,7 +18,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from bistat.engines.registry import capabilities
-from bistat.analysis.summary import RunSummary, host_load, time_beyond_graphs
+from bistat.analysis.summary import RunSummary, gpu_clocks, host_load, time_beyond_graphs
 from bistat.core.classify import format_decided
 from bistat.report.index import RELEASE_COMPARISON_TITLE
 from bistat.core.rule import CostRule, Rule, speed_as_evidence_warnings
@@ -539,7 +539,8 @@ def _throughput(s: RunSummary, plot: str) -> list[str]:
                       "passes (treatment / control)"), ratio_rows), "",
             *_paired_note(s),
             "Wall time and requests/s are whole-pass figures; output tokens/s is what the rule "
-            "compares.", "", *_jit_note(s), *_host_note(s), f"![Per-pass throughput]({plot})",
+            "compares.", "", *_jit_note(s), *_host_note(s), *_gpu_note(s),
+            f"![Per-pass throughput]({plot})",
             ""]
     return out
 
@@ -588,6 +589,36 @@ def _host_note(s: RunSummary) -> list[str]:
         out += [f"Pass time (within each arm, relative to its mean) against the *other* share, "
                 f"Spearman's rho over {load.n} counted passes: {load.rho:.2f} (p = "
                 f"{load.p_value:.3g}): {verdict}.", ""]
+    return out
+
+
+def _gpu_note(s: RunSummary) -> list[str]:
+    """The GPU's SM clock, temperature and power over the counted passes, and whether the slow
+    passes ran at a lower clock (nothing for runs recorded before passes sampled the GPU)."""
+    clocks = gpu_clocks(s)
+    if clocks is None:
+        return []
+
+    def num(x: float | None, unit: str) -> str:
+        return "—" if x is None else f"{x:,.0f} {unit}"
+    rows = [(arm, str(n), num(med, "MHz"), num(low, "MHz"), num(hot, "°C"), num(watts, "W"),
+             str(slowed)) for arm, n, med, low, hot, watts, slowed in clocks.arms]
+    out = ["**GPU clocks.** The GPU the engine ran on, sampled with `nvidia-smi` during the "
+           "counted passes (*SM clock* the median of the passes' means, *lowest* its lowest "
+           "sample; *slowed* counts the passes in which the driver named a power or thermal "
+           "reason holding the clocks down):", "",
+           md_table(("arm", "passes", "SM clock", "lowest", "hottest", "power", "slowed"), rows),
+           ""]
+    if clocks.rho is None:
+        out += [f"Too few counted passes ({clocks.n}) or no spread in the SM clock to relate "
+                "pass times to it.", ""]
+    else:
+        verdict = ("the slower passes ran at lower SM clocks: part of the pass-to-pass variation "
+                   "came from the GPU's clock, not the kernels" if clocks.slow_at_lower_clock
+                   else "no sign that the SM clock set the pass times")
+        out += [f"Pass time (within each arm, relative to its mean) against the pass's mean SM "
+                f"clock, Spearman's rho over {clocks.n} counted passes: {clocks.rho:.2f} (p = "
+                f"{clocks.p_value:.3g}): {verdict}.", ""]
     return out
 
 

@@ -66,6 +66,7 @@ from typing import (
 
 from bistat import __version__
 from bistat.run.batching import batching_summary  # one batching mean, the analysis's too
+from bistat.run.gpuload import GpuMonitor, sample_interval_s
 from bistat.run.hostload import host_record, host_sample
 from bistat.engines.base import (
     Engine,
@@ -424,6 +425,10 @@ class _Session:
         self.passes_run = 0
         self.failed_requests = 0
         self.failed_passes = 0
+        #: samples this machine's GPUs while engines run on them (bistat.run.gpuload)
+        self.gpu_monitor: GpuMonitor | None = None
+        #: the GPUs each arm's engine uses (its fingerprint's UUIDs; empty: all of them)
+        self.gpu_uuids: dict[str, tuple[str, ...]] = {}
 
     # engines ---------------------------------------------------------------------------------
 
@@ -483,12 +488,16 @@ class _Session:
     def _record_started(self, arm: str, block: int, engine: Engine, info: EngineInfo) -> None:
         self.engines[arm] = engine
         self._event(arm, "started", f"block {block}; {info.kind} {info.version}" + (f" ({info.commit})" if info.commit else ""))
+        fingerprint = self._fingerprint(arm, engine)
+        gpus = fingerprint.get("gpus") if isinstance(fingerprint, dict) else None
+        self.gpu_uuids[arm] = tuple(str(g["uuid"]) for g in gpus or ()
+                                    if isinstance(g, dict) and g.get("uuid"))
         self.writer.append(
             "environment",
             {
                 "arm": arm,
                 "block": block,
-                "fingerprint": self._fingerprint(arm, engine),
+                "fingerprint": fingerprint,
                 "engine": {
                     "kind": info.kind,
                     "version": info.version,
@@ -594,6 +603,7 @@ class _Session:
                 self.writer.append("metrics", _metrics_record(planned, sample))
 
         host_before = host_sample()
+        t0_wall = time.time()
         t0 = time.perf_counter()
         try:
             engine.run_pass(requests, concurrency=wl.concurrency, on_result=on_result, on_metrics=on_metrics)
@@ -615,6 +625,8 @@ class _Session:
             raise
         wall_s = time.perf_counter() - t0
         host = host_record(host_before, host_sample())
+        gpu = (self.gpu_monitor.record(t0_wall, time.time(), self.gpu_uuids.get(planned.arm, ()))
+               if self.gpu_monitor is not None else None)
         with state.lock:
             for request in requests:
                 if request.prompt_id not in state.received:
@@ -646,6 +658,7 @@ class _Session:
                 "block": planned.block,
                 "batching": batching_summary(samples, wall_s),
                 **({"host": host} if host is not None else {}),
+                **({"gpu": gpu} if gpu is not None else {}),
             },
         )
         self.passes_run += 1
@@ -665,7 +678,24 @@ class _Session:
 
     # the schedule ----------------------------------------------------------------------------
 
+    def _start_gpu_monitor(self) -> None:
+        """Sample the GPUs during the passes where the engines run on this machine's GPU
+        (``capabilities.local_gpu``) and ``nvidia-smi`` answers (:mod:`bistat.run.gpuload`)."""
+        if not capabilities(self.experiment.engine.kind).local_gpu:
+            return
+        monitor = GpuMonitor(sample_interval_s())
+        if monitor.start():
+            self.gpu_monitor = monitor
+
     def execute(self, blocks: Sequence[Block]) -> RunOutcome:
+        self._start_gpu_monitor()
+        try:
+            return self._execute(blocks)
+        finally:
+            if self.gpu_monitor is not None:
+                self.gpu_monitor.stop()
+
+    def _execute(self, blocks: Sequence[Block]) -> RunOutcome:
         total = sum(len(b.passes) for b in blocks)
         position = 0
         try:
@@ -945,6 +975,7 @@ def start_run(
         Other processes hold the GPU and ``allow_busy_gpu`` is false (``gpu_busy`` not given).
     """
     reporter = reporter or NullReporter()
+    sample_interval_s()   # a malformed BISTAT_GPU_SAMPLE_S stops the run before its directory
     gpu_busy = _gpu_busy_to_record(experiment, gpu_busy, allow_busy_gpu, reporter)
     prompts = _workload_prompts(experiment, base_dir)
     concurrent, why = resolve_engines_concurrent(experiment)
@@ -1040,6 +1071,7 @@ def resume_run(
     is refused (:class:`GpuBusyError`) before anything is written, unless allowed.
     """
     reporter = reporter or NullReporter()
+    sample_interval_s()   # a malformed BISTAT_GPU_SAMPLE_S stops the run before it writes
     run_dir = Path(run_dir)
     header = read_header(run_dir)
     prompts = _workload_prompts(experiment, base_dir)
