@@ -34,7 +34,8 @@ pytestmark = pytest.mark.skipif(shutil.which("bash") is None or shutil.which("pg
 # (KeyboardInterrupt) it records the pass in flight as interrupted, as bistat's runner does, and
 # exits 130. Options in the registration: --ignore-sigint; --rewrite-run-json (run.json rewritten
 # in place each pass, as no bistat file is: snapshots must send it whole); --blob (a 500 KB
-# incompressible file at the start: snapshots in several parts).
+# incompressible file at the start: snapshots in several parts); --finish-after-3 (three passes,
+# then exit 0).
 FAKE_CLI = '''
 import os, sys, time
 from pathlib import Path
@@ -49,9 +50,12 @@ def main():
         signal.signal(signal.SIGINT, lambda *a: None)
     if "--blob" in options:
         (run_dir / "blob.bin").write_bytes(os.urandom(500_000))
+    last = 600
+    if "--finish-after-3" in options:
+        last = 3
     try:
-        for i in range(600):
-            print(f"pass {i + 1}/600 counted", flush=True)
+        for i in range(last):
+            print(f"pass {i + 1}/{last} counted", flush=True)
             with open(run_dir / "passes.jsonl", "a") as f:
                 f.write('{"status": "complete", "pass": %d}\\n' % (i + 1))
             if "--rewrite-run-json" in options:
@@ -62,6 +66,7 @@ def main():
             f.write('{"status": "interrupted"}\\n')
         print("run stopped: interrupted; data kept", flush=True)
         sys.exit(130)
+    print("run complete", flush=True)
 '''
 
 
@@ -235,6 +240,29 @@ def test_snapshots_carry_only_new_bytes_and_unsnap_rebuilds_the_run_byte_for_byt
     assert again.returncode == 0, again.stderr
     assert "up to date at snapshot 3; nothing applied (no-op)" in again.stdout
     assert _tree(here) == _tree(repo / "runs")
+
+
+def test_a_run_that_finished_between_calls_still_sends_what_it_recorded_since(repo):
+    """The run ends after the first call's snapshot and before the next call: the next call
+    finds it finished, and its snapshot carries the passes since; nothing is started again."""
+    (repo / "preregistrations" / "fake.json").write_text('{"options": "--finish-after-3"}')
+    first = _run_bg(repo, "fake", "1", out="c1")
+    assert first.returncode == 3, first.stdout + first.stderr
+    m1, d1, _ = _snapshot(repo / "c1")
+    _wait_for(repo / "runs" / "fake.status", '"status": 0')
+    assert len(d1["fake/passes.jsonl"].splitlines()) < 3
+    second = _run_bg(repo, "fake", "5", out="c2")
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "[bg] fake already finished" in second.stdout and "run complete" in second.stdout
+    m2, d2, _ = _snapshot(repo / "c2")
+    assert m2["snapshot"] == 2 and m2["passes"] == 3
+    assert _entries(m2)["fake/passes.jsonl"]["offset"] == len(d1["fake/passes.jsonl"])
+    here = repo / "here"
+    rebuilt = _unsnap(here, repo / "c1", repo / "c2")
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert _tree(here) == _tree(repo / "runs")
+    assert len((here / "fake" / "passes.jsonl").read_text().splitlines()) == 3
+    assert (repo / "runs" / "fake.log").read_text().count("pass 1/3 counted") == 1  # not rerun
 
 
 def test_a_rewritten_file_goes_whole_and_is_rebuilt_right(repo):

@@ -51,7 +51,11 @@ if [ "${1:-}" = "--stop" ]; then STOP=1; shift; fi
 NAME=${1:?usage: run_bg.sh [--stop] NAME [SECONDS]}
 REG="$REPO/preregistrations/$NAME.json"; RUN="$REPO/runs/$NAME"; LOG="$REPO/runs/$NAME.log"
 PIDF="$REPO/runs/$NAME.pid"; STATUS="$REPO/runs/$NAME.status"
-alive() { [ -f "$PIDF" ] && kill -0 "$(cat "$PIDF")" 2>/dev/null; }
+proc_alive() {   # the wrapper's process is there (an exited one nobody reaps is a zombie,
+  local pid; pid=$(cat "$PIDF" 2>/dev/null) || return 1   # which kill -0 still finds)
+  kill -0 "$pid" 2>/dev/null && ! grep -qE '^[0-9]+ \(.*\) Z' "/proc/$pid/stat" 2>/dev/null
+}
+alive() { [ ! -s "$STATUS" ] && proc_alive; }   # the wrapper writes STATUS last
 snapshot() {   # what runs/NAME recorded since the last snapshot, into $OUT (snap.py)
   [ -n "${OUT:-}" ] && [ -d "$RUN" ] || return 0
   nice -n 19 python3 -E "$(dirname "$0")/snap.py" make "$REPO/runs" "$NAME" "$OUT" \
@@ -70,6 +74,8 @@ if [ "$STOP" = 1 ]; then
     echo "[bg] $NAME did not stop within ${GRACE} s: SIGTERM, then SIGKILL, to its process group"
     kill -TERM -- "-$group" 2>/dev/null; sleep 5; kill -KILL -- "-$group" 2>/dev/null
   fi
+  t1=$SECONDS   # its exit, and its reaping where something reaps it (at most 5 s)
+  while kill -0 "$group" 2>/dev/null && [ $((SECONDS - t1)) -lt 5 ]; do sleep 0.2; done
   gpu_clean
   tail -n 3 "$LOG" 2>/dev/null
   snapshot
@@ -80,7 +86,10 @@ BUDGET=${2:-540}; WATCH=$((BUDGET - ${SNAP_RESERVE_S:-20}))   # bash's SECONDS: 
 [ -f "$REG" ] || { echo "run_bg: $REG not found"; exit 1; }
 mkdir -p "$REPO/runs"
 if ! alive; then
-  if grep -q '"status": 0' "$STATUS" 2>/dev/null; then echo "[bg] $NAME already finished"; exit 0; fi
+  if grep -q '"status": 0' "$STATUS" 2>/dev/null; then   # it ended between calls: what it
+    echo "[bg] $NAME already finished"; tail -n 3 "$LOG"   # recorded since the last snapshot
+    snapshot; exit 0                                       # comes back all the same
+  fi
   rm -f "$STATUS"
   # Never a twin: a run left running without its pid file (session 5: the repo copy's runs/ was
   # wiped between calls) would otherwise get a second one writing into the same path. (A GPU
