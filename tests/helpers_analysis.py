@@ -138,3 +138,18 @@ def make_run(tmp: Path, reg: Registration, outputs: Callable[[str, int, int], Ou
                                   "kind": kind, "block": 0, "time_utc": "2026-02-01T13:00:02Z",
                                   "status": status(arm, p), "n_failed": n_failed})
     return run_dir
+
+
+def within_arm_spearman(summary: Any, field: str, arms: tuple[str, ...] = ("ctl", "trt")) -> Any:
+    """``scipy.stats.spearmanr`` of the counted passes' log wall times less their arm's mean
+    against each pass's ``field`` (the analysis's host and GPU notes, computed again by hand)."""
+    import math
+
+    from scipy import stats as sps
+    resid, values = [], []
+    for arm in arms:
+        mine = [q for q in summary.passes if q.arm == arm and q.counted]
+        mean = sum(math.log(q.wall_s) for q in mine) / len(mine)
+        resid += [math.log(q.wall_s) - mean for q in mine]
+        values += [getattr(q, field) for q in mine]
+    return sps.spearmanr(resid, values)

@@ -10,7 +10,6 @@ by 10 MHz a query, and it refuses fields the way ``nvidia-smi`` refuses a field 
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import time
@@ -18,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from scipy import stats as sps
 
 import bistat
 import fakes
@@ -29,7 +27,7 @@ from bistat.run import gpuload
 from bistat.run.gpuload import (GpuMonitor, GpuSample, GpuSamplingError, gpu_pass_record,
                                 parse_samples, sample_interval_s)
 from bistat.store.readers import read_jsonl, read_table
-from helpers_analysis import declaration, make_run, register_tiny
+from helpers_analysis import declaration, make_run, register_tiny, within_arm_spearman
 
 FAKE_SMI = r'''#!{python}
 import os, sys
@@ -310,13 +308,7 @@ def test_the_analysis_relates_slow_passes_to_a_lower_sm_clock(tmp_path):
     p2 = next(p for p in s.passes if (p.arm, p.pass_index) == ("ctl", 2))
     assert (p2.gpu_sm_clock_mhz, p2.gpu_sm_clock_min_mhz, p2.gpu_temperature_max_c,
             p2.gpu_power_w, p2.gpu_slowdown_share) == (1648.0, 1500.0, 62.0, 690.0, 0.75)
-    resid, clock = [], []
-    for arm in ("ctl", "trt"):
-        mine = [q for q in s.passes if q.arm == arm and q.counted]
-        mean = sum(math.log(q.wall_s) for q in mine) / len(mine)
-        resid += [math.log(q.wall_s) - mean for q in mine]
-        clock += [q.gpu_sm_clock_mhz for q in mine]
-    expected = sps.spearmanr(resid, clock)
+    expected = within_arm_spearman(s, "gpu_sm_clock_mhz")
     assert clocks.rho == pytest.approx(expected.statistic) and clocks.rho < -0.6
     assert clocks.p_value == pytest.approx(expected.pvalue) and clocks.slow_at_lower_clock
     # per arm: passes, median SM clock, lowest, hottest, median power, passes slowed

@@ -4,17 +4,14 @@ analysis, stated in the finding. On 2026-12-03 the quickstart's blas passes took
 
 from __future__ import annotations
 
-import json
-import math
 import time
 
 import pytest
-from scipy import stats as sps
 
 from bistat.analysis.summary import analyze_run, host_load, summary_to_dict
 from bistat.report.finding import render_markdown
 from bistat.run.hostload import host_record, host_sample
-from helpers_analysis import declaration, make_run, register_tiny
+from helpers_analysis import declaration, make_run, register_tiny, within_arm_spearman
 
 psutil = pytest.importorskip("psutil")
 
@@ -54,13 +51,7 @@ def test_the_analysis_relates_slow_passes_to_the_hosts_other_load(tmp_path):
     assert (p1.host_other_share, p1.host_busy_share, p1.host_steal_share) == pytest.approx(
         (0.7, 0.9, 0.005))
     # Spearman's rho of the within-arm log wall time residuals against the other share
-    resid, other = [], []
-    for arm in ("ctl", "trt"):
-        mine = [q for q in s.passes if q.arm == arm and q.counted]
-        mean = sum(math.log(q.wall_s) for q in mine) / len(mine)
-        resid += [math.log(q.wall_s) - mean for q in mine]
-        other += [q.host_other_share for q in mine]
-    expected = sps.spearmanr(resid, other)
+    expected = within_arm_spearman(s, "host_other_share")
     assert load.rho == pytest.approx(expected.statistic) and load.rho > 0.6
     assert load.p_value == pytest.approx(expected.pvalue) and load.slow_when_busy
     assert [(a, n) for a, n, *_ in load.arms] == [("ctl", 6), ("trt", 6)]

@@ -1211,8 +1211,6 @@ def gpu_clocks(summary: "RunSummary") -> GpuClocks | None:
     arm's mean, against its mean SM clock (``scipy.stats.spearmanr``), so that a clock that fell
     as the GPU warmed shows beside a drift that slowed both arms alike.
     """
-    from scipy import stats as sps
-
     rows = [p for p in summary.passes if p.counted and p.wall_s and p.wall_s > 0
             and any(v is not None for v in (p.gpu_sm_clock_mhz, p.gpu_temperature_max_c,
                                             p.gpu_power_w, p.gpu_slowdown_share))]
@@ -1227,28 +1225,44 @@ def gpu_clocks(summary: "RunSummary") -> GpuClocks | None:
         vals = [v for v in values if v is not None]
         return float(pick(vals)) if vals else None
 
-    arms = []
+    groups = _by_arm(summary, rows)
+    arms = tuple((arm, len(mine), median([p.gpu_sm_clock_mhz for p in mine]),
+                  extreme([p.gpu_sm_clock_min_mhz for p in mine], min),
+                  extreme([p.gpu_temperature_max_c for p in mine], max),
+                  median([p.gpu_power_w for p in mine]),
+                  sum(1 for p in mine if (p.gpu_slowdown_share or 0.0) > 0))
+                 for arm, mine in groups)
+    return GpuClocks(arms, *_pass_time_against(groups, lambda p: p.gpu_sm_clock_mhz))
+
+
+def _by_arm(summary: "RunSummary", rows: list[PassSummary]
+            ) -> list[tuple[str, list[PassSummary]]]:
+    """``rows`` grouped by arm, in declaration order (arms without a row left out)."""
+    groups = [(arm, [p for p in rows if p.arm == arm]) for arm in [a.name for a in summary.arms]]
+    return [(arm, mine) for arm, mine in groups if mine]
+
+
+def _pass_time_against(groups: list[tuple[str, list[PassSummary]]],
+                       value: Callable[[PassSummary], float | None]
+                       ) -> tuple[float | None, float | None, int]:
+    """Spearman's rho (``scipy.stats.spearmanr``) and its p-value of each pass's log wall time
+    less its arm's mean against ``value(pass)``, over the passes with a value, and how many
+    there were; no rho with fewer than 5 or without spread on either side. Within each arm, so
+    that the arms' own speeds do not make a correlation."""
+    from scipy import stats as sps
+
     resid: list[float] = []
-    clock: list[float] = []
-    for arm in [a.name for a in summary.arms]:
-        mine = [p for p in rows if p.arm == arm]
-        if not mine:
-            continue
-        arms.append((arm, len(mine), median([p.gpu_sm_clock_mhz for p in mine]),
-                     extreme([p.gpu_sm_clock_min_mhz for p in mine], min),
-                     extreme([p.gpu_temperature_max_c for p in mine], max),
-                     median([p.gpu_power_w for p in mine]),
-                     sum(1 for p in mine if (p.gpu_slowdown_share or 0.0) > 0)))
-        timed = [p for p in mine if p.gpu_sm_clock_mhz is not None]
+    xs: list[float] = []
+    for _, mine in groups:
+        timed = [p for p in mine if value(p) is not None]
         if timed:
             logs = np.log([p.wall_s for p in timed])
             resid += list(logs - logs.mean())
-            clock += [float(p.gpu_sm_clock_mhz) for p in timed]
-    rho = p_value = None
-    if len(resid) >= 5 and len(set(clock)) > 1 and np.ptp(resid) > 0:
-        res = sps.spearmanr(resid, clock)
-        rho, p_value = float(res.statistic), float(res.pvalue)
-    return GpuClocks(tuple(arms), rho, p_value, len(resid))
+            xs += [float(value(p)) for p in timed]
+    if len(resid) >= 5 and len(set(xs)) > 1 and np.ptp(resid) > 0:
+        res = sps.spearmanr(resid, xs)
+        return float(res.statistic), float(res.pvalue), len(resid)
+    return None, None, len(resid)
 
 
 @dataclass(frozen=True)
@@ -1277,31 +1291,17 @@ def host_load(summary: "RunSummary") -> HostLoad | None:
     arms' own speeds do not make a correlation; Spearman's rho (``scipy.stats.spearmanr``) of
     those residuals against the share of CPU time used by processes other than bistat's own.
     """
-    from scipy import stats as sps
-
     rows = [p for p in summary.passes if p.counted and p.host_busy_share is not None
             and p.wall_s and p.wall_s > 0]
     if not rows:
         return None
-    arms = []
-    resid: list[float] = []
-    other: list[float] = []
-    for arm in [a.name for a in summary.arms]:
-        mine = [p for p in rows if p.arm == arm]
-        if not mine:
-            continue
-        arms.append((arm, len(mine),
-                     float(np.median([p.host_busy_share for p in mine])),
-                     float(np.median([p.host_steal_share for p in mine])),
-                     float(np.median([p.host_other_share for p in mine]))))
-        logs = np.log([p.wall_s for p in mine])
-        resid += list(logs - logs.mean())
-        other += [p.host_other_share for p in mine]
-    rho = p_value = None
-    if len(resid) >= 5 and len(set(other)) > 1 and np.ptp(resid) > 0:
-        res = sps.spearmanr(resid, other)
-        rho, p_value = float(res.statistic), float(res.pvalue)
-    return HostLoad(tuple(arms), rho, p_value, len(resid))
+    groups = _by_arm(summary, rows)
+    arms = tuple((arm, len(mine),
+                  float(np.median([p.host_busy_share for p in mine])),
+                  float(np.median([p.host_steal_share for p in mine])),
+                  float(np.median([p.host_other_share for p in mine])))
+                 for arm, mine in groups)
+    return HostLoad(arms, *_pass_time_against(groups, lambda p: p.host_other_share))
 
 
 def time_beyond_graphs(summary: "RunSummary") -> list[BeyondGraphs]:

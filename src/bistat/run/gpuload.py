@@ -107,8 +107,8 @@ def sample_interval_s(environ: dict[str, str] | None = None) -> float:
     except ValueError:
         value = math.nan
     if not (math.isfinite(value) and value >= 0):
-        raise GpuSamplingError(f"{INTERVAL_ENV}={raw!r}: not a number of seconds >= 0; set it to the "
-                         "GPU sampling interval (e.g. 1) or 0 to turn sampling off")
+        raise GpuSamplingError(f"{INTERVAL_ENV}={raw!r}: not a number of seconds >= 0; set it "
+                               "to the GPU sampling interval (e.g. 1) or 0 to turn sampling off")
     return value
 
 
