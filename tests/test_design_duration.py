@@ -403,7 +403,8 @@ def test_records_without_times_say_so(tmp_path):
      "events.jsonl:2: not a JSON line"),
     ("passes.jsonl", lambda t: t.replace("\n", "\n{oops\n", 1),
      "passes.jsonl:2: not a JSON line"),
-    ("run.json", lambda t: t[:-3], "run.json: not JSON"),
+    ("run.json", lambda t: t[:-3], "run.json: not valid JSON"),
+    ("run.json", lambda t: "[]", "run.json: expected a JSON object"),
     ("events.jsonl", lambda t: t.replace("T09:01:40", "T9h01", 1),
      "events.jsonl:2: time_utc '2026-12-03T9h01"),
 ])
@@ -469,3 +470,26 @@ def test_a_concurrent_plan_timed_from_a_serial_run_prices_one_first_start_per_en
         "engines: 2 x 125 s, one engine's first start each; 10 passes at 11.0 s;")
     assert ("  engine start: 2 x 125.0 s (all the arms' engines, one engine's first start each: "
             "the earlier run started one at a time)\n") in format_design(report)
+
+
+def test_one_design_analysis_reads_each_file_of_the_earlier_run_once(tmp_path, monkeypatch):
+    """The CV, the paired CV and the timing all read passes.jsonl: once per analysis while the
+    file stays as it was, and again once it changes (a run that went on since)."""
+    run = _write_run(tmp_path / "old", SERIAL_BLOCKS)
+    reads: list[str] = []
+    real = dr.iter_jsonl_strict
+
+    def counting(path):
+        reads.append(Path(path).name)
+        return real(path)
+    monkeypatch.setattr(dr, "iter_jsonl_strict", counting)
+    dr._read_strict_once.cache_clear()
+    first = _report(_declaration(run))
+    assert sorted(reads) == ["events.jsonl", "passes.jsonl"]
+    assert _report(_declaration(run)) == first and len(reads) == 2      # nothing read again
+    with open(run / "passes.jsonl", "a") as f:                          # the run went on
+        f.write(json.dumps({"arm": "blas", "kind": "counted", "status": "complete",
+                            "wall_s": 500.0, "output_tokens_per_s": 1.0,
+                            "started_utc": "2026-12-03T11:00:00Z"}) + "\n")
+    changed = _report(_declaration(run))
+    assert reads.count("passes.jsonl") == 2 and changed.cv != first.cv

@@ -39,6 +39,7 @@ validity check), so a run estimated over ``design.time_budget_s`` is warned abou
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import math
 import statistics
@@ -54,7 +55,7 @@ from bistat.core import design, stats
 from bistat.declare.experiment import DeclarationError, Experiment, validate_experiment
 from bistat.core.schedule import Block, plan_schedule
 from bistat.store.format import RecordsError, parse_time
-from bistat.store.readers import iter_jsonl_strict
+from bistat.store.readers import iter_jsonl_strict, read_header
 from bistat.core.rule import (
     ControlDiverges,
     CostRule,
@@ -347,11 +348,23 @@ class DesignReport:
 # --------------------------------------------------------------------------------------------
 
 
-def _read_strict(path: Path) -> list[tuple[int, dict[str, Any]]]:
+def _read_strict(path: Path) -> tuple[tuple[int, dict[str, Any]], ...]:
     """The records of an earlier run's JSONL file (:func:`iter_jsonl_strict`): damage is a
-    :class:`DesignError` naming the file and line."""
+    :class:`DesignError` naming the file and line. One design analysis asks for ``passes.jsonl``
+    three times (the CV, the paired CV, the timing): the file is read once while its size and
+    modification time stay the same (the records are shared; nothing here changes them)."""
     try:
-        return list(iter_jsonl_strict(path))
+        st = path.stat()
+    except OSError:
+        return _read_strict_once(str(path), None, None)
+    return _read_strict_once(str(path), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _read_strict_once(path: str, mtime_ns: int | None, size: int | None
+                      ) -> tuple[tuple[int, dict[str, Any]], ...]:
+    try:
+        return tuple(iter_jsonl_strict(Path(path)))
     except RecordsError as exc:
         raise DesignError(f"design.cv_from: {exc}") from None
 
@@ -485,13 +498,9 @@ def timing_from_run(run_dir: str | Path) -> RunTiming:
     run_json = run_dir / "run.json"
     if run_json.is_file():
         try:
-            meta = json.loads(run_json.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise DesignError(f"design.cv_from: {run_json}: not JSON ({exc}); the run's "
-                              "records are damaged") from None
-        if not isinstance(meta, dict):
-            raise DesignError(f"design.cv_from: {run_json}: not a JSON object; the run's "
-                              "records are damaged")
+            meta = read_header(run_dir)
+        except (RecordsError, UnicodeDecodeError) as exc:
+            raise DesignError(f"design.cv_from: {exc}; the run's records are damaged") from None
         if meta.get("created_utc") is not None:
             created = _time(meta["created_utc"], run_json, None, "created_utc")
         else:
