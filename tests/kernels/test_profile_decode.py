@@ -299,3 +299,61 @@ def test_plugin_calls_names_the_launch_of_each_tuned_gemm():
          "calls": 72},
         {"n": 4096, "k": 12288, "block_m": 16, "block_n": 64, "block_k": 128, "split_k": 2,
          "calls": 36}]
+
+
+WHEELS = Path("/tmp/vllmwheels")
+
+
+@pytest.mark.parametrize("version", ["0.25.0", "0.34.0"])
+def test_the_worker_calls_only_what_the_vllm_release_accepts(version):
+    """The worker's vLLM calls, checked against the release's own source without a GPU: each
+    keyword it gives LLM(...) and SamplingParams(...) is a parameter there (LLM's **kwargs go to
+    EngineArgs, whose fields they must then be), and each name it imports exists. It had run on
+    0.25.0 only; the next device session profiles on 0.34.0 (skipped where the wheel is not on
+    this machine: pip download vllm==VERSION --no-deps -d /tmp/vllmwheels)."""
+    import ast
+    import zipfile
+
+    wheel = WHEELS / f"vllm-{version}-cp38-abi3-manylinux_2_28_x86_64.whl"
+    if not wheel.is_file():
+        pytest.skip(f"{wheel} is not on this machine")
+    with zipfile.ZipFile(wheel) as zf:
+        def source(rel: str) -> ast.Module:
+            return ast.parse(zf.read(rel).decode())
+
+        def params(tree: ast.Module, cls: str, method: str | None) -> set[str]:
+            node = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls)
+            if method is None:   # a dataclass or msgspec struct: its annotated fields
+                return {s.target.id for s in node.body if isinstance(s, ast.AnnAssign)
+                        and isinstance(s.target, ast.Name)}
+            fn = next(n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == method)
+            return {a.arg for a in fn.args.args + fn.args.kwonlyargs}
+
+        llm = params(source("vllm/entrypoints/llm.py"), "LLM", "__init__")
+        engine_args = params(source("vllm/engine/arg_utils.py"), "EngineArgs", None)
+        sampling = params(source("vllm/sampling_params.py"), "SamplingParams", None)
+        names = {rel: {a.asname or a.name for n in ast.walk(source(rel))
+                       if isinstance(n, ast.ImportFrom) for a in n.names}
+                 | {n.name for n in ast.walk(source(rel))
+                    if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+                 | {t.id for n in ast.walk(source(rel)) if isinstance(n, ast.Assign)
+                    for t in n.targets if isinstance(t, ast.Name)}
+                 for rel in ("vllm/__init__.py", "vllm/inputs/__init__.py",
+                             "vllm/plugins/__init__.py")}
+        version_py = zf.read("vllm/_version.py").decode()
+        init_py = zf.read("vllm/__init__.py").decode()
+    worker = ast.parse(SCRIPT.read_text())
+
+    def keywords(callee: str) -> set[str]:
+        return {k.arg for n in ast.walk(worker) if isinstance(n, ast.Call)
+                and isinstance(n.func, ast.Name) and n.func.id == callee for k in n.keywords}
+    used_llm, used_sp = keywords("LLM"), keywords("SamplingParams")
+    assert {"load_format", "max_num_seqs", "seed"} <= used_llm and "detokenize" in used_sp
+    assert used_llm - llm <= engine_args, used_llm - llm - engine_args
+    assert used_sp <= sampling, used_sp - sampling
+    # vllm/__init__.py exports lazily in later releases (a table of names as strings)
+    assert {"LLM", "SamplingParams"} <= names["vllm/__init__.py"] or all(
+        f'"{n}"' in init_py for n in ("LLM", "SamplingParams"))
+    assert "TokensPrompt" in names["vllm/inputs/__init__.py"]
+    assert "load_general_plugins" in names["vllm/plugins/__init__.py"]
+    assert "__commit_id__" in version_py
