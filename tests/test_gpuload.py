@@ -50,8 +50,9 @@ if fields[0] == "name":
     sys.exit(0)
 state = os.environ["FAKE_SMI_STATE"]
 k = int(open(state).read()) if os.path.exists(state) else 0
-open(state + ".tmp", "w").write(str(k + 1))
-os.replace(state + ".tmp", state)                 # readers never see a half-written count
+tmp = f"{{state}}.{{os.getpid()}}"                   # two queries at once each write their own
+open(tmp, "w").write(str(k + 1))
+os.replace(tmp, state)                            # readers never see a half-written count
 reason = ", 0x0000000000000004" if k % 2 else ", 0x0000000000000001"
 tail = reason if len(fields) == 7 else ""
 print(f"GPU-aaa, {{1980 - 10 * k}}, 3201, {{40 + k}}, {{300.5 + k}}, 99{{tail}}")
