@@ -416,3 +416,28 @@ def test_the_snapshot_reserve_shortens_the_watch(repo):
     assert "[bg] snapshot 1:" in call.stdout
     assert 1 <= elapsed < 4.5                             # watched about 6 - 4 s, then snapshot
     assert _run_bg(repo, "--stop", "fake", "20", out="c2").returncode == 0
+
+
+def test_a_wrapper_left_as_a_zombie_counts_as_ended(repo):
+    """A wrapper that exited without writing its status and that nothing reaped stays a zombie,
+    which ``kill -0`` still finds: read as alive, every later call would watch a dead run until
+    its time ran out. Here the zombie is a child of this test, left unreaped on purpose."""
+    zombie = subprocess.Popen(["true"])
+    try:
+        stat = Path(f"/proc/{zombie.pid}/stat")
+        t0 = time.monotonic()
+        while " Z " not in stat.read_text() and time.monotonic() - t0 < 10:
+            time.sleep(0.05)
+        assert " Z " in stat.read_text()                  # exited, not reaped
+        (repo / "runs").mkdir()
+        (repo / "runs" / "fake.pid").write_text(str(zombie.pid))
+        os.kill(zombie.pid, 0)                            # what kill -0 alone would call alive
+        stop = _run_bg(repo, "--stop", "fake", "2", out="c1")
+        assert stop.returncode == 0 and "[bg] fake is not running" in stop.stdout, stop.stdout
+        watched = _run_bg(repo, "fake", "1", out="c2")
+        assert watched.returncode == 3, watched.stdout + watched.stderr
+        assert "[bg] starting" in watched.stdout          # a new run, not a watch of the dead one
+        assert int((repo / "runs" / "fake.pid").read_text()) != zombie.pid
+        assert _run_bg(repo, "--stop", "fake", "20", out="c3").returncode == 0
+    finally:
+        zombie.wait()
