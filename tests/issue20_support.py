@@ -138,28 +138,31 @@ n_prompts = {n_prompts}
 max_tokens = {max_tokens}
 concurrency = {concurrency}
 passes = {passes}
-warmup_passes = 0
+warmup_passes = {warmup_passes}
 order = "abba"
 seed = 3
 ignore_eos = true
 
 [validity]
 min_mean_running = false
-
+{extra}
 [rule]
 otherwise = "reported as observed"
 
 [[rule.labels]]
 label = "working"
-all = [ {{ criterion = "match_lower_bound", arm = "treatment", at_least = 0.5 }} ]
+all = [ {working} ]
 """
 
 
 def declaration(name: str, model: str, *, kind: str = "embedded", **fields: object) -> str:
-    """The TOML of a small two-arm experiment (blas control, invariant treatment)."""
+    """The TOML of a small two-arm experiment (blas control, invariant treatment). ``extra``:
+    whole sections put before ``[rule]``; ``working``: the one label's criteria, TOML inline
+    tables separated by commas."""
     values: dict[str, object] = {
         "name": name, "kind": kind, "model": model, "source": "builtin:chat", "n_prompts": 8,
-        "max_tokens": 4, "concurrency": 4, "passes": 3}
+        "max_tokens": 4, "concurrency": 4, "passes": 3, "warmup_passes": 0, "extra": "",
+        "working": '{ criterion = "match_lower_bound", arm = "treatment", at_least = 0.5 }'}
     if kind == "embedded":
         values.update(engine_args="max_batch_size = 4", blas_args='gemm = "blas"',
                       invariant_args='gemm = "invariant"')

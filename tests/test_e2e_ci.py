@@ -20,58 +20,19 @@ from click.testing import CliRunner
 
 from bistat.analysis.summary import analyze_run
 from bistat.cli import cli
+from issue20_support import declaration
 
 pytestmark = pytest.mark.model
 
 ROOT = Path(__file__).resolve().parents[1]
 
-DECLARATION = """\
-name = "{name}"
-hypothesis = "The invariant GEMM gives bitwise-identical outputs whatever the batch; blas need not."
-
-[engine]
-kind = "{kind}"
-model = "smollm2-135m"
-args = {{ {engine_args} }}
-
-[[arms]]
-name = "blas"
-role = "control"
-args = {{ {blas_args} }}
-
-[[arms]]
-name = "invariant"
-role = "treatment"
-args = {{ {invariant_args} }}
-
-[workload]
-source = "builtin:chat"
-n_prompts = 12
-max_tokens = 6
-concurrency = 6
-passes = 2
-warmup_passes = 1
-order = "abba"
-seed = 3
-ignore_eos = true
-
-[match]
-unit = "token_ids+logprobs"
-
-[validity]
-min_mean_running = false
-
-[design]
-expected_cv = 0.1
-
-[rule]
-otherwise = "reported as observed"
-
-[[rule.labels]]
-label = "working"
-all = [ {{ criterion = "match_lower_bound", arm = "treatment", at_least = 0.7 }},
-        {{ criterion = "throughput_slower", bound = 1.0 }} ]
-"""
+# The acceptance tests' two-arm template at this job's size, with a [match] unit, a [design]
+# and a throughput criterion beside the match bound in its label.
+JOB = dict(model="smollm2-135m", n_prompts=12, max_tokens=6, concurrency=6, passes=2,
+           warmup_passes=1, extra='\n[match]\nunit = "token_ids+logprobs"\n\n[design]\n'
+                                  'expected_cv = 0.1\n',
+           working='{ criterion = "match_lower_bound", arm = "treatment", at_least = 0.7 },\n'
+                   '        { criterion = "throughput_slower", bound = 1.0 }')
 
 
 @pytest.fixture(autouse=True)
@@ -87,7 +48,8 @@ def _model_cached():
 def _job(tmp_path: Path, monkeypatch, name: str, **fields: str) -> Path:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "experiments").mkdir()
-    (tmp_path / "experiments" / f"{name}.toml").write_text(DECLARATION.format(name=name, **fields))
+    (tmp_path / "experiments" / f"{name}.toml").write_text(
+        declaration(name, **{**JOB, **fields}))
     runner = CliRunner()
     for args in (["register", f"experiments/{name}.toml"],
                  ["run", f"preregistrations/{name}.json", "--run-dir", f"runs/{name}",
