@@ -493,3 +493,25 @@ def test_one_design_analysis_reads_each_file_of_the_earlier_run_once(tmp_path, m
                             "started_utc": "2026-12-03T11:00:00Z"}) + "\n")
     changed = _report(_declaration(run))
     assert reads.count("passes.jsonl") == 2 and changed.cv != first.cv
+
+
+def test_a_rule_on_speed_with_one_engine_at_a_time_is_warned_of_clustered_passes():
+    """Passes of one engine start share its speed; the per-pass intervals treat them as
+    independent (tests/test_engine_starts.py simulates the coverage). Only a rule that reads
+    speed is warned, and only when the engines run one at a time."""
+    def warned(text: str) -> list[str]:
+        exp = validate_experiment(tomllib.loads(text), "experiments/t.toml")
+        return [w for w in analyse_design(exp).warnings
+                if w.startswith("engine.engines_concurrent: one engine at a time")]
+    cost = '[rule.cost]\nmetric = "throughput"\nmargin = 0.05\n'
+    assert warned(DECLARATION) == []                                   # match criteria only
+    (w,) = warned(DECLARATION + cost)
+    assert "about 89 % coverage for a 95 % interval" in w
+    assert "engine.engines_concurrent = true" in w and "each engine start as one observation" in w
+    assert warned(DECLARATION.replace("engines_concurrent = false", "engines_concurrent = true")
+                  + cost) == []
+    throughput = DECLARATION.replace(
+        'all = [ { criterion = "match_lower_bound", at_least = 0.99 } ]',
+        'all = [ { criterion = "match_lower_bound", at_least = 0.99 },\n'
+        '        { criterion = "throughput_slower", bound = 1.0 } ]')
+    assert len(warned(throughput)) == 1

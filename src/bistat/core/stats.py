@@ -16,6 +16,8 @@ Contents
 - :func:`ratio_of_geometric_means` -- the point estimate alone (one pass per arm suffices).
 - :func:`tost_ratio` -- TOST equivalence of the throughput ratio within declared margins.
 - :func:`pooled_cv` -- pooled pass-to-pass coefficient of variation.
+- :func:`block_effect_test` -- whether passes of one engine start are more alike than passes of
+  different starts (nested F test on log throughput).
 """
 
 from __future__ import annotations
@@ -34,14 +36,17 @@ _sm_mcnemar = lazy_function("statsmodels.stats.contingency_tables", "mcnemar")
 _sm_confint_2indep = lazy_function("statsmodels.stats.proportion", "confint_proportions_2indep")
 _sm_proportion_confint = lazy_function("statsmodels.stats.proportion", "proportion_confint")
 _sm_ttost_ind = lazy_function("statsmodels.stats.weightstats", "ttost_ind")
+_sm_ols = lazy_function("statsmodels.regression.linear_model", "OLS")
 
 __all__ = [
     "ALTERNATIVES",
+    "BlockEffect",
     "CVResult",
     "Interval",
     "McNemarResult",
     "RatioResult",
     "TostResult",
+    "block_effect_test",
     "intervals_overlap",
     "match_fraction",
     "mcnemar_test",
@@ -222,6 +227,30 @@ class CVResult:
     sd_log: float
     df: int
     n_groups: int
+
+
+@dataclass(frozen=True)
+class BlockEffect:
+    """Result of :func:`block_effect_test`.
+
+    Attributes
+    ----------
+    f_stat, p_value : float
+        The F statistic of the blocks within each group and its upper-tail p-value.
+    df_blocks, df_resid : int
+        Its degrees of freedom: blocks beyond one per group, and values beyond one per block.
+    n_values, n_blocks, n_groups : int
+        The values, the blocks holding at least one, and the groups holding at least one.
+    """
+
+    f_stat: float
+    p_value: float
+    df_blocks: int
+    df_resid: int
+    n_values: int
+    n_blocks: int
+    n_groups: int
+    method: str = "nested-f-log"
 
 
 # --------------------------------------------------------------------------------------------
@@ -910,3 +939,78 @@ def pooled_cv(groups: Sequence[Sequence[float]]) -> CVResult:
         )
     sd_log = math.sqrt(ss / df)
     return CVResult(cv=math.sqrt(math.expm1(sd_log**2)), sd_log=sd_log, df=df, n_groups=n_groups)
+
+
+def block_effect_test(groups: Sequence[Sequence[Sequence[float]]]) -> BlockEffect:
+    """Whether values of one block are more alike than values of different blocks of the same
+    group: the nested F test on their logs.
+
+    Parameters
+    ----------
+    groups : sequence of sequences of sequences of float
+        ``groups[g][b]`` is block ``b`` of group ``g``, its values all ``> 0``: in bistat a
+        group is an arm and a block one start of its engine, each value a pass's throughput.
+        Empty blocks are left out.
+
+    Returns
+    -------
+    BlockEffect
+
+    Raises
+    ------
+    ValueError
+        If no group has two blocks (nothing to test), no block has two values (no
+        within-block variation to test against), or a value is not finite and positive.
+
+    Notes
+    -----
+    The full linear model gives every (group, block) cell its own mean, the reduced one every
+    group its own; ``F = ((RSS_r - RSS_f) / (c - g)) / (RSS_f / (n - c))`` for ``n`` values in
+    ``c`` cells of ``g`` groups, computed by statsmodels (``OLS.compare_f_test``). With one
+    group it is one-way ANOVA's F. A significant F says the blocks differ beyond the values'
+    own scatter: the values are then not independent, and an interval that treats them as if
+    they were is too narrow; the blocks' means, one observation each, are then the units.
+
+    References
+    ----------
+    .. [1] D. C. Montgomery, Design and Analysis of Experiments, 8th ed., Wiley (2013),
+           chapter 14 (the two-stage nested design).
+
+    Examples
+    --------
+    >>> r = block_effect_test([[[100.0, 101.0], [110.0, 111.0]], [[90.0, 91.0], [99.0]]])
+    >>> round(r.f_stat, 1), r.df_blocks, r.df_resid, r.n_blocks
+    (142.3, 2, 3, 4)
+    """
+    y: list[float] = []
+    cells: list[int] = []
+    owners: list[int] = []
+    n_cells = 0
+    blocks_of = []
+    for g, blocks in enumerate(groups):
+        kept = 0
+        for b, values in enumerate(blocks):
+            if len(values) == 0:
+                continue
+            arr = _positive_sample(values, f"groups[{g}][{b}]", min_size=1)
+            y += list(np.log(arr))
+            cells += [n_cells] * arr.size
+            owners += [g] * arr.size
+            n_cells += 1
+            kept += 1
+        blocks_of.append(kept)
+    used = [k for k in blocks_of if k > 0]
+    if not any(k >= 2 for k in used):
+        raise ValueError("block_effect_test needs a group with two or more blocks")
+    if len(y) <= n_cells:
+        raise ValueError("block_effect_test needs a block with two or more values")
+    owner_ids = sorted(set(owners))
+    full_x = np.eye(n_cells)[cells]
+    reduced_x = np.eye(len(owner_ids))[[owner_ids.index(o) for o in owners]]
+    y_arr = np.asarray(y)
+    full = _sm_ols(y_arr, full_x).fit()
+    reduced = _sm_ols(y_arr, reduced_x).fit()
+    f_stat, p_value, df_diff = full.compare_f_test(reduced)
+    return BlockEffect(f_stat=float(f_stat), p_value=float(p_value), df_blocks=int(df_diff),
+                       df_resid=int(round(full.df_resid)), n_values=len(y), n_blocks=n_cells,
+                       n_groups=len(used))

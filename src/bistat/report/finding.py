@@ -18,7 +18,8 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from bistat.engines.registry import capabilities
-from bistat.analysis.summary import RunSummary, gpu_clocks, host_load, time_beyond_graphs
+from bistat.analysis.summary import (RunSummary, engine_starts, gpu_clocks, host_load,
+                                     time_beyond_graphs)
 from bistat.core.classify import format_decided
 from bistat.report.index import RELEASE_COMPARISON_TITLE
 from bistat.core.rule import CostRule, Rule, speed_as_evidence_warnings
@@ -539,7 +540,7 @@ def _throughput(s: RunSummary, plot: str) -> list[str]:
                       "passes (treatment / control)"), ratio_rows), "",
             *_paired_note(s),
             "Wall time and requests/s are whole-pass figures; output tokens/s is what the rule "
-            "compares.", "", *_jit_note(s), *_host_note(s), *_gpu_note(s),
+            "compares.", "", *_starts_note(s), *_jit_note(s), *_host_note(s), *_gpu_note(s),
             f"![Per-pass throughput]({plot})",
             ""]
     return out
@@ -563,6 +564,46 @@ def _paired_note(s: RunSummary) -> list[str]:
             "interval on the log differences. A drift that moved both arms alike cancels within "
             "a pair. This is the interval that decided the cost:", "",
             md_table(("ratio", "point", f"{cl} paired interval", "pairs"), rows), ""]
+
+
+def _starts_note(s: RunSummary) -> list[str]:
+    """Where an arm's counted passes ran in more than one start of its engine: whether passes of
+    one start were more alike than passes of different starts, and the ratio with each start as
+    one observation beside the per-pass one (a sensitivity analysis; the sealed rule decides)."""
+    starts = engine_starts(s)
+    if starts is None:
+        return []
+    out = ["**Engine starts.** The counted passes ran in more than one start of their arm's "
+           "engine (one engine at a time, or a resumed run). The intervals above treat every "
+           "pass as independent; passes of one start share that start's speed, so where starts "
+           "differ those intervals are too narrow:", "",
+           md_table(("arm", "counted passes", "engine starts"),
+                    [(arm, str(n), str(k)) for arm, n, k in starts.arms]), ""]
+    e = starts.effect
+    if e is None:
+        out += ["No start held two counted passes of one arm: whether starts differ cannot be "
+                "told from the passes' own scatter.", ""]
+    else:
+        verdict = ("passes of one start were more alike than passes of different starts: the "
+                   "starts, not the passes, are the independent units here" if starts.starts_differ
+                   else "no sign that passes of one start were more alike than passes of "
+                        "different starts")
+        out += [f"Starts within each arm, nested F test on log throughput: F({e.df_blocks}, "
+                f"{e.df_resid}) = {e.f_stat:.2f}, p = {e.p_value:.3g}: {verdict}.", ""]
+    cl = f"{s.confidence_level * 100:g} %"
+
+    def iv(r) -> str:
+        return ("—" if r is None else
+                f"{r.ratio:.4f} [{r.interval.low:.4f}, {r.interval.high:.4f}]")
+    rows = [(f"{t} ÷ {c}", iv(per_pass), iv(per_start),
+             "—" if per_start is None else f"{per_start.n_treatment} / {per_start.n_control}")
+            for t, c, per_pass, per_start in starts.ratios]
+    out += [f"The throughput ratio with each start's geometric mean as one observation (Welch, "
+            f"{cl}), beside the per-pass one; a sensitivity analysis, the sealed rule's interval "
+            "still decides:", "",
+            md_table(("ratio", "per pass", "per engine start", "starts (treatment / control)"),
+                     rows), ""]
+    return out
 
 
 def _host_note(s: RunSummary) -> list[str]:
