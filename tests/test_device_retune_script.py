@@ -129,3 +129,21 @@ def test_bench_tables_interleaves_the_two_tables_and_summarises_every_run(tmp_pa
         ["a2", "1.0512", "1.0006"], ["b2", "1.0463", "1.0079"]]
     assert lines[1].endswith(str(b)) and "GPU-test" in lines[1]
     assert done.stdout.splitlines() == lines
+
+
+def test_bench_tables_passes_bench_args_to_every_bench_and_names_them(tmp_path):
+    """BENCH_ARGS (e.g. one shape, the k13 follow-up) reaches each bench, word-split, and ends
+    each summary line, so two summaries of different benches cannot be taken for one."""
+    r = _repo_with(tmp_path, "bench_tables.sh", FAKE_BENCH)
+    a, b = tmp_path / "old.json", tmp_path / "new.json"
+    a.write_text(json.dumps({"name": "old", "g": 1.0512, "d": 1.0006}))
+    b.write_text(json.dumps({"name": "new", "g": 1.0463, "d": 1.0079}))
+    subprocess.run(["bash", "kernels/device/bench_tables.sh", str(tmp_path / "ab"), "1", str(a),
+                    str(b)], cwd=r, capture_output=True, text=True, timeout=60, check=True,
+                   env={**os.environ, "BENCH_ARGS": "--bench-shapes 151936x4096 --empty-cache"})
+    calls = [json.loads(line) for line in (r / "calls.jsonl").read_text().splitlines()]
+    assert [args[-3:] for args, _ in calls] == [["--bench-shapes", "151936x4096",
+                                                 "--empty-cache"]] * 2
+    lines = (tmp_path / "ab" / "summary.txt").read_text().splitlines()
+    assert [line.endswith(" --bench-shapes 151936x4096 --empty-cache") for line in lines] == [
+        True, True]

@@ -23,6 +23,7 @@ Beside the graph timing, the document carries:
 
 from __future__ import annotations
 
+import gc
 import math
 import statistics
 from collections.abc import Callable, Sequence
@@ -311,9 +312,17 @@ def bench_shape(shape: GemmShape, ms: Sequence[int], dtype: torch.dtype = torch.
 def run_bench(shapes: Sequence[GemmShape], ms: Sequence[int] = BENCH_MS,
               dtype: torch.dtype = torch.bfloat16, command: list[str] | None = None,
               progress: Callable[[str], None] = print, vllm_kernel: Any = None,
-              host_ms: Sequence[int] = HOST_MS) -> dict[str, Any]:
-    """Bench every shape; returns the JSON document (rows, summary, provenance, table, gates,
-    roofline, host; ``vllm`` with vLLM's kernel's provenance when ``vllm_kernel`` is given)."""
+              host_ms: Sequence[int] = HOST_MS, empty_cache: bool = False) -> dict[str, Any]:
+    """Bench every shape, in the order given; returns the JSON document (rows, summary,
+    provenance, table, gates, roofline, host, allocator; ``vllm`` with vLLM's kernel's provenance
+    when ``vllm_kernel`` is given).
+
+    ``empty_cache``: hand PyTorch's cached blocks back to the driver before each shape
+    (``torch.cuda.empty_cache``), so that where a shape's weight copies land does not depend on
+    what the shapes before it left cached. The k13 bench (kernels/results/k13) read qwen3-8b
+    ``lm_head`` at M = 1 8 % slower after a table whose previous shape held a 128 MiB split-K
+    workspace, with its own launches unchanged; benching with and without this (and in another
+    order) tells whether that was the allocator."""
     from bistat_kernels import tables
     from bistat_kernels.provenance import gpu_provenance
 
@@ -335,6 +344,9 @@ def run_bench(shapes: Sequence[GemmShape], ms: Sequence[int] = BENCH_MS,
     gates: list[dict[str, Any]] = []
     host: list[dict[str, Any]] = []
     for shape in shapes:
+        if empty_cache:
+            gc.collect()
+            torch.cuda.empty_cache()
         res = bench_shape(shape, ms, dtype, vllm_kernel=vllm_kernel, vllm_shapes=vllm_shapes,
                           host_ms=host_ms)
         rows.extend(res.rows)
@@ -361,6 +373,8 @@ def run_bench(shapes: Sequence[GemmShape], ms: Sequence[int] = BENCH_MS,
                            "before and after; us = the loop's time per call before the final "
                            "synchronisation, wall_us including it; medians of the repeats",
                  "rows": host, "summary": host_summary(host)},
+        "allocator": ("emptied before each shape (torch.cuda.empty_cache)" if empty_cache else
+                      "kept across shapes (PyTorch's caching allocator)"),
     }
     if vllm_doc is not None:
         doc["vllm"] = vllm_doc

@@ -233,7 +233,10 @@ def stage_probe(out: Path, max_m: int) -> bool:
     return all(r.passed for r in results)
 
 
-def stage_bench(out: Path, vllm_kernel_path: Path | None = None) -> dict:
+def stage_bench(out: Path, vllm_kernel_path: Path | None = None, shapes: list | None = None,
+                reverse: bool = False, empty_cache: bool = False) -> dict:
+    """Bench the table in ``out`` (``shapes``: the models' shapes or a selection of them, in the
+    models' order or ``reverse``d; ``empty_cache``: see ``bench.run_bench``)."""
     table = tables.load_table(_table_path(out))
     tables.set_device_table(table)
     vllm_kernel = None
@@ -241,8 +244,9 @@ def stage_bench(out: Path, vllm_kernel_path: Path | None = None) -> dict:
         from bistat_kernels import vllm_kernel as vk
 
         vllm_kernel = vk.load_vllm_kernel(vllm_kernel_path)
-    doc = bench.run_bench(shapes_for(MODELS), command=sys.argv, progress=log,
-                          vllm_kernel=vllm_kernel)
+    shapes = list(shapes_for(MODELS) if shapes is None else shapes)
+    doc = bench.run_bench(shapes[::-1] if reverse else shapes, command=sys.argv, progress=log,
+                          vllm_kernel=vllm_kernel, empty_cache=empty_cache)
     write(out / f"bench_{tables.device_slug(table.device_name)}.json", doc)
     log(f"bench summary: {json.dumps(doc['summary'])}")
     return doc["summary"]
@@ -313,22 +317,22 @@ def _shape_list(text: str) -> list[tuple[int, int]]:
     for item in text.split(","):
         n, sep, k = item.strip().partition("x")
         if not sep or not n.isdigit() or not k.isdigit():
-            raise argparse.ArgumentTypeError(
-                f"--shapes: {item.strip()!r} is not NxK (e.g. 576x1536); give weight shapes as "
+            raise argparse.ArgumentTypeError(   # argparse prefixes the option's name
+                f"{item.strip()!r} is not NxK (e.g. 576x1536); give weight shapes as "
                 f"N x K separated by commas")
         out.append((int(n), int(k)))
     return out
 
 
-def _selected_shapes(wanted: list[tuple[int, int]] | None) -> list:
-    """The models' shapes, or those of them named by ``--shapes`` (each must be one of them)."""
+def _selected_shapes(wanted: list[tuple[int, int]] | None, option: str = "--shapes") -> list:
+    """The models' shapes, or those of them named by ``option`` (each must be one of them)."""
     shapes = shapes_for(MODELS)
     if wanted is None:
         return shapes
     known = {(s.n, s.k) for s in shapes}
     unknown = [f"{n}x{k}" for n, k in wanted if (n, k) not in known]
     if unknown:
-        raise SystemExit(f"--shapes: {', '.join(unknown)} is not a shape of {', '.join(MODELS)}; "
+        raise SystemExit(f"{option}: {', '.join(unknown)} is not a shape of {', '.join(MODELS)}; "
                          f"known: {', '.join(f'{n}x{k}' for n, k in sorted(known))}")
     wanted_set = set(wanted)
     return [s for s in shapes if (s.n, s.k) in wanted_set]
@@ -351,9 +355,19 @@ def main() -> int:
                         help="buckets: ... and up to this M (default: every larger bucket)")
     parser.add_argument("--shapes", type=_shape_list, default=None,
                         help="buckets: only these weight shapes, as NxK[,NxK...] (default: all)")
+    parser.add_argument("--bench-shapes", type=_shape_list, default=None,
+                        help="bench: only these weight shapes (default: all; --shapes is the "
+                             "re-tune's alone, so a re-tune's bench still covers the goal set)")
+    parser.add_argument("--reverse", action="store_true",
+                        help="bench: the shapes in reverse order")
+    parser.add_argument("--empty-cache", action="store_true",
+                        help="bench: torch.cuda.empty_cache() before each shape")
     parser.add_argument("--retune", action="store_true",
                         help="re-tune every shape; shapes not reached keep the committed table's entry")
     args = parser.parse_args()
+    # named shapes checked before anything runs
+    bench_shapes = (None if args.bench_shapes is None
+                    else _selected_shapes(args.bench_shapes, "--bench-shapes"))
     t0 = time.monotonic()
     # Before anything compiles: the check stage's torch.compile would otherwise re-point
     # TRITON_PTXAS_PATH / TRITON_CACHE_DIR and the sweep's precompiled kernels would be missed.
@@ -390,7 +404,8 @@ def main() -> int:
             elif stage == "probe" and sweep_complete and left > 60:
                 status |= 0 if stage_probe(args.out, args.max_m) else 1
             elif stage == "bench" and sweep_complete and left > 45:
-                stage_bench(args.out, args.vllm_kernel)
+                stage_bench(args.out, args.vllm_kernel, bench_shapes, reverse=args.reverse,
+                            empty_cache=args.empty_cache)
             else:
                 log(f"{stage}: skipped (sweep complete={sweep_complete}, {left:.0f}s left)")
         except Exception:  # noqa: BLE001 - keep going so the files written so far come back

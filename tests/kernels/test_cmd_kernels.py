@@ -162,3 +162,54 @@ def test_the_device_bucket_retune_takes_a_list_of_shapes():
     with pytest.raises(SystemExit, match=r"--shapes: 5x7 is not a shape of qwen3-8b, qwen3-1.7b, "
                                          r"smollm2-135m; known: 576x576"):
         gpu_call._selected_shapes([(5, 7)])
+
+
+def test_the_device_bench_stage_takes_a_selection_an_order_and_an_emptied_cache(tmp_path,
+                                                                              monkeypatch):
+    """``gpu_call.py bench --bench-shapes ... --reverse --empty-cache``, the k13 follow-up
+    (kernels/results/k13: qwen3-8b lm_head 8 % slower after a table whose previous shape held a
+    split-K workspace): the shapes reach run_bench selected, in reverse, with the cache emptied;
+    run_bench empties it before every shape and says so in its document. No GPU: the shape bench,
+    the copy bandwidth, the provenance and the table are stood in for."""
+    from helpers_kernels import small_table_dict
+
+    from bistat_kernels import bench, tables
+
+    gpu_call = _gpu_call()
+    table_file = tmp_path / "test_gpu.json"
+    table_file.write_text(json.dumps(small_table_dict()), encoding="utf-8")
+    monkeypatch.setattr(gpu_call, "_table_path", lambda out: table_file)
+    events: list[str] = []
+    monkeypatch.setattr(bench.torch.cuda, "empty_cache", lambda: events.append("empty"))
+
+    def fake_shape(shape, ms, dtype, **kw):
+        events.append(shape.layer)
+        row = bench.BenchRow(shape.model, shape.layer, shape.n, shape.k, 1, 0.011, 0.01, 0.03,
+                             1e-3, None, None, True)
+        return bench.ShapeBench([row], {"layer": shape.layer}, [])
+    monkeypatch.setattr(bench, "bench_shape", fake_shape)
+    monkeypatch.setattr(bench, "copy_bandwidth", lambda: {"bytes": 2**30, "median_ms": 1.0,
+                                                          "gb_per_s": 1000.0})
+    monkeypatch.setattr("bistat_kernels.provenance.gpu_provenance", lambda *a: {"gpu": "test"})
+    monkeypatch.setattr(tables, "resolve_device_table", lambda name: None)
+    monkeypatch.setattr(bench.torch.cuda, "get_device_name", lambda *a: "test")
+    picked = gpu_call._selected_shapes([(151936, 4096), (4096, 12288)], "--bench-shapes")
+    try:
+        gpu_call.stage_bench(tmp_path, None, picked, reverse=True, empty_cache=True)
+    finally:
+        tables.reset_device_table()
+    assert events == ["empty", "lm_head", "empty", "down"]      # qwen3-8b's order, reversed
+    doc = json.loads((tmp_path / "bench_test_gpu.json").read_text(encoding="utf-8"))
+    assert doc["allocator"] == "emptied before each shape (torch.cuda.empty_cache)"
+    assert [(r["layer"], r["n"]) for r in doc["rows"]] == [("lm_head", 151936), ("down", 4096)]
+
+    events.clear()
+    try:
+        gpu_call.stage_bench(tmp_path, None)                       # the defaults: all, in order
+    finally:
+        tables.reset_device_table()
+    assert "empty" not in events and len(events) == 15 and events[:2] == ["qkv", "o"]
+    doc = json.loads((tmp_path / "bench_test_gpu.json").read_text(encoding="utf-8"))
+    assert doc["allocator"] == "kept across shapes (PyTorch's caching allocator)"
+    with pytest.raises(SystemExit, match=r"^--bench-shapes: 5x7 is not a shape of"):
+        gpu_call._selected_shapes([(5, 7)], "--bench-shapes")
