@@ -213,3 +213,21 @@ def test_the_device_bench_stage_takes_a_selection_an_order_and_an_emptied_cache(
     assert doc["allocator"] == "kept across shapes (PyTorch's caching allocator)"
     with pytest.raises(SystemExit, match=r"^--bench-shapes: 5x7 is not a shape of"):
         gpu_call._selected_shapes([(5, 7)], "--bench-shapes")
+
+
+def test_bench_empty_cache_reaches_the_bench(monkeypatch):
+    """``bistat kernels bench --empty-cache`` (the GPU and the bench itself stood in for)."""
+    from bistat.cli import cmd_kernels
+    from bistat_kernels import bench
+
+    seen = []
+    summary = {"goal_ms": [1], "geomean_tuned_over_mm": 1.0, "decode_max_m": 32,
+               "decode_geomean_tuned_over_mm": 1.0, "geomean_default_over_mm": 1.5}
+    monkeypatch.setattr(cmd_kernels, "_require_torch", lambda *a, **k: torch)
+    monkeypatch.setattr(bench, "run_bench", lambda shapes, **kw: seen.append(
+        ([s.model for s in shapes], kw["empty_cache"])) or {"summary": summary})
+    for args, want in ((["--model", "qwen3-8b", "--empty-cache"], True),
+                       (["--model", "qwen3-8b"], False)):
+        result = _run(["bench", *args], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        assert seen.pop() == (["qwen3-8b"] * 5, want)

@@ -167,10 +167,13 @@ def sweep_command(models: tuple[str, ...], out_dir: Path, resume: bool, budget_s
               help="vLLM's batch-invariant GEMM as a fourth column: the installed vllm package "
                    "directory (or an unzipped wheel's), or its "
                    "model_executor/determinism/batch_invariant.py.")
+@click.option("--empty-cache", is_flag=True,
+              help="Hand PyTorch's cached GPU memory back before each shape, so that no shape's "
+                   "timing depends on what the shapes before it left allocated.")
 @click.option("--output", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the JSON (rows, summary, provenance) here.")
 def bench_command(table_path: Path | None, models: tuple[str, ...],
-                  vllm_kernel_path: Path | None, output: Path | None) -> None:
+                  vllm_kernel_path: Path | None, empty_cache: bool, output: Path | None) -> None:
     """Time tuned, torch.mm and the fixed default per shape and M.
 
     Prints one line per shape and the geometric means against the goals, the HBM roofline at
@@ -196,7 +199,7 @@ def bench_command(table_path: Path | None, models: tuple[str, ...],
         except tables.TableError as exc:
             raise click.ClickException(str(exc)) from exc
     doc = bench.run_bench(shapes_for(models or _MODELS), command=sys.argv, progress=click.echo,
-                          vllm_kernel=vllm_kernel)
+                          vllm_kernel=vllm_kernel, empty_cache=empty_cache)
     click.echo(format_bench_summary(doc["summary"], doc.get("host", {}).get("summary")),
                nl=False)
     if output is not None:
