@@ -79,8 +79,11 @@ def make_run(tmp: Path, reg: Registration, outputs: Callable[[str, int, int], Ou
              events: list[dict] | None = None, run_name: str = "run",
              created_utc: str = "2026-02-01T13:00:00Z",
              host: Callable[[str, int], dict | None] = lambda arm, p: None,
-             gpu: Callable[[str, int], dict | None] = lambda arm, p: None) -> Path:
-    """Record a run; ``outputs(arm, pass_index, prompt_index)`` gives each response."""
+             gpu: Callable[[str, int], dict | None] = lambda arm, p: None,
+             block: Callable[[str, int], int] | None = None) -> Path:
+    """Record a run; ``outputs(arm, pass_index, prompt_index)`` gives each response.
+    ``block(arm, pass_index)``: the engine start each pass ran in, recorded in its pass and
+    schedule records (default: block 0 in the schedule, none in the pass records)."""
     run_dir = tmp / run_name
     header = {"run_id": run_name, "registration": reg.reference(), "bistat_version": "0.1.0",
               "created_utc": created_utc, "command": ["bistat", "run"],
@@ -98,8 +101,9 @@ def make_run(tmp: Path, reg: Registration, outputs: Callable[[str, int, int], Ou
         for ev in events or []:
             w.append("events", ev)
         for seq, (arm, p, kind) in enumerate(plan):
+            b = 0 if block is None else block(arm, p)
             w.append("schedule", {"event": "start", "seq": seq, "arm": arm, "pass_index": p,
-                                  "kind": kind, "block": 0, "time_utc": "2026-02-01T13:00:01Z"})
+                                  "kind": kind, "block": b, "time_utc": "2026-02-01T13:00:01Z"})
             n_failed = 0
             for i in range(n_prompts):
                 out = outputs(arm, p, i)
@@ -133,9 +137,10 @@ def make_run(tmp: Path, reg: Registration, outputs: Callable[[str, int, int], Ou
                                 "output_tokens_per_s": tps, "requests_per_s": n_prompts * tps / 40,
                                 "started_utc": "2026-02-01T13:00:01Z", "batching": {},
                                 **({"host": host(arm, p)} if host(arm, p) is not None else {}),
-                                **({"gpu": gpu(arm, p)} if gpu(arm, p) is not None else {})})
+                                **({"gpu": gpu(arm, p)} if gpu(arm, p) is not None else {}),
+                                **({"block": b} if block is not None else {})})
             w.append("schedule", {"event": "end", "seq": seq, "arm": arm, "pass_index": p,
-                                  "kind": kind, "block": 0, "time_utc": "2026-02-01T13:00:02Z",
+                                  "kind": kind, "block": b, "time_utc": "2026-02-01T13:00:02Z",
                                   "status": status(arm, p), "n_failed": n_failed})
     return run_dir
 

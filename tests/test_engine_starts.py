@@ -164,3 +164,71 @@ def test_the_committed_serial_run():
 def test_engines_up_together_have_one_start():
     assert engine_starts(analyze_run(CONCURRENT)) is None
     assert summary_to_dict(analyze_run(CONCURRENT))["engine_starts"] is None
+
+
+def _abba_blocks(passes: int, arms=("ctl", "trt"), each_its_own: bool = False) -> dict:
+    """(arm, pass) -> engine start, for make_run's ABBA order run one engine at a time: a start
+    per run of one arm's passes (or, ``each_its_own``, a start per pass)."""
+    order = [(arm, p) for p in range(passes) for arm in (arms if p % 2 == 0 else arms[::-1])]
+    blocks, b = {}, -1
+    for i, (arm, p) in enumerate(order):
+        b += each_its_own or i == 0 or arm != order[i - 1][0]
+        blocks[(arm, p)] = b
+    return blocks
+
+
+def test_the_finding_says_when_starts_differ_and_gives_the_ratio_per_start(tmp_path):
+    from helpers_analysis import declaration, make_run, register_tiny
+
+    from bistat.report.finding import render_markdown
+
+    blocks = _abba_blocks(6)
+    assert [blocks[("ctl", p)] for p in range(6)] == [0, 2, 2, 4, 4, 6]
+    speed = [1.00, 1.10, 0.90, 1.15, 0.95, 1.05, 1.00]        # each start's own, +-15 %
+
+    def tp(arm: str, p: int) -> float:
+        return (100.0 if arm == "ctl" else 95.0) * speed[blocks[(arm, p)]] * (1 + 0.002 * (p % 2))
+
+    reg = register_tiny(tmp_path, declaration(passes=6))
+    s = analyze_run(make_run(tmp_path, reg, lambda arm, p, i: [i], passes=6, throughput=tp,
+                             block=lambda arm, p: blocks[(arm, p)]))
+    starts = engine_starts(s)
+    assert starts.arms == (("ctl", 6, 4), ("trt", 6, 3))
+    assert starts.effect.df_blocks == (4 - 1) + (3 - 1) and starts.effect.df_resid == 12 - 7
+    assert starts.starts_differ and starts.effect.p_value < 1e-6
+    (_, _, per_pass, per_start), = starts.ratios
+    ctl_means = [100.0 * speed[0], 100.0 * math.sqrt(speed[2] ** 2 * 1.002),
+                 100.0 * math.sqrt(speed[4] ** 2 * 1.002), 100.0 * speed[6] * 1.002]
+    trt_means = [95.0 * math.sqrt(speed[b] ** 2 * 1.002) for b in (1, 3, 5)]
+    want = stats.throughput_ratio(trt_means, ctl_means, 0.95)
+    assert per_start.ratio == pytest.approx(want.ratio)
+    assert (per_start.interval.low, per_start.interval.high) == pytest.approx(
+        (want.interval.low, want.interval.high))
+    assert per_start.interval.high - per_start.interval.low > \
+        per_pass.interval.high - per_pass.interval.low                # fewer, truer units
+    text = render_markdown(s)
+    assert "**Engine starts.**" in text and "| ctl | 6 | 4 |" in text and "| trt | 6 | 3 |" in text
+    assert f"F(5, 5) = {starts.effect.f_stat:.2f}" in text
+    assert "the starts, not the passes, are the independent units here" in text
+    assert (f"| trt ÷ ctl | {per_pass.ratio:.4f} [{per_pass.interval.low:.4f}, "
+            f"{per_pass.interval.high:.4f}] | {per_start.ratio:.4f} [{per_start.interval.low:.4f}, "
+            f"{per_start.interval.high:.4f}] | 3 / 4 |") in text
+
+
+def test_a_start_per_pass_has_no_f_test_and_one_start_has_no_note(tmp_path):
+    from helpers_analysis import declaration, make_run, register_tiny
+
+    from bistat.report.finding import render_markdown
+
+    reg = register_tiny(tmp_path, declaration(passes=3))
+    blocks = _abba_blocks(3, each_its_own=True)
+    s = analyze_run(make_run(tmp_path, reg, lambda arm, p, i: [i], passes=3,
+                             throughput=lambda arm, p: 100.0 + 3 * p + (arm == "trt"),
+                             block=lambda arm, p: blocks[(arm, p)], run_name="own"))
+    starts = engine_starts(s)
+    assert starts.arms == (("ctl", 3, 3), ("trt", 3, 3)) and starts.effect is None
+    assert starts.ratios[0][3].n_treatment == 3                      # each pass its own start
+    assert "No start held two counted passes of one arm" in render_markdown(s)
+    one = analyze_run(make_run(tmp_path, reg, lambda arm, p, i: [i], passes=3,
+                               block=lambda arm, p: 0, run_name="one"))
+    assert engine_starts(one) is None and "Engine starts" not in render_markdown(one)
