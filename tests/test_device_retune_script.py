@@ -111,11 +111,17 @@ with (Path(__file__).resolve().parents[2] / "calls.jsonl").open("a") as f:
 '''
 
 
-def test_bench_tables_interleaves_the_two_tables_and_summarises_every_run(tmp_path):
-    r = _repo_with(tmp_path, "bench_tables.sh", FAKE_BENCH)
+def _two_tables(tmp_path: Path) -> tuple[Path, Path]:
+    """Two stand-in tables: FAKE_BENCH reports their "g" and "d" as its geometric means."""
     a, b = tmp_path / "old.json", tmp_path / "new.json"
     a.write_text(json.dumps({"name": "old", "g": 1.0512, "d": 1.0006}))
     b.write_text(json.dumps({"name": "new", "g": 1.0463, "d": 1.0079}))
+    return a, b
+
+
+def test_bench_tables_interleaves_the_two_tables_and_summarises_every_run(tmp_path):
+    r = _repo_with(tmp_path, "bench_tables.sh", FAKE_BENCH)
+    a, b = _two_tables(tmp_path)
     done = subprocess.run(["bash", "kernels/device/bench_tables.sh", str(tmp_path / "ab"), "2",
                            str(a), str(b)], cwd=r, capture_output=True, text=True, timeout=60,
                           check=True)
@@ -135,9 +141,7 @@ def test_bench_tables_passes_bench_args_to_every_bench_and_names_them(tmp_path):
     """BENCH_ARGS (e.g. one shape, the k13 follow-up) reaches each bench, word-split, and ends
     each summary line, so two summaries of different benches cannot be taken for one."""
     r = _repo_with(tmp_path, "bench_tables.sh", FAKE_BENCH)
-    a, b = tmp_path / "old.json", tmp_path / "new.json"
-    a.write_text(json.dumps({"name": "old", "g": 1.0512, "d": 1.0006}))
-    b.write_text(json.dumps({"name": "new", "g": 1.0463, "d": 1.0079}))
+    a, b = _two_tables(tmp_path)
     subprocess.run(["bash", "kernels/device/bench_tables.sh", str(tmp_path / "ab"), "1", str(a),
                     str(b)], cwd=r, capture_output=True, text=True, timeout=60, check=True,
                    env={**os.environ, "BENCH_ARGS": "--bench-shapes 151936x4096 --empty-cache"})

@@ -74,23 +74,26 @@ def test_what_cannot_be_tested_is_refused(groups, message):
         stats.block_effect_test(groups)
 
 
-def _serial_abba(n: int) -> tuple[tuple[str, ...], list[int]]:
-    """The counted passes of ABBA one engine at a time, and the engine start each runs in."""
-    order = counted_order(["control", "treatment"], passes=n, order="abba", seed=0)
-    blocks, b = [], -1
+def _abba_starts(passes: int, arms=("ctl", "trt"), each_its_own: bool = False) -> dict:
+    """(arm, pass index) -> the engine start it runs in, for the counted passes of ABBA
+    (``counted_order``, as make_run records them too) one engine at a time: a start per run of
+    one arm's passes, or, ``each_its_own``, a start per pass. In time order."""
+    starts, b, seen = {}, -1, {a: 0 for a in arms}
+    order = counted_order(list(arms), passes=passes, order="abba", seed=0)
     for i, arm in enumerate(order):
-        b += i == 0 or arm != order[i - 1]
-        blocks.append(b)
-    return order, blocks
+        b += each_its_own or i == 0 or arm != order[i - 1]
+        starts[(arm, seen[arm])] = b
+        seen[arm] += 1
+    return starts
 
 
 def test_the_f_test_holds_its_level_without_start_effects():
     rng = np.random.default_rng(11)
-    order, blocks = _serial_abba(16)
+    starts = _abba_starts(16)
     hits = 0
     for _ in range(2000):
-        cells: dict[str, dict[int, list[float]]] = {"control": {}, "treatment": {}}
-        for arm, b in zip(order, blocks):
+        cells: dict[str, dict[int, list[float]]] = {"ctl": {}, "trt": {}}
+        for (arm, _), b in starts.items():
             cells[arm].setdefault(b, []).append(math.exp(rng.normal(0.0, 0.03)))
         hits += stats.block_effect_test([list(c.values()) for c in cells.values()]).p_value < 0.05
     assert 0.035 <= hits / 2000 <= 0.065          # 5 % within about 3 binomial SDs
@@ -103,18 +106,20 @@ def test_per_start_interval_covers_where_the_per_pass_one_does_not(sd_start, wan
     with a start SD equal to the pass SD the per-pass Welch interval covers about 89 % (what
     engine_starts' docstring quotes), the starts' one about 95 %. Through engine_starts itself."""
     rng = np.random.default_rng(5)
-    order, blocks = _serial_abba(16)
+    starts, arms = _abba_starts(16), ("ctl", "trt")
     covered = {"pass": 0, "start": 0}
     runs = 2000
     for _ in range(runs):
-        speed = rng.normal(0.0, sd_start, size=max(blocks) + 1)
+        speed = rng.normal(0.0, sd_start, size=max(starts.values()) + 1)
         passes = [SimpleNamespace(arm=arm, counted=True, block=b, output_tokens_per_s=1000.0
                                   * math.exp(speed[b] + rng.normal(0.0, 0.03)))
-                  for arm, b in zip(order, blocks)]
-        summary = SimpleNamespace(
-            passes=passes, confidence_level=0.95,
-            arms=[SimpleNamespace(name="control"), SimpleNamespace(name="treatment")],
-            comparisons=[SimpleNamespace(treatment="treatment", control="control")])
+                  for (arm, _), b in starts.items()]
+        tp = {arm: [q.output_tokens_per_s for q in passes if q.arm == arm] for arm in arms}
+        # the comparison carries its per-pass ratio, as the analysis's does
+        compared = SimpleNamespace(treatment="trt", control="ctl",
+                                   ratio=stats.throughput_ratio(tp["trt"], tp["ctl"], 0.95))
+        summary = SimpleNamespace(passes=passes, confidence_level=0.95, comparisons=[compared],
+                                  arms=[SimpleNamespace(name=arm) for arm in arms])
         (_, _, per_pass, per_start), = engine_starts(summary).ratios
         covered["pass"] += per_pass.interval.low <= 1.0 <= per_pass.interval.high
         covered["start"] += per_start.interval.low <= 1.0 <= per_start.interval.high
@@ -166,23 +171,12 @@ def test_engines_up_together_have_one_start():
     assert summary_to_dict(analyze_run(CONCURRENT))["engine_starts"] is None
 
 
-def _abba_blocks(passes: int, arms=("ctl", "trt"), each_its_own: bool = False) -> dict:
-    """(arm, pass) -> engine start, for make_run's ABBA order run one engine at a time: a start
-    per run of one arm's passes (or, ``each_its_own``, a start per pass)."""
-    order = [(arm, p) for p in range(passes) for arm in (arms if p % 2 == 0 else arms[::-1])]
-    blocks, b = {}, -1
-    for i, (arm, p) in enumerate(order):
-        b += each_its_own or i == 0 or arm != order[i - 1][0]
-        blocks[(arm, p)] = b
-    return blocks
-
-
 def test_the_finding_says_when_starts_differ_and_gives_the_ratio_per_start(tmp_path):
     from helpers_analysis import declaration, make_run, register_tiny
 
     from bistat.report.finding import render_markdown
 
-    blocks = _abba_blocks(6)
+    blocks = _abba_starts(6)
     assert [blocks[("ctl", p)] for p in range(6)] == [0, 2, 2, 4, 4, 6]
     speed = [1.00, 1.10, 0.90, 1.15, 0.95, 1.05, 1.00]        # each start's own, +-15 %
 
@@ -221,7 +215,7 @@ def test_a_start_per_pass_has_no_f_test_and_one_start_has_no_note(tmp_path):
     from bistat.report.finding import render_markdown
 
     reg = register_tiny(tmp_path, declaration(passes=3))
-    blocks = _abba_blocks(3, each_its_own=True)
+    blocks = _abba_starts(3, each_its_own=True)
     s = analyze_run(make_run(tmp_path, reg, lambda arm, p, i: [i], passes=3,
                              throughput=lambda arm, p: 100.0 + 3 * p + (arm == "trt"),
                              block=lambda arm, p: blocks[(arm, p)], run_name="own"))

@@ -1320,8 +1320,9 @@ class EngineStarts:
     #: the nested F test of the starts within each arm on log throughput
     #: (``bistat.core.stats.block_effect_test``); None when no start held two counted passes
     effect: stats.BlockEffect | None
-    #: per comparison: (treatment, control, the per-pass Welch ratio, the ratio of the starts'
-    #: geometric means with its Welch interval); either None with fewer than 2 of its units
+    #: per comparison: (treatment, control, its per-pass Welch ratio (``ArmComparison.ratio``),
+    #: the ratio of the starts' geometric means with its Welch interval); either None with
+    #: fewer than 2 of its units per arm
     ratios: tuple[tuple[str, str, stats.RatioResult | None, stats.RatioResult | None], ...]
 
     @property
@@ -1357,18 +1358,13 @@ def engine_starts(summary: "RunSummary") -> EngineStarts | None:
     except ValueError:                       # no start held two counted passes
         effect = None
 
-    def ratio(t: list[float], c: list[float]) -> stats.RatioResult | None:
-        return (stats.throughput_ratio(t, c, summary.confidence_level)
-                if len(t) >= 2 and len(c) >= 2 else None)
-
-    def start_means(arm: str) -> list[float]:
-        return [float(np.exp(np.mean(np.log(v)))) for v in blocks.get(arm, {}).values()]
-
-    def passes_of(arm: str) -> list[float]:
-        return [v for vs in blocks.get(arm, {}).values() for v in vs]
-    ratios = tuple((c.treatment, c.control, ratio(passes_of(c.treatment), passes_of(c.control)),
-                    ratio(start_means(c.treatment), start_means(c.control)))
-                   for c in summary.comparisons)
+    def per_start(c: ArmComparison) -> stats.RatioResult | None:
+        t, k = ([stats.geometric_mean(v) for v in blocks.get(arm, {}).values()]
+                for arm in (c.treatment, c.control))
+        return (stats.throughput_ratio(t, k, summary.confidence_level)
+                if len(t) >= 2 and len(k) >= 2 else None)
+    # beside each comparison's own per-pass ratio, the one its Throughput table shows
+    ratios = tuple((c.treatment, c.control, c.ratio, per_start(c)) for c in summary.comparisons)
     return EngineStarts(arms, effect, ratios)
 
 
@@ -1787,18 +1783,9 @@ def summary_to_dict(summary: RunSummary, *, divergences: bool = True,
         "rho": clocks.rho, "p_value": clocks.p_value, "n": clocks.n,
         "slow_at_lower_clock": clocks.slow_at_lower_clock}
     starts = engine_starts(summary)
-
-    def ratio_dict(r: stats.RatioResult | None) -> dict[str, Any] | None:
-        return None if r is None else {
-            "ratio": r.ratio, "low": r.interval.low, "high": r.interval.high, "df": r.df,
-            "n_treatment": r.n_treatment, "n_control": r.n_control}
     data["engine_starts"] = None if starts is None else {
         "arms": [{"arm": a, "n_passes": n, "n_starts": k} for a, n, k in starts.arms],
-        "effect": None if starts.effect is None else {
-            "f_stat": starts.effect.f_stat, "p_value": starts.effect.p_value,
-            "df_blocks": starts.effect.df_blocks, "df_resid": starts.effect.df_resid,
-            "method": starts.effect.method},
-        "starts_differ": starts.starts_differ,
-        "ratios": [{"treatment": t, "control": c, "per_pass": ratio_dict(rp),
-                    "per_start": ratio_dict(rs)} for t, c, rp, rs in starts.ratios]}
+        "effect": _jsonable(starts.effect), "starts_differ": starts.starts_differ,
+        "ratios": [{"treatment": t, "control": c, "per_pass": _jsonable(rp),
+                    "per_start": _jsonable(rs)} for t, c, rp, rs in starts.ratios]}
     return data

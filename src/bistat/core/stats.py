@@ -47,6 +47,7 @@ __all__ = [
     "RatioResult",
     "TostResult",
     "block_effect_test",
+    "geometric_mean",
     "intervals_overlap",
     "match_fraction",
     "mcnemar_test",
@@ -761,9 +762,16 @@ def paired_ratio(
                        se=se, n_treatment=int(t.size), n_control=int(c.size), method="paired-log")
 
 
-def _geometric_mean(values: np.ndarray) -> float:
-    # A single value (or identical values) is its own geometric mean, exactly: exp(log(x)) may
-    # be off by an ulp, which would move a ratio of exactly 0.90 below a bound of 0.90.
+def geometric_mean(values: Sequence[float]) -> float:
+    """The geometric mean of values all ``> 0``.
+
+    A single value (or identical values) is its own geometric mean, exactly: ``exp(log(x))`` may
+    be off by an ulp, which would move a ratio of exactly 0.90 below a bound of 0.90.
+
+    >>> geometric_mean([90.0]), round(geometric_mean([1.0, 4.0]), 12)
+    (90.0, 2.0)
+    """
+    values = _positive_sample(values, "values", min_size=1)
     if np.all(values == values[0]):
         return float(values[0])
     return math.exp(math.fsum(np.log(values).tolist()) / values.size)
@@ -806,7 +814,7 @@ def ratio_of_geometric_means(treatment: Sequence[float], control: Sequence[float
     """
     t = _positive_sample(treatment, "treatment", min_size=1)
     c = _positive_sample(control, "control", min_size=1)
-    return _geometric_mean(t) / _geometric_mean(c)
+    return geometric_mean(t) / geometric_mean(c)
 
 
 def tost_ratio(
@@ -982,35 +990,28 @@ def block_effect_test(groups: Sequence[Sequence[Sequence[float]]]) -> BlockEffec
     >>> round(r.f_stat, 1), r.df_blocks, r.df_resid, r.n_blocks
     (142.3, 2, 3, 4)
     """
+    # each value's log, with its cell (a non-empty block) and its group, both numbered densely
     y: list[float] = []
-    cells: list[int] = []
-    owners: list[int] = []
-    n_cells = 0
-    blocks_of = []
+    cell: list[int] = []
+    group: list[int] = []
+    n_cells = n_groups = most_blocks = 0
     for g, blocks in enumerate(groups):
-        kept = 0
-        for b, values in enumerate(blocks):
-            if len(values) == 0:
-                continue
+        kept = [(b, values) for b, values in enumerate(blocks) if len(values)]
+        for b, values in kept:
             arr = _positive_sample(values, f"groups[{g}][{b}]", min_size=1)
             y += list(np.log(arr))
-            cells += [n_cells] * arr.size
-            owners += [g] * arr.size
+            cell += [n_cells] * arr.size
+            group += [n_groups] * arr.size
             n_cells += 1
-            kept += 1
-        blocks_of.append(kept)
-    used = [k for k in blocks_of if k > 0]
-    if not any(k >= 2 for k in used):
+        n_groups += bool(kept)
+        most_blocks = max(most_blocks, len(kept))
+    if most_blocks < 2:
         raise ValueError("block_effect_test needs a group with two or more blocks")
     if len(y) <= n_cells:
         raise ValueError("block_effect_test needs a block with two or more values")
-    owner_ids = sorted(set(owners))
-    full_x = np.eye(n_cells)[cells]
-    reduced_x = np.eye(len(owner_ids))[[owner_ids.index(o) for o in owners]]
-    y_arr = np.asarray(y)
-    full = _sm_ols(y_arr, full_x).fit()
-    reduced = _sm_ols(y_arr, reduced_x).fit()
+    full = _sm_ols(np.asarray(y), np.eye(n_cells)[cell]).fit()
+    reduced = _sm_ols(np.asarray(y), np.eye(n_groups)[group]).fit()
     f_stat, p_value, df_diff = full.compare_f_test(reduced)
     return BlockEffect(f_stat=float(f_stat), p_value=float(p_value), df_blocks=int(df_diff),
                        df_resid=int(round(full.df_resid)), n_values=len(y), n_blocks=n_cells,
-                       n_groups=len(used))
+                       n_groups=n_groups)
