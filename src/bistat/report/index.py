@@ -20,7 +20,7 @@ one table per engine release and GPU, one row per model, head size, attention ba
 workload, under the newest confirmatory rule registered for each run. The numbers are the
 findings' Summary rows; the setting, the workload and the model's weights come from the run's
 sealed registration, and the model's name and head size from :data:`MODELS`. The README's results
-at a glance (:func:`glance`, :func:`write_readme`) are a selection of those rows, written between
+at a glance (:func:`glance`, :func:`readme_with_glance`) are a selection of those rows, written between
 two markers, so the README's numbers are the findings' own.
 """
 
@@ -609,24 +609,22 @@ def render_glance(rows: Sequence[Answer], left_out: int, readme_dir: Path, index
     return lines
 
 
-def write_readme(readme: str | Path, rows: Sequence[Answer], index_path: Path,
-                 newest: Mapping[str, NewestRelease]) -> bool:
-    """Replace the results at a glance in ``readme`` (the lines from :data:`README_BEGIN` to
-    :data:`README_END`) with the current ones; True when the file changed."""
+def readme_with_glance(readme: str | Path, rows: Sequence[Answer], index_path: Path,
+                       newest: Mapping[str, NewestRelease]) -> str:
+    """``readme``'s text with its results at a glance (the lines from :data:`README_BEGIN` to
+    :data:`README_END`) made current: :func:`glance` of ``rows``, linked from the README's
+    folder."""
     readme = Path(readme)
-    text = readme.read_text(encoding="utf-8")
-    lines = text.split("\n")
+    lines = readme.read_text(encoding="utf-8").split("\n")
     if lines.count(README_BEGIN) != 1 or lines.count(README_END) != 1 or \
             lines.index(README_BEGIN) > lines.index(README_END):
         raise ValueError(f"{readme}: needs one line {README_BEGIN!r} and, below it, one line "
                          f"{README_END!r}, where the results at a glance go; add them")
     chosen, left_out = glance(rows)
-    block = render_glance(chosen, left_out, readme.resolve().parent, index_path.resolve(), newest)
-    new = lines[:lines.index(README_BEGIN)] + block + lines[lines.index(README_END) + 1:]
-    out = "\n".join(new)
-    if out != text:
-        readme.write_text(out, encoding="utf-8")
-    return out != text
+    block = render_glance(chosen, left_out, readme.resolve().parent, Path(index_path).resolve(),
+                          newest)
+    return "\n".join(lines[:lines.index(README_BEGIN)] + block
+                     + lines[lines.index(README_END) + 1:])
 
 
 #: the first line of a release comparison (``bistat compare``), which the index lists apart
@@ -715,22 +713,31 @@ def render_index(findings: list[IndexedFinding], base: Path,
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
+def read_findings(findings_dir: str | Path
+                  ) -> tuple[list[IndexedFinding], list[tuple[Path, str]]]:
+    """Every ``*.md`` below ``findings_dir`` but its README: the findings, and the release
+    comparisons (path, title) apart."""
+    comparisons, findings = [], []
+    for p in sorted(Path(findings_dir).rglob("*.md")):
+        if p.name == "README.md":
+            continue
+        first = p.read_text(encoding="utf-8").split("\n", 1)[0]
+        if first.startswith(RELEASE_COMPARISON_TITLE):
+            comparisons.append((p, first.removeprefix(RELEASE_COMPARISON_TITLE)))
+        else:
+            findings.append(read_finding(p))
+    return findings, comparisons
+
+
 def write_index(findings_dir: str | Path, registrations_dir: str | Path | None = None,
                 reasons_path: str | Path | None = None, readme: str | Path | None = None
                 ) -> Path:
     """Write ``findings_dir/README.md`` listing every ``*.md`` finding below it, and, given
     ``registrations_dir``, the answers above that listing and the registrations that have no
     finding (why: ``reasons_path``); given ``readme`` too, its results at a glance
-    (:func:`write_readme`)."""
+    (:func:`readme_with_glance`)."""
     base = Path(findings_dir)
-    paths = [p for p in sorted(base.rglob("*.md")) if p.name != "README.md"]
-    comparisons, findings = [], []
-    for p in paths:
-        first = p.read_text(encoding="utf-8").split("\n", 1)[0]
-        if first.startswith(RELEASE_COMPARISON_TITLE):
-            comparisons.append((p, first.removeprefix(RELEASE_COMPARISON_TITLE)))
-        else:
-            findings.append(read_finding(p))
+    findings, comparisons = read_findings(base)
     unrun = source = None
     rows: list[Answer] = []
     newest: dict[str, NewestRelease] = {}
@@ -752,5 +759,6 @@ def write_index(findings_dir: str | Path, registrations_dir: str | Path | None =
     out.write_text(render_index(findings, base, unrun, source, comparisons, answers_lines),
                    encoding="utf-8")
     if readme is not None:
-        write_readme(readme, rows, out, newest)
+        text = readme_with_glance(readme, rows, out, newest)
+        Path(readme).write_text(text, encoding="utf-8")
     return out
