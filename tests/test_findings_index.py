@@ -218,7 +218,7 @@ def test_answers_on_034_say_dummy_weights_and_the_compiled_tuned_gemm(committed)
     a = _row(committed[2], "vLLM 0.34.0", "h200-v034-i23-latency-qwen3-8b-b8-compiled",
              "bi-tuned-gemm-compiled")
     assert _cells(a) == (
-        "Qwen3-8B shape, 36 layers, dummy weights", 128, "FLASH_ATTN (FA3)",
+        "Qwen3-8B shape (36 layers, dummy weights)", 128, "FLASH_ATTN (FA3)",
         ("VLLM_BATCH_INVARIANT=1", "BISTAT_TUNED_GEMM=1", "VLLM_USE_BREAKABLE_CUDAGRAPH=0"),
         "one batch of 8, 128 tokens", "*reported as observed*", "8 / 8",
         "no measurable cost (latency)", "0.9785", "[0.9758, 0.9813]")
@@ -241,9 +241,9 @@ def test_answers_take_the_newest_confirmatory_rule_and_the_newer_run(committed):
     assert "h200-match-smollm2" not in names and "h200-match-smollm2-improved" not in names
     # Study 1(b) and its TP=1 twin give one batch-invariant row, the newer run's
     (bi,) = [a for a in rows if a.engine == "vLLM 0.25.0" and a.model.startswith(
-        "Qwen3-8B shape, 8 layers") and a.setting == ("VLLM_BATCH_INVARIANT=1",)]
+        "Qwen3-8B shape (8 layers") and a.setting == ("VLLM_BATCH_INVARIANT=1",)]
     assert (bi.finding.name, bi.model, bi.row.matched) == (
-        "tp1-match", "Qwen3-8B shape, 8 layers, N(0, 0.02) weights", "541 / 541")
+        "tp1-match", "Qwen3-8B shape (8 layers, N(0, 0.02))", "541 / 541")
     keys = [a.key() for a in rows]
     assert len(keys) == len(set(keys))
 
@@ -315,7 +315,7 @@ def test_the_model_table_agrees_with_the_attention_remedies_table():
             checked += 1
     assert checked == 4
     assert model_words("/tmp/model/qwen3-8b-config/", {"load_format": "dummy"}) == (
-        "Qwen3-8B shape, 36 layers, dummy weights", 128)
+        "Qwen3-8B shape (36 layers, dummy weights)", 128)
     assert model_words("/models/unknown-7b", {}) == ("`unknown-7b`", None)
 
 

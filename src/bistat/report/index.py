@@ -211,11 +211,13 @@ def unrun_registrations(findings: list[IndexedFinding], registrations_dir: str |
 
 @dataclass(frozen=True)
 class ModelName:
-    """How the index names a model the studies served: its name, its attention head size, and
-    its weights when its folder holds weights of its own that are not the published ones."""
+    """How the index names a model the studies served: its name, its attention head size, its
+    depth where it is not the published model's, and its weights where its folder holds weights
+    of its own that are not the published ones."""
 
     name: str
     head_size: int
+    layers: int | None = None
     weights: str | None = None
 
 
@@ -233,9 +235,9 @@ class ModelName:
 MODELS: dict[str, ModelName] = {
     "smollm2": ModelName("SmolLM2-135M-Instruct", 64),
     "smollm2-135m": ModelName("SmolLM2-135M-Instruct", 64),
-    "qwen3-8b-synth-l8": ModelName("Qwen3-8B shape, 8 layers", 128, "N(0, 0.02) weights"),
-    "qwen3-8b-config": ModelName("Qwen3-8B shape, 36 layers", 128),
-    "qwen3-1.7b-config": ModelName("Qwen3-1.7B shape, 28 layers", 128),
+    "qwen3-8b-synth-l8": ModelName("Qwen3-8B shape", 128, 8, "N(0, 0.02)"),
+    "qwen3-8b-config": ModelName("Qwen3-8B shape", 128, 36),
+    "qwen3-1.7b-config": ModelName("Qwen3-1.7B shape", 128, 28),
 }
 
 #: Settings that switch a batch-invariant mode on (environment variable or engine argument, and
@@ -245,14 +247,16 @@ MODE_SWITCHES = frozenset({("VLLM_BATCH_INVARIANT", "1"), ("gemm", "invariant")}
 
 
 def model_words(model: str, engine_args: Mapping[str, Any]) -> tuple[str, int | None]:
-    """The model's name as the index shows it and its head size (None: not in :data:`MODELS`,
-    then the folder's own name stands in for it, never the whole path)."""
+    """The model's name as the index shows it, ``Qwen3-8B shape (36 layers, dummy weights)``,
+    and its head size (None: not in :data:`MODELS`, then the folder's own name stands in for the
+    name, never the whole path)."""
     folder = PurePosixPath(model.rstrip("/")).name or model
     m = MODELS.get(folder)
     if m is None:
         return f"`{folder}`", None
     weights = "dummy weights" if engine_args.get("load_format") == "dummy" else m.weights
-    return (f"{m.name}, {weights}" if weights else m.name), m.head_size
+    detail = ", ".join(x for x in (m.layers and f"{m.layers} layers", weights) if x)
+    return (f"{m.name} ({detail})" if detail else m.name), m.head_size
 
 
 def _flag(key: str, value: Any) -> str:
