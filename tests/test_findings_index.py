@@ -391,3 +391,19 @@ def test_the_readme_option_needs_its_markers_and_the_registrations(tmp_path, mon
     assert result.output.startswith(f"Error: {readme}: needs one line '<!-- results at a glance")
     assert result.output.rstrip().endswith("where the results at a glance go; add them")
     assert readme.read_text() == "# x\n"
+
+
+def test_a_summary_arm_the_registration_does_not_declare_is_refused_by_name(tmp_path, monkeypatch):
+    import shutil
+
+    monkeypatch.chdir(ROOT)
+    copy = tmp_path / "findings"
+    shutil.copytree(ROOT / "findings", copy, ignore=shutil.ignore_patterns("*.png", "local"))
+    path = _v034_study_1a(copy)
+    path.write_text(path.read_text().replace("| bi-plugin | default |", "| bi-pluggin | default |"))
+    result = CliRunner().invoke(cli, ["index", str(copy), "--registrations", "preregistrations"])
+    assert result.exit_code == 1
+    assert result.output == (
+        f"Error: {path}: arm 'bi-pluggin' of its Summary is not declared in "
+        "preregistrations/h200-v034-match-smollm2.json; regenerate the finding with `bistat "
+        "analyze` against that registration\n")

@@ -352,7 +352,12 @@ def answers(findings: Sequence[IndexedFinding], registrations: Mapping[str, Regi
         sm, exp = f.summary, reg.experiment()
         model, head = model_words(exp.engine.model, exp.engine.args)
         load = (exp.workload.concurrency, exp.workload.n_prompts, exp.workload.max_tokens)
+        declared = {a.name for a in exp.arms}
         for r in sm.rows:
+            if r.treatment not in declared:
+                raise ValueError(f"{f.path}: arm {r.treatment!r} of its Summary is not declared "
+                                 f"in {reg.path}; regenerate the finding with `bistat analyze` "
+                                 "against that registration")
             parts = r.backend.split(", ")[1:]
             backend = ", ".join(p for p in parts if not p.startswith("gemm ")) or "—"
             setting, on = arm_setting(exp, r.treatment)
