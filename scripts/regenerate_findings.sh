@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Regenerate every committed finding from its recorded data with the real commands, then the
-# index (findings/README.md). Run from the repository root with bistat installed (. .venv/bin/activate).
+# index (findings/README.md) and the README's results at a glance. Run from the repository root
+# with bistat installed (. .venv/bin/activate).
 # The tests check the results byte for byte (tests/test_h200_studies.py, tests/test_vllm_fixture.py,
 # tests/test_quickstart_record.py, tests/test_report_golden.py, tests/test_findings_decided.py).
 #
@@ -64,4 +65,4 @@ echo "findings: findings/synthetic-example.md"
 if [ "${KEEP_PLOTS:-0}" = 1 ]; then
   git diff --name-only -- 'findings/*.png' 'findings/h200/*.png' | xargs -r git checkout --
 fi
-bistat index findings --registrations preregistrations --reasons findings/not-run.toml
+bistat index findings --registrations preregistrations --reasons findings/not-run.toml --readme README.md

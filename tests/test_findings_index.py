@@ -171,3 +171,239 @@ def test_the_committed_index_is_current(tmp_path, monkeypatch):
     fresh = out.read_text().replace(Path(os.path.relpath(ROOT / "preregistrations", copy)).as_posix(),
                                     "../preregistrations")
     assert fresh == (ROOT / "findings" / "README.md").read_text()
+
+
+# --------------------------------------------------------------------------------------------
+# the answers above the listing, on the committed findings and registrations
+
+
+@pytest.fixture(scope="module")
+def committed():
+    """The committed findings' answers, and the newest releases the registrations recorded."""
+    from bistat.report.index import answers, load_registrations, newest_releases, read_findings
+
+    findings, _ = read_findings(ROOT / "findings")
+    registrations = load_registrations(ROOT / "preregistrations")
+    return findings, registrations, answers(findings, registrations), \
+        newest_releases(registrations)
+
+
+def _row(rows, engine, finding, treatment):
+    (a,) = [a for a in rows if a.engine == engine and a.finding.name == finding
+            and a.row.treatment == treatment]
+    return a
+
+
+def _cells(a):
+    return (a.model, a.head_size, a.backend, a.setting, a.workload, a.row.verdict, a.row.matched,
+            a.row.cost, a.row.ratio, a.row.cost_interval)
+
+
+def test_answers_name_the_model_the_setting_and_the_numbers_of_study_1a_on_033(committed):
+    rows = committed[2]
+    finding = "h200-v033-match-smollm2"
+    assert _cells(_row(rows, "vLLM 0.33.0", finding, "batch-invariant")) == (
+        "SmolLM2-135M-Instruct", 64, "FLASH_ATTN (FA3)", ("VLLM_BATCH_INVARIANT=1",),
+        "541 prompts, 64 at a time, ≤ 256 tokens", "*doubtful*", "83 / 541",
+        "undecidable (throughput)", "1.0296", "[0.8670, 1.2226]")
+    assert _cells(_row(rows, "vLLM 0.33.0", finding, "bi-fa3-pin"))[2:9] == (
+        "FLASH_ATTN (FA3)", ("VLLM_BATCH_INVARIANT=1", "BISTAT_FA3_PIN=1"),
+        "541 prompts, 64 at a time, ≤ 256 tokens", "*working*", "541 / 541",
+        "undecidable (throughput)", "0.9720")
+    assert _cells(_row(rows, "vLLM 0.33.0", finding, "bi-triton-attn"))[2:4] == (
+        "TRITON_ATTN", ("VLLM_BATCH_INVARIANT=1", "--attention-backend TRITON_ATTN"))
+
+
+def test_answers_on_034_say_dummy_weights_and_the_compiled_tuned_gemm(committed):
+    a = _row(committed[2], "vLLM 0.34.0", "h200-v034-i23-latency-qwen3-8b-b8-compiled",
+             "bi-tuned-gemm-compiled")
+    assert _cells(a) == (
+        "Qwen3-8B shape (36 layers, dummy weights)", 128, "FLASH_ATTN (FA3)",
+        ("VLLM_BATCH_INVARIANT=1", "BISTAT_TUNED_GEMM=1", "VLLM_USE_BREAKABLE_CUDAGRAPH=0"),
+        "one batch of 8, 128 tokens", "*reported as observed*", "8 / 8",
+        "no measurable cost (latency)", "0.9785", "[0.9758, 0.9813]")
+    assert a.gpu == "NVIDIA H200" and not a.under_load and a.mode_on
+
+
+def test_answers_take_the_newest_confirmatory_rule_and_the_newer_run(committed):
+    findings, registrations, rows, _ = committed
+    names = {a.finding.name for a in rows}
+    # never an exploratory analysis, never a finding whose registration is elsewhere
+    assert not any(n.endswith("-exploratory") for n in names)
+    assert "synthetic-example" not in names
+    # two confirmatory rules for one run: the later-registered one
+    assert (registrations["h200-match-smollm2-r2-improved"].registered_utc
+            > registrations["h200-match-smollm2-r2"].registered_utc)
+    assert "h200-match-smollm2-r2" not in names and "h200-match-smollm2-r2-improved" in names
+    r2 = _row(rows, "vLLM 0.25.0", "h200-match-smollm2-r2-improved", "batch-invariant")
+    assert (r2.row.verdict, r2.row.matched) == ("*doubtful*", "84 / 541")
+    # the first attempt of the same study (same model, workload and settings) is older: left out
+    assert "h200-match-smollm2" not in names and "h200-match-smollm2-improved" not in names
+    # Study 1(b) and its TP=1 twin give one batch-invariant row, the newer run's
+    (bi,) = [a for a in rows if a.engine == "vLLM 0.25.0" and a.model.startswith(
+        "Qwen3-8B shape (8 layers") and a.setting == ("VLLM_BATCH_INVARIANT=1",)]
+    assert (bi.finding.name, bi.model, bi.row.matched) == (
+        "tp1-match", "Qwen3-8B shape (8 layers, N(0, 0.02))", "541 / 541")
+    keys = [a.key() for a in rows]
+    assert len(keys) == len(set(keys))
+
+
+def test_a_setting_is_against_the_control_with_the_batch_invariant_switch_always_named(committed):
+    rows = committed[2]
+    # the control is bi-triton-attn: the FA3 arms set nothing it lacks, but batch-invariant mode
+    # is on in one of them, and the other turns it off
+    kv = "h200-fa3-kv128-smollm2"
+    assert _row(rows, "vLLM 0.25.0", kv, "batch-invariant").setting == ("VLLM_BATCH_INVARIANT=1",)
+    default = _row(rows, "vLLM 0.25.0", kv, "default")
+    assert (default.setting, default.mode_on, default.workload) == (
+        ("VLLM_BATCH_INVARIANT=0",), False, "541 prompts, 64 at a time, ≤ 72 tokens")
+    # a control in batch-invariant mode; the arms' log paths are bistat's, not settings
+    t = _row(rows, "vLLM 0.25.0", "h200-fixture-triton-attn", "bi-triton-attn")
+    assert t.setting == ("VLLM_BATCH_INVARIANT=1", "--attention-backend TRITON_ATTN")
+    q = _row(rows, "embedded 0.1.0", "quickstart-r2", "invariant")
+    assert _cells(q)[:5] == ("SmolLM2-135M-Instruct", 64, "—", ("--gemm invariant",),
+                             "288 prompts, 8 at a time, 4–16 tokens")
+
+
+def test_the_committed_index_opens_with_the_answers_newest_release_first(committed):
+    text = (ROOT / "findings" / "README.md").read_text()
+    lines = text.splitlines()
+    answers_part = text[:text.index("## Every run under every rule")]
+    assert [line for line in lines if line.startswith("### ")] == [
+        "### vLLM 0.34.0 on NVIDIA H200", "### vLLM 0.33.0 on NVIDIA H200",
+        "### vLLM 0.25.0 on NVIDIA H200", "### embedded 0.1.0 on no GPU"]
+    assert "/tmp/" not in answers_part
+    assert ("vLLM 0.25.0 is 9 minor versions older than 0.34.0, the newest release (pypi.org, "
+            "checked 2026-12-04T20:16:07Z at the registration of h200-v034-match-smollm2)."
+            in lines)
+    assert ("| SmolLM2-135M-Instruct | 64 | FLASH_ATTN (FA3) | `VLLM_BATCH_INVARIANT=1` + "
+            "`BISTAT_FA3_PIN=1` | 541 prompts, 64 at a time, ≤ 256 tokens | *working* | 541 / 541 "
+            "| undecidable (throughput) | 0.9720 [0.8075, 1.1700] | "
+            "[h200-v033-match-smollm2](h200/h200-v033-match-smollm2.md) |") in lines
+    # the full listing follows, as before
+    listing = lines[lines.index("## Every run under every rule"):]
+    assert [line for line in listing if line.startswith("## ")] == [
+        "## Every run under every rule", "## embedded 0.1.0 on no GPU",
+        "## vLLM 0.25.0 on NVIDIA H200", "## vLLM 0.33.0 on NVIDIA H200",
+        "## vLLM 0.34.0 on NVIDIA H200", "## One study on two releases",
+        "## Registered, no finding yet"]
+    assert "| `h200-v033-match-smollm2` | `/tmp/model/smollm2` | batch-invariant vs default |" \
+        in text
+
+
+def test_the_newest_release_is_the_latest_check_the_registrations_recorded(committed):
+    from bistat.report.index import release_words
+
+    newest = committed[3]["vllm"]
+    assert (newest.version, newest.checked_utc, newest.where) == (
+        "0.34.0", "2026-12-04T20:16:07Z", "the registration of h200-v034-match-smollm2")
+    assert release_words("vLLM 0.33.0", committed[3]).startswith(
+        "vLLM 0.33.0 is 1 minor version older than 0.34.0, the newest release")
+    assert release_words("embedded 0.1.0", committed[3]) is None
+
+
+def test_the_model_table_agrees_with_the_attention_remedies_table():
+    from bistat.explain.remedies import load_table, model_shape
+    from bistat.report.index import MODELS, model_words
+
+    table = load_table()
+    checked = 0
+    for folder, m in MODELS.items():
+        shape = model_shape(f"/tmp/model/{folder}", table)
+        if shape is not None:
+            assert shape.head_size == m.head_size, folder
+            checked += 1
+    assert checked == 4
+    assert model_words("/tmp/model/qwen3-8b-config/", {"load_format": "dummy"}) == (
+        "Qwen3-8B shape (36 layers, dummy weights)", 128)
+    assert model_words("/models/unknown-7b", {}) == ("`unknown-7b`", None)
+
+
+def _v034_study_1a(findings_dir):
+    """Study 1(a) on vLLM 0.34.0 as its finding's Summary would give it (the registration is the
+    committed h200-v034-match-smollm2; the numbers are made up for the test)."""
+    rows = [f"| {arm} | default | vllm-server, {backend} | *{label}* | {m} / 541 | "
+            f"[0.9929, 1.0000] | undecidable (throughput) | 0.9800 | [0.9000, 1.0700] |"
+            for arm, backend, label, m in [
+                ("batch-invariant", "FLASH_ATTN (FA3)", "doubtful", 90),
+                ("bi-fa3-pin", "FLASH_ATTN (FA3)", "working", 541),
+                ("bi-triton-attn", "TRITON_ATTN", "working", 541),
+                ("bi-plugin", "FLASH_ATTN (FA3)", "working", 541)]]
+    path = findings_dir / "h200" / "h200-v034-match-smollm2.md"
+    path.write_text(_finding("h200-v034-match-smollm2", "h200-v034-match-smollm2",
+                             "confirmatory", rows, engine="vLLM 0.34.0",
+                             run="h200-v034-match-smollm2"))
+    return path
+
+
+def test_a_new_release_s_finding_is_picked_up_and_wins_at_a_glance(tmp_path, monkeypatch):
+    """Study 1(a) on 0.34.0 (registered, not yet run) enters the answers and the README's glance
+    with no edit anywhere: its rows replace 0.33.0's for the same head size, backend and
+    setting."""
+    import shutil
+
+    from bistat.report.index import README_BEGIN, README_END, glance, readme_with_glance
+
+    monkeypatch.chdir(ROOT)
+    copy = tmp_path / "findings"
+    shutil.copytree(ROOT / "findings", copy, ignore=shutil.ignore_patterns("*.png", "local"))
+    _v034_study_1a(copy)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n{README_BEGIN}\n{README_END}\n")
+    result = CliRunner().invoke(cli, ["index", str(copy), "--registrations", "preregistrations",
+                                      "--reasons", "findings/not-run.toml", "--readme",
+                                      str(readme)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    text = (copy / "README.md").read_text()
+    assert ("| SmolLM2-135M-Instruct | 64 | FLASH_ATTN (FA3) | `VLLM_BATCH_INVARIANT=1` + "
+            "`BISTAT_FA3_PIN=1` + `BISTAT_TUNED_GEMM=1` + `VLLM_USE_BREAKABLE_CUDAGRAPH=0` | 541 "
+            "prompts, 64 at a time, ≤ 256 tokens | *working* | 541 / 541 | undecidable "
+            "(throughput) | 0.9800 [0.9000, 1.0700] | "
+            "[h200-v034-match-smollm2](h200/h200-v034-match-smollm2.md) |") in text
+    # it has a finding now: no longer among the registrations without one
+    assert "h200-v034-match-smollm2" not in text[text.index("## Registered, no finding yet"):]
+    glance_rows = readme.read_text().splitlines()
+    smol = [line for line in glance_rows if "SmolLM2-135M-Instruct" in line
+            and line.startswith("| vLLM")]
+    assert [line.split(" | ")[0] for line in smol] == ["| vLLM 0.34.0"] * 4
+    assert len([line for line in glance_rows if line.startswith("| ") and "---" not in line
+                and not line.startswith("| engine")]) == 8
+    assert glance_rows[-1] == README_END and glance_rows[2] == README_BEGIN
+    assert readme_with_glance(readme, [], copy / "README.md", {}).count("\n| ") == 1
+    assert glance([]) == ([], 0)
+
+
+def test_the_readme_option_needs_its_markers_and_the_registrations(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n")
+    result = CliRunner().invoke(cli, ["index", "findings", "--readme", str(readme)])
+    assert result.exit_code == 1
+    assert result.output == ("Error: the README's results at a glance need the registrations "
+                             "folder (--registrations)\n")
+    import shutil
+
+    copy = tmp_path / "findings"
+    shutil.copytree(ROOT / "findings", copy, ignore=shutil.ignore_patterns("*.png", "local"))
+    result = CliRunner().invoke(cli, ["index", str(copy), "--registrations", "preregistrations",
+                                      "--readme", str(readme)])
+    assert result.exit_code == 1
+    assert result.output.startswith(f"Error: {readme}: needs one line '<!-- results at a glance")
+    assert result.output.rstrip().endswith("where the results at a glance go; add them")
+    assert readme.read_text() == "# x\n"
+
+
+def test_a_summary_arm_the_registration_does_not_declare_is_refused_by_name(tmp_path, monkeypatch):
+    import shutil
+
+    monkeypatch.chdir(ROOT)
+    copy = tmp_path / "findings"
+    shutil.copytree(ROOT / "findings", copy, ignore=shutil.ignore_patterns("*.png", "local"))
+    path = _v034_study_1a(copy)
+    path.write_text(path.read_text().replace("| bi-plugin | default |", "| bi-pluggin | default |"))
+    result = CliRunner().invoke(cli, ["index", str(copy), "--registrations", "preregistrations"])
+    assert result.exit_code == 1
+    assert result.output == (
+        f"Error: {path}: arm 'bi-pluggin' of its Summary is not declared in "
+        "preregistrations/h200-v034-match-smollm2.json; regenerate the finding with `bistat "
+        "analyze` against that registration\n")

@@ -1,4 +1,4 @@
-"""``bistat index``: the findings index."""
+"""``bistat index``: the findings index, and the README's results at a glance."""
 
 from __future__ import annotations
 
@@ -13,15 +13,25 @@ def register(group: click.Group) -> None:
                     type=click.Path(exists=True, file_okay=False))
     @click.option("--registrations", "registrations_dir",
                   type=click.Path(exists=True, file_okay=False),
-                  help="Also list the sealed registrations in this folder that have no finding.")
+                  help="The sealed registrations' folder: the answers above the listing (each "
+                       "run's setting and workload come from its registration), and the "
+                       "registrations that have no finding.")
     @click.option("--reasons", "reasons_path", type=click.Path(exists=True, dir_okay=False),
                   help="TOML file whose [not_run] table says why each of them has none "
                        "(NAME = \"reason\").")
-    def index(findings_dir: str, registrations_dir: str | None, reasons_path: str | None) -> None:
+    @click.option("--readme", "readme", type=click.Path(exists=True, dir_okay=False),
+                  help="Also rewrite this file's results at a glance (at most 8 of the answers' "
+                       "rows, between its two marker lines); needs --registrations.")
+    def index(findings_dir: str, registrations_dir: str | None, reasons_path: str | None,
+              readme: str | None) -> None:
         """Write FINDINGS_DIR/README.md: every finding below it with its verdicts (and, with
-        --registrations, every registration still without one, and why)."""
+        --registrations, the answers first: one table per engine release and GPU, one row per
+        model, head size, attention backend, setting and workload; then every registration
+        still without a finding, and why)."""
         try:
-            out = write_index(findings_dir, registrations_dir, reasons_path)
+            out = write_index(findings_dir, registrations_dir, reasons_path, readme)
         except ValueError as exc:
             raise click.ClickException(str(exc)) from exc
         click.echo(f"wrote {out}")
+        if readme is not None:
+            click.echo(f"wrote {readme}: the results at a glance")
