@@ -14,15 +14,18 @@ from typing import Any, Iterator
 
 import click
 
-from bistat.cli.exitcodes import ERROR
+from bistat.cli.exitcodes import ERROR, RUN_DIR_LOST
 
 RUN_EXIT_CODES = """\b
 Exit codes: 0 the run ended (the whole schedule ran; failed requests, if
 any, are flagged in the records) and --fail-on names no verdict it got;
 1 error, or the run stopped early (engine died, Ctrl-C: resume it with
---resume); with --fail-on, the code of the first verdict whose label it
-names: 10 doubtful, 11 reported as observed, 12 untested (also when an
-engine refused the setting or failed to start; the data so far is kept).
+--resume); 3 the run directory was removed or replaced while the run
+recorded (it stops before the next pass and copies its records into
+RUN_DIR.rescued-<UTC stamp> beside it); with --fail-on, the code of the
+first verdict whose label it names: 10 doubtful, 11 reported as
+observed, 12 untested (also when an engine refused the setting or failed
+to start; the data so far is kept).
 The run ends with a one-screen summary of its analysis for CI logs."""
 
 PROBE_EXIT_CODES = """\b
@@ -103,6 +106,11 @@ def _finish(outcome, registration, fail_on: frozenset[str]) -> None:
         # an engine that could not start (or refused its setting) is a failed run: non-zero even
         # without --fail-on, whose own code wins when it names the verdict
         sys.exit(_summarise(run_dir, registration, fail_on) or ERROR)
+    if outcome.status == "lost":
+        click.echo(f"run stopped: the run directory was lost: {outcome.detail}", err=True)
+        click.echo(f"data kept in {run_dir}; check it, then continue with: bistat run --resume "
+                   f"{run_dir}", err=True)
+        sys.exit(RUN_DIR_LOST)
     what = "interrupted" if outcome.status == "interrupted" else "stopped"
     click.echo(f"run {what}: {outcome.detail}", err=True)
     click.echo(f"data kept in {run_dir}; continue with: bistat run --resume {run_dir}", err=True)

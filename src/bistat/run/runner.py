@@ -26,6 +26,11 @@ engine is special-cased) and writes the run directory of ``docs/CONTRACTS.md`` t
   ``start_failed``), engines stopped, data kept, and the run ends *untested*;
 * an engine that dies mid-pass (:class:`~bistat.engines.base.EngineError` from ``run_pass``) or a
   Ctrl-C: the pass ends ``status = "interrupted"``, engines are stopped, data is kept and the run
+  can be resumed;
+* a run directory removed or replaced while the run records (checked before each engine start
+  and each pass, and after the last: :meth:`bistat.store.writer.RunWriter.lost`): the run stops
+  ``lost``, its files copied from the descriptors it holds into a new directory beside the old
+  (:meth:`~bistat.store.writer.RunWriter.rescue`), where its engines' stop events go; the copy
   can be resumed.
 
 Resume (``bistat run --resume RUN_DIR``)
@@ -112,7 +117,7 @@ __all__ = [
 ]
 
 EngineFactory = Callable[["Experiment", "Arm"], Engine]
-RunCompletion = Literal["complete", "untested", "incomplete", "interrupted"]
+RunCompletion = Literal["complete", "untested", "incomplete", "interrupted", "lost"]
 
 
 
@@ -127,7 +132,10 @@ class RunOutcome:
 
     ``status``: ``complete`` (the whole schedule ran), ``untested`` (an engine refused the
     setting or failed to start: the hypothesis could not be tested), ``incomplete`` (an engine
-    died mid-pass; resumable), ``interrupted`` (Ctrl-C; resumable).
+    died mid-pass; resumable), ``interrupted`` (Ctrl-C; resumable), ``lost`` (the run directory
+    was removed or replaced while the run recorded: stopped before the next pass, its files
+    copied from the descriptors the run held into ``run_dir``, a new directory beside the old;
+    ``detail`` says what happened and where each file could be read).
     """
 
     run_dir: Path
@@ -394,6 +402,12 @@ class _EngineDied(Exception):
         self.detail = detail
 
 
+class _RunDirLost(Exception):
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
 @dataclass
 class _PassState:
     planned: PlannedPass
@@ -531,10 +545,13 @@ class _Session:
         src = getattr(engine, "log_path", None)
         if src is None or not Path(src).is_file():
             return
+        if self.writer.lost() is not None:   # not into whatever now has the run directory's name
+            self._event(arm, "exited", f"server log {src} not kept: the run directory is lost")
+            return
         dest_dir = self.writer.run_dir / ENGINE_LOGS_DIR
-        dest_dir.mkdir(exist_ok=True)
-        n = 1 + sum(1 for _ in dest_dir.glob(f"{arm}-*.log.gz"))
         try:
+            dest_dir.mkdir(exist_ok=True)
+            n = 1 + sum(1 for _ in dest_dir.glob(f"{arm}-*.log.gz"))
             with open(src, "rb") as fin, gzip.open(dest_dir / f"{arm}-{n}.log.gz", "wb") as fout:
                 shutil.copyfileobj(fin, fout)
         except OSError as exc:  # a lost log must not lose the run
@@ -705,10 +722,15 @@ class _Session:
                 for arm in block.arms:
                     if arm in self.engines:  # a new block is a new start
                         self.stop_engine(arm)
+                self._check_run_dir()
                 self.start_engines(block.arms, block.block)
                 for planned in block.passes:
                     position += 1
+                    self._check_run_dir()
                     self.run_pass(planned, position, total)
+            self._check_run_dir()   # the last pass's records too
+        except _RunDirLost as exc:
+            return self._rescue(exc.detail)
         except _Untested as exc:
             self.stop_all()
             return self._outcome("untested", exc.detail)
@@ -724,6 +746,35 @@ class _Session:
         self.stop_all()
         return self._outcome("complete", None)
 
+    def _check_run_dir(self) -> None:
+        """Stop (:class:`_RunDirLost`) when the run directory is no longer the one the run
+        opened: removed, or replaced by another (a copy of the tree put in its place). The run's
+        files then have no name, and every later record would go where nobody finds it."""
+        why = self.writer.lost()
+        if why is not None:
+            raise _RunDirLost(why)
+
+    def _rescue(self, why: str) -> RunOutcome:
+        """The run directory is lost: say where its files can still be read, copy them into a
+        new directory beside it, stop the engines (their events and logs go to the copy) and
+        end the run ``lost``."""
+        lost_dir = self.writer.run_dir
+        held = self.writer.open_files()
+        self.reporter.message("\n".join(
+            [f"run directory lost: {why}. Its files are open in this process, and readable "
+             "there until it exits:", *(f"  {name}: {where}" for name, where in held.items())]))
+        try:
+            kept = self.writer.rescue(_rescue_dir(lost_dir))
+        except OSError as exc:
+            self.stop_all()
+            return self._outcome("lost", f"{why}; its files could not be copied ({exc}); they "
+                                         "were readable while the run's process lived: "
+                                         + "; ".join(f"{n} at {w}" for n, w in held.items()))
+        self.reporter.message(f"copied them into {kept}")
+        self.stop_all()
+        return self._outcome("lost", f"{why}; every record made so far was copied from the files "
+                                     f"this run held open into {kept}")
+
     def _outcome(self, status: RunCompletion, detail: str | None) -> RunOutcome:
         return RunOutcome(
             run_dir=self.writer.run_dir,
@@ -738,6 +789,17 @@ class _Session:
 # --------------------------------------------------------------------------------------------
 # run directories, resume state
 # --------------------------------------------------------------------------------------------
+
+
+def _rescue_dir(lost: Path, now: _dt.datetime | None = None) -> Path:
+    """A new directory for the files of the lost run directory ``lost``:
+    ``<lost>.rescued-<UTC stamp>`` beside it where its parent still exists, else in the
+    system's temporary directory."""
+    import tempfile
+
+    now = now or _dt.datetime.now(_dt.timezone.utc)
+    parent = lost.parent if lost.parent.is_dir() else Path(tempfile.gettempdir())
+    return new_run_dir(parent, f"{lost.name}.rescued", now)
 
 
 def new_run_dir(runs_dir: Path, name: str, now: _dt.datetime | None = None) -> Path:
