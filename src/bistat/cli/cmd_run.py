@@ -14,15 +14,18 @@ from typing import Any, Iterator
 
 import click
 
-from bistat.cli.exitcodes import ERROR
+from bistat.cli.exitcodes import ERROR, RUN_DIR_LOST
 
 RUN_EXIT_CODES = """\b
 Exit codes: 0 the run ended (the whole schedule ran; failed requests, if
 any, are flagged in the records) and --fail-on names no verdict it got;
 1 error, or the run stopped early (engine died, Ctrl-C: resume it with
---resume); with --fail-on, the code of the first verdict whose label it
-names: 10 doubtful, 11 reported as observed, 12 untested (also when an
-engine refused the setting or failed to start; the data so far is kept).
+--resume); 3 the run directory was removed or replaced while the run
+recorded (it stops before the next pass and copies its records into
+RUN_DIR.rescued-<UTC stamp> beside it); with --fail-on, the code of the
+first verdict whose label it names: 10 doubtful, 11 reported as
+observed, 12 untested (also when an engine refused the setting or failed
+to start; the data so far is kept).
 The run ends with a one-screen summary of its analysis for CI logs."""
 
 PROBE_EXIT_CODES = """\b
@@ -50,26 +53,6 @@ def _fail_on(values: tuple[str, ...]) -> frozenset[str]:
         return parse_fail_on(values)
     except FailOnError as exc:
         raise click.UsageError(str(exc)) from exc
-
-
-def _load_sealed(path: Path, runs_dir: Path):
-    """The registration at ``path``, verified (seal intact, precedes all recorded data)."""
-    from bistat.declare.prereg import RegistrationError, load_registration, verify
-
-    if path.suffix.lower() == ".toml":
-        raise click.ClickException(
-            f"{path} is a declaration, not a registration; register it first: "
-            f"bistat register {path}")
-    report = verify(path, runs_dirs=(runs_dir,))
-    if not report.ok:
-        raise click.ClickException(
-            "\n".join(report.problems) + f"\nrefusing to run an unverified registration; "
-            f"check it with: bistat verify {path}"
-        )
-    try:
-        return load_registration(path)
-    except RegistrationError as exc:
-        raise click.ClickException(str(exc)) from exc
 
 
 def _reporter(no_progress: bool):
@@ -123,6 +106,11 @@ def _finish(outcome, registration, fail_on: frozenset[str]) -> None:
         # an engine that could not start (or refused its setting) is a failed run: non-zero even
         # without --fail-on, whose own code wins when it names the verdict
         sys.exit(_summarise(run_dir, registration, fail_on) or ERROR)
+    if outcome.status == "lost":
+        click.echo(f"run stopped: the run directory was lost: {outcome.detail}", err=True)
+        click.echo(f"data kept in {run_dir}; check it, then continue with: bistat run --resume "
+                   f"{run_dir}", err=True)
+        sys.exit(RUN_DIR_LOST)
     what = "interrupted" if outcome.status == "interrupted" else "stopped"
     click.echo(f"run {what}: {outcome.detail}", err=True)
     click.echo(f"data kept in {run_dir}; continue with: bistat run --resume {run_dir}", err=True)
@@ -165,12 +153,12 @@ def run_command(registration: Path | None, resume_dir: Path | None, runs_dir: Pa
     Warm-up passes, then the declared passes per arm in the declared order; every response is
     written as it arrives, so a killed run loses nothing and --resume continues it.
     """
-    from bistat.store.format import RecordsError
-    from bistat.declare.run_registration import RunRegistrationError, run_registration
-    from bistat.store.run_dir import RecordedRun
+    from bistat.declare.prereg import RegistrationError
     from bistat.run.gpuload import GpuSamplingError, sample_interval_s
-    from bistat.run.runner import GpuBusyError, ResumeError, new_run_dir, resume_run, start_run
+    from bistat.run.registered import RunDirTaken, RunRefused, plan_resume, plan_run, record
+    from bistat.run.runner import GpuBusyError, ResumeError
     from bistat.run.workload import WorkloadError
+    from bistat.store.format import RecordsError
 
     if (registration is None) == (resume_dir is None):
         raise click.UsageError("give either REGISTRATION or --resume RUN_DIR")
@@ -178,53 +166,29 @@ def run_command(registration: Path | None, resume_dir: Path | None, runs_dir: Pa
     if resume_dir is not None and run_dir is not None:
         raise click.UsageError("--run-dir cannot be combined with --resume")
     reporter = _reporter(no_progress)
+    target = resume_dir
     try:
         sample_interval_s()   # the environment's BISTAT_GPU_SAMPLE_S, before anything is written
-        if resume_dir is not None:
-            try:
-                recorded = RecordedRun.open(resume_dir)
-            except RecordsError as exc:
-                raise click.ClickException(f"cannot resume: {exc}") from exc
-            # the one resolver of a run's registration: found as analyze finds it, seal checked
-            try:
-                found = run_registration(recorded)
-            except RunRegistrationError as exc:
-                raise click.ClickException(f"cannot resume: {exc}") from exc
-            ref = recorded.header.get("registration") or {}
-            reg_path = found.path
-            if not found.is_recorded_seal or ref.get("sha256") is None:
-                raise click.ClickException(
-                    f"{resume_dir / 'run.json'}: recorded against registration seal "
-                    f"{ref.get('sha256')}, but {reg_path} is now sealed as "
-                    f"{found.registration.sha256}; a run cannot continue under another "
-                    "registration"
-                )
-            reg = _load_sealed(reg_path, resume_dir.parent)
-            click.echo(f"resuming {resume_dir}")
-            # checked here first, so that a refusal or a warning comes before the run starts;
-            # the runner checks again when nothing was there (a process that came since)
-            busy = _gpu_busy(reg.experiment(), allow_busy_gpu)
-            with stoppable():
-                outcome = resume_run(reg.experiment(), resume_dir, reporter=reporter,
-                                     gpu_busy=busy, allow_busy_gpu=allow_busy_gpu)
-        else:
-            assert registration is not None
-            reg = _load_sealed(registration, runs_dir)
-            experiment = reg.experiment()
-            target = run_dir if run_dir is not None else new_run_dir(runs_dir, experiment.name)
-            if (target / "run.json").exists():
-                raise click.ClickException(
-                    f"{target}: a run is already recorded here; choose another --run-dir or "
-                    f"continue it with --resume {target}"
-                )
-            busy = _gpu_busy(experiment, allow_busy_gpu)
-            click.echo(f"running {experiment.name} into {target}")
-            from bistat.declare.prereg import note_run
-
-            note_run(reg, target)
-            with stoppable():
-                outcome = start_run(experiment, reg.reference(), target, reporter=reporter,
-                                    gpu_busy=busy, allow_busy_gpu=allow_busy_gpu)
+        try:
+            if resume_dir is not None:
+                plan = plan_resume(resume_dir)
+                click.echo(f"resuming {resume_dir}")
+            else:
+                assert registration is not None
+                plan = plan_run(registration, runs_dir=runs_dir, run_dir=run_dir)
+        except RunDirTaken as exc:
+            raise click.ClickException(
+                exc.explain("another --run-dir", f"--resume {exc.run_dir}")) from exc
+        except (RunRefused, RegistrationError) as exc:
+            raise click.ClickException(str(exc)) from exc
+        target = plan.run_dir
+        # checked here first, so that a refusal or a warning comes before the run starts;
+        # the runner checks again when nothing was there (a process that came since)
+        busy = _gpu_busy(plan.experiment, allow_busy_gpu)
+        if not plan.resume:
+            click.echo(f"running {plan.experiment.name} into {target}")
+        with stoppable():
+            outcome = record(plan, reporter=reporter, gpu_busy=busy, allow_busy_gpu=allow_busy_gpu)
     except GpuBusyError as exc:
         raise click.ClickException(exc.explain("--allow-busy-gpu")) from exc
     except (WorkloadError, RecordsError, ResumeError, GpuSamplingError) as exc:
@@ -232,8 +196,8 @@ def run_command(registration: Path | None, resume_dir: Path | None, runs_dir: Pa
     except OSError as exc:
         if exc.errno != errno.ENOSPC:
             raise
-        _disk_full(resume_dir if resume_dir is not None else target, exc)
-    _finish(outcome, reg, fail_labels)
+        _disk_full(target, exc)
+    _finish(outcome, plan.registration, fail_labels)
 
 
 @contextlib.contextmanager

@@ -391,11 +391,54 @@ def replay_prompt(run_dir: str | Path | RecordedRun, prompt_id: str, *, arm: str
     engine_factory : callable, optional
         ``(experiment, arm) -> Engine`` for non-embedded engines (and tests).
     """
+    target = _replay_target(RecordedRun.of(run_dir), prompt_id, arm, out_dir=out_dir,
+                            max_fillers=max_fillers, top_k=top_k, base_dir=base_dir)
+    backend = _backend(target.declaration, target.arm, engine_factory)
+    try:
+        sweep = _sweep(backend, target.needle, target.fillers, max_fillers)
+        prefill = _prefill_vs_decode(backend, target, sweep)
+        cache = _prefix_cache(backend, sweep)
+    finally:
+        backend.stop()
+    token_ids = None
+    if isinstance(backend, _EmbeddedBackend):
+        token_ids = backend.engine.encode_prompt(target.needle)
+    elif not isinstance(target.prompt.prompt, str):
+        token_ids = list(target.prompt.prompt)
+    conditions = _write_pack(target, sweep, prefill, cache, token_ids, max_fillers)
+    return ReplayReport(run_id=str(target.header.get("run_id")), arm=target.arm,
+                        prompt_id=prompt_id, pack_dir=target.pack,
+                        alone_repeat_identical=sweep.repeat_same, sweep=tuple(sweep.points),
+                        prefill_decode=prefill, prefix_cache=cache,
+                        reproduced_condition=conditions.reproduced)
+
+
+@dataclass(frozen=True)
+class _Target:
+    """What a replay replays: the run, its declaration, the arm, the needle and its fillers, and
+    where the pack goes."""
+
+    run: RecordedRun
+    header: Mapping[str, Any]
+    declaration: Mapping[str, Any]
+    experiment: Any                  # bistat.declare.experiment.Experiment
+    arm: str
+    divergence: DivergenceAnatomy | None
+    prompt: Any                      # bistat.run.workload.Prompt, the needle's
+    needle: GenerationRequest
+    fillers: list[GenerationRequest]
+    pack: Path
+
+
+def _replay_target(run: RecordedRun, prompt_id: str, arm: str | None, *,
+                   out_dir: str | Path | None, max_fillers: int, top_k: int | None,
+                   base_dir: Path | None) -> _Target:
+    """Step 1: the registered declaration, the arm (default: where the prompt diverged, else
+    the control), the needle's request and the fillers' (the workload's other prompts), the
+    pack folder (refused when it holds a pack)."""
     from bistat.declare.experiment import validate_experiment
-    from bistat.run.fingerprint import collect_fingerprint
     from bistat.run.workload import load_prompts, prompt_seed
 
-    run = RecordedRun.of(run_dir)
     run_dir, header = run.path, run.header
     decl = run_declaration(run)
     if decl is None:
@@ -429,126 +472,173 @@ def replay_prompt(run_dir: str | Path | RecordedRun, prompt_id: str, *, arm: str
                          top_k=wl.top_k, seed=prompt_seed(wl.seed, p.index),
                          ignore_eos=wl.ignore_eos, logprobs=k)
 
-    needle = request(by_id[prompt_id])
-    fillers = [request(p) for p in prompts if p.prompt_id != prompt_id]
     run_id = str(header.get("run_id") or run_dir.name)
     pack = (Path(out_dir) if out_dir is not None else
             Path("repro") / run_id / f"{prompt_id}-{arm}")
     if (pack / "manifest.json").exists():
         raise ReplayError(f"{pack}: already holds a repro pack; choose another --out")
+    return _Target(run, header, decl, exp, arm, div, by_id[prompt_id], request(by_id[prompt_id]),
+                   [request(p) for p in prompts if p.prompt_id != prompt_id], pack)
 
-    backend = _backend(decl, arm, engine_factory)
-    try:
-        cold = backend.generate([needle])[0]
-        warm = backend.generate([needle])[0]
-        for r in (cold, warm):
-            if r.error is not None:
-                raise ReplayError(f"the needle's request failed: {r.error}")
-        repeat_same, repeat_at = _identical(cold, warm)
-        alone = cold
-        sweep: list[SweepPoint] = []
-        first_differing: tuple[int, list[GenerationRequest], int, GenerationResult] | None = None
-        first_lp_only: tuple[int, list[GenerationRequest], int, GenerationResult] | None = None
-        for n in sweep_sizes(max_fillers):
-            batch, position = _batch(needle, fillers, n)
-            res = backend.generate(batch)[position]
-            if res.error is not None:
-                raise ReplayError(f"the needle's request failed with {n} fillers: {res.error}")
-            same, at = _identical(alone, res)
-            tok = first_divergence(alone.token_ids, res.token_ids)
-            sweep.append(SweepPoint(n, position, same, at, tok is None,
-                                    None if tok is None else tok[0],
-                                    token_sha256(res.token_ids), logprob_sha256(res.logprobs)))
-            if tok is not None and first_differing is None:
-                first_differing = (n, batch, position, res)
-            elif not same and first_lp_only is None:
-                first_lp_only = (n, batch, position, res)
-        # the pack reproduces the smallest batch that changed the tokens, else the logprobs
-        first_differing = first_differing or first_lp_only
-        # prefill vs decode, up to a few tokens past the divergence
-        focus: int | None = None
-        if div is not None:
-            focus = div.position
-        elif first_differing is not None:
-            focus = _identical(alone, first_differing[3])[1]
-        upto = len(alone.token_ids) if focus is None else min(len(alone.token_ids),
-                                                              focus + PREFILL_TAIL + 1)
-        pre = backend.prefill_logprobs(needle, alone.token_ids, upto)
-        if isinstance(pre, str):
-            prefill = ProbeResult("prefill_vs_decode", "unsupported", pre)
-        else:
-            dec = [float(x) for x in (alone.logprobs or [])[:upto]]
-            diffs = [abs(a - b) for a, b in zip(dec, pre)]
-            bad = [j for j, (a, b) in enumerate(zip(dec, pre))
-                   if np.float64(a).view(np.int64) != np.float64(b).view(np.int64)]
-            data = {"positions": upto, "decode_logprobs": [_fin(x) for x in dec],
-                    "prefill_logprobs": [_fin(x) for x in pre],
-                    "max_abs_difference": max(diffs) if diffs else 0.0,
-                    "first_differing_position": bad[0] if bad else None}
-            prefill = (ProbeResult("prefill_vs_decode", "identical",
-                                   f"bitwise equal at all {upto} generated position(s) checked",
-                                   data) if not bad else
-                       ProbeResult("prefill_vs_decode", "differs",
-                                   f"{len(bad)} of {upto} position(s) differ, first at token "
-                                   f"{bad[0]}; max |Δ logprob| {max(diffs):.3g}", data))
-        if backend.prefix_cache is None:
-            cache = ProbeResult("prefix_cache", "not applicable",
-                                "the embedded engine has no prefix cache")
-        else:
-            state = "on" if backend.prefix_cache else "off"
-            cache = ProbeResult(
-                "prefix_cache", "identical" if repeat_same else "differs",
-                f"prefix caching {state}; the needle first after engine start (cold) and again "
-                f"(warm): " + ("bitwise identical" if repeat_same else
-                               f"first divergence at token {repeat_at}"),
-                {"prefix_caching": backend.prefix_cache})
-    finally:
-        backend.stop()
 
-    # --- the pack -------------------------------------------------------------------------
+#: (fillers, the batch, the needle's place in it, the needle's result)
+_Condition = tuple[int, list[GenerationRequest], int, GenerationResult]
+
+
+@dataclass(frozen=True)
+class _Sweep:
+    """Step 2: the needle alone twice (cold, warm), then with growing batches of fillers."""
+
+    alone: GenerationResult
+    repeat_same: bool
+    repeat_at: int | None
+    points: list[SweepPoint]
+    #: the smallest batch that changed the tokens, else the logprobs (the pack reproduces it)
+    first_differing: _Condition | None
+
+
+def _sweep(backend: _Backend, needle: GenerationRequest, fillers: Sequence[GenerationRequest],
+           max_fillers: int) -> _Sweep:
+    cold = backend.generate([needle])[0]
+    warm = backend.generate([needle])[0]
+    for r in (cold, warm):
+        if r.error is not None:
+            raise ReplayError(f"the needle's request failed: {r.error}")
+    repeat_same, repeat_at = _identical(cold, warm)
+    alone = cold
+    points: list[SweepPoint] = []
+    first_differing: _Condition | None = None
+    first_lp_only: _Condition | None = None
+    for n in sweep_sizes(max_fillers):
+        batch, position = _batch(needle, fillers, n)
+        res = backend.generate(batch)[position]
+        if res.error is not None:
+            raise ReplayError(f"the needle's request failed with {n} fillers: {res.error}")
+        same, at = _identical(alone, res)
+        tok = first_divergence(alone.token_ids, res.token_ids)
+        points.append(SweepPoint(n, position, same, at, tok is None,
+                                 None if tok is None else tok[0],
+                                 token_sha256(res.token_ids), logprob_sha256(res.logprobs)))
+        if tok is not None and first_differing is None:
+            first_differing = (n, batch, position, res)
+        elif not same and first_lp_only is None:
+            first_lp_only = (n, batch, position, res)
+    return _Sweep(alone, repeat_same, repeat_at, points, first_differing or first_lp_only)
+
+
+def _prefill_vs_decode(backend: _Backend, target: _Target, sweep: _Sweep) -> ProbeResult:
+    """Step 3: the needle's generated tokens fed back as a prompt, its logprobs against the
+    decode's, up to a few tokens past the divergence (the run's, else the sweep's)."""
+    alone = sweep.alone
+    focus: int | None = None
+    if target.divergence is not None:
+        focus = target.divergence.position
+    elif sweep.first_differing is not None:
+        focus = _identical(alone, sweep.first_differing[3])[1]
+    upto = len(alone.token_ids) if focus is None else min(len(alone.token_ids),
+                                                          focus + PREFILL_TAIL + 1)
+    pre = backend.prefill_logprobs(target.needle, alone.token_ids, upto)
+    if isinstance(pre, str):
+        return ProbeResult("prefill_vs_decode", "unsupported", pre)
+    dec = [float(x) for x in (alone.logprobs or [])[:upto]]
+    diffs = [abs(a - b) for a, b in zip(dec, pre)]
+    bad = [j for j, (a, b) in enumerate(zip(dec, pre))
+           if np.float64(a).view(np.int64) != np.float64(b).view(np.int64)]
+    data = {"positions": upto, "decode_logprobs": [_fin(x) for x in dec],
+            "prefill_logprobs": [_fin(x) for x in pre],
+            "max_abs_difference": max(diffs) if diffs else 0.0,
+            "first_differing_position": bad[0] if bad else None}
+    if not bad:
+        return ProbeResult("prefill_vs_decode", "identical",
+                           f"bitwise equal at all {upto} generated position(s) checked", data)
+    return ProbeResult("prefill_vs_decode", "differs",
+                       f"{len(bad)} of {upto} position(s) differ, first at token {bad[0]}; "
+                       f"max |Δ logprob| {max(diffs):.3g}", data)
+
+
+def _prefix_cache(backend: _Backend, sweep: _Sweep) -> ProbeResult:
+    """Step 4: the needle first after the engine's start (cold) against again (warm)."""
+    if backend.prefix_cache is None:
+        return ProbeResult("prefix_cache", "not applicable",
+                           "the embedded engine has no prefix cache")
+    state = "on" if backend.prefix_cache else "off"
+    return ProbeResult(
+        "prefix_cache", "identical" if sweep.repeat_same else "differs",
+        f"prefix caching {state}; the needle first after engine start (cold) and again "
+        f"(warm): " + ("bitwise identical" if sweep.repeat_same else
+                       f"first divergence at token {sweep.repeat_at}"),
+        {"prefix_caching": backend.prefix_cache})
+
+
+def _recorded_outputs(target: _Target) -> dict[str, Any]:
+    """The run's two outputs of the needle that diverged (reference and other pass), around the
+    divergence; nothing when it did not diverge in the arm."""
+    div, recorded = target.divergence, {}
+    if div is None:
+        return recorded
+    outputs = load_pass_outputs(target.run)
+    for side, s in (("reference", div.reference), ("other", div.other)):
+        o = outputs.get((target.arm, s.pass_index, target.prompt.prompt_id))
+        if o is None:
+            continue
+        lo = max(0, div.position - WINDOW)
+        hi = div.position + WINDOW + 1
+        recorded[side] = {
+            "pass_index": s.pass_index, "seq": s.seq,
+            "token_ids": list(o.token_ids), "text": o.text,
+            # a trimmed run (bistat compact --trim) keeps only a prefix of this
+            # output: its recorded hash, never one of the prefix
+            "token_sha256": (o.token_sha256 if o.trimmed and o.token_sha256
+                             else token_sha256(o.token_ids)),
+            "logprobs_window": {"start": lo,
+                                "logprobs": [_fin(x) for x in (o.logprobs or ())[lo:hi]],
+                                "top_logprobs": [[[t, _fin(v)] for t, v in pos] for pos in
+                                                 (o.top_logprobs or ())[lo:hi]]}}
+        if o.trimmed:
+            recorded[side]["token_ids_trimmed"] = {"kept": len(o.token_ids),
+                                                   "n_tokens": o.n_tokens}
+    return recorded
+
+
+@dataclass(frozen=True)
+class _Conditions:
+    """The conditions a pack re-runs: the needle alone, and the batch that changed it."""
+
+    conditions: list[dict[str, Any]]
+    reproduced: str | None
+
+
+def _conditions(target: _Target, sweep: _Sweep) -> _Conditions:
+    alone = sweep.alone
+    around = target.divergence.position if target.divergence is not None else None
+    conditions = [{"name": "alone", "requests": [_request_dict(target.needle)],
+                   "needle_position": 0, "expected": _result_dict(alone, around)}]
+    if sweep.first_differing is None:
+        return _Conditions(conditions, None)
+    n, batch, position, res = sweep.first_differing
+    conditions.append({"name": f"batch of {n} filler(s)",
+                       "requests": [_request_dict(r) for r in batch],
+                       "needle_position": position,
+                       "expected": _result_dict(res, _identical(alone, res)[1])})
+    return _Conditions(conditions, f"{n} filler(s)")
+
+
+def _write_pack(target: _Target, sweep: _Sweep, prefill: ProbeResult, cache: ProbeResult,
+                token_ids: list[int] | None, max_fillers: int) -> _Conditions:
+    """Step 5: the repro pack's files (``PACK_FILES``, ``reproduce.sh``, ``README.md``, the
+    manifest last)."""
+    from bistat.run.fingerprint import collect_fingerprint
+
+    pack, exp, arm, header = target.pack, target.experiment, target.arm, target.header
+    div, needle, prompt_obj = target.divergence, target.needle, target.prompt
+    prompt_id, run_dir = prompt_obj.prompt_id, target.run.path
     pack.mkdir(parents=True, exist_ok=True)
-    around = div.position if div is not None else None
-    outputs = load_pass_outputs(run)
-    recorded: dict[str, Any] = {}
-    if div is not None:
-        for side, s in (("reference", div.reference), ("other", div.other)):
-            o = outputs.get((arm, s.pass_index, prompt_id))
-            if o is not None:
-                lo = max(0, div.position - WINDOW)
-                hi = div.position + WINDOW + 1
-                recorded[side] = {
-                    "pass_index": s.pass_index, "seq": s.seq,
-                    "token_ids": list(o.token_ids), "text": o.text,
-                    # a trimmed run (bistat compact --trim) keeps only a prefix of this
-                    # output: its recorded hash, never one of the prefix
-                    "token_sha256": (o.token_sha256 if o.trimmed and o.token_sha256
-                                     else token_sha256(o.token_ids)),
-                    "logprobs_window": {"start": lo,
-                                        "logprobs": [_fin(x) for x in (o.logprobs or ())[lo:hi]],
-                                        "top_logprobs": [[[t, _fin(v)] for t, v in pos] for pos in
-                                                         (o.top_logprobs or ())[lo:hi]]}}
-                if o.trimmed:
-                    recorded[side]["token_ids_trimmed"] = {"kept": len(o.token_ids),
-                                                           "n_tokens": o.n_tokens}
-    conditions = [{"name": "alone", "requests": [_request_dict(needle)], "needle_position": 0,
-                   "expected": _result_dict(alone, around)}]
-    reproduced = None
-    if first_differing is not None:
-        n, batch, position, res = first_differing
-        reproduced = f"{n} filler(s)"
-        conditions.append({"name": f"batch of {n} filler(s)",
-                           "requests": [_request_dict(r) for r in batch],
-                           "needle_position": position,
-                           "expected": _result_dict(res, _identical(alone, res)[1])})
-    env_rows = run.table("environment").to_dict("records")
+    recorded = _recorded_outputs(target)
+    conditions = _conditions(target, sweep)
+    env_rows = target.run.table("environment").to_dict("records")
     recorded_env = [r.get("fingerprint") for r in env_rows if r.get("arm") == arm]
     engine_rows = [r.get("engine") for r in env_rows if r.get("arm") == arm]
-    prompt_obj = by_id[prompt_id]
-    token_ids = None
-    if isinstance(backend, _EmbeddedBackend):
-        token_ids = backend.engine.encode_prompt(needle)
-    elif not isinstance(prompt_obj.prompt, str):
-        token_ids = list(prompt_obj.prompt)
+    arm_env = dict(next(a for a in exp.arms if a.name == arm).env)
     commands = [f"bistat reproduce {shlex.quote(str(pack))}",
                 f"bistat replay {shlex.quote(str(run_dir))} --prompt {shlex.quote(prompt_id)} "
                 f"--arm {shlex.quote(arm)} --max-fillers {max_fillers}"]
@@ -558,14 +648,13 @@ def replay_prompt(run_dir: str | Path | RecordedRun, prompt_id: str, *, arm: str
         "schema": PACK_FILES["prompt.json"], **common, "prompt_id": prompt_id,
         "prompt_index": prompt_obj.index,
         "text": prompt_obj.prompt if isinstance(prompt_obj.prompt, str) else None,
-        "token_ids": token_ids, "chat": prompt_obj.chat, "source": wl.source})
+        "token_ids": token_ids, "chat": prompt_obj.chat, "source": exp.workload.source})
     _write_json(pack / "settings.json", {
         "schema": PACK_FILES["settings.json"], **common, "arm": arm,
         "engine": {"kind": exp.engine.kind, "model": str(exp.engine.model),
-                   "args": exp.arm_args(arm), "env": dict(next(a for a in exp.arms
-                                                               if a.name == arm).env),
+                   "args": exp.arm_args(arm), "env": arm_env,
                    "recorded": engine_rows[-1] if engine_rows else None},
-        "request": _request_dict(needle), "declaration": decl,
+        "request": _request_dict(needle), "declaration": target.declaration,
         "registration": header.get("registration")})
     _write_json(pack / "outputs.json", {
         "schema": PACK_FILES["outputs.json"], **common, "recorded": recorded,
@@ -574,20 +663,19 @@ def replay_prompt(run_dir: str | Path | RecordedRun, prompt_id: str, *, arm: str
             "margin": _fin(div.margin) if div.margin is not None else None,
             "margin_is_bound": div.margin_is_bound,
             "reference_pass": div.reference.pass_index, "other_pass": div.other.pass_index},
-        "conditions": conditions})
+        "conditions": conditions.conditions})
     _write_json(pack / "environment.json", {
         "schema": PACK_FILES["environment.json"], **common,
-        "replay": collect_fingerprint(dict(next(a for a in exp.arms if a.name == arm).env)),
-        "recorded": recorded_env})
+        "replay": collect_fingerprint(arm_env), "recorded": recorded_env})
     _write_json(pack / "probes.json", {
         "schema": PACK_FILES["probes.json"], **common,
-        "alone_repeat_identical": repeat_same,
+        "alone_repeat_identical": sweep.repeat_same,
         "sweep": [{"n_fillers": p.n_fillers, "needle_position": p.position,
                    "identical": p.identical, "first_divergence": p.first_divergence,
                    "tokens_identical": p.tokens_identical,
                    "first_token_divergence": p.first_token_divergence,
                    "token_sha256": p.token_sha256, "logprob_sha256": p.logprob_sha256}
-                  for p in sweep],
+                  for p in sweep.points],
         "prefill_vs_decode": {"status": prefill.status, "detail": prefill.detail,
                               **dict(prefill.data)},
         "prefix_cache": {"status": cache.status, "detail": cache.detail, **dict(cache.data)}})
@@ -596,17 +684,15 @@ def replay_prompt(run_dir: str | Path | RecordedRun, prompt_id: str, *, arm: str
         "set -e\nbistat reproduce \"$(dirname \"$0\")\"\n", encoding="utf-8")
     (pack / "reproduce.sh").chmod(0o755)
     (pack / "README.md").write_text(_readme(prompt_id, arm, header, exp.engine.kind,
-                                            str(exp.engine.model), div, conditions, commands,
-                                            sweep, prefill, cache), encoding="utf-8")
+                                            str(exp.engine.model), div, conditions.conditions,
+                                            commands, sweep.points, prefill, cache),
+                                    encoding="utf-8")
     _write_json(pack / "manifest.json", {
         "schema": REPRO_SCHEMA, **common, "run_id": str(header.get("run_id")),
         "prompt_id": prompt_id, "arm": arm,
         "files": {name: schema for name, schema in PACK_FILES.items()},
         "commands": commands})
-    return ReplayReport(run_id=str(header.get("run_id")), arm=arm, prompt_id=prompt_id,
-                        pack_dir=pack, alone_repeat_identical=repeat_same, sweep=tuple(sweep),
-                        prefill_decode=prefill, prefix_cache=cache,
-                        reproduced_condition=reproduced)
+    return conditions
 
 
 def _readme(prompt_id: str, arm: str, header: Mapping[str, Any], kind: str, model: str,

@@ -26,6 +26,11 @@ engine is special-cased) and writes the run directory of ``docs/CONTRACTS.md`` t
   ``start_failed``), engines stopped, data kept, and the run ends *untested*;
 * an engine that dies mid-pass (:class:`~bistat.engines.base.EngineError` from ``run_pass``) or a
   Ctrl-C: the pass ends ``status = "interrupted"``, engines are stopped, data is kept and the run
+  can be resumed;
+* a run directory removed or replaced while the run records (checked before each engine start
+  and each pass, and after the last: :meth:`bistat.store.writer.RunWriter.lost`): the run stops
+  ``lost``, its files copied from the descriptors it holds into a new directory beside the old
+  (:meth:`~bistat.store.writer.RunWriter.rescue`), where its engines' stop events go; the copy
   can be resumed.
 
 Resume (``bistat run --resume RUN_DIR``)
@@ -112,7 +117,7 @@ __all__ = [
 ]
 
 EngineFactory = Callable[["Experiment", "Arm"], Engine]
-RunCompletion = Literal["complete", "untested", "incomplete", "interrupted"]
+RunCompletion = Literal["complete", "untested", "incomplete", "interrupted", "lost"]
 
 
 
@@ -127,7 +132,10 @@ class RunOutcome:
 
     ``status``: ``complete`` (the whole schedule ran), ``untested`` (an engine refused the
     setting or failed to start: the hypothesis could not be tested), ``incomplete`` (an engine
-    died mid-pass; resumable), ``interrupted`` (Ctrl-C; resumable).
+    died mid-pass; resumable), ``interrupted`` (Ctrl-C; resumable), ``lost`` (the run directory
+    was removed or replaced while the run recorded: stopped before the next pass, its files
+    copied from the descriptors the run held into ``run_dir``, a new directory beside the old;
+    ``detail`` says what happened and where each file could be read).
     """
 
     run_dir: Path
@@ -394,6 +402,12 @@ class _EngineDied(Exception):
         self.detail = detail
 
 
+class _RunDirLost(Exception):
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
 @dataclass
 class _PassState:
     planned: PlannedPass
@@ -406,37 +420,23 @@ class _PassState:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-class _Session:
-    def __init__(
-        self,
-        experiment: "Experiment",
-        writer: RunWriter,
-        prompts: Sequence[Prompt],
-        engine_factory: EngineFactory,
-        reporter: Reporter,
-    ) -> None:
+class _Engines:
+    """A run's engines: started a block at a time (in parallel where the kind allows), each start
+    recorded (``events``, ``environment``), stopped with their server logs kept."""
+
+    def __init__(self, experiment: "Experiment", writer: RunWriter,
+                 engine_factory: EngineFactory) -> None:
         self.experiment = experiment
         self.writer = writer
-        self.prompts = prompts
         self.engine_factory = engine_factory
-        self.reporter = reporter
-        self.engines: dict[str, Engine] = {}
         self.arms = {arm.name: arm for arm in experiment.arms}
-        self.passes_run = 0
-        self.failed_requests = 0
-        self.failed_passes = 0
-        #: samples this machine's GPUs while engines run on them (bistat.run.gpuload)
-        self.gpu_monitor: GpuMonitor | None = None
+        #: the engines up now, by arm
+        self.running: dict[str, Engine] = {}
         #: the GPUs each arm's engine uses (its fingerprint's UUIDs; empty: all of them)
         self.gpu_uuids: dict[str, tuple[str, ...]] = {}
 
-    # engines ---------------------------------------------------------------------------------
-
-    def _event(self, arm: str, event: str, detail: Any = None) -> None:
+    def event(self, arm: str, event: str, detail: Any = None) -> None:
         self.writer.append("events", {"arm": arm, "event": event, "time_utc": utc_now(), "detail": detail})
-
-    def start_engine(self, arm: str, block: int) -> None:
-        self.start_engines([arm], block)
 
     def _launch(self, arm: str) -> tuple[Engine | None, EngineInfo | None, BaseException | None]:
         """Create and start one arm's engine; never raises (the caller records the outcome)."""
@@ -444,10 +444,10 @@ class _Session:
         try:
             engine = self.engine_factory(self.experiment, self.arms[arm])
             return engine, engine.start(), None
-        except BaseException as exc:  # recorded and re-raised by start_engines
+        except BaseException as exc:  # recorded and re-raised by start
             return engine, None, exc
 
-    def start_engines(self, arms: Sequence[str], block: int) -> None:
+    def start(self, arms: Sequence[str], block: int) -> None:
         """Start the block's engines at once and record the outcomes in arm order.
 
         Where the kind allows (``capabilities.parallel_start``) the starts run in parallel threads;
@@ -474,10 +474,10 @@ class _Session:
             if engine is not None:
                 self._stop_quietly(arm, engine)
             if isinstance(exc, EngineRefused):
-                self._event(arm, "refused", str(exc))
+                self.event(arm, "refused", str(exc))
                 failure = failure or _Untested(f"engine for arm {arm!r} refused the setting: {exc}")
             elif isinstance(exc, EngineError):
-                self._event(arm, "start_failed", f"{type(exc).__name__}: {exc}")
+                self.event(arm, "start_failed", f"{type(exc).__name__}: {exc}")
                 what = "could not be created" if engine is None else "failed to start"
                 failure = failure or _Untested(f"engine for arm {arm!r} {what}: {exc}")
             else:
@@ -486,8 +486,8 @@ class _Session:
             raise failure
 
     def _record_started(self, arm: str, block: int, engine: Engine, info: EngineInfo) -> None:
-        self.engines[arm] = engine
-        self._event(arm, "started", f"block {block}; {info.kind} {info.version}" + (f" ({info.commit})" if info.commit else ""))
+        self.running[arm] = engine
+        self.event(arm, "started", f"block {block}; {info.kind} {info.version}" + (f" ({info.commit})" if info.commit else ""))
         fingerprint = self._fingerprint(arm, engine)
         gpus = fingerprint.get("gpus") if isinstance(fingerprint, dict) else None
         self.gpu_uuids[arm] = tuple(str(g["uuid"]) for g in gpus or ()
@@ -531,14 +531,17 @@ class _Session:
         src = getattr(engine, "log_path", None)
         if src is None or not Path(src).is_file():
             return
+        if self.writer.lost() is not None:   # not into whatever now has the run directory's name
+            self.event(arm, "exited", f"server log {src} not kept: the run directory is lost")
+            return
         dest_dir = self.writer.run_dir / ENGINE_LOGS_DIR
-        dest_dir.mkdir(exist_ok=True)
-        n = 1 + sum(1 for _ in dest_dir.glob(f"{arm}-*.log.gz"))
         try:
+            dest_dir.mkdir(exist_ok=True)
+            n = 1 + sum(1 for _ in dest_dir.glob(f"{arm}-*.log.gz"))
             with open(src, "rb") as fin, gzip.open(dest_dir / f"{arm}-{n}.log.gz", "wb") as fout:
                 shutil.copyfileobj(fin, fout)
         except OSError as exc:  # a lost log must not lose the run
-            self._event(arm, "exited", f"server log {src} not kept: {exc}")
+            self.event(arm, "exited", f"server log {src} not kept: {exc}")
 
     def _stop_quietly(self, arm: str, engine: Engine) -> bool:
         """Stop ``engine`` and keep its log; a failed stop is an ``exited`` event. True if it
@@ -546,26 +549,80 @@ class _Session:
         try:
             engine.stop()
         except EngineError as exc:
-            self._event(arm, "exited", f"stop failed: {exc}")
+            self.event(arm, "exited", f"stop failed: {exc}")
             self._keep_log(arm, engine)
             return False
         self._keep_log(arm, engine)
         return True
 
-    def stop_engine(self, arm: str) -> None:
-        if self._stop_quietly(arm, self.engines.pop(arm)):
-            self._event(arm, "stopped")
+    def stop(self, arm: str) -> None:
+        if self._stop_quietly(arm, self.running.pop(arm)):
+            self.event(arm, "stopped")
 
     def stop_all(self) -> None:
-        for arm in list(self.engines):
-            self.stop_engine(arm)
+        for arm in list(self.running):
+            self.stop(arm)
+
+
+    def discard(self, arm: str, engine: Engine) -> None:
+        """An engine that failed during a pass: stopped (its log kept), no ``stopped`` event."""
+        self.running.pop(arm, None)
+        self._stop_quietly(arm, engine)
+
+
+@dataclass(frozen=True)
+class _PassEnd:
+    """How a pass ended, from its state once the engine returned (see ``_Session._end_pass``)."""
+
+    status: str
+    samples: list[MetricsSample]
+    n_failed: int
+    output_tokens: int
+    prompt_tokens: int
+
+
+class _Session:
+    """One execution of planned blocks: the engines of each block, its passes in order, the run
+    directory checked before each, and how the run ended."""
+
+    def __init__(
+        self,
+        experiment: "Experiment",
+        writer: RunWriter,
+        prompts: Sequence[Prompt],
+        engine_factory: EngineFactory,
+        reporter: Reporter,
+    ) -> None:
+        self.experiment = experiment
+        self.writer = writer
+        self.prompts = prompts
+        self.reporter = reporter
+        self.engines = _Engines(experiment, writer, engine_factory)
+        self.passes_run = 0
+        self.failed_requests = 0
+        self.failed_passes = 0
+        #: samples this machine's GPUs while engines run on them (bistat.run.gpuload)
+        self.gpu_monitor: GpuMonitor | None = None
 
     # passes ----------------------------------------------------------------------------------
 
     def run_pass(self, planned: PlannedPass, position: int, total: int) -> None:
+        """One pass: its requests sent, each response recorded as it arrives, the missing ones
+        recorded as failed, its ``end`` and ``passes`` records, and the reporter told."""
+        engine = self.engines.running[planned.arm]
+        requests = self._requests(planned)
+        state = _PassState(planned=planned, index_of={p.prompt_id: p.index for p in self.prompts})
+        started_utc = utc_now()
+        self.writer.append("schedule", _schedule_record(planned, "start"))
+        self.reporter.pass_started(planned, len(requests), position, total)
+        wall_s, host, gpu = self._drive(engine, requests, state)
+        end = self._end_pass(requests, state)
+        self._record_pass(planned, requests, started_utc, wall_s, host, gpu, end)
+
+    def _requests(self, planned: PlannedPass) -> list[GenerationRequest]:
+        """The pass's requests, in its shuffled order (:func:`bistat.run.workload.requests_for_pass`)."""
         wl = self.experiment.workload
-        engine = self.engines[planned.arm]
-        requests: list[GenerationRequest] = requests_for_pass(
+        return requests_for_pass(
             self.prompts,
             seed=wl.seed,
             arm=planned.arm,
@@ -579,10 +636,10 @@ class _Session:
             logprobs=wl.top_logprobs,
             max_tokens_min=wl.max_tokens_min,
         )
-        state = _PassState(planned=planned, index_of={p.prompt_id: p.index for p in self.prompts})
-        started_utc = utc_now()
-        self.writer.append("schedule", _schedule_record(planned, "start"))
-        self.reporter.pass_started(planned, len(requests), position, total)
+
+    def _on_result(self, state: _PassState) -> Callable[[GenerationResult], None]:
+        """The engine's callback for each response: recorded at once, counted, reported."""
+        planned = state.planned
 
         def on_result(result: GenerationResult) -> None:
             failed = result.error is not None
@@ -597,36 +654,57 @@ class _Session:
                     state.prompt_tokens += result.n_prompt_tokens or 0
             self.reporter.result(0 if failed else len(result.token_ids), failed)
 
+        return on_result
+
+    def _on_metrics(self, state: _PassState) -> Callable[[MetricsSample], None]:
+        """The engine's callback for each metrics sample: kept for the batching summary and
+        recorded."""
+
         def on_metrics(sample: MetricsSample) -> None:
             with state.lock:
                 state.samples.append(sample)
-                self.writer.append("metrics", _metrics_record(planned, sample))
+                self.writer.append("metrics", _metrics_record(state.planned, sample))
 
+        return on_metrics
+
+    def _drive(self, engine: Engine, requests: list[GenerationRequest], state: _PassState
+               ) -> tuple[float, Any, Any]:
+        """Run the pass on ``engine``; its wall time and the host's and GPUs' load meanwhile.
+
+        An engine that fails ends the pass ``interrupted`` and is stopped (:class:`_EngineDied`);
+        Ctrl-C or an adapter's defect ends it ``interrupted`` and propagates."""
+        planned, wl = state.planned, self.experiment.workload
         host_before = host_sample()
         t0_wall = time.time()
         t0 = time.perf_counter()
         try:
-            engine.run_pass(requests, concurrency=wl.concurrency, on_result=on_result, on_metrics=on_metrics)
+            engine.run_pass(requests, concurrency=wl.concurrency, on_result=self._on_result(state),
+                            on_metrics=self._on_metrics(state))
         except EngineError as exc:
-            with state.lock:
-                self.writer.append(
-                    "schedule", _schedule_record(planned, "end", status="interrupted", n_failed=state.n_failed)
-                )
-            self._event(planned.arm, "exited", f"{type(exc).__name__} during pass seq {planned.seq}: {exc}")
-            self.engines.pop(planned.arm, None)
-            self._stop_quietly(planned.arm, engine)
+            self._end_interrupted(state)
+            self.engines.event(planned.arm, "exited", f"{type(exc).__name__} during pass seq {planned.seq}: {exc}")
+            self.engines.discard(planned.arm, engine)
             raise _EngineDied(f"engine for arm {planned.arm!r} failed during pass seq {planned.seq}: {exc}") from exc
         except BaseException:
             # Ctrl-C, or a defect in an adapter: mark the pass, keep the data, let it propagate.
-            with state.lock:
-                self.writer.append(
-                    "schedule", _schedule_record(planned, "end", status="interrupted", n_failed=state.n_failed)
-                )
+            self._end_interrupted(state)
             raise
         wall_s = time.perf_counter() - t0
         host = host_record(host_before, host_sample())
-        gpu = (self.gpu_monitor.record(t0_wall, time.time(), self.gpu_uuids.get(planned.arm, ()))
+        gpu = (self.gpu_monitor.record(t0_wall, time.time(), self.engines.gpu_uuids.get(planned.arm, ()))
                if self.gpu_monitor is not None else None)
+        return wall_s, host, gpu
+
+    def _end_interrupted(self, state: _PassState) -> None:
+        with state.lock:
+            self.writer.append(
+                "schedule", _schedule_record(state.planned, "end", status="interrupted", n_failed=state.n_failed)
+            )
+
+    def _end_pass(self, requests: list[GenerationRequest], state: _PassState) -> _PassEnd:
+        """Requests the engine never answered recorded as failed; the responses synced to disk;
+        the pass's ``end`` line (``complete``, or ``failed`` with a failure)."""
+        planned = state.planned
         with state.lock:
             for request in requests:
                 if request.prompt_id not in state.received:
@@ -634,11 +712,17 @@ class _Session:
                     state.received.add(request.prompt_id)
                     state.n_failed += 1
             status = "complete" if state.n_failed == 0 else "failed"
-            samples = list(state.samples)
-            n_failed, output_tokens, prompt_tokens = state.n_failed, state.output_tokens, state.prompt_tokens
+            end = _PassEnd(status, list(state.samples), state.n_failed, state.output_tokens,
+                           state.prompt_tokens)
             self.writer.sync()   # the pass's responses reach the disk before its "end" record
-            self.writer.append("schedule", _schedule_record(planned, "end", status=status, n_failed=n_failed))
-        rate = output_tokens / wall_s if wall_s > 0 else None
+            self.writer.append("schedule", _schedule_record(planned, "end", status=status, n_failed=end.n_failed))
+        return end
+
+    def _record_pass(self, planned: PlannedPass, requests: list[GenerationRequest],
+                     started_utc: str, wall_s: float, host: Any, gpu: Any, end: _PassEnd) -> None:
+        """The pass's ``passes.jsonl`` line (throughput, batching evidence, load), the run's
+        counts, and the reporter told."""
+        rate = end.output_tokens / wall_s if wall_s > 0 else None
         self.writer.append(
             "passes",
             {
@@ -648,35 +732,36 @@ class _Session:
                 "kind": planned.kind,
                 "wall_s": wall_s,
                 "n_requests": len(requests),
-                "n_failed": n_failed,
-                "prompt_tokens": prompt_tokens,
-                "output_tokens": output_tokens,
+                "n_failed": end.n_failed,
+                "prompt_tokens": end.prompt_tokens,
+                "output_tokens": end.output_tokens,
                 "output_tokens_per_s": rate,
                 "requests_per_s": len(requests) / wall_s if wall_s > 0 else None,
                 "started_utc": started_utc,
-                "status": status,
+                "status": end.status,
                 "block": planned.block,
-                "batching": batching_summary(samples, wall_s),
+                "batching": batching_summary(end.samples, wall_s),
                 **({"host": host} if host is not None else {}),
                 **({"gpu": gpu} if gpu is not None else {}),
             },
         )
         self.passes_run += 1
-        self.failed_requests += n_failed
-        self.failed_passes += int(n_failed > 0)
+        self.failed_requests += end.n_failed
+        self.failed_passes += int(end.n_failed > 0)
         self.reporter.pass_finished(
             PassReport(
                 planned=planned,
-                status=status,
+                status=end.status,
                 wall_s=wall_s,
                 n_requests=len(requests),
-                n_failed=n_failed,
-                output_tokens=output_tokens,
+                n_failed=end.n_failed,
+                output_tokens=end.output_tokens,
                 output_tokens_per_s=rate,
             )
         )
 
     # the schedule ----------------------------------------------------------------------------
+
 
     def _start_gpu_monitor(self) -> None:
         """Sample the GPUs during the passes where the engines run on this machine's GPU
@@ -700,29 +785,63 @@ class _Session:
         position = 0
         try:
             for block in blocks:
-                for arm in [a for a in self.engines if a not in block.arms]:
-                    self.stop_engine(arm)
+                for arm in [a for a in self.engines.running if a not in block.arms]:
+                    self.engines.stop(arm)
                 for arm in block.arms:
-                    if arm in self.engines:  # a new block is a new start
-                        self.stop_engine(arm)
-                self.start_engines(block.arms, block.block)
+                    if arm in self.engines.running:  # a new block is a new start
+                        self.engines.stop(arm)
+                self._check_run_dir()
+                self.engines.start(block.arms, block.block)
                 for planned in block.passes:
                     position += 1
+                    self._check_run_dir()
                     self.run_pass(planned, position, total)
+            self._check_run_dir()   # the last pass's records too
+        except _RunDirLost as exc:
+            return self._rescue(exc.detail)
         except _Untested as exc:
-            self.stop_all()
+            self.engines.stop_all()
             return self._outcome("untested", exc.detail)
         except _EngineDied as exc:
-            self.stop_all()
+            self.engines.stop_all()
             return self._outcome("incomplete", exc.detail)
         except KeyboardInterrupt:
-            self.stop_all()
+            self.engines.stop_all()
             return self._outcome("interrupted", "interrupted by the user (Ctrl-C)")
         except BaseException:
-            self.stop_all()
+            self.engines.stop_all()
             raise
-        self.stop_all()
+        self.engines.stop_all()
         return self._outcome("complete", None)
+
+    def _check_run_dir(self) -> None:
+        """Stop (:class:`_RunDirLost`) when the run directory is no longer the one the run
+        opened: removed, or replaced by another (a copy of the tree put in its place). The run's
+        files then have no name, and every later record would go where nobody finds it."""
+        why = self.writer.lost()
+        if why is not None:
+            raise _RunDirLost(why)
+
+    def _rescue(self, why: str) -> RunOutcome:
+        """The run directory is lost: say where its files can still be read, copy them into a
+        new directory beside it, stop the engines (their events and logs go to the copy) and
+        end the run ``lost``."""
+        lost_dir = self.writer.run_dir
+        held = self.writer.open_files()
+        self.reporter.message("\n".join(
+            [f"run directory lost: {why}. Its files are open in this process, and readable "
+             "there until it exits:", *(f"  {name}: {where}" for name, where in held.items())]))
+        try:
+            kept = self.writer.rescue(_rescue_dir(lost_dir))
+        except OSError as exc:
+            self.engines.stop_all()
+            return self._outcome("lost", f"{why}; its files could not be copied ({exc}); they "
+                                         "were readable while the run's process lived: "
+                                         + "; ".join(f"{n} at {w}" for n, w in held.items()))
+        self.reporter.message(f"copied them into {kept}")
+        self.engines.stop_all()
+        return self._outcome("lost", f"{why}; every record made so far was copied from the files "
+                                     f"this run held open into {kept}")
 
     def _outcome(self, status: RunCompletion, detail: str | None) -> RunOutcome:
         return RunOutcome(
@@ -738,6 +857,17 @@ class _Session:
 # --------------------------------------------------------------------------------------------
 # run directories, resume state
 # --------------------------------------------------------------------------------------------
+
+
+def _rescue_dir(lost: Path, now: _dt.datetime | None = None) -> Path:
+    """A new directory for the files of the lost run directory ``lost``:
+    ``<lost>.rescued-<UTC stamp>`` beside it where its parent still exists, else in the
+    system's temporary directory."""
+    import tempfile
+
+    now = now or _dt.datetime.now(_dt.timezone.utc)
+    parent = lost.parent if lost.parent.is_dir() else Path(tempfile.gettempdir())
+    return new_run_dir(parent, f"{lost.name}.rescued", now)
 
 
 def new_run_dir(runs_dir: Path, name: str, now: _dt.datetime | None = None) -> Path:

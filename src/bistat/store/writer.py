@@ -8,6 +8,13 @@ the line in flight; ``os.fsync`` follows at most :data:`FSYNC_INTERVAL_S` later 
 per line blocked the runner's event loop once per response.) A resumed writer closes off a line
 cut by a crash, which readers then report as a gap.
 
+The writer holds every file of the run open (``run.json`` and each table, read-only besides the
+append handles) and remembers which directory it opened (device and inode). Should the directory
+be removed or replaced while the run records (:meth:`RunWriter.lost` says so), its files live on
+through those descriptors (:meth:`RunWriter.open_files`: ``/proc/PID/fd/N``) for as long as the
+process does, and :meth:`RunWriter.rescue` copies them into a new directory and appends there
+from then on.
+
 Examples
 --------
 >>> import tempfile, pathlib
@@ -33,6 +40,7 @@ from typing import Any, Mapping
 from bistat.store.format import (
     HEADER_FILE,
     RUN_SCHEMA,
+    TABLES,
     RecordsError,
     _check_table,
     _dumps,
@@ -62,6 +70,12 @@ class RunWriter:
         self._closed = False
         self._synced: dict[str, float] = {}   # table -> time.monotonic() of its last fsync
         self._dirty: set[str] = set()
+        #: (st_dev, st_ino) of the directory opened; None if there was none to open
+        self._identity = _identity(self.run_dir)
+        #: file name -> a read-only descriptor of it, held while the writer is open
+        self._kept: dict[str, int] = {}
+        for name in (HEADER_FILE, *(f"{t}.jsonl" for t in TABLES)):
+            self._keep(name)
 
     @classmethod
     def create(cls, run_dir: str | os.PathLike, header: dict) -> "RunWriter":
@@ -109,11 +123,20 @@ class RunWriter:
         header = read_header(run_dir)
         return cls(run_dir, header)
 
+    def _keep(self, name: str) -> None:
+        if name in self._kept:
+            return
+        try:
+            self._kept[name] = os.open(self.run_dir / name, os.O_RDONLY)
+        except FileNotFoundError:
+            pass
+
     def _handle(self, table: str):
         fh = self._files.get(table)
         if fh is None:
             path = self.run_dir / f"{table}.jsonl"
             fh = open(path, "ab")
+            self._keep(path.name)
             if fh.tell() > 0:
                 with open(path, "rb") as probe:
                     probe.seek(-1, os.SEEK_END)
@@ -177,16 +200,99 @@ class RunWriter:
         """fsync and close every open table file (idempotent)."""
         with self._lock:
             self._sync_locked()
-            for fh in self._files.values():
-                fh.close()
-            self._files.clear()
+            self._close_files()
             self._closed = True
+
+    def _close_files(self) -> None:
+        for fh in self._files.values():
+            fh.close()
+        self._files.clear()
+        for fd in self._kept.values():
+            os.close(fd)
+        self._kept.clear()
+
+    def lost(self) -> str | None:
+        """Why :attr:`run_dir` is no longer the directory this writer opened (removed, replaced
+        by another directory, without its ``run.json`` or with another file of that name), in
+        words; None while it is."""
+        try:
+            st = os.stat(self.run_dir)
+        except FileNotFoundError:
+            return f"{self.run_dir} no longer exists"
+        except OSError as exc:
+            return f"{self.run_dir} cannot be read: {exc.strerror or exc}"
+        if self._identity is not None and _identity_of(st) != self._identity:
+            return (f"{self.run_dir} is another directory now (device {st.st_dev}, inode "
+                    f"{st.st_ino}; this run opened device {self._identity[0]}, inode "
+                    f"{self._identity[1]})")
+        header = self.run_dir / HEADER_FILE
+        try:
+            now = os.stat(header)
+        except FileNotFoundError:
+            return f"{header} is gone"
+        except OSError as exc:
+            return f"{header} cannot be read: {exc.strerror or exc}"
+        kept = self._kept.get(HEADER_FILE)
+        if kept is not None and (now.st_dev, now.st_ino) != _identity_of(os.fstat(kept)):
+            return f"{header} is another file now (a copy put in its place)"
+        return None
+
+    def open_files(self) -> dict[str, str]:
+        """Each file of the run this writer holds open -> where its content can be read while
+        this process lives, also after the directory is gone: ``/proc/PID/fd/N`` (Linux), else
+        ``descriptor N of process PID``."""
+        pid = os.getpid()
+        proc = Path(f"/proc/{pid}/fd")
+        with self._lock:
+            return {name: str(proc / str(fd)) if proc.is_dir() else
+                    f"descriptor {fd} of process {pid}" for name, fd in self._kept.items()}
+
+    def rescue(self, dest: str | os.PathLike) -> Path:
+        """Copy every file of the run this writer holds open, as it stands, into the new
+        directory ``dest``, and write there from now on (a run whose directory was removed or
+        replaced; see :meth:`lost`). Returns ``dest``.
+
+        The copies are read through the writer's own descriptors, so they hold every line
+        written, whatever happened to the directory's name. ``engine-logs/`` is not held open
+        and is not copied.
+        """
+        dest = Path(dest)
+        with self._lock:
+            self._sync_locked()
+            dest.mkdir(parents=True)
+            for name, fd in sorted(self._kept.items()):
+                with open(dest / name, "wb") as out:
+                    offset = 0
+                    while chunk := os.pread(fd, 1 << 20, offset):
+                        out.write(chunk)
+                        offset += len(chunk)
+                    out.flush()
+                    os.fsync(out.fileno())
+            _fsync_dir(dest)
+            names = list(self._kept)
+            self._close_files()
+            self.run_dir = dest
+            self._identity = _identity(dest)
+            for name in names:
+                self._keep(name)
+        return dest
 
     def __enter__(self) -> "RunWriter":
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        return _identity_of(os.stat(path))
+    except OSError:
+        return None
+
+
+def _identity_of(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
 
 
 def _fsync_dir(path: Path) -> None:

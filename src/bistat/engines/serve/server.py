@@ -198,67 +198,112 @@ def create_app(
     limits : Limits
         Body size, prompts per request and prompts in flight (413 / 429 beyond them).
     """
-    registry = CollectorRegistry(auto_describe=True)
-    registry.register(_EngineCollector(engine, model_name))  # type: ignore[arg-type]
-    decode = tokenizer.decode
-    created = int(time.time())
-    # prompts handed to the engine and not yet answered; only touched on the event loop
-    in_flight = [0]
-    # ignored request fields already logged (each name is logged once per server)
-    ignored_logged: set[str] = set()
+    server = _Server(engine, tokenizer, model_name=model_name, max_model_len=max_model_len,
+                     vocab_size=vocab_size, engine_description=engine_description or {},
+                     manage_engine=manage_engine, limits=limits)
+    routes = [
+        Route("/v1/completions", server.completions, methods=["POST"]),
+        Route("/v1/chat/completions", server.chat_completions, methods=["POST"]),
+        Route("/v1/models", server.models, methods=["GET"]),
+        Route("/health", _health, methods=["GET"]),
+        Route("/version", server.version, methods=["GET"]),
+        Route("/metrics", server.metrics, methods=["GET"]),
+    ]
+    return Starlette(routes=routes, lifespan=server.lifespan,
+                     exception_handlers={HTTPException: _http_error, Exception: _server_error})
 
-    def check_model(requested: str | None) -> None:
-        if requested is not None and requested != model_name:
+
+class _Server:
+    """One application's state (the engine, its model, the bounds, the prompts in flight) and
+    its routes, in the order a request meets them: the body read and parsed, the prompts
+    checked and admitted, the engine run, the answer."""
+
+    def __init__(self, engine: ServableEngine, tokenizer: Tokenizer, *, model_name: str,
+                 max_model_len: int, vocab_size: int | None,
+                 engine_description: dict[str, Any], manage_engine: bool,
+                 limits: Limits) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
+        self.engine_description = engine_description
+        self.manage_engine = manage_engine
+        self.limits = limits
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry.register(_EngineCollector(engine, model_name))  # type: ignore[arg-type]
+        self.decode = tokenizer.decode
+        self.created = int(time.time())
+        #: prompts handed to the engine and not yet answered; only touched on the event loop
+        self.in_flight = 0
+        #: ignored request fields already logged (each name is logged once per server)
+        self.ignored_logged: set[str] = set()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Starlette):
+        if self.manage_engine:
+            self.engine.start()
+        try:
+            yield
+        finally:
+            if self.manage_engine:
+                self.engine.stop()
+
+    # the request: its body, its model, its prompts -------------------------------------------
+
+    def check_model(self, requested: str | None) -> None:
+        if requested is not None and requested != self.model_name:
             raise RequestError(f"The model `{requested}` does not exist; this server serves "
-                               f"`{model_name}`.", status=404, param="model",
+                               f"`{self.model_name}`.", status=404, param="model",
                                type_="NotFoundError")
 
-    def prompt_length(prompt: str | list[int], param: str) -> tuple[int, list[int] | None]:
+    def prompt_length(self, prompt: str | list[int], param: str) -> tuple[int, list[int] | None]:
         if isinstance(prompt, str):
             if prompt == "":
                 raise RequestError("prompt must not be empty", param=param)
-            return len(tokenizer.encode(prompt)), None
+            return len(self.tokenizer.encode(prompt)), None
         if len(prompt) == 0:
             raise RequestError("prompt must not be empty", param=param)
-        if vocab_size is not None:
-            bad = [t for t in prompt if not 0 <= t < vocab_size]
+        if self.vocab_size is not None:
+            bad = [t for t in prompt if not 0 <= t < self.vocab_size]
             if bad:
-                raise RequestError(f"token id {bad[0]} is out of range [0, {vocab_size})",
+                raise RequestError(f"token id {bad[0]} is out of range [0, {self.vocab_size})",
                                    param=param)
         return len(prompt), list(prompt)
 
-    def resolve_max_tokens(requested: int | None, n_prompt: int) -> int:
-        room = max_model_len - n_prompt
+    def resolve_max_tokens(self, requested: int | None, n_prompt: int) -> int:
+        room = self.max_model_len - n_prompt
         if room < 1:
             raise RequestError(f"the prompt has {n_prompt} tokens; this model's maximum context "
-                               f"length is {max_model_len}", param="prompt")
+                               f"length is {self.max_model_len}", param="prompt")
         if requested is None:
             return room
         if requested > room:
             raise RequestError(f"max_tokens={requested} plus the prompt's {n_prompt} tokens "
-                               f"exceeds the maximum context length {max_model_len}",
+                               f"exceeds the maximum context length {self.max_model_len}",
                                param="max_tokens")
         return requested
 
-    def too_large(what: str) -> RequestError:
-        return RequestError(f"{what}; this server accepts at most {limits.max_body_bytes} bytes "
-                            f"(bistat serve --max-body-bytes)", status=413,
+    def too_large(self, what: str) -> RequestError:
+        return RequestError(f"{what}; this server accepts at most {self.limits.max_body_bytes} "
+                            f"bytes (bistat serve --max-body-bytes)", status=413,
                             type_="invalid_request_error")
 
-    async def read_body(request: Request) -> bytes:
+    async def read_body(self, request: Request) -> bytes:
+        limit = self.limits.max_body_bytes
         declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limits.max_body_bytes:
-            raise too_large(f"the request body has {int(declared)} bytes")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise self.too_large(f"the request body has {int(declared)} bytes")
         chunks, size = [], 0
         async for chunk in request.stream():
             size += len(chunk)
-            if size > limits.max_body_bytes:
-                raise too_large(f"the request body has more than {limits.max_body_bytes} bytes")
+            if size > limit:
+                raise self.too_large(f"the request body has more than {limit} bytes")
             chunks.append(chunk)
         return b"".join(chunks)
 
-    async def parse_body(request: Request, model: type) -> Any:
-        raw = await read_body(request)
+    async def parse_body(self, request: Request, model: type) -> Any:
+        raw = await self.read_body(request)
         try:
             data = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -273,40 +318,40 @@ def create_app(
             raise _validation_error(exc) from exc
         except RecursionError as exc:
             raise RequestError("the request body is JSON nested too deeply to validate") from exc
-        new = sorted(set(data) - set(model.model_fields) - ignored_logged)
+        new = sorted(set(data) - set(model.model_fields) - self.ignored_logged)
         if new:
-            ignored_logged.update(new)
+            self.ignored_logged.update(new)
             log.warning("ignored request fields (each is logged once): %s", ", ".join(new))
-        check_model(parsed.model)
+        self.check_model(parsed.model)
         return parsed
 
-    def admit(n: int) -> None:
+    def admit(self, n: int) -> None:
         """Refuse ``n`` prompts that would take the prompts in flight past the bound."""
+        limits = self.limits
         if n > limits.max_prompts_per_request:
             raise RequestError(f"the request has {n} prompts; this server accepts at most "
                                f"{limits.max_prompts_per_request} per request (bistat serve "
                                f"--max-prompts-per-request)", status=413, param="prompt")
-        if in_flight[0] + n > limits.max_queued_prompts:
-            raise RequestError(f"the server is busy: {in_flight[0]} prompts are in flight and "
+        if self.in_flight + n > limits.max_queued_prompts:
+            raise RequestError(f"the server is busy: {self.in_flight} prompts are in flight and "
                                f"this request adds {n}, over the bound of "
                                f"{limits.max_queued_prompts} (bistat serve --max-queued-prompts); "
                                f"retry after {limits.retry_after_s} s", status=429,
                                type_="rate_limit_error")
 
-    async def disconnected(request: Request) -> None:
-        """Return when the client closes its connection (the body has been read already)."""
-        while True:
-            message = await request.receive()
-            if message["type"] == "http.disconnect":
-                return
+    def retry_after(self, exc: RequestError) -> dict[str, str] | None:
+        return {"Retry-After": str(self.limits.retry_after_s)} if exc.status == 429 else None
 
-    async def run_engine(request: Request, requests: list[GenerationRequest]) -> list[Any] | None:
+    # the engine ------------------------------------------------------------------------------
+
+    async def run_engine(self, request: Request, requests: list[GenerationRequest]
+                         ) -> list[Any] | None:
         """The engine's results, or None when the client went away first (its requests are then
         cancelled in the engine). Cancelled itself (server shutdown), it cancels them too."""
-        in_flight[0] += len(requests)
-        futures = [asyncio.wrap_future(engine.submit(r)) for r in requests]
+        self.in_flight += len(requests)
+        futures = [asyncio.wrap_future(self.engine.submit(r)) for r in requests]
         gathered = asyncio.gather(*futures, return_exceptions=True)
-        watcher = asyncio.ensure_future(disconnected(request))
+        watcher = asyncio.ensure_future(_disconnected(request))
         try:
             await asyncio.wait([gathered, watcher], return_when=asyncio.FIRST_COMPLETED)
             if not gathered.done():
@@ -318,7 +363,7 @@ def create_app(
             for f in futures:  # cancels the engine's concurrent future: the request leaves
                 f.cancel()
             gathered.cancel()
-            in_flight[0] -= len(requests)
+            self.in_flight -= len(requests)
         for r in results:
             if isinstance(r, BaseException):
                 raise _EngineFailure(f"the engine failed: {r!r}") from r
@@ -326,37 +371,50 @@ def create_app(
                 raise _EngineFailure(f"the engine failed: {r.error}")
         return list(results)
 
-    async def completions(request: Request) -> Response:
+    async def answer(self, request: Request, requests: list[GenerationRequest],
+                     body: Callable[[list[Any]], dict[str, Any]]) -> Response:
+        """Run ``requests`` and answer with ``body(results)``: a 500 when the engine failed,
+        499 when the client went away (nobody reads it)."""
         try:
-            body: CompletionRequest = await parse_body(request, CompletionRequest)
+            results = await self.run_engine(request, requests)
+        except _EngineFailure as exc:
+            return _engine_error(exc)
+        if results is None:
+            return Response(status_code=499)
+        return JSONResponse(body(results))
+
+    # routes ----------------------------------------------------------------------------------
+
+    async def completions(self, request: Request) -> Response:
+        try:
+            body: CompletionRequest = await self.parse_body(request, CompletionRequest)
             prompts = body.prompts()
             reqs, prompt_ids = [], []
-            admit(len(prompts))
+            self.admit(len(prompts))
             for i, prompt in enumerate(prompts):
                 param = "prompt" if len(prompts) == 1 else f"prompt.{i}"
                 if isinstance(prompt, list) and not all(isinstance(t, int) for t in prompt):
                     raise RequestError("a prompt must be a string or a list of token ids",
                                        param=param)
-                n_prompt, ids = prompt_length(prompt, param)
-                max_tokens = resolve_max_tokens(body.max_tokens, n_prompt)
+                n_prompt, ids = self.prompt_length(prompt, param)
+                max_tokens = self.resolve_max_tokens(body.max_tokens, n_prompt)
                 reqs.append(generation_request(body, prompt, max_tokens=max_tokens,
                                                logprobs=body.logprobs, chat=False))
                 prompt_ids.append(ids)
         except RequestError as exc:
-            return _error(exc, retry_after(exc))
-        try:
-            results = await run_engine(request, reqs)
-        except _EngineFailure as exc:
-            return _engine_error(exc)
-        if results is None:
-            return Response(status_code=499)  # nobody reads it: the client is gone
-        choices = [Choice(apply_stop(r, body.stop, decode), ids)
-                   for r, ids in zip(results, prompt_ids)]
-        return JSONResponse(completion_body(body, choices, model_name=model_name, decode=decode))
+            return _error(exc, self.retry_after(exc))
 
-    async def chat_completions(request: Request) -> Response:
+        def completion(results: list[Any]) -> dict[str, Any]:
+            choices = [Choice(apply_stop(r, body.stop, self.decode), ids)
+                       for r, ids in zip(results, prompt_ids)]
+            return completion_body(body, choices, model_name=self.model_name, decode=self.decode)
+
+        return await self.answer(request, reqs, completion)
+
+    async def chat_completions(self, request: Request) -> Response:
+        tokenizer = self.tokenizer
         try:
-            body: ChatCompletionRequest = await parse_body(request, ChatCompletionRequest)
+            body: ChatCompletionRequest = await self.parse_body(request, ChatCompletionRequest)
             messages = [{"role": m.role, "content": m.text()} for m in body.messages]
             if len(messages) == 1 and messages[0]["role"] == "user":
                 # The engine applies its own chat template to a lone user message: the same
@@ -367,72 +425,58 @@ def create_app(
                 prompt, chat = tokenizer.apply_chat_template(messages), False
                 n_prompt = len(tokenizer.encode(prompt))
             requested = body.max_completion_tokens or body.max_tokens
-            max_tokens = resolve_max_tokens(requested, n_prompt)
+            max_tokens = self.resolve_max_tokens(requested, n_prompt)
             k = body.top_logprobs if body.logprobs else None
             req = generation_request(body, prompt, max_tokens=max_tokens, logprobs=k, chat=chat)
-            admit(1)
+            self.admit(1)
         except RequestError as exc:
-            return _error(exc, retry_after(exc))
-        try:
-            results = await run_engine(request, [req])
-        except _EngineFailure as exc:
-            return _engine_error(exc)
-        if results is None:
-            return Response(status_code=499)
-        (result,) = results
-        choice = Choice(apply_stop(result, body.stop, decode), None)
-        return JSONResponse(chat_body(body, choice, model_name=model_name, decode=decode))
+            return _error(exc, self.retry_after(exc))
 
-    def retry_after(exc: RequestError) -> dict[str, str] | None:
-        return {"Retry-After": str(limits.retry_after_s)} if exc.status == 429 else None
+        def chat_completion(results: list[Any]) -> dict[str, Any]:
+            (result,) = results
+            choice = Choice(apply_stop(result, body.stop, self.decode), None)
+            return chat_body(body, choice, model_name=self.model_name, decode=self.decode)
 
-    async def models(request: Request) -> Response:
+        return await self.answer(request, [req], chat_completion)
+
+    async def models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [{
-            "id": model_name, "object": "model", "created": created, "owned_by": "bistat",
-            "root": model_name, "parent": None, "max_model_len": max_model_len}]})
+            "id": self.model_name, "object": "model", "created": self.created,
+            "owned_by": "bistat", "root": self.model_name, "parent": None,
+            "max_model_len": self.max_model_len}]})
 
-    async def health(request: Request) -> Response:
-        return Response(status_code=200)
-
-    async def version(request: Request) -> Response:
+    async def version(self, request: Request) -> Response:
         return JSONResponse({"version": __version__, "server": "bistat serve",
-                             **(engine_description or {})})
+                             **self.engine_description})
 
-    async def metrics(request: Request) -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+    async def metrics(self, request: Request) -> Response:
+        return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
 
-    async def http_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)
-        type_ = "NotFoundError" if exc.status_code == 404 else "invalid_request_error"
-        return JSONResponse(error_body(f"{request.method} {request.url.path}: {exc.detail}",
-                                       type_=type_, status=exc.status_code),
-                            status_code=exc.status_code)
 
-    async def server_error(request: Request, exc: Exception) -> Response:
-        log.exception("request failed", exc_info=exc)
-        return JSONResponse(error_body(str(exc), type_="InternalServerError", status=500),
-                            status_code=500)
+async def _disconnected(request: Request) -> None:
+    """Return when the client closes its connection (the body has been read already)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette):
-        if manage_engine:
-            engine.start()
-        try:
-            yield
-        finally:
-            if manage_engine:
-                engine.stop()
 
-    routes = [
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/version", version, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
-    ]
-    return Starlette(routes=routes, lifespan=lifespan,
-                     exception_handlers={HTTPException: http_error, Exception: server_error})
+async def _health(request: Request) -> Response:
+    return Response(status_code=200)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    type_ = "NotFoundError" if exc.status_code == 404 else "invalid_request_error"
+    return JSONResponse(error_body(f"{request.method} {request.url.path}: {exc.detail}",
+                                   type_=type_, status=exc.status_code),
+                        status_code=exc.status_code)
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    log.exception("request failed", exc_info=exc)
+    return JSONResponse(error_body(str(exc), type_="InternalServerError", status=500),
+                        status_code=500)
 
 
 def uvicorn_config(app: Starlette, *, host: str, port: int, log_level: str = "warning",

@@ -1,0 +1,8 @@
+"""Deprecated: the module the tables of ``bistat.store`` (format, writer, readers, compact,
+passes) came from before the stage folders, removed in bistat 0.2.0
+(:mod:`bistat.core.deprecated`)."""
+
+from bistat.core.deprecated import alias_module
+
+alias_module(__name__)
+del alias_module
