@@ -32,7 +32,6 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from bistat.engines.base import (
