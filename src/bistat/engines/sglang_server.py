@@ -175,8 +175,9 @@ def parse_generate_answer(data: Any) -> tuple[list[int], str, list[float] | None
     """Token ids, text, logprobs, top logprobs, finish reason and prompt length of a ``/generate``
     answer with ``return_logprob`` (see the module docstring).
 
-    Raises ``ValueError`` (or ``KeyError``/``TypeError``/``IndexError``) when the body is not
-    such an answer: no ``output_ids``, logprob triples whose count or token ids disagree with
+    A server started with ``--skip-tokenizer-init`` answers without ``text`` (ids only): the text
+    is then empty. Raises ``ValueError`` (or ``KeyError``/``TypeError``/``IndexError``) when the
+    body is not such an answer: no ``output_ids``, logprob triples whose count or token ids disagree with
     them, or an aborted request (``finish_reason.type == "abort"``, with SGLang's message).
 
     Examples
@@ -205,7 +206,7 @@ def parse_generate_answer(data: Any) -> tuple[list[int], str, list[float] | None
             if len(rows) != len(ids):
                 raise ValueError(f"{len(rows)} output_top_logprobs rows for {len(ids)} tokens")
             top = [_top(row) for row in rows]
-    text = data["text"]
+    text = data.get("text", "")  # absent with --skip-tokenizer-init: ids only
     if not isinstance(text, str):
         raise ValueError("the answer's text is not a string")
     n_prompt = meta.get("prompt_tokens")
