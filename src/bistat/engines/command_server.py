@@ -34,7 +34,7 @@ import string
 from typing import Any, Mapping, Sequence
 
 from bistat.engines.base import EngineCapabilities, EngineInfo, EngineStartError, GenerationRequest
-from bistat.engines.openai_http import OpenAIHTTPEngine, workload_conflicts, workload_defaults
+from bistat.engines.openai_http import OpenAIHTTPEngine, workload_conflicts
 from bistat.engines.server_process import (
     DEFAULT_METRICS_INTERVAL_S,
     FORCED_ENV,
@@ -106,8 +106,7 @@ class CommandServerEngine(LocalServerEngine):
 
     #: declaration keys that configure bistat's handling rather than fill the template
     ADAPTER_KEYS = ("command", "ready_path", "health_timeout_s", "stop_grace_s", "log_path")
-    HTTP_KEYS = ("retries", "backoff_s", "max_retry_wait_s", "request_timeout_s",
-                 "metrics_interval_s", "api_key_env")
+    HTTP_KEYS = LocalServerEngine.HTTP_KEYS + ("api_key_env",)
 
     def __init__(self, model: str, *, command: str | Sequence[str],
                  values: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
@@ -165,10 +164,7 @@ class CommandServerEngine(LocalServerEngine):
         """Build from a declaration: ``engine.args`` overridden by ``arm.args``; the adapter's own
         keys are taken out, the rest fill the template; ``api_key_env`` names the environment
         variable holding the server's key (a key never sits in a declaration)."""
-        args = {**dict(experiment.engine.args), **dict(arm.args)}
-        own = {k: args.pop(k) for k in cls.ADAPTER_KEYS if k in args}
-        http = {**workload_defaults(experiment),
-                **{k: args.pop(k) for k in cls.HTTP_KEYS if k in args}}
+        args, own, http = cls.split_args(experiment, arm)
         key_env = http.pop("api_key_env", None)
         if key_env:
             http["api_key"] = os.environ.get(key_env)

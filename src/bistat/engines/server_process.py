@@ -211,6 +211,27 @@ class LocalServerEngine:
     log_finding_re: re.Pattern[str] | None = None
     #: prefix of the temporary log file's name
     log_prefix = "bistat-server-"
+    #: declaration keys that configure bistat's handling rather than the server
+    ADAPTER_KEYS: tuple[str, ...] = ()
+    #: declaration keys for the HTTP client
+    HTTP_KEYS: tuple[str, ...] = ("retries", "backoff_s", "max_retry_wait_s", "request_timeout_s",
+                                  "metrics_interval_s")
+
+    @classmethod
+    def split_args(cls, experiment: Any, arm: Any
+                   ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        """``engine.args`` overridden by ``arm.args``, split into (the server's arguments, the
+        adapter's own keys, the HTTP client's keywords: the workload's ``retries`` and
+        ``request_timeout_s`` where the arguments do not set them); a ``command`` as a tuple."""
+        from bistat.engines.openai_http import workload_defaults
+
+        args = {**dict(experiment.engine.args), **dict(arm.args)}
+        own = {k: args.pop(k) for k in cls.ADAPTER_KEYS if k in args}
+        http = {**workload_defaults(experiment),
+                **{k: args.pop(k) for k in cls.HTTP_KEYS if k in args}}
+        if "command" in own and not isinstance(own["command"], str):
+            own["command"] = tuple(own["command"])
+        return args, own, http
 
     def _init_process(self, *, host: str, port: int | None, health_timeout_s: float,
                       stop_grace_s: float, log_path: str | os.PathLike | None) -> None:

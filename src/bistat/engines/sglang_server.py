@@ -77,7 +77,7 @@ from bistat.engines.base import (
     MetricsSample,
 )
 from bistat.engines.metrics import parse_sglang_metrics
-from bistat.engines.openai_http import OpenAIHTTPEngine, workload_conflicts, workload_defaults
+from bistat.engines.openai_http import OpenAIHTTPEngine, workload_conflicts
 from bistat.engines.server_process import (
     DEFAULT_METRICS_INTERVAL_S,
     FORCED_ENV,
@@ -405,8 +405,6 @@ class SGLangServerEngine(LocalServerEngine):
     #: declaration keys that configure bistat's handling rather than the server
     ADAPTER_KEYS = ("command", "python", "health_timeout_s", "stop_grace_s", "log_path",
                     "enable_prefix_caching")
-    HTTP_KEYS = ("retries", "backoff_s", "max_retry_wait_s", "request_timeout_s",
-                 "metrics_interval_s")
 
     def __init__(self, model: str, *, args: Mapping[str, Any] | None = None,
                  env: Mapping[str, str] | None = None, command: Sequence[str] | None = None,
@@ -439,12 +437,7 @@ class SGLangServerEngine(LocalServerEngine):
         """Build from a declaration: ``engine.args`` overridden by ``arm.args``; the adapter's own
         keys are taken out, the rest become server flags; ``arm.env`` is the server's
         environment; ``retries`` and ``request_timeout_s`` default to the workload's."""
-        args = {**dict(experiment.engine.args), **dict(arm.args)}
-        own = {k: args.pop(k) for k in cls.ADAPTER_KEYS if k in args}
-        http = {**workload_defaults(experiment),
-                **{k: args.pop(k) for k in cls.HTTP_KEYS if k in args}}
-        if "command" in own:
-            own["command"] = tuple(own["command"])
+        args, own, http = cls.split_args(experiment, arm)
         return cls(experiment.engine.model, args=args, env=dict(arm.env), http=http, **own)
 
     # -- pieces ----------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ from bistat.engines.base import (
     EngineStartError,
     GenerationRequest,
 )
-from bistat.engines.openai_http import OpenAIHTTPEngine, workload_conflicts, workload_defaults
+from bistat.engines.openai_http import OpenAIHTTPEngine, workload_conflicts
 from bistat.engines.server_process import (  # noqa: F401 - re-exported: the vLLM adapters' names
     DEFAULT_METRICS_INTERVAL_S,
     ERROR_LINE_MAX,
@@ -147,8 +147,6 @@ class VLLMServerEngine(LocalServerEngine):
     #: declaration keys that configure bistat's handling rather than ``vllm serve``
     ADAPTER_KEYS = ("url", "command", "python", "health_timeout_s", "stop_grace_s", "log_path",
                     "enable_prefix_caching", "tensor_parallel_size")
-    HTTP_KEYS = ("retries", "backoff_s", "max_retry_wait_s", "request_timeout_s",
-                 "metrics_interval_s")
 
     @classmethod
     def declaration_problems(cls, experiment: Any) -> list[tuple[str, str]]:
@@ -164,12 +162,7 @@ class VLLMServerEngine(LocalServerEngine):
         keys (``ADAPTER_KEYS``, ``HTTP_KEYS``) are taken out, the rest become ``vllm serve``
         flags; ``arm.env`` is the server's environment. The HTTP client's ``retries`` and
         ``request_timeout_s`` are the workload's where the arguments do not set them."""
-        args = {**dict(experiment.engine.args), **dict(arm.args)}
-        own = {k: args.pop(k) for k in cls.ADAPTER_KEYS if k in args}
-        http = {**workload_defaults(experiment),
-                **{k: args.pop(k) for k in cls.HTTP_KEYS if k in args}}
-        if "command" in own:
-            own["command"] = tuple(own["command"])
+        args, own, http = cls.split_args(experiment, arm)
         return cls(experiment.engine.model, args=args, env=dict(arm.env), http=http, **own)
 
     # -- pieces ------------------------------------------------------------------------------
