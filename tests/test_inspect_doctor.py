@@ -168,10 +168,9 @@ def test_doctor_reports_sglang_installed_or_not(tmp_path, monkeypatch):
     (pkg / "_version.py").write_text("__version__ = '0.5.23'\n__commit_id__ = commit_id = None\n")
     (pkg / "__init__.py").write_text("raise ImportError('doctor must not import sglang')\n")
     spec = types.SimpleNamespace(submodule_search_locations=[str(pkg)])
-    monkeypatch.setattr("bistat.explain.doctor.package_versions",
-                        lambda names=("numpy",): {"python": "3.12.3", **{n: {
-                            "sglang": "0.5.23", "sglang-kernel": "0.4.10",
-                            "flashinfer-python": "0.7.2"}.get(n) for n in names}})
+    monkeypatch.setattr("bistat.explain.doctor.sglang_versions",
+                        lambda: {"sglang": "0.5.23", "sglang-kernel": "0.4.10",
+                                 "flashinfer-python": "0.7.2"})
     check = lambda package: ReleaseCheck(package, "0.5.23", "2026-12-04T00:00:00Z", "idx")
     rep = doctor(find_spec=lambda m: spec if m == "sglang" else object() if m in ("numpy", "httpx")
                  else None, which=lambda c: None,

@@ -344,7 +344,7 @@ class LocalServerEngine:
         def checked(result: GenerationResult) -> None:
             nonlocal failed
             if result.error is not None:
-                if not self.alive():  # not this request's failure: the server is gone
+                if not self._alive_after_failure():  # not this request's failure: the server is gone
                     raise _ServerDied
                 failed += 1
             on_result(result)
@@ -376,6 +376,18 @@ class LocalServerEngine:
         """The error for a server process that is gone: exit code, log's root cause, log path."""
         return gone_error("server", what, self.proc.poll() if self.proc is not None else None,
                           self.log_path, engine=self.engine_name)
+
+    def _alive_after_failure(self, wait_s: float = 1.0) -> bool:
+        """Whether the server still runs after a request failed: a dying server closes its
+        sockets before its exit status can be read, so a failure seen in that instant waits up to
+        ``wait_s`` for the process to end before it counts as the request's own."""
+        if self.proc is None:
+            return True
+        try:
+            self.proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            return True
+        return False
 
     def alive(self) -> bool:
         """Whether the started server process is still running (always True when attached)."""

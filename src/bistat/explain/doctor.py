@@ -123,6 +123,14 @@ def vllm_release(version: str | None, commit: str | None,
 SGLANG_PACKAGES = ("sglang", "sglang-kernel", "flashinfer-python")
 
 
+def sglang_versions() -> dict[str, str | None]:
+    """The installed versions of :data:`SGLANG_PACKAGES` (package metadata; None: absent)."""
+    from bistat.run import fingerprint
+
+    return {k: v for k, v in fingerprint.package_versions(SGLANG_PACKAGES).items()
+            if k != "python"}
+
+
 def doctor(*, find_spec: Callable[[str], Any] = importlib.util.find_spec,
            which: Callable[[str], str | None] = shutil.which,
            gpus: Callable[[], list[dict[str, Any]]] = gpu_info,
@@ -158,8 +166,7 @@ def doctor(*, find_spec: Callable[[str], Any] = importlib.util.find_spec,
             offline += "; no NVIDIA GPU found"
     engines.append(EngineCheck("vllm-server", bool(has_vllm and vllm_cli and found), server))
     engines.append(EngineCheck("vllm-offline", bool(has_vllm and found), offline))
-    versions = {**package_versions(), **{k: v for k, v in package_versions(SGLANG_PACKAGES).items()
-                                         if k != "python"}}
+    versions = {**package_versions(), **sglang_versions()}
     has_sglang = _has("sglang", find_spec)
     if not has_sglang:
         sglang = "sglang is not installed: pip install 'bistat[sglang]'"
