@@ -59,7 +59,7 @@ def test_env_refuses_an_unknown_payload(tmp_path):
                           capture_output=True, text=True, env={"PATH": "/usr/bin:/bin",
                                                                "OUT": str(tmp_path)})
     assert done.returncode == 1
-    assert done.stderr == "env.sh: VLLM_PAYLOAD=0.40; expected 0.25, 0.33 or latest\n"
+    assert done.stderr == "env.sh: VLLM_PAYLOAD=0.40; expected 0.25, 0.33, latest or sglang\n"
 
 
 def test_stage_moves_the_latest_parts_whether_or_not_the_checksums_travel(tmp_path):

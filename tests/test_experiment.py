@@ -103,7 +103,7 @@ def test_tensor_parallel_and_several_treatments_are_declarable():
         "arms[1].role: 'treatmnt' is not allowed; expected one of 'control', 'treatment'"]),
     ("bad-engine", [
         "engine.kind: unknown engine 'vlm'; expected one of 'embedded', 'vllm-server', "
-        "'vllm-offline', 'openai'"]),
+        "'vllm-offline', 'openai', 'sglang-server', 'command-server'"]),
     ("bad-arms", [
         "arms[1].role: a second control arm (arms[0] is already the control); declare exactly "
         "one control and make the others 'treatment'",

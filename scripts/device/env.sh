@@ -7,15 +7,16 @@
 #           NCCL 2.30.7 carried (install.sh into /tmp/site-latest; ../shared/device-latest/README.md is
 #           the tested recipe for 0.33.0, whose torch stack 0.34.0 pins unchanged)
 #   0.33    vLLM 0.33.0 on the same carried stack, into the same /tmp/site-latest
+#   sglang  SGLang 0.5.23 with torch 2.14.1 carried (wheels-sglang-0.5.23.txt), into /tmp/site-latest
 # NVLink multicast stays off in every process (KINDS.md): NCCL, PyTorch symmetric memory, NVSHMEM.
 export REPO=${REPO:-$(pwd)}
-export VLLM_PAYLOAD=${VLLM_PAYLOAD:-$(cat /tmp/vllm-payload 2>/dev/null || echo 0.25)}
+export VLLM_PAYLOAD=${VLLM_PAYLOAD:-${PAYLOAD:-$(cat /tmp/vllm-payload 2>/dev/null || echo 0.25)}}
 case "$VLLM_PAYLOAD" in
-  latest|0.33) export SITE=${SITE_LATEST:-/tmp/site-latest}
+  latest|0.33|sglang) export SITE=${SITE_LATEST:-/tmp/site-latest}
           # torch 2.14 is built against cuDNN 9.24, the image has 9.19 (all needed symbols present)
           export PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK=1 ;;
   0.25)   export SITE=/tmp/site ;;
-  *) echo "env.sh: VLLM_PAYLOAD=$VLLM_PAYLOAD; expected 0.25, 0.33 or latest" >&2; return 1 2>/dev/null || exit 1 ;;
+  *) echo "env.sh: VLLM_PAYLOAD=$VLLM_PAYLOAD; expected 0.25, 0.33, latest or sglang" >&2; return 1 2>/dev/null || exit 1 ;;
 esac
 # the carried torch (latest) shadows the image's: $SITE comes before the image's site-packages
 export PYTHONPATH="$REPO/src:$SITE${PYTHONPATH:+:$PYTHONPATH}"

@@ -9,10 +9,13 @@
 #   VLLM_PAYLOAD=latest          vLLM 0.34.0 + torch 2.14 + triton 3.8 + NCCL 2.30.7 into
 #                                /tmp/site-latest; then scripts/device/smoke_stack.py
 #   VLLM_PAYLOAD=0.33            the same with vLLM 0.33.0
+#   VLLM_PAYLOAD=sglang          SGLang 0.5.23 + torch 2.14.1 + flashinfer 0.7.2 into /tmp/site-latest (a
+#                                sitecustomize.py there reads the site's .pth files, which cutlass-dsl
+#                                needs); then scripts/device/sglang_smoke.py (two servers on SmolLM2)
 # The payload installed is remembered in /tmp/vllm-payload: later calls source env.sh without it.
 set -u
 T0=$SECONDS
-export VLLM_PAYLOAD=${VLLM_PAYLOAD:-0.25}
+export VLLM_PAYLOAD=${VLLM_PAYLOAD:-${PAYLOAD:-0.25}}
 if [ "$VLLM_PAYLOAD" != 0.25 ]; then STAGE=${STAGE_LATEST:-/tmp/stage-latest} PL=${PL_LATEST:-/tmp/pl-latest}
 else STAGE=/tmp/stage PL=/tmp/pl; fi
 . "$(dirname "$0")/env.sh" || exit 1
@@ -42,7 +45,14 @@ fi
 if [ ! -f "$SITE/.installed" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" \
     "$PL"/payload/whl/*.whl 2>&1 | grep -v "^WARNING: Target directory\|^WARNING: Running pip as" | tail -3
-  [ -d "$SITE/vllm" ] && echo "$VLLM_PAYLOAD" > "$SITE/.installed"
+  if [ "$VLLM_PAYLOAD" = sglang ]; then
+    # PYTHONPATH puts $SITE on sys.path but does not read its .pth files (cutlass-dsl's libraries
+    # are found through one); a sitecustomize.py there does, before any user module is imported
+    printf 'import os, site\nsite.addsitedir(os.path.dirname(os.path.abspath(__file__)))\n' > "$SITE/sitecustomize.py"
+    [ -d "$SITE/sglang" ] && echo "$VLLM_PAYLOAD" > "$SITE/.installed"
+  else
+    [ -d "$SITE/vllm" ] && echo "$VLLM_PAYLOAD" > "$SITE/.installed"
+  fi
   echo "[install] vLLM in $SITE after $((SECONDS - T0)) s ($(du -sm "$SITE" | cut -f1) MiB)"
 fi
 # vLLM 0.34.0 only: its kernel warm-up imports cutlass-dsl (not carried) for MiniMax-M3 (see the script)
@@ -71,5 +81,7 @@ import bistat.cli, bistat.engines.vllm_server  # noqa: F401 - bistat's core impo
 print("[install] bistat imports; core requirements missing:", missing or "none")
 sys.exit(1 if missing else 0)
 PY
-if [ "$VLLM_PAYLOAD" != 0.25 ]; then python3 "$REPO/scripts/device/smoke_stack.py" || echo "[install] SMOKE FAILED rc=$?"; fi
+if [ "$VLLM_PAYLOAD" = sglang ]; then
+  python3 -c "import torch, sglang.srt.entrypoints.http_server, sgl_kernel, flashinfer; print('[install] sglang imports with torch', torch.__version__)" || echo "[install] SMOKE FAILED rc=$?"
+elif [ "$VLLM_PAYLOAD" != 0.25 ]; then python3 "$REPO/scripts/device/smoke_stack.py" || echo "[install] SMOKE FAILED rc=$?"; fi
 echo "[install] done ($VLLM_PAYLOAD) after $((SECONDS - T0)) s"

@@ -29,7 +29,8 @@ def resolve_engines_concurrent(experiment: Experiment) -> tuple[bool, str]:
 
     The declaration's ``engine.engines_concurrent`` (``true`` / ``false`` / ``"auto"``, default
     ``"auto"``) decides. ``"auto"`` keeps them together when the arms' declared GPU memory
-    fractions (``gpu_memory_utilization`` in each arm's engine arguments, default
+    fractions (``gpu_memory_utilization`` in each arm's engine arguments, SGLang's
+    ``mem_fraction_static``: the kind's ``capabilities.memory_fraction_arg``; default
     the kind's ``default_memory_fraction``, 0 for engines holding no GPU memory)
     plus :data:`ENGINE_HEADROOM_FRACTION` per engine that holds GPU memory add up to at most
     1.0: a vLLM engine holds more than its fraction (see the constant). Three vLLM engines at
@@ -46,10 +47,11 @@ def resolve_engines_concurrent(experiment: Experiment) -> tuple[bool, str]:
     declared = getattr(experiment.engine, "engines_concurrent", "auto")
     if isinstance(declared, bool):
         return declared, f"declared engines_concurrent = {str(declared).lower()}"
-    default = capabilities(experiment.engine.kind).default_memory_fraction
+    caps = capabilities(experiment.engine.kind)
     fractions = []
     for arm in experiment.arms:
-        value = experiment.arm_args(arm).get("gpu_memory_utilization", default)
+        value = experiment.arm_args(arm).get(caps.memory_fraction_arg,
+                                             caps.default_memory_fraction)
         fractions.append(float(value))
     total = sum(fractions)
     holders = sum(1 for f in fractions if f > 0.0)

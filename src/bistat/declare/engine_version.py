@@ -34,7 +34,7 @@ __all__ = ["ArmEngine", "EngineVersionReport", "ENGINE_PACKAGES", "check_label",
            "compare_versions", "engine_version_report", "required_specifier"]
 
 #: The package whose releases an engine kind's version is compared with.
-ENGINE_PACKAGES = {"vllm-server": "vllm", "vllm-offline": "vllm"}
+ENGINE_PACKAGES = {"vllm-server": "vllm", "vllm-offline": "vllm", "sglang-server": "sglang"}
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class EngineVersionReport:
     Attributes
     ----------
     package : str or None
-        The engine's package (``vllm``); None for engines without releases to compare with.
+        The engine's package (``vllm``, ``sglang``); None for engines without releases to compare with.
     arms : tuple of ArmEngine
     checks : tuple of (str, ReleaseCheck)
         Every recorded newest-release check, oldest first: ``registration`` (the seal), ``run``

@@ -73,7 +73,9 @@ class _Model(BaseModel):
 class EngineSpec(_Model):
     """The engine every arm runs on; arms differ only by their ``env`` and ``args``."""
 
-    kind: str
+    kind: str = Field(description="the engine kind: embedded, vllm-server, vllm-offline, openai, "
+                                  "sglang-server (SGLang per arm), command-server (any "
+                                  "OpenAI-compatible server started from a command template)")
     model: str = Field(min_length=1)
     args: dict[str, Any] = Field(default_factory=dict)
     engines_concurrent: bool | Literal["auto"] = Field(

@@ -104,6 +104,9 @@ class EngineCapabilities:
     #: the GPU memory fraction an arm's engine takes when it declares no ``gpu_memory_utilization``
     #: (0: it holds no GPU memory, e.g. the embedded engine on the CPU, an attached server)
     default_memory_fraction: float = 0.0
+    #: the engine argument that sets that fraction (vLLM's ``gpu_memory_utilization``, SGLang's
+    #: ``mem_fraction_static``)
+    memory_fraction_arg: str = "gpu_memory_utilization"
     #: the arms' engines may start at the same time. vLLM sizes its KV cache by profiling the GPU
     #: memory free at start-up, so two vLLM engines starting together on one GPU each count the
     #: other's allocations and fail ("No available memory for the cache blocks").

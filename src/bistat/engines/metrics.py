@@ -16,6 +16,26 @@ Each sample carries a ``model_name`` label (vLLM also adds ``engine``). A server
 models or run several engine cores; the values of every label set that matches ``model_name``
 (all label sets when ``model_name`` is None) are summed. Parsing uses ``prometheus_client``'s own
 parser, never a hand-written one.
+
+SGLang 0.5.23 (``--enable-metrics``; sglang/srt/observability/metrics_collector.py) names the same
+quantities differently (:data:`SGLANG_SAMPLE_NAMES`, :func:`parse_sglang_metrics`):
+
+============================================ ======= ==========================================
+sample name                                  type    meaning
+============================================ ======= ==========================================
+``sglang:num_running_reqs``                  gauge   requests in the running batch
+``sglang:num_queue_reqs``                    gauge   requests in the waiting queue
+``sglang:num_retracted_requests_total``      counter requests retracted (KV cache full) so far:
+                                                     SGLang's preemption
+``sglang:generation_tokens_total``           counter output tokens generated so far
+``sglang:prompt_tokens_total``               counter prompt tokens processed so far
+============================================ ======= ==========================================
+
+Its labels are ``model_name``, ``engine_type``, ``tp_rank``, ``pp_rank``, ``moe_ep_rank`` (the
+token counters add ``is_streaming``); with priority scheduling the gauges carry the total under
+``priority=""`` and a breakdown under ``priority="N"``, which is left out here (it would count
+each request twice). SGLang updates its scheduler gauges once per ``--decode-log-interval``
+decode steps (40 by default), not at every scrape: a sample reads the last such update.
 """
 
 from __future__ import annotations
@@ -33,6 +53,16 @@ VLLM_SAMPLE_NAMES: dict[str, str] = {
     "num_preemptions_total": "vllm:num_preemptions_total",
     "generation_tokens_total": "vllm:generation_tokens_total",
     "prompt_tokens_total": "vllm:prompt_tokens_total",
+}
+
+
+#: MetricsSample field -> SGLang 0.5.23's Prometheus sample name (see the module docstring).
+SGLANG_SAMPLE_NAMES: dict[str, str] = {
+    "num_requests_running": "sglang:num_running_reqs",
+    "num_requests_waiting": "sglang:num_queue_reqs",
+    "num_preemptions_total": "sglang:num_retracted_requests_total",
+    "generation_tokens_total": "sglang:generation_tokens_total",
+    "prompt_tokens_total": "sglang:prompt_tokens_total",
 }
 
 
@@ -74,13 +104,39 @@ def parse_vllm_metrics(
     >>> s.num_requests_running, math.isnan(s.num_requests_waiting)
     (3.0, True)
     """
-    wanted = {name: field for field, name in VLLM_SAMPLE_NAMES.items()}
+    return parse_prometheus(text, VLLM_SAMPLE_NAMES, t=t, model_name=model_name, source=source)
+
+
+def parse_sglang_metrics(
+    text: str, *, t: float, model_name: str | None = None, source: str = "prometheus"
+) -> MetricsSample:
+    """:func:`parse_vllm_metrics` for SGLang's names (:data:`SGLANG_SAMPLE_NAMES`); a gauge's
+    per-priority breakdown (``priority="N"``) is left out.
+
+    Examples
+    --------
+    >>> s = parse_sglang_metrics('sglang:num_running_reqs{model_name="m",tp_rank="0"} 7.0\\n'
+    ...                          'sglang:num_queue_reqs{model_name="m",priority="1"} 2.0\\n', t=0.5)
+    >>> s.num_requests_running, math.isnan(s.num_requests_waiting)
+    (7.0, True)
+    """
+    return parse_prometheus(text, SGLANG_SAMPLE_NAMES, t=t, model_name=model_name, source=source)
+
+
+def parse_prometheus(text: str, names: dict[str, str], *, t: float,
+                     model_name: str | None = None, source: str = "prometheus") -> MetricsSample:
+    """A ``MetricsSample`` from the samples ``names`` maps to its fields (field -> sample name),
+    summed over matching label sets as :func:`parse_vllm_metrics` describes; samples with a
+    non-empty ``priority`` label (SGLang's per-priority breakdown) are left out."""
+    wanted = {name: field for field, name in names.items()}
     totals: dict[str, float] = {}
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 field = wanted.get(sample.name)
                 if field is None:
+                    continue
+                if sample.labels.get("priority", ""):
                     continue
                 label = sample.labels.get("model_name")
                 if model_name is not None and label is not None and label != model_name:

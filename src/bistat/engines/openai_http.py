@@ -535,9 +535,23 @@ class OpenAIHTTPEngine:
             body["logprobs"] = max(1, req.logprobs)
         return body
 
+    def generate_path(self, req: GenerationRequest) -> str:
+        """The path a generation request is sent to."""
+        return "/v1/chat/completions" if req.chat else "/v1/completions"
+
+    def parse_answer(self, data: Any, req: GenerationRequest) -> tuple:
+        """Token ids, text, logprobs, top logprobs, finish reason and prompt length of an answer
+        (:func:`parse_completion_choice`); raises ``ValueError`` (or ``KeyError``, ``TypeError``,
+        ``IndexError``) for a body that is not what was asked for."""
+        return parse_completion_choice(data, chat=req.chat)
+
+    def parse_metrics(self, text: str, t: float) -> MetricsSample:
+        """One ``/metrics`` answer as a sample (vLLM's metric names)."""
+        return parse_vllm_metrics(text, t=t, model_name=self.model)
+
     async def _attempt(self, client: httpx.AsyncClient, req: GenerationRequest,
                        body: dict[str, Any]) -> tuple:
-        path = "/v1/chat/completions" if req.chat else "/v1/completions"
+        path = self.generate_path(req)
         try:
             resp = await client.post(path, json=body)
         except httpx.HTTPError as exc:  # transport errors and timeouts
@@ -549,7 +563,7 @@ class OpenAIHTTPEngine:
             raise _Fatal(f"HTTP {resp.status_code}: {resp.text[:300]}")
         try:
             data = json.loads(resp.content)
-            return parse_completion_choice(data, chat=req.chat)
+            return self.parse_answer(data, req)
         except (ValueError, KeyError, TypeError, IndexError) as exc:
             raise _Retryable(f"malformed answer ({type(exc).__name__}: {exc}): "
                              f"{resp.text[:200]!r}") from exc
@@ -694,7 +708,7 @@ class OpenAIHTTPEngine:
             resp = await client.get("/metrics", timeout=min(5.0, self.request_timeout_s))
             if resp.status_code != 200:
                 raise MetricsParseError(f"HTTP {resp.status_code}")
-            sample = parse_vllm_metrics(resp.text, t=time.monotonic() - t0, model_name=self.model)
+            sample = self.parse_metrics(resp.text, time.monotonic() - t0)
         except (httpx.HTTPError, MetricsParseError):
             self.metrics_errors += 1
             return None

@@ -26,6 +26,8 @@ ADAPTERS: dict[str, str] = {
     "openai": "bistat.engines.openai_http:OpenAIHTTPEngine",
     "vllm-server": "bistat.engines.vllm_server:VLLMServerEngine",
     "vllm-offline": "bistat.engines.vllm_offline:VLLMOfflineEngine",
+    "sglang-server": "bistat.engines.sglang_server:SGLangServerEngine",
+    "command-server": "bistat.engines.command_server:CommandServerEngine",
 }
 
 #: kind -> what it is, in words; the engine kinds a declaration accepts (``engine.kind``)
@@ -34,9 +36,12 @@ ENGINE_KINDS: dict[str, str] = {
     "vllm-server": "vLLM started as `vllm serve` per arm, driven over HTTP",
     "vllm-offline": "vllm.LLM in a child process per arm",
     "openai": "any OpenAI-compatible server, started elsewhere",
+    "sglang-server": "SGLang started as `python -m sglang.launch_server` per arm, driven over its native API",
+    "command-server": "any OpenAI-compatible server started per arm from a command template",
 }
 
-_EXTRAS = {"vllm-server": "bistat[vllm]", "vllm-offline": "bistat[vllm]"}
+_EXTRAS = {"vllm-server": "bistat[vllm]", "vllm-offline": "bistat[vllm]",
+           "sglang-server": "bistat[sglang]"}
 
 
 def register_adapter(kind: str, target: str, description: str | None = None) -> None:

@@ -4,11 +4,12 @@ vLLM declaration's ``args`` against them: vLLM is not imported (a registration i
 on a machine without it), and a name no supported release knows is refused before any data."""
 from __future__ import annotations
 
-import difflib
 import json
 from functools import lru_cache
 from importlib import resources
 from typing import Any, Literal, Sequence
+
+from bistat.engines.arg_names import unknown_args
 
 Surface = Literal["offline", "server"]
 
@@ -28,17 +29,9 @@ def arg_problems(experiment: Any, surface: Surface,
     recorded = known_names()
     required = getattr(experiment.engine, "required_version", None)
     versions = [required] if required in recorded else sorted(recorded)
-    accepted = frozenset(adapter_keys).union(*(recorded[v][surface] for v in versions))
+    accepted = frozenset().union(*(recorded[v][surface] for v in versions))
     what = ("vllm.LLM keyword argument" if surface == "offline" else "vllm serve argument")
     where = f"vLLM {versions[0]}" if len(versions) == 1 else f"vLLM {' or '.join(versions)}"
-    tables = [("engine.args", dict(experiment.engine.args))]
-    tables += [(f"arms[{i}].args", dict(arm.args)) for i, arm in enumerate(experiment.arms)]
-    problems = []
-    for table, args in tables:
-        for key in sorted(set(args) - accepted):
-            close = difflib.get_close_matches(key, sorted(accepted), n=1)
-            fix = f"did you mean {close[0]!r}?" if close else (
-                "see `vllm serve --help`" if surface == "server" else "see vllm.EngineArgs")
-            problems.append((f"{table}.{key}", f"unknown {what} {key!r} in {where} "
-                             f"(nor one of bistat's own keys {list(adapter_keys)}); {fix}"))
-    return problems
+    otherwise = "see `vllm serve --help`" if surface == "server" else "see vllm.EngineArgs"
+    return unknown_args(experiment, accepted, adapter_keys, what=what, where=where,
+                        otherwise=otherwise)

@@ -1,7 +1,7 @@
 """``bistat doctor``: which engines are usable here, the GPU and driver, versions, cache, models.
 
 Nothing heavy is imported: optional engines are looked up with ``importlib.util.find_spec``
-(vLLM is never imported), versions come from package metadata, the GPU from ``nvidia-smi``
+(neither vLLM nor SGLang is imported), versions come from package metadata, the GPU from ``nvidia-smi``
 (``bistat.run.fingerprint.gpu_info``), and a model counts as cached when its cache folder holds a
 manifest (``bistat model fetch`` writes it last).
 """
@@ -49,6 +49,8 @@ class DoctorReport:
     #: vLLM's version and commit against the newest release known (:func:`vllm_release`);
     #: None when vLLM is not installed
     vllm_release: dict[str, Any] | None = None
+    #: the same for SGLang (package ``sglang``); None when SGLang is not installed
+    sglang_release: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": DOCTOR_SCHEMA,
@@ -58,7 +60,7 @@ class DoctorReport:
                 "versions": dict(self.versions), "cache_dir": self.cache_dir,
                 "models": [{"name": m.name, "cached": m.cached, "path": m.path}
                            for m in self.models],
-                "vllm_release": self.vllm_release}
+                "vllm_release": self.vllm_release, "sglang_release": self.sglang_release}
 
 
 def _has(module: str, find_spec: Callable[[str], Any]) -> bool:
@@ -68,11 +70,13 @@ def _has(module: str, find_spec: Callable[[str], Any]) -> bool:
         return False
 
 
-def vllm_commit(find_spec: Callable[[str], Any] = importlib.util.find_spec) -> str | None:
-    """vLLM's git commit from ``vllm/_version.py`` (``__commit_id__``), read with ``ast``
-    without importing vLLM; None when it cannot be read."""
+def package_commit(package: str,
+                   find_spec: Callable[[str], Any] = importlib.util.find_spec) -> str | None:
+    """A package's git commit from ``PACKAGE/_version.py`` (``__commit_id__``, vcs-versioning's
+    file, which vLLM and SGLang ship), read with ``ast`` without importing the package; None when
+    it cannot be read or records none (SGLang's release wheels write None)."""
     try:
-        spec = find_spec("vllm")
+        spec = find_spec(package)
     except (ImportError, ValueError):
         return None
     locations = getattr(spec, "submodule_search_locations", None)
@@ -94,19 +98,37 @@ def vllm_commit(find_spec: Callable[[str], Any] = importlib.util.find_spec) -> s
     return None
 
 
+def vllm_commit(find_spec: Callable[[str], Any] = importlib.util.find_spec) -> str | None:
+    """vLLM's git commit (:func:`package_commit`)."""
+    return package_commit("vllm", find_spec)
+
+
 def vllm_release(version: str | None, commit: str | None,
-                 check: Callable[[str], Any]) -> dict[str, Any] | None:
-    """The installed vLLM against the newest release the package index knows (``check``:
-    :func:`bistat.declare.releases.check_newest_release`); None without vLLM."""
+                 check: Callable[[str], Any], package: str = "vllm") -> dict[str, Any] | None:
+    """The installed ``package`` (vLLM, or SGLang) against the newest release the package index
+    knows (``check``: :func:`bistat.declare.releases.check_newest_release`); None when it is not
+    installed."""
     if version is None:
         return None
     from bistat.declare.engine_version import compare_versions
 
-    found = check("vllm")
+    found = check(package)
     return {"version": version, "commit": commit, "newest": found.newest,
             "comparison": (compare_versions(version, found.newest) if found.newest
                            else "unknown"),
             "checked_utc": found.checked_utc, "index": found.index, "error": found.error}
+
+
+#: SGLang's stack as ``bistat doctor`` reports it (distribution names)
+SGLANG_PACKAGES = ("sglang", "sglang-kernel", "flashinfer-python")
+
+
+def sglang_versions() -> dict[str, str | None]:
+    """The installed versions of :data:`SGLANG_PACKAGES` (package metadata; None: absent)."""
+    from bistat.run import fingerprint
+
+    return {k: v for k, v in fingerprint.package_versions(SGLANG_PACKAGES).items()
+            if k != "python"}
 
 
 def doctor(*, find_spec: Callable[[str], Any] = importlib.util.find_spec,
@@ -144,14 +166,28 @@ def doctor(*, find_spec: Callable[[str], Any] = importlib.util.find_spec,
             offline += "; no NVIDIA GPU found"
     engines.append(EngineCheck("vllm-server", bool(has_vllm and vllm_cli and found), server))
     engines.append(EngineCheck("vllm-offline", bool(has_vllm and found), offline))
+    versions = {**package_versions(), **sglang_versions()}
+    has_sglang = _has("sglang", find_spec)
+    if not has_sglang:
+        sglang = "sglang is not installed: pip install 'bistat[sglang]'"
+    else:
+        sglang = (f"sglang {versions.get('sglang') or '(version unknown)'} importable "
+                  "(`python -m sglang.launch_server`)" + ("" if found else "; no NVIDIA GPU found"))
+    engines.append(EngineCheck("sglang-server", bool(has_sglang and found), sglang))
+    engines.append(EngineCheck("command-server", _has("httpx", find_spec),
+                               "starts any OpenAI-compatible server from a command template"))
     models = tuple(ModelCheck(name, (model_dir(name) / "manifest.json").exists(),
                               str(model_dir(name))) for name in sorted(REGISTRY))
-    versions = package_versions()
+    check = release_check or check_newest_release
     return DoctorReport(engines=tuple(engines), gpus=tuple(found), nvidia_smi=which("nvidia-smi"),
                         versions=versions, cache_dir=str(Path(cache_root())), models=models,
                         vllm_release=vllm_release(versions.get("vllm") if has_vllm else None,
                                                   vllm_commit(find_spec) if has_vllm else None,
-                                                  release_check or check_newest_release))
+                                                  check),
+                        sglang_release=vllm_release(
+                            versions.get("sglang") if has_sglang else None,
+                            package_commit("sglang", find_spec) if has_sglang else None,
+                            check, package="sglang"))
 
 
 def render_doctor(rep: DoctorReport) -> str:
@@ -166,9 +202,10 @@ def render_doctor(rep: DoctorReport) -> str:
         lines.append("GPUs: none found" + ("" if rep.nvidia_smi else " (no nvidia-smi on PATH)"))
     lines.append("versions: " + ", ".join(f"{k} {v if v is not None else '-'}"
                                           for k, v in rep.versions.items()))
-    r = rep.vllm_release
-    if r is not None:
-        label = f"vllm {r['version']}" + (f" ({r['commit']})" if r.get("commit") else "")
+    for package, r in (("vllm", rep.vllm_release), ("sglang", rep.sglang_release)):
+        if r is None:
+            continue
+        label = f"{package} {r['version']}" + (f" ({r['commit']})" if r.get("commit") else "")
         if r.get("newest") is None:
             lines.append(f"{label}: newest release unknown ({r.get('error')})")
         else:
