@@ -50,10 +50,12 @@ judged against a margin of +/- ``margin`` around 1 (``bistat.core.classify.class
 from __future__ import annotations
 
 import enum
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 from pydantic_core import PydanticCustomError
+
+from bistat.core.serial import HacSpec
 
 __all__ = [
     "Label",
@@ -388,6 +390,10 @@ class LabelSpec(_Model):
     criteria: list[Criterion] = Field(alias="all", min_length=1)
 
 
+#: The cost rule's HAC parameters: present only with ``interval = "hac"``.
+_HAC_FIELDS = ("hac_kernel", "hac_bandwidth")
+
+
 class CostRule(_Model):
     """The cost of the mode as a verdict of its own (``[rule.cost]``).
 
@@ -417,13 +423,63 @@ class CostRule(_Model):
     schedule runs side by side, and takes the paired t interval of the log differences
     (``bistat.core.stats.paired_ratio``). A drift of the machine over the run that moves both
     arms alike then cancels within each pair instead of widening the interval; the ratio is the
-    same. Chosen at registration, like every other part of the rule, never after the data.
+    same. ``"hac"`` pairs the passes the same way and takes an interval of the log differences
+    that stays valid when the pairs are serially correlated, as passes on one resident engine
+    are (``bistat.core.serial.hac_ratio``: the equal-weighted cosine interval), with its
+    parameters sealed beside it: ``hac_kernel`` (``"cosine"``) and ``hac_bandwidth`` (the rule
+    ``"llsw"``, or a fixed number of cosine terms). Both are filled in at registration when
+    ``interval = "hac"`` and refused otherwise; a rule without them serializes exactly as before
+    they existed. ``docs/COST-INTERVALS.md`` says what each interval assumes and its coverage.
+    Chosen at registration, like every other part of the rule, never after the data.
     """
 
     metric: Literal["throughput", "latency"] = "throughput"
     margin: float = Field(gt=0.0, lt=1.0)
     confidence_level: float = Field(default=0.95, gt=0.5, lt=1.0)
-    interval: Literal["welch", "paired"] = "welch"
+    interval: Literal["welch", "paired", "hac"] = "welch"
+    hac_kernel: Literal["cosine"] | None = None
+    hac_bandwidth: Literal["llsw"] | int | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _hac_parameters(cls, data: Any) -> Any:
+        """Fill in the HAC parameters for ``interval = "hac"`` (so the seal holds them) and
+        refuse them for any other interval; name a bad bandwidth with what is allowed."""
+        if not isinstance(data, dict):
+            return data
+        given = [k for k in _HAC_FIELDS if data.get(k) is not None]
+        if data.get("interval") != "hac":
+            if given:
+                raise semantic_error([(k, f"applies only to interval = \"hac\", not "
+                                          f"{data.get('interval', 'welch')!r}; remove it or set "
+                                          "interval = \"hac\"") for k in given])
+            return data
+        bandwidth = data.get("hac_bandwidth", "llsw")
+        if not (bandwidth == "llsw" or (type(bandwidth) is int and bandwidth >= 1)):
+            raise semantic_error([("hac_bandwidth", f"{bandwidth!r} is not allowed; expected "
+                                   "\"llsw\" (B = max(2, floor(0.4 n^(2/3))) cosine terms for n "
+                                   "pairs) or a number of cosine terms >= 1, e.g. 4")])
+        return {**data, "hac_kernel": data.get("hac_kernel", "cosine"),
+                "hac_bandwidth": bandwidth}
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_hac(self, handler: Any) -> Any:
+        """Leave the HAC parameters out where they are unset (every interval but ``"hac"``):
+        a rule that does not use them serializes, and so seals and hashes, as it did before
+        they existed."""
+        data = handler(self)
+        if isinstance(data, dict):
+            for key in _HAC_FIELDS:
+                if data.get(key, 0) is None:
+                    del data[key]
+        return data
+
+    @property
+    def hac(self) -> HacSpec | None:
+        """The declared robust interval's parameters (``interval = "hac"``), else None."""
+        if self.interval != "hac":
+            return None
+        return HacSpec(kernel=self.hac_kernel or "cosine", bandwidth=self.hac_bandwidth or "llsw")
 
     @property
     def low(self) -> float:
@@ -439,6 +495,10 @@ class CostRule(_Model):
         """The cost rule in words."""
         what = {"throughput": "throughput ratio (treatment ÷ control, output tokens/s per pass)",
                 "latency": "latency ratio (treatment ÷ control, mean request latency per pass)"}
+        if self.hac is not None:
+            return (f"{what[self.metric]}, {_pct(self.confidence_level)} HAC interval of the "
+                    f"paired passes ({self.hac.describe()}) against "
+                    f"[{_num(self.low)}, {_num(self.high)}]")
         kind = " paired" if self.interval == "paired" else ""
         return (f"{what[self.metric]}, {_pct(self.confidence_level)}{kind} interval against "
                 f"[{_num(self.low)}, {_num(self.high)}]")
