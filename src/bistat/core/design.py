@@ -1290,7 +1290,7 @@ def estimate_serial_correlation(treatment, control, alpha: float = 0.05) -> Seri
 @dataclass(frozen=True)
 class AssumptionCheck:
     """Result of :func:`check_interval_assumptions`: does the earlier run contradict what the
-    declared interval assumes?
+    declared interval assumes, and what would its coverage be?
 
     Attributes
     ----------
@@ -1300,24 +1300,29 @@ class AssumptionCheck:
         The declared counted passes per arm (pairs).
     rho : float
         The lag-1 autocorrelation checked at: of the pairs' differences (paired, HAC) or the
-        arms' (Welch), from :class:`SerialEstimate`.
+        larger of the arms' (Welch), bias-corrected, from :class:`SerialEstimate`.
     coverage : float
         The declared interval's coverage at ``rho`` and ``passes`` (:func:`interval_coverage`).
     confidence_level : float
         Its nominal coverage.
     pvalue : float or None
-        The earlier run's Ljung-Box p-value for the series the interval assumes independent
-        (the smaller of the arms' for Welch); None for HAC, which does not assume it.
+        The earlier run's Ljung-Box p-value for the series the interval assumes independent (the
+        smaller of the two arms' for Welch); None for HAC, which does not assume it, or where the
+        series does not vary.
     contradicted : bool
-        Paired / Welch: the Ljung-Box test rejects at the estimate's ``alpha``, or ``coverage``
-        is more than ``tolerance`` below nominal. HAC: ``coverage`` is.
+        Paired / Welch: that Ljung-Box test rejects at the estimate's ``alpha`` -- significant
+        serial correlation where the interval assumes none. HAC: ``at_risk`` (too few pairs for
+        the correlation the run shows).
+    at_risk : bool
+        ``coverage`` is more than ``tolerance`` below nominal: at the run's estimated correlation
+        the interval would not keep its stated coverage, significant or not.
     pairs_to_hold : int or None
-        HAC only: the fewest pairs (up to 200) at which its coverage at ``rho`` is within
-        ``tolerance`` of nominal; None when none is (or for Welch and paired).
+        HAC only, when at risk: the fewest pairs (up to 200) at which its coverage at ``rho`` is
+        within ``tolerance`` of nominal; None when none is (and for Welch and paired).
     tolerance : float
         :data:`COVERAGE_TOLERANCE` unless given.
     message : str or None
-        One sentence for the design report when ``contradicted``, else None.
+        One sentence for the design report when ``contradicted`` or ``at_risk``, else None.
     """
 
     interval: str
@@ -1327,6 +1332,7 @@ class AssumptionCheck:
     confidence_level: float
     pvalue: float | None
     contradicted: bool
+    at_risk: bool
     pairs_to_hold: int | None
     tolerance: float
     message: str | None
@@ -1377,12 +1383,16 @@ def check_interval_assumptions(interval: str, passes: int, estimate: SerialEstim
     Notes
     -----
     Welch's interval assumes each arm's passes independent, the paired one the pairs' log
-    differences; either is contradicted when the earlier run's Ljung-Box test of that series
-    rejects, or when its coverage at the run's (bias-corrected) lag-1 autocorrelation falls more
-    than ``tolerance`` below nominal. The HAC interval allows for the correlation, but only up to
-    a point that depends on the pairs (``docs/COST-INTERVALS.md``): it is contradicted when its
-    coverage at the run's correlation and the declared pairs falls more than ``tolerance`` below
-    nominal, and the check says how many pairs would keep it (:func:`pairs_to_hold`).
+    differences. Either is *contradicted* when the earlier run's Ljung-Box test of that series
+    rejects (:class:`bistat.core.serial.SerialCorrelation`), and *at risk* when its coverage at the
+    run's bias-corrected lag-1 autocorrelation falls more than ``tolerance`` below nominal: the
+    paired interval does already at a lag-1 autocorrelation of about 0.05, which one run of 32
+    pairs cannot tell from 0, so "at risk" without "contradicted" is common and is said as such.
+    The HAC interval allows for the correlation, but only up to a point that depends on the pairs
+    (``docs/COST-INTERVALS.md``): it is contradicted when its coverage at the run's correlation
+    and the declared pairs falls more than ``tolerance`` below nominal, and the check says how
+    many pairs would keep it (:func:`pairs_to_hold`). Coverage is the planning model's
+    (:func:`interval_coverage`).
 
     Examples
     --------
@@ -1391,8 +1401,8 @@ def check_interval_assumptions(interval: str, passes: int, estimate: SerialEstim
     >>> t = [0.95 * v * math.exp(0.01 * math.cos(i / 2)) for i, v in enumerate(c)]
     >>> est = estimate_serial_correlation(t, c)
     >>> check = check_interval_assumptions("paired", 16, est)
-    >>> check.contradicted, round(check.coverage, 2)
-    (True, 0.21)
+    >>> check.contradicted, check.at_risk, round(check.coverage, 2)
+    (True, True, 0.21)
     """
     n = _int_at_least(passes, "passes", 2)
     cl = _confidence_level(confidence_level)
@@ -1400,42 +1410,42 @@ def check_interval_assumptions(interval: str, passes: int, estimate: SerialEstim
     pct = f"{cl * 100:g} %"
     if interval == "hac":
         spec = HacSpec() if hac is None else hac
-        rho, pvalue = estimate.rho, None
+        rho = estimate.rho
         coverage = interval_coverage("hac", n, rho, cl, spec)
-        contradicted = coverage < cl - tolerance
-        hold = pairs_to_hold(rho, cl, spec, tolerance, start=n) if contradicted else None
+        at_risk = coverage < cl - tolerance
+        hold = pairs_to_hold(rho, cl, spec, tolerance, start=n) if at_risk else None
         more = (f"about {hold} pairs would keep it within {tolerance * 100:g} points"
                 if hold is not None else "no number of pairs up to 200 would keep it")
-        message = None if not contradicted else (
+        message = None if not at_risk else (
             f"the earlier run's pairs of passes are serially correlated (lag-1 autocorrelation of "
             f"their log differences {diag.differences.lag1:.2f}, planned at {rho:.2f}): at "
             f"{n} pairs the HAC interval's stated {pct} covers about {coverage * 100:.0f} %; "
             f"{more}")
-        return AssumptionCheck("hac", n, rho, coverage, cl, pvalue, contradicted, hold,
+        return AssumptionCheck("hac", n, rho, coverage, cl, None, at_risk, at_risk, hold,
                                tolerance, message)
     if interval == "paired":
         rho, series = estimate.rho, [("pair differences", diag.differences)]
+        assumes, unit = "the pairs of passes", "pairs"
     elif interval == "welch":
         rho, series = estimate.rho_arms, [("treatment", diag.treatment),
                                           ("control", diag.control)]
+        assumes, unit = "each arm's passes", "passes per arm"
     else:
         raise ValueError(f"interval must be 'welch', 'paired' or 'hac', got {interval!r}")
     coverage = interval_coverage(interval, n, rho, cl)
     tested = [(name, s) for name, s in series if s.pvalue is not None]
     pvalue = min((s.pvalue for _, s in tested), default=None)
-    rejects = [(name, s) for name, s in tested if s.significant(diag.alpha)]
-    contradicted = bool(rejects) or coverage < cl - tolerance
+    contradicted = any(s.significant(diag.alpha) for _, s in tested)
+    at_risk = coverage < cl - tolerance
     message = None
-    if contradicted:
-        shown = rejects or tested
-        which = "; ".join(f"{name}: lag-1 autocorrelation {s.lag1:.2f}, Ljung-Box p = "
-                          f"{s.pvalue:.3g}" for name, s in shown)
-        assumes = ("each arm's passes" if interval == "welch" else
-                   "the pairs of passes")
-        message = (f"the earlier run's passes are serially correlated ({which}); the "
-                   f"{interval} interval assumes {assumes} independent: at a lag-1 "
-                   f"autocorrelation of {rho:.2f} and {n} {'passes per arm' if interval == 'welch' else 'pairs'} "
-                   f"its stated {pct} covers about {coverage * 100:.0f} %; declare [rule.cost] "
-                   "interval = \"hac\"")
-    return AssumptionCheck(interval, n, rho, coverage, cl, pvalue, contradicted, None, tolerance,
-                           message)
+    if contradicted or at_risk:
+        seen = "; ".join(f"{name} {s.lag1:.2f} (Ljung-Box p = {s.pvalue:.3g} over {s.lags} lags)"
+                         for name, s in tested)
+        verdict = ("significant" if contradicted else
+                   f"not significant at {diag.alpha:g}, but if that is the correlation")
+        message = (f"the {interval} interval assumes {assumes} independent; the earlier run's "
+                   f"lag-1 autocorrelation: {seen}, {verdict}: at {rho:.2f} (bias-corrected) and "
+                   f"{n} {unit} its stated {pct} covers about {coverage * 100:.0f} %; "
+                   "[rule.cost] interval = \"hac\" allows for it")
+    return AssumptionCheck(interval, n, rho, coverage, cl, pvalue, contradicted, at_risk, None,
+                           tolerance, message)
