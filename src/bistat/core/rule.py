@@ -437,8 +437,13 @@ class CostRule(_Model):
     margin: float = Field(gt=0.0, lt=1.0)
     confidence_level: float = Field(default=0.95, gt=0.5, lt=1.0)
     interval: Literal["welch", "paired", "hac"] = "welch"
-    hac_kernel: Literal["cosine"] | None = None
-    hac_bandwidth: Literal["llsw"] | int | None = None
+    hac_kernel: Literal["cosine"] | None = Field(
+        default=None, description='interval = "hac" only, where it is filled in as "cosine" '
+                                  "(equal-weighted cosine transforms, t with B degrees of freedom)")
+    hac_bandwidth: Literal["llsw"] | int | None = Field(
+        default=None, description='interval = "hac" only, where it is filled in as "llsw": '
+                                  "B = max(2, floor(0.4 n^(2/3))) cosine terms for n pairs; or a "
+                                  "fixed number of terms >= 1")
 
     @model_validator(mode="before")
     @classmethod

@@ -439,7 +439,7 @@ def cosine_terms(pairs: int, bandwidth: str | int = "llsw") -> int:
     ``0.4 T**(2/3)`` is the rule Lazarus, Lewis, Stock and Watson (2018) recommend for the EWC
     estimator, chosen to trade size distortion against power. bistat rounds it *down* and keeps
     at least 2 terms: rounding down keeps the coverage within 1.5 points of 95 % up to a lag-1
-    autocorrelation of 0.5 from 16 pairs on, where rounding to nearest (3 terms at 16 pairs) does
+    autocorrelation of about 0.5 from 16 pairs on, where rounding to nearest (3 terms at 16 pairs) does
     not; 1 term (t with 1 degree of freedom, critical value 12.7) gives intervals about five
     times as wide as needed. The simulation that chose this is ``docs/COST-INTERVALS.md``'s.
     Computed in integers (``1000 B**3 <= 64 pairs**2``), so no rounding error moves ``B`` at
@@ -514,7 +514,7 @@ def hac_ratio(treatment: Sequence[float], control: Sequence[float],
     which the paired t's ``(n - 1)`` terms, spread over all frequencies, are not. It keeps its
     coverage while the spectral density is flat over ``[0, pi B / n]``; for AR(1) differences
     with lag-1 autocorrelation ``rho`` that holds to within 1.5 points of 95 % for ``rho`` up to
-    0.5 from 16 pairs on (``docs/COST-INTERVALS.md`` gives the table, and where it fails).
+    about 0.5 from 16 pairs on (``docs/COST-INTERVALS.md`` gives the table, and where it fails).
 
     With ``B = n - 1`` (every cosine term) ``Omega`` is the sample variance (Parseval) and the
     interval is the paired t interval of :func:`bistat.core.stats.paired_ratio`: that interval is
