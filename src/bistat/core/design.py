@@ -47,7 +47,7 @@ from bistat.core.lazy import lazy_function, lazy_module
 _sps = lazy_module("scipy.stats")
 _dct = lazy_function("scipy.fft", "dct")
 
-from bistat.core.serial import HacSpec, SerialDiagnostics, serial_diagnostics
+from bistat.core.serial import HacSpec, SerialDiagnostics, cosine_terms, serial_diagnostics
 from bistat.core.stats import (  # one validation for both modules
     MCNEMAR_EXACT_BELOW,
     _confidence_level,
@@ -710,7 +710,7 @@ def _interval_draws(true_ratio: float, passes_per_arm: int, cv: float, level: fl
     if hac is not None or (paired and rho != 0.0):
         n = _int_at_least(passes_per_arm, "passes_per_arm", 2)
         r = _positive(true_ratio, "true_ratio")
-        terms = n - 1 if hac is None else hac.terms(n)
+        terms = n - 1 if hac is None else cosine_terms(n, hac.bandwidth)
         z0, ms = _cosine_draws(n, rho, terms)
         scale = log_sd_from_cv(cv) * math.sqrt(2.0 / n)   # the pairs' SD over sqrt(n)
         return (math.log(r) + scale * z0,
@@ -1180,7 +1180,7 @@ def interval_coverage(interval: str, passes: int, rho: float, confidence_level: 
     level = 1.0 - (1.0 - _confidence_level(confidence_level)) / 2.0
     if interval == "welch":
         return _welch_ar1_coverage(n, r, level)
-    terms = n - 1 if interval == "paired" else (HacSpec() if hac is None else hac).terms(n)
+    terms = n - 1 if interval == "paired" else cosine_terms(n, (hac or HacSpec()).bandwidth)
     z0, ms = _cosine_draws(n, r, terms)
     return float(np.mean(np.abs(z0) <= float(_sps.t.ppf(level, terms)) * np.sqrt(ms)))
 

@@ -50,12 +50,12 @@ judged against a margin of +/- ``margin`` around 1 (``bistat.core.classify.class
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 from pydantic_core import PydanticCustomError
 
-from bistat.core.serial import HacSpec
 
 __all__ = [
     "Label",
@@ -71,8 +71,11 @@ __all__ = [
     "TreatmentBeatsControl",
     "ProbeConfirmed",
     "EngineLog",
+    "BANDWIDTH_RULES",
     "CostRule",
     "Criterion",
+    "HAC_KERNELS",
+    "HacSpec",
     "speed_as_evidence_warnings",
     "CRITERION_NAMES",
     "MATCH_CRITERIA",
@@ -388,6 +391,54 @@ class LabelSpec(_Model):
 
     label: str
     criteria: list[Criterion] = Field(alias="all", min_length=1)
+
+
+#: Kernels the robust cost interval can use. ``"cosine"``: the equal-weighted cosine (EWC)
+#: estimator of the long-run variance, whose t statistic has Student's t distribution with as many
+#: degrees of freedom as cosine terms (Mueller 2007; Lazarus, Lewis, Stock and Watson 2018).
+HAC_KERNELS = ("cosine",)
+#: Named bandwidth rules. ``"llsw"``: ``B = max(2, floor(0.4 n**(2/3)))`` cosine terms for ``n``
+#: pairs, at most ``n - 1`` (``bistat.core.serial.cosine_terms``). A declared integer fixes ``B``.
+BANDWIDTH_RULES = ("llsw",)
+
+
+@dataclass(frozen=True)
+class HacSpec:
+    """The declared robust interval's parameters (``[rule.cost] hac_kernel``, ``hac_bandwidth``;
+    :func:`bistat.core.serial.hac_ratio` computes the interval, ``cosine_terms`` resolves the
+    bandwidth rule at a number of pairs).
+
+    Attributes
+    ----------
+    kernel : str
+        One of :data:`HAC_KERNELS`.
+    bandwidth : str or int
+        A rule of :data:`BANDWIDTH_RULES`, or a fixed number of cosine terms ``>= 1``.
+    """
+
+    kernel: str = "cosine"
+    bandwidth: str | int = "llsw"
+
+    def __post_init__(self) -> None:
+        if self.kernel not in HAC_KERNELS:
+            allowed = ", ".join(repr(k) for k in HAC_KERNELS)
+            raise ValueError(f"kernel must be one of {allowed}, got {self.kernel!r}")
+        if isinstance(self.bandwidth, str):
+            if self.bandwidth not in BANDWIDTH_RULES:
+                allowed = ", ".join(repr(b) for b in BANDWIDTH_RULES)
+                raise ValueError(f"bandwidth must be one of {allowed} or a number of cosine "
+                                 f"terms >= 1, got {self.bandwidth!r}")
+        elif isinstance(self.bandwidth, bool) or not isinstance(self.bandwidth, int) \
+                or self.bandwidth < 1:
+            raise ValueError(f"bandwidth must be one of 'llsw' or a number of cosine terms >= 1, "
+                             f"got {self.bandwidth!r}")
+
+    def describe(self) -> str:
+        """The parameters in words, e.g. ``equal-weighted cosine, B = max(2, ⌊0.4 n^(2/3)⌋)
+        terms``."""
+        if self.bandwidth == "llsw":
+            return "equal-weighted cosine, B = max(2, ⌊0.4 n^(2/3)⌋) terms"
+        return f"equal-weighted cosine, B = {self.bandwidth} terms"
 
 
 #: The cost rule's HAC parameters: present only with ``interval = "hac"``.

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bistat.core.lazy import lazy_function, lazy_module
+from bistat.core.rule import BANDWIDTH_RULES, HAC_KERNELS, HacSpec
 from bistat.core.stats import Interval, RatioResult, _confidence_level, _positive_sample
 
 _sps = lazy_module("scipy.stats")
@@ -57,15 +58,6 @@ __all__ = [
     "serial_correlation",
     "serial_diagnostics",
 ]
-
-#: Kernels the robust interval can use. ``"cosine"``: the equal-weighted cosine (EWC) estimator
-#: of the long-run variance, whose t statistic has Student's t distribution with as many degrees
-#: of freedom as cosine terms (Mueller 2007; Lazarus, Lewis, Stock and Watson 2018).
-HAC_KERNELS = ("cosine",)
-#: Named bandwidth rules. ``"llsw"``: ``B = max(2, floor(0.4 n**(2/3)))`` cosine terms for ``n``
-#: pairs, at most ``n - 1`` (see :func:`cosine_terms`). A declared integer fixes ``B`` instead.
-BANDWIDTH_RULES = ("llsw",)
-
 
 # --------------------------------------------------------------------------------------------
 # Result objects
@@ -135,47 +127,6 @@ class SerialDiagnostics:
         ``"control"``, ``"differences"``, in that order."""
         return tuple(name for name in ("treatment", "control", "differences")
                      if getattr(self, name).significant(self.alpha))
-
-
-@dataclass(frozen=True)
-class HacSpec:
-    """The declared robust interval's parameters (``[rule.cost] hac_kernel``, ``hac_bandwidth``).
-
-    Attributes
-    ----------
-    kernel : str
-        One of :data:`HAC_KERNELS`.
-    bandwidth : str or int
-        A rule of :data:`BANDWIDTH_RULES`, or a fixed number of cosine terms ``>= 1``.
-    """
-
-    kernel: str = "cosine"
-    bandwidth: str | int = "llsw"
-
-    def __post_init__(self) -> None:
-        if self.kernel not in HAC_KERNELS:
-            allowed = ", ".join(repr(k) for k in HAC_KERNELS)
-            raise ValueError(f"kernel must be one of {allowed}, got {self.kernel!r}")
-        if isinstance(self.bandwidth, str):
-            if self.bandwidth not in BANDWIDTH_RULES:
-                allowed = ", ".join(repr(b) for b in BANDWIDTH_RULES)
-                raise ValueError(f"bandwidth must be one of {allowed} or a number of cosine "
-                                 f"terms >= 1, got {self.bandwidth!r}")
-        elif isinstance(self.bandwidth, bool) or not isinstance(self.bandwidth, int) \
-                or self.bandwidth < 1:
-            raise ValueError(f"bandwidth must be one of 'llsw' or a number of cosine terms >= 1, "
-                             f"got {self.bandwidth!r}")
-
-    def terms(self, pairs: int) -> int:
-        """Cosine terms at ``pairs`` pairs (:func:`cosine_terms`)."""
-        return cosine_terms(pairs, self.bandwidth)
-
-    def describe(self) -> str:
-        """The parameters in words, e.g. ``equal-weighted cosine, B = max(2, ⌊0.4 n^(2/3)⌋)
-        terms``."""
-        if self.bandwidth == "llsw":
-            return "equal-weighted cosine, B = max(2, ⌊0.4 n^(2/3)⌋) terms"
-        return f"equal-weighted cosine, B = {self.bandwidth} terms"
 
 
 @dataclass(frozen=True)
@@ -466,7 +417,7 @@ def cosine_terms(pairs: int, bandwidth: str | int = "llsw") -> int:
         terms = max(2, b)
     else:
         terms = HacSpec(bandwidth=bandwidth).bandwidth   # validates
-    return int(min(terms, n - 1))
+    return int(min(terms, n - 1))   # type: ignore[call-overload]
 
 
 def hac_ratio(treatment: Sequence[float], control: Sequence[float],
@@ -546,7 +497,7 @@ def hac_ratio(treatment: Sequence[float], control: Sequence[float],
     spec = HacSpec() if hac is None else hac
     d = _log_differences(treatment, control, 2)
     n = int(d.size)
-    terms = spec.terms(n)
+    terms = cosine_terms(n, spec.bandwidth)
     transformed = _dct(d, type=2, norm="ortho")          # [n]: L_0 = sqrt(n) mean, L_1 .. L_{n-1}
     omega = float(np.mean(transformed[1:terms + 1] ** 2))
     log_diff = float(d.mean())
