@@ -32,7 +32,8 @@ numbers (``bistat classify``) without inventing passes.
 
 The intervals come from ``bistat.core.stats``: Wilson intervals for match rates, the Welch interval
 on log per-pass throughput for the ratio, TOST on the log ratio for equivalence, Newcombe's
-interval and McNemar's test for treatment against control.
+interval and McNemar's test for treatment against control; the cost rule's paired interval from
+``bistat.core.stats`` too, its serial-correlation-robust (HAC) interval from ``bistat.core.serial``.
 
 Every decided value a verdict shows is formatted by :func:`format_decided`: one rounding, with
 more digits only where fewer would put the shown number on the other side of (or onto) the

@@ -22,6 +22,14 @@ The cost rule's outcomes (:func:`cost_outcome_probabilities`, :func:`passes_to_d
 Welch draws below, or, for a paired interval, the paired t's: the same mean log difference
 and one ``chi2(n - 1)`` variance, ``n - 1`` degrees of freedom.
 
+Serial correlation (the last section): passes on one engine carry over from one to the next.
+:func:`estimate_serial_correlation` reads it from an earlier run's per-pass values in pass order;
+a paired or HAC cost interval is planned under AR(1) pairs with that lag-1 autocorrelation
+(``rho``) from the exact normal distribution of the mean and the cosine transforms the interval
+uses (:func:`_cosine_draws`); :func:`interval_coverage` gives each interval's coverage there and
+:func:`check_interval_assumptions` says when the earlier run contradicts the declared interval
+(``docs/COST-INTERVALS.md``).
+
 Power of the point-estimate criteria is exact (normal distribution). Power of the interval
 criteria and of TOST is computed by Monte Carlo from the exact sampling distribution of the
 Welch procedure's sufficient statistics -- the difference of log means
@@ -37,7 +45,6 @@ from __future__ import annotations
 
 import functools
 import math
-import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -51,6 +58,7 @@ from bistat.core.serial import HacSpec, SerialDiagnostics, cosine_terms, serial_
 from bistat.core.stats import (  # one validation for both modules
     MCNEMAR_EXACT_BELOW,
     _confidence_level,
+    _int_at_least,
     _positive_sample,
     wilson_interval,
 )
@@ -106,18 +114,6 @@ def _lower_bound_alternative(alternative: str) -> str:
             f"(a lower bound); got {alternative!r}"
         )
     return alternative
-
-
-def _int_at_least(value: object, name: str, minimum: int) -> int:
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be an integer, got the boolean {value!r}")
-    try:
-        out = operator.index(value)
-    except TypeError:
-        raise ValueError(f"{name} must be an integer, got {value!r}") from None
-    if out < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {out}")
-    return out
 
 
 def _positive(value: float, name: str) -> float:
