@@ -424,6 +424,16 @@ def test_hac_planning_at_rho_zero_is_the_exact_t_with_b_degrees_of_freedom():
         design.cost_outcome_probabilities(0.05, 0.97, 16, 0.03, paired=True)
 
 
+def test_the_planned_hac_half_width_uses_its_b_degrees_of_freedom():
+    sigma = design.log_sd_from_cv(0.05)
+    for pairs, terms in ((10, 2), (32, 4), (64, 6)):
+        expected = sps.t.ppf(0.975, terms) * sigma * math.sqrt(2 / pairs)
+        assert design.expected_ratio_halfwidth(pairs, 0.05, hac=HacSpec()) == pytest.approx(
+            expected, rel=1e-12)
+    assert design.expected_ratio_interval_factor(32, 0.05, hac=HacSpec(bandwidth=31)) == \
+        pytest.approx(design.expected_ratio_interval_factor(32, 0.05, paired=True), rel=1e-12)
+
+
 def test_hac_needs_more_pairs_than_paired_and_more_still_under_correlation():
     paired = design.passes_to_decide(0.05, 1.0, 0.03, paired=True)
     hac = design.passes_to_decide(0.05, 1.0, 0.03, hac=HacSpec())

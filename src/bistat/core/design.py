@@ -536,7 +536,8 @@ def welch_df_equal_variances(passes_per_arm: int) -> float:
 
 
 def expected_ratio_halfwidth(
-    passes_per_arm: int, cv: float, confidence_level: float = 0.95, paired: bool = False
+    passes_per_arm: int, cv: float, confidence_level: float = 0.95, paired: bool = False,
+    *, hac: HacSpec | None = None
 ) -> float:
     """Planned half-width of the throughput-ratio interval on the log scale.
 
@@ -558,7 +559,10 @@ def expected_ratio_halfwidth(
         ``ratio / f .. ratio * f`` with ``f = exp(halfwidth)``
         (:func:`expected_ratio_interval_factor`). With ``paired`` (``n`` passes of each arm
         paired, :func:`bistat.core.stats.paired_ratio`, the log differences' SD
-        ``sigma sqrt(2)``) the same with the paired t's ``n - 1`` degrees of freedom.
+        ``sigma sqrt(2)``) the same with the paired t's ``n - 1`` degrees of freedom; with
+        ``hac`` (the serial-correlation-robust interval of :func:`bistat.core.serial.hac_ratio`)
+        with its ``B`` degrees of freedom (:func:`bistat.core.serial.cosine_terms`), for
+        independent pairs.
 
     Examples
     --------
@@ -568,17 +572,23 @@ def expected_ratio_halfwidth(
     0.0469
     >>> round(expected_ratio_halfwidth(10, 0.05, paired=True), 4)
     0.0506
+    >>> round(expected_ratio_halfwidth(10, 0.05, hac=HacSpec()), 4)
+    0.0962
     """
     n = _int_at_least(passes_per_arm, "passes_per_arm", 2)
     cl = _confidence_level(confidence_level)
     sigma = log_sd_from_cv(cv)
-    df = n - 1 if paired else welch_df_equal_variances(n)
+    if hac is not None:
+        df = cosine_terms(n, hac.bandwidth)
+    else:
+        df = n - 1 if paired else welch_df_equal_variances(n)
     tq = _sps.t.ppf(1.0 - (1.0 - cl) / 2.0, df)
     return float(tq * sigma * math.sqrt(2.0 / n))
 
 
 def expected_ratio_interval_factor(
-    passes_per_arm: int, cv: float, confidence_level: float = 0.95, paired: bool = False
+    passes_per_arm: int, cv: float, confidence_level: float = 0.95, paired: bool = False,
+    *, hac: HacSpec | None = None
 ) -> float:
     """Multiplicative half-width of the planned ratio interval: ``exp(expected_ratio_halfwidth)``.
 
@@ -589,7 +599,8 @@ def expected_ratio_interval_factor(
     >>> round(expected_ratio_interval_factor(2, 0.10), 3)
     1.536
     """
-    return math.exp(expected_ratio_halfwidth(passes_per_arm, cv, confidence_level, paired))
+    return math.exp(expected_ratio_halfwidth(passes_per_arm, cv, confidence_level, paired,
+                                             hac=hac))
 
 
 def _point_z(bound: float, true_ratio: float, passes_per_arm: int, cv: float) -> float:
