@@ -99,3 +99,19 @@ def test_paired_and_welch_coverage_at_32_pairs_fail_under_correlation():
     # nominal as the arms' own noise correlates
     assert welch[0.0] > 0.98
     assert welch[0.5] < 0.91 and welch[0.7] < 0.80
+
+
+def test_where_the_hac_interval_holds_pair_by_pair():
+    """docs/COST-INTERVALS.md's statement, checked at every number of pairs up to 64 with the
+    exact coverage: within 1.5 points for rho <= 0.3 from 7 pairs, 0.4 from 10, 0.5 from 14 (but
+    0.9348 at 21, where a third cosine term comes in), and not just below those pairs; the design
+    analysis's pairs_to_hold (Monte Carlo) finds the same numbers."""
+    from bistat.core.design import pairs_to_hold
+
+    for rho, first in ((0.3, 7), (0.4, 10), (0.5, 14)):
+        below = exact_cosine_coverage(first - 1, rho, cosine_terms(first - 1))
+        assert below < 0.95 - TOLERANCE, (rho, first - 1, below)
+        short = [(n, round(cov, 4)) for n in range(first, 65)
+                 if (cov := exact_cosine_coverage(n, rho, cosine_terms(n))) < 0.95 - TOLERANCE]
+        assert short == ([(21, 0.9348)] if rho == 0.5 else []), (rho, short)
+        assert pairs_to_hold(rho) == first
