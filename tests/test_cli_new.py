@@ -36,7 +36,9 @@ def test_new_writes_a_declaration_that_registers_under_the_default_rule(work):
     exp = load_experiment("experiments/my-study.toml")
     assert exp.name == "my-study" and exp.rule == default_rule()
     assert tomllib.loads(text)["rule"]["cost"] == {"metric": "throughput", "margin": 0.1,
-                                                   "confidence_level": 0.95}
+                                                   "confidence_level": 0.95, "interval": "hac",
+                                                   "hac_kernel": "cosine",
+                                                   "hac_bandwidth": "llsw"}
     result = CliRunner().invoke(cli, ["register", "experiments/my-study.toml"],
                                 catch_exceptions=False)
     assert result.exit_code == 0

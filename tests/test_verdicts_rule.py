@@ -66,7 +66,8 @@ def test_the_default_rule_is_what_its_docstring_says():
     assert doubtful.label == "doubtful"
     assert [c.model_dump(by_alias=True) for c in doubtful.criteria] == [
         {"criterion": "match_upper_bound", "arm": "treatment", "below": 0.99}]
-    assert DEFAULT.cost == CostRule(metric="throughput", margin=0.10, confidence_level=0.95)
+    assert DEFAULT.cost == CostRule(metric="throughput", margin=0.10, confidence_level=0.95,
+                                    interval="hac", hac_kernel="cosine", hac_bandwidth="llsw")
     assert DEFAULT_RULE_TOML.startswith("# The default decision rule")
 
 
@@ -89,7 +90,9 @@ def test_study_1b_is_working_by_the_default_rule_with_its_cost_stated():
     assert beats.observed_text == (f"{p:.4g} (McNemar: 0 control only / 541 treatment only, "
                                    "chi2-continuity-corrected; treatment ahead)")
     assert v.cost.outcome is CostOutcome.NO_MEASURABLE_COST
-    assert v.headline == "working — no measurable cost (ratio 0.97, 95 % interval 0.96–0.98)"
+    # the default cost interval: the 4 passes paired, the HAC (cosine) interval with 2 terms
+    assert v.cost.interval.method == "hac-cosine-log" and v.cost.n_pairs == 4
+    assert v.headline == "working — no measurable cost (ratio 0.97, 95 % interval 0.97–0.98)"
 
 
 def test_a_control_that_does_not_diverge_leaves_the_question_open():

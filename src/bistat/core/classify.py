@@ -32,7 +32,8 @@ numbers (``bistat classify``) without inventing passes.
 
 The intervals come from ``bistat.core.stats``: Wilson intervals for match rates, the Welch interval
 on log per-pass throughput for the ratio, TOST on the log ratio for equivalence, Newcombe's
-interval and McNemar's test for treatment against control.
+interval and McNemar's test for treatment against control; the cost rule's paired interval from
+``bistat.core.stats`` too, its serial-correlation-robust (HAC) interval from ``bistat.core.serial``.
 
 Every decided value a verdict shows is formatted by :func:`format_decided`: one rounding, with
 more digits only where fewer would put the shown number on the other side of (or onto) the
@@ -47,7 +48,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from bistat.core import design, stats   # design: the passes that would decide an undecidable cost
+from bistat.core import design, serial, stats   # design: the passes that would decide an undecidable cost
 from bistat.core.rule import (
     ACTIVATION_CRITERIA,
     ControlDiverges,
@@ -837,8 +838,9 @@ class CostVerdict:
     ratio : float or None
         Treatment / control of the metric's per-pass geometric means.
     interval : stats.Interval or None
-        Its interval at the cost rule's confidence level: Welch's, or the paired one where the
-        rule pairs the passes (``interval = "paired"``), or the published one.
+        Its interval at the cost rule's confidence level: Welch's, the paired one where the rule
+        pairs the passes (``interval = "paired"``), the serial-correlation-robust one of the
+        same pairs (``interval = "hac"``), or the published one.
     n_treatment, n_control : int
         Counted passes with a value, per arm.
     cv : float or None
@@ -846,11 +848,13 @@ class CostVerdict:
     passes_to_decide : int or None
         *Undecidable* only: passes per arm at which the design analysis
         (``bistat.core.design.passes_to_decide``) decides with 80 % probability, at the observed ratio
-        and CV; None when no number up to 200 does (or the CV is unknown).
+        and CV (and, for a HAC interval, the pairs' lag-1 autocorrelation); None when no number
+        up to 200 does (or the CV is unknown).
     reason : str or None
         Why the cost could not be assessed, or was undecidable without an interval.
     n_pairs : int or None
-        Passes paired across the arms, where the rule's interval is ``"paired"`` (None else).
+        Passes paired across the arms, where the rule's interval is ``"paired"`` or ``"hac"``
+        (None else).
     """
 
     outcome: CostOutcome
@@ -936,6 +940,11 @@ def classify_cost(cost: CostRule, control: ArmStats, treatment: ArmStats, *,
     With ``cost.interval == "paired"`` the interval is ``stats.paired_ratio`` of the passes both
     arms have, paired by pass index (``ArmStats.throughput_passes`` / ``latency_passes``; by
     position where those are not known), and the ratio its point; the same decision follows.
+    With ``cost.interval == "hac"`` the same pairs, in pass order, give
+    ``serial.hac_ratio``'s interval (robust to serial correlation of the pairs, with the rule's
+    ``hac_kernel`` and ``hac_bandwidth``); an undecidable cost's pairs to decide it are then
+    planned for that interval at the pairs' spread and their lag-1 autocorrelation
+    (:func:`bistat.core.design.planning_rho`).
 
     Examples
     --------
@@ -988,35 +997,45 @@ def classify_cost(cost: CostRule, control: ArmStats, treatment: ArmStats, *,
                        "counted passes per arm for an interval)", point=point,
                        reason=f"needs at least 2 counted passes per arm with a {metric}, got "
                               f"{len(tv)} (treatment) and {len(cv_)} (control)")
-    if cost.interval == "paired":
+    paired = cost.interval in ("paired", "hac")
+    if paired:
         pt, pc = _paired_values(treatment, control, metric)
         if len(pt) < 2:
             return dataclasses.replace(verdict(
                 CostOutcome.UNDECIDABLE,
                 f"cost undecidable at {len(pt)} pair{'' if len(pt) == 1 else 's'} of passes "
-                "(needs at least 2 for a paired interval)",
+                f"(needs at least 2 for a {'paired' if cost.hac is None else 'HAC'} interval)",
                 reason=f"needs at least 2 passes paired across the arms with a {metric}, got "
                        f"{len(pt)}"), n_pairs=len(pt))
+    rho = 0.0
     try:
         pooled = stats.pooled_cv([tv, cv_]).cv
-        if cost.interval == "paired":
+        if cost.hac is not None:
+            rr = serial.hac_ratio(pt, pc, cl, cost.hac)
+            # planned at the pairs' own spread and lag-1 autocorrelation (bias-corrected, at
+            # least 0), as design.estimate_serial_correlation plans from an earlier run
+            need_cv = rr.sd_log_diff / math.sqrt(2.0)
+            rho = design.planning_rho(pt, pc)
+        elif paired:
             rr = stats.paired_ratio(pt, pc, cl)
-            point = rr.ratio
             # a pair difference's SD s_d gives the Welch design's per-pass CV s_d / sqrt(2): the
             # same standard error at the same passes per arm
             need_cv = rr.se * math.sqrt(rr.n_treatment) / math.sqrt(2.0)
-            n_passes, what = rr.n_treatment, "pairs of passes"
         else:
             rr = stats.throughput_ratio(tv, cv_, cl)
+            need_cv = pooled
+        if paired:
+            point, n_passes, what = rr.ratio, rr.n_treatment, "pairs of passes"
+        else:
             point = stats.ratio_of_geometric_means(tv, cv_)
-            need_cv, n_passes, what = pooled, min(len(tv), len(cv_)), "passes"
+            n_passes, what = min(len(tv), len(cv_)), "passes"
     except ValueError as exc:
         return verdict(CostOutcome.UNDECIDABLE, "cost undecidable (a per-pass value is not a "
                        "positive number)", reason=str(exc))
     decided = _decide_cost(cost, rr.interval, point, verdict, pooled, n_passes,
-                           f"ratio {format_decided(point, bounds, COST_DIGITS)}", need_cv, what)
-    return (dataclasses.replace(decided, n_pairs=rr.n_treatment) if cost.interval == "paired"
-            else decided)
+                           f"ratio {format_decided(point, bounds, COST_DIGITS)}", need_cv, what,
+                           rho)
+    return dataclasses.replace(decided, n_pairs=rr.n_treatment) if paired else decided
 
 
 def _paired_values(treatment: ArmStats, control: ArmStats, metric: str
@@ -1037,7 +1056,7 @@ def _paired_values(treatment: ArmStats, control: ArmStats, metric: str
 
 def _decide_cost(cost: CostRule, iv: stats.Interval, point: float | None, verdict, pooled,
                  n_passes: int | None, shown: str, need_cv: float | None = None,
-                 what: str = "passes") -> CostVerdict:
+                 what: str = "passes", rho: float = 0.0) -> CostVerdict:
     lo, hi = cost.low, cost.high
     bounds = (lo, hi)
     pct = f"{iv.confidence_level * 100:g} %"
@@ -1072,7 +1091,7 @@ def _decide_cost(cost: CostRule, iv: stats.Interval, point: float | None, verdic
     need_cv = pooled if need_cv is None else need_cv
     if need_cv is not None and point is not None and need_cv > 0:
         need = design.passes_to_decide(cost.margin, point, need_cv, iv.confidence_level,
-                                       cost.metric)
+                                       cost.metric, hac=cost.hac, rho=rho)
     at = "" if n_passes is None else f" at {n_passes} {what}"
     if n_passes is None:
         tail = ""

@@ -22,6 +22,14 @@ The cost rule's outcomes (:func:`cost_outcome_probabilities`, :func:`passes_to_d
 Welch draws below, or, for a paired interval, the paired t's: the same mean log difference
 and one ``chi2(n - 1)`` variance, ``n - 1`` degrees of freedom.
 
+Serial correlation (the last section): passes on one engine carry over from one to the next.
+:func:`estimate_serial_correlation` reads it from an earlier run's per-pass values in pass order;
+a paired or HAC cost interval is planned under AR(1) pairs with that lag-1 autocorrelation
+(``rho``) from the exact normal distribution of the mean and the cosine transforms the interval
+uses (:func:`_cosine_draws`); :func:`interval_coverage` gives each interval's coverage there and
+:func:`check_interval_assumptions` says when the earlier run contradicts the declared interval
+(``docs/COST-INTERVALS.md``).
+
 Power of the point-estimate criteria is exact (normal distribution). Power of the interval
 criteria and of TOST is computed by Monte Carlo from the exact sampling distribution of the
 Welch procedure's sufficient statistics -- the difference of log means
@@ -37,17 +45,21 @@ from __future__ import annotations
 
 import functools
 import math
-import operator
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
-from bistat.core.lazy import lazy_module
+from bistat.core.lazy import lazy_function, lazy_module
 
 _sps = lazy_module("scipy.stats")
+_dct = lazy_function("scipy.fft", "dct")
 
+from bistat.core.serial import HacSpec, SerialDiagnostics, cosine_terms, serial_diagnostics
 from bistat.core.stats import (  # one validation for both modules
     MCNEMAR_EXACT_BELOW,
     _confidence_level,
+    _int_at_least,
+    _positive_sample,
     wilson_interval,
 )
 
@@ -102,18 +114,6 @@ def _lower_bound_alternative(alternative: str) -> str:
             f"(a lower bound); got {alternative!r}"
         )
     return alternative
-
-
-def _int_at_least(value: object, name: str, minimum: int) -> int:
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be an integer, got the boolean {value!r}")
-    try:
-        out = operator.index(value)
-    except TypeError:
-        raise ValueError(f"{name} must be an integer, got {value!r}") from None
-    if out < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {out}")
-    return out
 
 
 def _positive(value: float, name: str) -> float:
@@ -536,7 +536,8 @@ def welch_df_equal_variances(passes_per_arm: int) -> float:
 
 
 def expected_ratio_halfwidth(
-    passes_per_arm: int, cv: float, confidence_level: float = 0.95, paired: bool = False
+    passes_per_arm: int, cv: float, confidence_level: float = 0.95, paired: bool = False,
+    *, hac: HacSpec | None = None
 ) -> float:
     """Planned half-width of the throughput-ratio interval on the log scale.
 
@@ -558,7 +559,10 @@ def expected_ratio_halfwidth(
         ``ratio / f .. ratio * f`` with ``f = exp(halfwidth)``
         (:func:`expected_ratio_interval_factor`). With ``paired`` (``n`` passes of each arm
         paired, :func:`bistat.core.stats.paired_ratio`, the log differences' SD
-        ``sigma sqrt(2)``) the same with the paired t's ``n - 1`` degrees of freedom.
+        ``sigma sqrt(2)``) the same with the paired t's ``n - 1`` degrees of freedom; with
+        ``hac`` (the serial-correlation-robust interval of :func:`bistat.core.serial.hac_ratio`)
+        with its ``B`` degrees of freedom (:func:`bistat.core.serial.cosine_terms`), for
+        independent pairs.
 
     Examples
     --------
@@ -568,17 +572,23 @@ def expected_ratio_halfwidth(
     0.0469
     >>> round(expected_ratio_halfwidth(10, 0.05, paired=True), 4)
     0.0506
+    >>> round(expected_ratio_halfwidth(10, 0.05, hac=HacSpec()), 4)
+    0.0962
     """
     n = _int_at_least(passes_per_arm, "passes_per_arm", 2)
     cl = _confidence_level(confidence_level)
     sigma = log_sd_from_cv(cv)
-    df = n - 1 if paired else welch_df_equal_variances(n)
+    if hac is not None:
+        df = cosine_terms(n, hac.bandwidth)
+    else:
+        df = n - 1 if paired else welch_df_equal_variances(n)
     tq = _sps.t.ppf(1.0 - (1.0 - cl) / 2.0, df)
     return float(tq * sigma * math.sqrt(2.0 / n))
 
 
 def expected_ratio_interval_factor(
-    passes_per_arm: int, cv: float, confidence_level: float = 0.95, paired: bool = False
+    passes_per_arm: int, cv: float, confidence_level: float = 0.95, paired: bool = False,
+    *, hac: HacSpec | None = None
 ) -> float:
     """Multiplicative half-width of the planned ratio interval: ``exp(expected_ratio_halfwidth)``.
 
@@ -589,7 +599,8 @@ def expected_ratio_interval_factor(
     >>> round(expected_ratio_interval_factor(2, 0.10), 3)
     1.536
     """
-    return math.exp(expected_ratio_halfwidth(passes_per_arm, cv, confidence_level, paired))
+    return math.exp(expected_ratio_halfwidth(passes_per_arm, cv, confidence_level, paired,
+                                             hac=hac))
 
 
 def _point_z(bound: float, true_ratio: float, passes_per_arm: int, cv: float) -> float:
@@ -695,10 +706,25 @@ def _t_quantiles(passes_per_arm: int, cv: float, level: float) -> np.ndarray:
 
 
 def _interval_draws(true_ratio: float, passes_per_arm: int, cv: float, level: float,
-                    paired: bool) -> tuple[np.ndarray, np.ndarray]:
+                    paired: bool, hac: HacSpec | None = None, rho: float = 0.0
+                    ) -> tuple[np.ndarray, np.ndarray]:
     """(estimate, half-width) draws of the two-sided interval whose upper quantile is
     ``level``: Welch's (estimated degrees of freedom per draw) or, ``paired``, the paired t's
-    (``passes_per_arm - 1`` degrees of freedom)."""
+    (``passes_per_arm - 1`` degrees of freedom); with ``hac`` the equal-weighted cosine
+    interval's, and with ``rho`` either paired interval's when the pairs' log differences are
+    AR(1) with that lag-1 autocorrelation (:func:`_cosine_draws`)."""
+    rho = _rho(rho)
+    if hac is not None or (paired and rho != 0.0):
+        n = _int_at_least(passes_per_arm, "passes_per_arm", 2)
+        r = _positive(true_ratio, "true_ratio")
+        terms = n - 1 if hac is None else cosine_terms(n, hac.bandwidth)
+        z0, ms = _cosine_draws(n, rho, terms)
+        scale = log_sd_from_cv(cv) * math.sqrt(2.0 / n)   # the pairs' SD over sqrt(n)
+        return (math.log(r) + scale * z0,
+                float(_sps.t.ppf(level, terms)) * scale * np.sqrt(ms))
+    if rho != 0.0:
+        raise ValueError("rho plans a paired or HAC interval (the pairs' lag-1 "
+                         "autocorrelation); Welch's is planned for independent passes")
     if paired:
         d, se = _paired_draws(true_ratio, passes_per_arm, cv)
         return d, float(_sps.t.ppf(level, passes_per_arm - 1)) * se
@@ -829,7 +855,8 @@ COST_OUTCOMES = ("no measurable cost", "costs", "faster", "undecidable")
 
 def cost_outcome_probabilities(margin: float, true_ratio: float, passes_per_arm: int, cv: float,
                                confidence_level: float = 0.95, metric: str = "throughput",
-                               paired: bool = False) -> dict[str, float]:
+                               paired: bool = False, *, hac: HacSpec | None = None,
+                               rho: float = 0.0) -> dict[str, float]:
     """Probability of each outcome of a cost rule (``[rule.cost]``) at a true ratio.
 
     Parameters
@@ -852,6 +879,14 @@ def cost_outcome_probabilities(margin: float, true_ratio: float, passes_per_arm:
         ``passes_per_arm`` passes of each arm paired, the paired t's ``n - 1`` degrees of
         freedom, ``cv`` the per-arm CV that gives the pairs' log differences their spread
         (:func:`bistat.declare.design_report.paired_cv_from_run`).
+    hac : bistat.core.serial.HacSpec, optional
+        The rule's interval is the serial-correlation-robust one (``interval = "hac"``) with these
+        parameters: the passes paired as for ``paired``, the equal-weighted cosine interval of
+        :func:`bistat.core.serial.hac_ratio`.
+    rho : float, default 0.0
+        Lag-1 autocorrelation of the pairs' log differences (AR(1)), for a paired or HAC
+        interval: e.g. :attr:`SerialEstimate.rho` of an earlier run. The draws are then of the
+        declared interval under that correlation (:func:`interval_coverage` gives its coverage).
 
     Returns
     -------
@@ -883,7 +918,8 @@ def cost_outcome_probabilities(margin: float, true_ratio: float, passes_per_arm:
     if metric not in ("throughput", "latency"):
         raise ValueError(f"metric must be 'throughput' or 'latency', got {metric!r}")
     cl = _confidence_level(confidence_level)
-    d, half = _interval_draws(true_ratio, passes_per_arm, cv, 1.0 - (1.0 - cl) / 2.0, paired)
+    d, half = _interval_draws(true_ratio, passes_per_arm, cv, 1.0 - (1.0 - cl) / 2.0, paired,
+                              hac, rho)
     low, high = d - half, d + half
     lo, hi = math.log(1.0 - m), math.log(1.0 + m)
     below = high < lo
@@ -901,7 +937,8 @@ def cost_outcome_probabilities(margin: float, true_ratio: float, passes_per_arm:
 
 def passes_to_decide(margin: float, true_ratio: float, cv: float, confidence_level: float = 0.95,
                      metric: str = "throughput", target: float = 0.80,
-                     max_passes: int = 200, paired: bool = False) -> int | None:
+                     max_passes: int = 200, paired: bool = False, *,
+                     hac: HacSpec | None = None, rho: float = 0.0) -> int | None:
     """Passes per arm at which the cost rule decides with probability ``target`` at a true ratio.
 
     Beyond the margin on the slower side "decided" is *costs*; on the other side of that margin
@@ -909,8 +946,9 @@ def passes_to_decide(margin: float, true_ratio: float, cv: float, confidence_lev
     one-sided test of :func:`cost_outcome_probabilities`), whichever it is -- so a faster true
     ratio is decided no later than a slower one on the same side. None when no number up to
     ``max_passes`` gets there (a true ratio on the slower margin is decided either way with
-    probability at most ``(1 - confidence_level) / 2``). ``paired`` plans the paired interval
-    (:func:`cost_outcome_probabilities`).
+    probability at most ``(1 - confidence_level) / 2``). ``paired`` plans the paired interval,
+    ``hac`` the serial-correlation-robust one, ``rho`` either under that lag-1 autocorrelation of
+    the pairs (:func:`cost_outcome_probabilities`).
 
     Examples
     --------
@@ -930,14 +968,16 @@ def passes_to_decide(margin: float, true_ratio: float, cv: float, confidence_lev
     outcomes = ("costs",) if beyond else ("no measurable cost", "faster")
     # a start from the normal approximation: the slower margin at (z_cl + z_target) standard
     # errors of the log ratio, sigma sqrt(2 / n)
-    sigma = log_sd_from_cv(cv)
+    # (AR(1) pairs: the mean's variance is about (1 + rho) / (1 - rho) times the independent one)
+    sigma = log_sd_from_cv(cv) * math.sqrt((1.0 + _rho(rho)) / (1.0 - _rho(rho)))
     gap = abs(math.log(slower) - math.log(r))
     zq = _sps.norm.ppf(1.0 - (1.0 - _confidence_level(confidence_level)) / 2.0)
     zt = _sps.norm.ppf(_probability(target, "target"))
     guess = math.ceil(2.0 * (sigma * (zq + zt) / gap) ** 2)
 
     def power(n: int) -> float:
-        probs = cost_outcome_probabilities(m, r, n, cv, confidence_level, metric, paired)
+        probs = cost_outcome_probabilities(m, r, n, cv, confidence_level, metric, paired,
+                                           hac=hac, rho=rho)
         return sum(probs[o] for o in outcomes)
 
     return min_passes_for_power(power, target, max_passes, start=min(max(guess, 2), max_passes))
@@ -1023,3 +1063,396 @@ def bisect_power(power: Callable[[int], float], target: float, lo: int, hi: int,
         else:
             lo = mid
     return hi
+
+
+# --------------------------------------------------------------------------------------------
+# Serial correlation: estimate it from an earlier run, plan for it, check what the declared
+# interval assumes
+# --------------------------------------------------------------------------------------------
+
+#: Largest lag-1 autocorrelation planned at: beyond it an AR(1) series is near a random walk,
+#: whose mean no number of passes pins down.
+RHO_MAX = 0.95
+#: How far below nominal a declared interval's coverage may fall before the design analysis
+#: says its assumptions are contradicted: bistat's coverage goal, +-1.5 points.
+COVERAGE_TOLERANCE = 0.015
+#: Rows per block of the Monte Carlo draws of a whole series (bounds the memory at 200 pairs).
+_DRAW_BLOCK = 20_000
+
+
+def _rho(rho: float) -> float:
+    r = float(rho)
+    if not (math.isfinite(r) and -1.0 < r < 1.0):
+        raise ValueError(f"rho must be a lag-1 autocorrelation strictly between -1 and 1, got "
+                         f"{rho!r}")
+    return r
+
+
+def _ar1_cov(n: int, rho: float) -> np.ndarray:
+    """Correlation matrix of ``n`` consecutive values of a stationary AR(1): ``rho**|i - j|``."""
+    i = np.arange(n)
+    return rho ** np.abs(i[:, None] - i[None, :])
+
+
+@functools.lru_cache(maxsize=32)
+def _cosine_draws(pairs: int, rho: float, terms: int) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded draws of the equal-weighted cosine interval's two ingredients for ``pairs``
+    unit-variance AR(1) differences with lag-1 autocorrelation ``rho``: ``z0 = sqrt(n) *
+    mean`` and ``ms`` = the mean square of the cosine transforms ``1 .. terms``
+    (:func:`bistat.core.serial.hac_ratio`'s ``Omega``).
+
+    Exact, not simulated series: the transforms are linear in the series, so ``(L_0, .., L_B)``
+    is normal with covariance ``A R A'`` (``A`` the first ``B + 1`` rows of the orthonormal
+    DCT-II, ``R`` the AR(1) correlation matrix), and :data:`POWER_DRAWS` draws of that
+    ``B + 1``-vector are the interval's exact sampling distribution. With ``terms = pairs - 1``
+    it is the paired t's. Kept (read-only) for the searches over ratios and pairs."""
+    a = _dct(np.eye(pairs), type=2, norm="ortho", axis=0)[: terms + 1]   # [B+1, n]
+    chol = np.linalg.cholesky(a @ _ar1_cov(pairs, rho) @ a.T)           # [B+1, B+1]
+    rng = np.random.default_rng(POWER_SEED)
+    z0, ms = np.empty(POWER_DRAWS), np.empty(POWER_DRAWS)
+    for start in range(0, POWER_DRAWS, _DRAW_BLOCK):
+        stop = min(start + _DRAW_BLOCK, POWER_DRAWS)
+        x = rng.standard_normal((stop - start, terms + 1)) @ chol.T        # [D, B+1]
+        z0[start:stop] = x[:, 0]
+        ms[start:stop] = np.mean(x[:, 1:] ** 2, axis=1)
+    z0.setflags(write=False)
+    ms.setflags(write=False)
+    return z0, ms
+
+
+def _welch_ar1_coverage(passes: int, rho: float, level: float) -> float:
+    """Coverage of Welch's interval (``level`` its upper quantile) when each arm's ``passes``
+    log values are AR(1) with lag-1 autocorrelation ``rho``, independent across arms; seeded
+    Monte Carlo of the series themselves, :data:`POWER_DRAWS` per arm."""
+    chol = np.linalg.cholesky(_ar1_cov(passes, rho))
+    rng = np.random.default_rng(POWER_SEED)
+    covered = 0
+    for start in range(0, POWER_DRAWS, _DRAW_BLOCK):
+        rows = min(_DRAW_BLOCK, POWER_DRAWS - start)
+        t = rng.standard_normal((rows, passes)) @ chol.T
+        c = rng.standard_normal((rows, passes)) @ chol.T
+        vt, vc = t.var(axis=1, ddof=1) / passes, c.var(axis=1, ddof=1) / passes
+        df = (vt + vc) ** 2 / ((vt**2 + vc**2) / (passes - 1))
+        half = _sps.t.ppf(level, df) * np.sqrt(vt + vc)
+        covered += int(np.sum(np.abs(t.mean(axis=1) - c.mean(axis=1)) <= half))
+    return covered / POWER_DRAWS
+
+
+def interval_coverage(interval: str, passes: int, rho: float, confidence_level: float = 0.95,
+                      hac: HacSpec | None = None) -> float:
+    """Coverage of a cost interval when passes are serially correlated (AR(1) planning model).
+
+    Parameters
+    ----------
+    interval : {"welch", "paired", "hac"}
+        The declared interval (``[rule.cost] interval``).
+    passes : int
+        Counted passes per arm (paired and HAC: pairs), ``>= 2``.
+    rho : float
+        Lag-1 autocorrelation: of each arm's log values for ``"welch"``, of the pairs' log
+        differences for ``"paired"`` and ``"hac"``.
+    confidence_level : float, default 0.95
+        The interval's nominal level.
+    hac : bistat.core.serial.HacSpec, optional
+        The HAC interval's parameters (default ``HacSpec()``); only for ``"hac"``.
+
+    Returns
+    -------
+    float
+        The probability that the interval contains the true ratio, by seeded Monte Carlo
+        (:data:`POWER_DRAWS` draws, standard error about 0.0005 near 0.95).
+
+    Notes
+    -----
+    The planning model: log values normal, AR(1) in pass order with lag-1 autocorrelation
+    ``rho`` (stationary); for ``"paired"`` and ``"hac"`` the pairs' differences are (a drift
+    common to both arms cancels in them), for ``"welch"`` each arm's values are, the arms
+    independent (a common drift would widen Welch's interval further, making it conservative
+    where there is drift). The coverage depends neither on the true ratio nor on the spread.
+    Paired and HAC are computed exactly from the normal distribution of the mean and the cosine
+    transforms (:func:`_cosine_draws`; the paired t is the cosine interval with all ``n - 1``
+    terms); Welch's by drawing the series. At ``rho = 0`` the paired and the HAC interval are
+    exact (0.95 up to the Monte Carlo error); at ``rho = 0.5`` the paired one covers about
+    0.75 whatever the pairs.
+
+    Examples
+    --------
+    >>> round(interval_coverage("paired", 32, 0.5), 3), round(interval_coverage("hac", 32, 0.5), 3)
+    (0.744, 0.938)
+    """
+    if interval not in ("welch", "paired", "hac"):
+        raise ValueError(f"interval must be 'welch', 'paired' or 'hac', got {interval!r}")
+    n = _int_at_least(passes, "passes", 2)
+    r = _rho(rho)
+    level = 1.0 - (1.0 - _confidence_level(confidence_level)) / 2.0
+    if interval == "welch":
+        return _welch_ar1_coverage(n, r, level)
+    terms = n - 1 if interval == "paired" else cosine_terms(n, (hac or HacSpec()).bandwidth)
+    z0, ms = _cosine_draws(n, r, terms)
+    return float(np.mean(np.abs(z0) <= float(_sps.t.ppf(level, terms)) * np.sqrt(ms)))
+
+
+def planning_rho(treatment, control) -> float:
+    """The lag-1 autocorrelation of the pairs' log differences to plan at: bias-corrected
+    (:func:`bistat.core.serial.lag1_bias_corrected`), at least 0 and at most :data:`RHO_MAX`.
+
+    ``treatment[i]``, ``control[i]``: the ``i``-th pair in pass order, values ``> 0``. Fewer than
+    four pairs, or differences that do not vary, give 0 (nothing to estimate it from). A negative
+    autocorrelation narrows the mean's variance, so planning at 0 there is conservative.
+
+    Examples
+    --------
+    >>> planning_rho([99.0, 98.0, 97.5], [100.0, 100.0, 100.0])
+    0.0
+    """
+    if len(treatment) < 4:
+        return 0.0
+    diffs = serial_diagnostics(treatment, control).differences
+    corrected = diffs.lag1_corrected
+    return 0.0 if corrected is None else min(RHO_MAX, max(0.0, corrected))
+
+
+@dataclass(frozen=True)
+class SerialEstimate:
+    """Result of :func:`estimate_serial_correlation`: an earlier run's serial correlation, as
+    the design analysis plans with it.
+
+    Attributes
+    ----------
+    pairs : int
+        Pairs of passes (both arms' pass ``i``) it is estimated from.
+    diagnostics : bistat.core.serial.SerialDiagnostics
+        Lag-1 autocorrelation and Ljung-Box test of each arm's log values and of the pairs' log
+        differences.
+    sd_log_diff : float
+        Standard deviation of the pairs' log differences.
+    cv : float
+        The per-arm CV that gives the pairs' log differences that spread (``sd_log_diff /
+        sqrt(2)`` as a log-scale SD, :func:`log_sd_from_cv`'s convention): what
+        :func:`cost_outcome_probabilities` takes for a paired or HAC interval.
+    rho : float
+        Lag-1 autocorrelation of the differences to plan a paired or HAC interval at
+        (:func:`planning_rho`).
+    rho_arms : float
+        The larger of the two arms' bias-corrected lag-1 autocorrelations, within ``[0,
+        RHO_MAX]``: what Welch's interval is checked at.
+    """
+
+    pairs: int
+    diagnostics: SerialDiagnostics
+    sd_log_diff: float
+    cv: float
+    rho: float
+    rho_arms: float
+
+
+def estimate_serial_correlation(treatment, control, alpha: float = 0.05) -> SerialEstimate:
+    """Serial correlation of an earlier run's passes, for planning (``design.cv_from``).
+
+    Parameters
+    ----------
+    treatment, control : sequence of float
+        The earlier run's per-pass values of the metric (throughput or latency), all ``> 0``, in
+        pass order and paired by pass index (``treatment[i]``, ``control[i]``: pass ``i`` of
+        each arm), at least four pairs.
+    alpha : float, default 0.05
+        The Ljung-Box tests' level (:class:`bistat.core.serial.SerialDiagnostics`).
+
+    Returns
+    -------
+    SerialEstimate
+
+    Notes
+    -----
+    The sample lag-1 autocorrelation of a short series is biased low (by ``(1 + 3 rho) / n``),
+    so the design plans at the corrected value: 0.30 over 32 pairs is planned as 0.36. It is
+    still an estimate from one run -- at 32 pairs its standard error is about 0.15 -- so a design
+    that holds only at the estimate holds with little to spare.
+
+    Examples
+    --------
+    >>> est = estimate_serial_correlation([97, 98, 96, 97, 99, 96, 97, 98],
+    ...                                   [100, 101, 99.5, 100.5, 101.5, 99, 100, 100.5])
+    >>> est.pairs, round(est.diagnostics.differences.lag1, 3), round(est.rho, 3)
+    (8, -0.035, 0.144)
+    """
+    if len(treatment) != len(control):
+        raise ValueError(f"the arms must pair pass for pass, got {len(treatment)} (treatment) "
+                         f"and {len(control)} (control) values")
+    if len(treatment) < 4:
+        raise ValueError(f"estimating serial correlation needs at least 4 pairs of passes, got "
+                         f"{len(treatment)}")
+    diag = serial_diagnostics(treatment, control, alpha)
+    d = np.log(_positive_sample(treatment, "treatment")) - np.log(
+        _positive_sample(control, "control"))
+    sd = float(d.std(ddof=1))
+    sigma = sd / math.sqrt(2.0)
+    arms = [s.lag1_corrected for s in (diag.treatment, diag.control) if s.lag1_corrected is not None]
+    return SerialEstimate(
+        pairs=len(treatment), diagnostics=diag, sd_log_diff=sd,
+        cv=math.sqrt(math.expm1(sigma**2)), rho=planning_rho(treatment, control),
+        rho_arms=min(RHO_MAX, max([0.0, *arms])))
+
+
+@dataclass(frozen=True)
+class AssumptionCheck:
+    """Result of :func:`check_interval_assumptions`: does the earlier run contradict what the
+    declared interval assumes, and what would its coverage be?
+
+    Attributes
+    ----------
+    interval : str
+        ``"welch"``, ``"paired"`` or ``"hac"``.
+    passes : int
+        The declared counted passes per arm (pairs).
+    rho : float
+        The lag-1 autocorrelation checked at: of the pairs' differences (paired, HAC) or the
+        larger of the arms' (Welch), bias-corrected, from :class:`SerialEstimate`.
+    coverage : float
+        The declared interval's coverage at ``rho`` and ``passes`` (:func:`interval_coverage`).
+    confidence_level : float
+        Its nominal coverage.
+    pvalue : float or None
+        The earlier run's Ljung-Box p-value for the series the interval assumes independent (the
+        smaller of the two arms' for Welch); None for HAC, which does not assume it, or where the
+        series does not vary.
+    contradicted : bool
+        Paired / Welch: that Ljung-Box test rejects at the estimate's ``alpha`` -- significant
+        serial correlation where the interval assumes none. HAC: ``at_risk`` (too few pairs for
+        the correlation the run shows).
+    at_risk : bool
+        ``coverage`` is more than ``tolerance`` below nominal: at the run's estimated correlation
+        the interval would not keep its stated coverage, significant or not.
+    pairs_to_hold : int or None
+        HAC only, when at risk: the fewest pairs (up to 200) at which its coverage at ``rho`` is
+        within ``tolerance`` of nominal; None when none is (and for Welch and paired).
+    tolerance : float
+        :data:`COVERAGE_TOLERANCE` unless given.
+    message : str or None
+        One sentence for the design report when ``contradicted`` or ``at_risk``, else None.
+    """
+
+    interval: str
+    passes: int
+    rho: float
+    coverage: float
+    confidence_level: float
+    pvalue: float | None
+    contradicted: bool
+    at_risk: bool
+    pairs_to_hold: int | None
+    tolerance: float
+    message: str | None
+
+
+def pairs_to_hold(rho: float, confidence_level: float = 0.95, hac: HacSpec | None = None,
+                  tolerance: float = COVERAGE_TOLERANCE, max_pairs: int = 200,
+                  start: int | None = None) -> int | None:
+    """Fewest pairs at which the HAC interval's coverage at lag-1 autocorrelation ``rho`` is
+    within ``tolerance`` of ``confidence_level`` (:func:`interval_coverage`); None when no
+    number up to ``max_pairs`` is. Found by :func:`min_passes_for_power` (the coverage rises
+    with the pairs, up to the steps where the bandwidth rule adds a cosine term).
+
+    Examples
+    --------
+    >>> pairs_to_hold(0.5), pairs_to_hold(0.3)
+    (14, 7)
+    """
+    target = _confidence_level(confidence_level) - float(tolerance)
+    return min_passes_for_power(
+        lambda n: interval_coverage("hac", n, rho, confidence_level, hac), target, max_pairs,
+        start=start)
+
+
+def check_interval_assumptions(interval: str, passes: int, estimate: SerialEstimate,
+                               confidence_level: float = 0.95, hac: HacSpec | None = None,
+                               tolerance: float = COVERAGE_TOLERANCE) -> AssumptionCheck:
+    """Whether an earlier run's passes contradict what the declared cost interval assumes.
+
+    Parameters
+    ----------
+    interval : {"welch", "paired", "hac"}
+        The declared ``[rule.cost] interval``.
+    passes : int
+        The declared counted passes per arm (``workload.passes``).
+    estimate : SerialEstimate
+        The earlier run's serial correlation (:func:`estimate_serial_correlation`).
+    confidence_level : float, default 0.95
+        The cost rule's level.
+    hac : bistat.core.serial.HacSpec, optional
+        The declared HAC parameters (``interval = "hac"``).
+    tolerance : float, default :data:`COVERAGE_TOLERANCE`
+
+    Returns
+    -------
+    AssumptionCheck
+
+    Notes
+    -----
+    Welch's interval assumes each arm's passes independent, the paired one the pairs' log
+    differences. Either is *contradicted* when the earlier run's Ljung-Box test of that series
+    rejects (:class:`bistat.core.serial.SerialCorrelation`), and *at risk* when its coverage at the
+    run's bias-corrected lag-1 autocorrelation falls more than ``tolerance`` below nominal: the
+    paired interval does already at a lag-1 autocorrelation of about 0.05, which one run of 32
+    pairs cannot tell from 0, so "at risk" without "contradicted" is common and is said as such.
+    The HAC interval allows for the correlation, but only up to a point that depends on the pairs
+    (``docs/COST-INTERVALS.md``): it is contradicted when its coverage at the run's correlation
+    and the declared pairs falls more than ``tolerance`` below nominal, and the check says how
+    many pairs would keep it (:func:`pairs_to_hold`). Coverage is the planning model's
+    (:func:`interval_coverage`).
+
+    Examples
+    --------
+    >>> import math
+    >>> c = [100 * math.exp(0.02 * math.sin(i / 3)) for i in range(16)]
+    >>> t = [0.95 * v * math.exp(0.01 * math.cos(i / 2)) for i, v in enumerate(c)]
+    >>> est = estimate_serial_correlation(t, c)
+    >>> check = check_interval_assumptions("paired", 16, est)
+    >>> check.contradicted, check.at_risk, round(check.coverage, 2)
+    (True, True, 0.21)
+    """
+    n = _int_at_least(passes, "passes", 2)
+    cl = _confidence_level(confidence_level)
+    diag = estimate.diagnostics
+    pct = f"{cl * 100:g} %"
+    if interval == "hac":
+        spec = HacSpec() if hac is None else hac
+        rho = estimate.rho
+        coverage = interval_coverage("hac", n, rho, cl, spec)
+        at_risk = coverage < cl - tolerance
+        hold = pairs_to_hold(rho, cl, spec, tolerance, start=n) if at_risk else None
+        more = (f"about {hold} pairs would keep it within {tolerance * 100:g} points"
+                if hold is not None else "no number of pairs up to 200 would keep it")
+        message = None if not at_risk else (
+            f"the earlier run's pairs of passes are serially correlated (lag-1 autocorrelation of "
+            f"their log differences {diag.differences.lag1:.2f}, planned at {rho:.2f}): at "
+            f"{n} pairs the HAC interval's stated {pct} covers about {coverage * 100:.0f} %; "
+            f"{more}")
+        return AssumptionCheck("hac", n, rho, coverage, cl, None, at_risk, at_risk, hold,
+                               tolerance, message)
+    if interval == "paired":
+        rho, series = estimate.rho, [("pair differences", diag.differences)]
+        assumes, unit = "the pairs of passes", "pairs"
+    elif interval == "welch":
+        rho, series = estimate.rho_arms, [("treatment", diag.treatment),
+                                          ("control", diag.control)]
+        assumes, unit = "each arm's passes", "passes per arm"
+    else:
+        raise ValueError(f"interval must be 'welch', 'paired' or 'hac', got {interval!r}")
+    coverage = interval_coverage(interval, n, rho, cl)
+    tested = [(name, s) for name, s in series if s.pvalue is not None]
+    pvalue = min((s.pvalue for _, s in tested), default=None)
+    contradicted = any(s.significant(diag.alpha) for _, s in tested)
+    at_risk = coverage < cl - tolerance
+    message = None
+    if contradicted or at_risk:
+        seen = "; ".join(f"{name} {s.lag1:.2f} (Ljung-Box p = {s.pvalue:.3g} over {s.lags} lags)"
+                         for name, s in tested)
+        verdict = ("significant" if contradicted else
+                   f"not significant at {diag.alpha:g}, but if that is the correlation")
+        message = (f"the {interval} interval assumes {assumes} independent; the earlier run's "
+                   f"lag-1 autocorrelation: {seen}, {verdict}: at {rho:.2f} (bias-corrected) and "
+                   f"{n} {unit} its stated {pct} covers about {coverage * 100:.0f} %; "
+                   "[rule.cost] interval = \"hac\" allows for it")
+    return AssumptionCheck(interval, n, rho, coverage, cl, pvalue, contradicted, at_risk, None,
+                           tolerance, message)

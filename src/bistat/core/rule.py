@@ -50,10 +50,12 @@ judged against a margin of +/- ``margin`` around 1 (``bistat.core.classify.class
 from __future__ import annotations
 
 import enum
-from typing import Annotated, Literal, Union
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 from pydantic_core import PydanticCustomError
+
 
 __all__ = [
     "Label",
@@ -69,8 +71,11 @@ __all__ = [
     "TreatmentBeatsControl",
     "ProbeConfirmed",
     "EngineLog",
+    "BANDWIDTH_RULES",
     "CostRule",
     "Criterion",
+    "HAC_KERNELS",
+    "HacSpec",
     "speed_as_evidence_warnings",
     "CRITERION_NAMES",
     "MATCH_CRITERIA",
@@ -388,6 +393,58 @@ class LabelSpec(_Model):
     criteria: list[Criterion] = Field(alias="all", min_length=1)
 
 
+#: Kernels the robust cost interval can use. ``"cosine"``: the equal-weighted cosine (EWC)
+#: estimator of the long-run variance, whose t statistic has Student's t distribution with as many
+#: degrees of freedom as cosine terms (Mueller 2007; Lazarus, Lewis, Stock and Watson 2018).
+HAC_KERNELS = ("cosine",)
+#: Named bandwidth rules. ``"llsw"``: ``B = max(2, floor(0.4 n**(2/3)))`` cosine terms for ``n``
+#: pairs, at most ``n - 1`` (``bistat.core.serial.cosine_terms``). A declared integer fixes ``B``.
+BANDWIDTH_RULES = ("llsw",)
+
+
+@dataclass(frozen=True)
+class HacSpec:
+    """The declared robust interval's parameters (``[rule.cost] hac_kernel``, ``hac_bandwidth``;
+    :func:`bistat.core.serial.hac_ratio` computes the interval, ``cosine_terms`` resolves the
+    bandwidth rule at a number of pairs).
+
+    Attributes
+    ----------
+    kernel : str
+        One of :data:`HAC_KERNELS`.
+    bandwidth : str or int
+        A rule of :data:`BANDWIDTH_RULES`, or a fixed number of cosine terms ``>= 1``.
+    """
+
+    kernel: str = "cosine"
+    bandwidth: str | int = "llsw"
+
+    def __post_init__(self) -> None:
+        if self.kernel not in HAC_KERNELS:
+            allowed = ", ".join(repr(k) for k in HAC_KERNELS)
+            raise ValueError(f"kernel must be one of {allowed}, got {self.kernel!r}")
+        if isinstance(self.bandwidth, str):
+            if self.bandwidth not in BANDWIDTH_RULES:
+                allowed = ", ".join(repr(b) for b in BANDWIDTH_RULES)
+                raise ValueError(f"bandwidth must be one of {allowed} or a number of cosine "
+                                 f"terms >= 1, got {self.bandwidth!r}")
+        elif isinstance(self.bandwidth, bool) or not isinstance(self.bandwidth, int) \
+                or self.bandwidth < 1:
+            raise ValueError(f"bandwidth must be one of 'llsw' or a number of cosine terms >= 1, "
+                             f"got {self.bandwidth!r}")
+
+    def describe(self) -> str:
+        """The parameters in words, e.g. ``equal-weighted cosine, B = max(2, ⌊0.4 n^(2/3)⌋)
+        terms``."""
+        if self.bandwidth == "llsw":
+            return "equal-weighted cosine, B = max(2, ⌊0.4 n^(2/3)⌋) terms"
+        return f"equal-weighted cosine, B = {self.bandwidth} terms"
+
+
+#: The cost rule's HAC parameters: present only with ``interval = "hac"``.
+_HAC_FIELDS = ("hac_kernel", "hac_bandwidth")
+
+
 class CostRule(_Model):
     """The cost of the mode as a verdict of its own (``[rule.cost]``).
 
@@ -417,13 +474,68 @@ class CostRule(_Model):
     schedule runs side by side, and takes the paired t interval of the log differences
     (``bistat.core.stats.paired_ratio``). A drift of the machine over the run that moves both
     arms alike then cancels within each pair instead of widening the interval; the ratio is the
-    same. Chosen at registration, like every other part of the rule, never after the data.
+    same. ``"hac"`` pairs the passes the same way and takes an interval of the log differences
+    that stays valid when the pairs are serially correlated, as passes on one resident engine
+    are (``bistat.core.serial.hac_ratio``: the equal-weighted cosine interval), with its
+    parameters sealed beside it: ``hac_kernel`` (``"cosine"``) and ``hac_bandwidth`` (the rule
+    ``"llsw"``, or a fixed number of cosine terms). Both are filled in at registration when
+    ``interval = "hac"`` and refused otherwise; a rule without them serializes exactly as before
+    they existed. ``docs/COST-INTERVALS.md`` says what each interval assumes and its coverage.
+    Chosen at registration, like every other part of the rule, never after the data.
     """
 
     metric: Literal["throughput", "latency"] = "throughput"
     margin: float = Field(gt=0.0, lt=1.0)
     confidence_level: float = Field(default=0.95, gt=0.5, lt=1.0)
-    interval: Literal["welch", "paired"] = "welch"
+    interval: Literal["welch", "paired", "hac"] = "welch"
+    hac_kernel: Literal["cosine"] | None = Field(
+        default=None, description='interval = "hac" only, where it is filled in as "cosine" '
+                                  "(equal-weighted cosine transforms, t with B degrees of freedom)")
+    hac_bandwidth: Literal["llsw"] | int | None = Field(
+        default=None, description='interval = "hac" only, where it is filled in as "llsw": '
+                                  "B = max(2, floor(0.4 n^(2/3))) cosine terms for n pairs; or a "
+                                  "fixed number of terms >= 1")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _hac_parameters(cls, data: Any) -> Any:
+        """Fill in the HAC parameters for ``interval = "hac"`` (so the seal holds them) and
+        refuse them for any other interval; name a bad bandwidth with what is allowed."""
+        if not isinstance(data, dict):
+            return data
+        given = [k for k in _HAC_FIELDS if data.get(k) is not None]
+        if data.get("interval") != "hac":
+            if given:
+                raise semantic_error([(k, f"applies only to interval = \"hac\", not "
+                                          f"{data.get('interval', 'welch')!r}; remove it or set "
+                                          "interval = \"hac\"") for k in given])
+            return data
+        bandwidth = data.get("hac_bandwidth", "llsw")
+        if not (bandwidth == "llsw" or (type(bandwidth) is int and bandwidth >= 1)):
+            raise semantic_error([("hac_bandwidth", f"{bandwidth!r} is not allowed; expected "
+                                   "\"llsw\" (B = max(2, floor(0.4 n^(2/3))) cosine terms for n "
+                                   "pairs) or a number of cosine terms >= 1, e.g. 4")])
+        return {**data, "hac_kernel": data.get("hac_kernel", "cosine"),
+                "hac_bandwidth": bandwidth}
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_hac(self, handler: Any) -> Any:
+        """Leave the HAC parameters out where they are unset (every interval but ``"hac"``):
+        a rule that does not use them serializes, and so seals and hashes, as it did before
+        they existed."""
+        data = handler(self)
+        if isinstance(data, dict):
+            for key in _HAC_FIELDS:
+                if data.get(key, 0) is None:
+                    del data[key]
+        return data
+
+    @property
+    def hac(self) -> HacSpec | None:
+        """The declared robust interval's parameters (``interval = "hac"``), else None."""
+        if self.interval != "hac":
+            return None
+        return HacSpec(kernel=self.hac_kernel or "cosine", bandwidth=self.hac_bandwidth or "llsw")
 
     @property
     def low(self) -> float:
@@ -439,6 +551,10 @@ class CostRule(_Model):
         """The cost rule in words."""
         what = {"throughput": "throughput ratio (treatment ÷ control, output tokens/s per pass)",
                 "latency": "latency ratio (treatment ÷ control, mean request latency per pass)"}
+        if self.hac is not None:
+            return (f"{what[self.metric]}, {_pct(self.confidence_level)} HAC interval of the "
+                    f"paired passes ({self.hac.describe()}) against "
+                    f"[{_num(self.low)}, {_num(self.high)}]")
         kind = " paired" if self.interval == "paired" else ""
         return (f"{what[self.metric]}, {_pct(self.confidence_level)}{kind} interval against "
                 f"[{_num(self.low)}, {_num(self.high)}]")

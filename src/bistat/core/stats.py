@@ -271,6 +271,19 @@ def _count(value: object, name: str) -> int:
     return out
 
 
+def _int_at_least(value: object, name: str, minimum: int) -> int:
+    """``value`` as an int of at least ``minimum`` (numpy integers too; never a bool or a float)."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be an integer, got the boolean {value!r}")
+    try:
+        out = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+    if out < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {out}")
+    return out
+
+
 def _counts(k: object, n: object, k_name: str = "k", n_name: str = "n") -> tuple[int, int]:
     k_i = _count(k, k_name)
     n_i = _count(n, n_name)
