@@ -60,7 +60,6 @@ the probe and the trimmed compaction use too.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field, is_dataclass
@@ -73,7 +72,7 @@ import pandas as pd
 
 from bistat.analysis import activation as act
 from bistat.analysis import anatomy as anat
-from bistat.store.format import NOTES_FILE, OUTPUT_LENGTH, PROBE_FILE, PROBE_GLOB
+from bistat.store.format import NOTES_FILE, OUTPUT_LENGTH
 from bistat.store.passes import pass_counts, pass_states
 from bistat.store.run_dir import RecordedRun
 from bistat.core import stats
@@ -97,7 +96,7 @@ from bistat.run.fingerprint import same_node, version_differences
 from bistat.declare.prereg import (Registration, git_evidence, load_registration,
                                    release_log_checks)
 from bistat.declare.run_registration import run_registration
-from bistat.analysis.probe_report import ProbeReport, merge_reports, report_from_json
+from bistat.analysis.probe_report import ProbeReport, ProbeReportError, read_probe_reports
 
 __all__ = [
     "AnalysisError",
@@ -418,7 +417,10 @@ def analyze_run(run_dir: str | Path | RecordedRun,
                   else RunTestable(True))
 
     # activation evidence: the probe's outcome per arm, the engine logs' markers
-    probe, probe_files = _probe_report(run_dir)
+    try:
+        probe, probe_files = read_probe_reports(run_dir)
+    except ProbeReportError as exc:
+        raise AnalysisError(str(exc)) from None
     engine_logs = kept_logs(run_dir)  # read once: markers, modes, JIT warnings, graph sizes
     marker_lines = {a: e.log_findings for a, e in envs.items() if e.log_findings is not None}
     for arm, lines in kept_log_lines(engine_logs).items():
@@ -1675,30 +1677,6 @@ def _client_in_flight(responses: pd.DataFrame) -> dict[tuple[str, int], float]:
         if span > 0:
             out[(str(arm), int(pidx))] = float((g["t_done"] - g["t_submit"]).sum()) / span
     return out
-
-
-def _probe_report(run_dir: Path) -> tuple[ProbeReport | None, tuple[str, ...]]:
-    """``run_dir/probe*.json`` (``bistat probe --output``) when present, and the files' names:
-    ``probe.json``, or several runs of the same probe on different arms (``probe.json`` beside
-    e.g. ``probe-ARM.json``) merged into one report, decided again over all their arms."""
-    paths = sorted(run_dir.glob(PROBE_GLOB),
-                   key=lambda p: (p.name != PROBE_FILE, p.name))
-    if not paths:
-        return None, ()
-    reports = []
-    for path in paths:
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            reports.append((path.name, report_from_json(data, str(path))))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise AnalysisError(f"{path}: not a probe report ({exc}); write it with "
-                                "`bistat probe REGISTRATION --output RUN_DIR/probe.json`") from None
-        except ValueError as exc:
-            raise AnalysisError(str(exc)) from None
-    try:
-        return merge_reports(reports), tuple(name for name, _ in reports)
-    except ValueError as exc:
-        raise AnalysisError(f"{run_dir}: {exc}") from None
 
 
 def _display_path(path: str | Path) -> str:

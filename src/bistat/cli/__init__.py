@@ -17,7 +17,8 @@ _COMMAND_MODULES = (
     "bistat.cli.cmd_analyze",    # analyze, compact
     "bistat.cli.cmd_model",      # model fetch / export / info / path
     "bistat.cli.cmd_serve",      # serve
-    "bistat.cli.cmd_run",        # run, probe
+    "bistat.cli.cmd_run",        # run
+    "bistat.cli.cmd_probe",      # probe (the bitwise invariance probe)
     "bistat.cli.cmd_kernels",    # kernels probe / sweep / bench / results
     "bistat.cli.cmd_synth",      # synth-model (random-weight Hugging Face folders)
     "bistat.cli.cmd_diagnose",   # diagnose

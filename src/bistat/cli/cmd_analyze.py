@@ -20,7 +20,8 @@ import click
 from bistat.analysis.summary import AnalysisError, analyze_run, summary_to_dict
 from bistat.declare.prereg_signature import SignatureError
 from bistat.report.seal import run_seal_evidence
-from bistat.report.gating import FailOnError, ci_summary, gate, parse_fail_on
+from bistat.report.gating import ci_summary, gate
+from bistat.cli.fail_on import FAIL_ON_HELP, fail_on_labels
 from bistat.declare.experiment import DeclarationError
 from bistat.declare.prereg import RegistrationError
 from bistat.store.format import RecordsError, TRIM_SERVES
@@ -30,12 +31,6 @@ from bistat.report.finding import write_finding
 from bistat.analysis.trim import trim
 
 _ERRORS = (AnalysisError, RecordsError, RegistrationError, DeclarationError, SignatureError)
-
-
-#: ``--fail-on`` help, shared by every verdict-producing command.
-FAIL_ON_HELP = ("Exit with the verdict's code (10 doubtful, 11 reported as observed, 12 untested) "
-                "when a verdict has one of these labels: comma-separated or repeated; '-' or '_' "
-                "may stand for spaces; 'any' for all. 'working' (code 0) is refused.")
 
 
 ANALYZE_EXIT_CODES = """\b
@@ -48,14 +43,6 @@ committed or whose signature fails); 2 usage error (a bad --fail-on label)."""
 
 def _fail(exc: Exception) -> click.ClickException:
     return click.ClickException(str(exc))
-
-
-def fail_on_labels(values: tuple[str, ...]) -> frozenset[str]:
-    """``--fail-on`` values as verdict labels; a bad label is a usage error (exit code 2)."""
-    try:
-        return parse_fail_on(values)
-    except FailOnError as exc:
-        raise click.UsageError(str(exc)) from exc
 
 
 def register(group: click.Group) -> None:
