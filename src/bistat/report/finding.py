@@ -24,13 +24,14 @@ from bistat.core.classify import format_decided
 from bistat.report.index import RELEASE_COMPARISON_TITLE
 from bistat.core.rule import CostRule, Rule, speed_as_evidence_warnings
 from bistat.declare.release_log import release_log_path
-from bistat.analysis.anatomy import kv_tile_boundary, plot_anatomy, render_anatomy_section
+from bistat.analysis.anatomy import kv_tile_boundary
+from bistat.report.anatomy import plot_anatomy, render_anatomy_section
 from bistat.report.plots import PLOTS, save_plots
 from bistat.report.seal import SealEvidence
 from bistat.core.markdown import md_cell, md_table
 from bistat.analysis.probe_report import filler_line
 
-#: Suffix of the divergence-anatomy plot (``NAME-anatomy.png``), drawn by ``bistat.analysis.anatomy``.
+#: Suffix of the divergence-anatomy plot (``NAME-anatomy.png``), drawn by ``bistat.report.anatomy``.
 ANATOMY_PLOT = "anatomy"
 
 __all__ = ["FindingFiles", "render_markdown", "write_finding", "render_version_comparison"]
@@ -970,7 +971,7 @@ def write_finding(summary: RunSummary, out_dir: str | Path, *,
     """Write ``out_dir/NAME.md`` and its plots ``out_dir/NAME-*.png``; return the paths.
 
     The plots are :data:`bistat.report.plots.PLOTS` and, with an anatomy, ``NAME-anatomy.png``
-    (``bistat.analysis.anatomy.plot_anatomy``). ``seal``: as for :func:`render_markdown`.
+    (``bistat.report.anatomy.plot_anatomy``). ``seal``: as for :func:`render_markdown`.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
