@@ -134,7 +134,7 @@ def test_operator_notes_are_quoted_in_the_finding(tmp_path):
 def test_client_in_flight_is_the_time_weighted_mean_of_submitted_requests():
     import pandas as pd
 
-    from bistat.analysis.summary import _client_in_flight
+    from bistat.analysis.passes import _client_in_flight
 
     frame = pd.DataFrame({"arm": ["a", "a", "a", "b"], "pass_index": [0, 0, 0, 0],
                           "t_submit": [0.0, 0.0, 1.0, 0.0], "t_done": [2.0, 1.0, 2.0, None]})

@@ -48,7 +48,6 @@ References
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -60,6 +59,7 @@ import pandas as pd
 
 from bistat.store.format import OUTPUT_LENGTH
 from bistat.declare.run_registration import run_declaration
+from bistat.store.readers import optional_float
 from bistat.store.run_dir import RecordedRun
 from bistat.core.divergence import first_divergence  # the one definition (re-exported here)
 
@@ -462,15 +462,6 @@ def arm_anatomy(arm: str, reference_pass: int | None, counted_passes: Sequence[i
         positions=tuple(sorted(d.position for d in divergences)),
         relative_positions=tuple(sorted(d.relative_position for d in divergences
                                         if d.relative_position is not None)))
-
-
-def optional_float(x: Any) -> float | None:
-    """``float(x)``, or None for None, NaN, pandas' missing values and anything not a number."""
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(v) else v
 
 
 def read_unit_and_epsilon(run_dir: str | Path | RecordedRun) -> tuple[str, float]:

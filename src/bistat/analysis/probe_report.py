@@ -166,9 +166,9 @@ class ProbeReport:
             if a.error is not None:
                 lines.append(f"  {a.arm} ({label}): could not run: {a.error}")
                 continue
-            same = sum(t.identical for t in a.trials)
+            same = a.n_identical
             repeat = {True: "identical", False: "DIFFERENT", None: "n/a"}[a.alone_repeat_identical]
-            firsts = sorted({t.first_divergence for t in a.trials if t.first_divergence is not None})
+            firsts = a.first_divergences
             where = f"; first divergence at token {', '.join(map(str, firsts))}" if firsts else ""
             errors = sum(t.error is not None for t in a.trials)
             err = f"; {errors} trial(s) failed" if errors else ""
@@ -206,7 +206,7 @@ def needle_line(n: NeedleProbe) -> str:
     keys = "" if kv is None else f", keys {kv[0]}-{kv[1]}"
     repeat = {True: "identical", False: "DIFFERENT", None: "n/a"}[n.alone_repeat_identical]
     done = [t for t in n.trials if t.error is None]
-    same = sum(t.identical for t in done)
+    same = n.n_identical
     first = n.first_divergence
     where = ("" if first is None else f"; first divergence at token {first}"
              + ("" if n.kv_first_divergence is None else f" (KV length {n.kv_first_divergence})"))

@@ -176,6 +176,11 @@ class NeedleProbe:
             t.error is None and not t.identical for t in self.trials)
 
     @property
+    def n_identical(self) -> int:
+        """Trials in which it was bitwise identical to itself alone."""
+        return sum(t.identical for t in self.trials)
+
+    @property
     def first_divergence(self) -> int | None:
         """The earliest token index at which a trial differed from the needle alone."""
         firsts = [t.first_divergence for t in self.trials
@@ -232,6 +237,17 @@ class ArmProbe:
     def n_shared(self) -> int:
         """Trials whose batching evidence shows the needle sharing an engine step."""
         return sum(t.shared_step is True for t in self.trials)
+
+    @property
+    def n_identical(self) -> int:
+        """Trials in which the needle was bitwise identical to the needle alone."""
+        return sum(t.identical for t in self.trials)
+
+    @property
+    def first_divergences(self) -> tuple[int, ...]:
+        """The distinct token indices at which a trial first differed, ascending."""
+        return tuple(sorted({t.first_divergence for t in self.trials
+                             if t.first_divergence is not None}))
 
 
 @dataclass(frozen=True)
