@@ -2,6 +2,8 @@
 
 Every command parses its arguments, calls one library function and formats the result; no
 statistics or engine logic lives here. Exit codes are documented in ``bistat.cli.exitcodes``.
+Every command module is imported to build the group, so each imports the library it calls inside
+the command: ``bistat --help`` and every ``--help`` load no heavy library (``bistat.core.lazy``).
 """
 
 from __future__ import annotations

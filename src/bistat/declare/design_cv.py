@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bistat.core import stats
+from bistat.declare.errors import DesignError
 from bistat.store.format import RecordsError
 from bistat.store.readers import iter_jsonl_strict
 
@@ -25,10 +26,6 @@ __all__ = [
     "paired_cv_from_run",
     "read_strict",
 ]
-
-
-class DesignError(ValueError):
-    """The design analysis cannot be made (e.g. ``design.cv_from`` names no usable run)."""
 
 
 def read_strict(path: Path) -> tuple[tuple[int, dict[str, Any]], ...]:

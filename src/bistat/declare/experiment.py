@@ -27,6 +27,7 @@ import types
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from bistat.declare.errors import DeclarationError
 from bistat.engines import registry
 from bistat.core.rule import (
     CRITERION_NAMES,
@@ -86,14 +87,6 @@ def required_specifier(text: str) -> SpecifierSet:
     if not str(spec):
         raise ValueError("an empty version requirement; write e.g. \"0.33.0\" or \">=0.33,<0.34\"")
     return spec
-
-class DeclarationError(ValueError):
-    """A declaration that cannot be used; ``messages`` holds one line per problem."""
-
-    def __init__(self, messages: list[str]):
-        self.messages = list(messages)
-        super().__init__("\n".join(self.messages))
-
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]*$"
 SOURCE_PATTERN = r"^(builtin:chat|builtin:token-ids(\?[a-z0-9=&_.]*)?|file:.+\.jsonl)$"

@@ -12,7 +12,6 @@ import struct
 from dataclasses import dataclass
 from typing import Literal
 
-from bistat.core.divergence import first_divergence
 from bistat.engines.base import GenerationResult
 
 __all__ = [
@@ -128,6 +127,8 @@ def compare_bitwise(a: GenerationResult, b: GenerationResult) -> BitwiseComparis
     >>> compare_bitwise(r([1, 2], [-0.5, -1.0]), r([1, 2], [-0.5, -1.0000000000000002]))
     BitwiseComparison(tokens_equal=True, logprobs_equal=False, first_divergence=1)
     """
+    from bistat.core.divergence import first_divergence   # numpy: not for `bistat probe --help`
+
     tokens_equal = list(a.token_ids) == list(b.token_ids)
     logprobs_equal: bool | None = None
     if a.logprobs is not None and b.logprobs is not None:
