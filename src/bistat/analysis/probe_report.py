@@ -18,7 +18,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from bistat.engines.base import Engine
 from bistat.run.probe import record_probe
 from bistat.run.probe_records import (   # the recorded types, re-exported with the decision
     CHARS_PER_TOKEN,
@@ -41,7 +40,7 @@ from bistat.run.probe_records import (   # the recorded types, re-exported with 
 from bistat.store.format import PROBE_FILE, PROBE_GLOB
 
 if TYPE_CHECKING:  # pragma: no cover
-    from bistat.declare.experiment import Arm, Experiment
+    from bistat.declare.experiment import Experiment
 
 __all__ = [
     "ArmProbe",
@@ -364,19 +363,12 @@ def decide_record(record: ProbeRecord, *, merged_from: tuple[str, ...] = ()) -> 
                          needle_source=record.needle_source, left_out=record.left_out)
 
 
-def run_probe(
-    experiment: "Experiment",
-    *,
-    arms: Sequence[str] | None = None,
-    control: str | None = None,
-    settings: ProbeSettings = ProbeSettings(),
-    engine_factory: Callable[["Experiment", "Arm"], Engine] | None = None,
-    on_arm: Callable[[str], None] | None = None,
-    on_report: Callable[[ProbeReport], None] | None = None,
-    needle_source: NeedleSource | None = None,
-) -> ProbeReport:
-    """Run the probe (:func:`bistat.run.probe.record_probe`, whose parameters these are) and
-    decide its outcome.
+def run_probe(experiment: "Experiment", *,
+              on_report: Callable[[ProbeReport], None] | None = None,
+              **options: Any) -> ProbeReport:
+    """Run the probe and decide its outcome: :func:`bistat.run.probe.record_probe` with
+    ``options`` (``arms``, ``control``, ``settings``, ``engine_factory``, ``on_arm``,
+    ``needle_source``), then :func:`decide_record`.
 
     ``on_report`` receives the report so far after every arm (its ``pending`` names the arms
     still to run), so that a caller can keep it on disk: an interrupted probe loses only the arm
@@ -386,9 +378,7 @@ def run_probe(
         if on_report is not None:
             on_report(decide_record(record))
 
-    report = decide_record(record_probe(
-        experiment, arms=arms, control=control, settings=settings, engine_factory=engine_factory,
-        on_arm=on_arm, on_record=partial, needle_source=needle_source))
+    report = decide_record(record_probe(experiment, on_record=partial, **options))
     if on_report is not None:
         on_report(report)
     return report
