@@ -60,6 +60,8 @@ from bistat.core.rule import (
 )
 from bistat.declare.design_cv import DesignError, cv_from_run, paired_cv_from_run
 from bistat.declare.design_false_verdicts import (
+    AA_MATCH_RATES,
+    MAX_PROMPTS_FOR_ALPHA,
     FalsePositive,
     LabelProbability,
     false_positive_warnings,
@@ -67,6 +69,7 @@ from bistat.declare.design_false_verdicts import (
     label_probabilities,
 )
 from bistat.declare.design_power import (
+    MAX_PROMPTS_SEARCHED,
     ActivationDesign,
     CostDesign,
     MatchDesign,
@@ -95,6 +98,9 @@ from bistat.declare.design_runtime import (
 from bistat.declare.experiment import Experiment
 
 __all__ = [
+    "AA_MATCH_RATES",
+    "MAX_PROMPTS_FOR_ALPHA",
+    "MAX_PROMPTS_SEARCHED",
     "DesignError",
     "MatchDesign",
     "PowerAt",

@@ -17,7 +17,7 @@ from typing import Any, Iterable, Sequence
 
 from bistat.engines.registry import capabilities
 from bistat.analysis.results import RunSummary
-from bistat.analysis.timing import MIN_SAMPLES_FOR_SHARE
+from bistat.analysis.timing import FRONT_END_BOUND_SHARE, MIN_SAMPLES_FOR_SHARE  # the first re-exported
 from bistat.core.classify import format_decided
 from bistat.report.index import RELEASE_COMPARISON_TITLE
 from bistat.core.rule import CostRule, Rule, speed_as_evidence_warnings
