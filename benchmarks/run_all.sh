@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run every CPU benchmark one after the other (nothing else should load the machine) and write
 # benchmarks/RESULTS.md: each script's output verbatim, with the machine, versions and commit.
-# Usage: bash benchmarks/run_all.sh   (about 15 minutes on 2 cores; needs `bistat model fetch smollm2-135m`)
+# Usage: bash benchmarks/run_all.sh   (about 16 minutes on 2 cores; needs `bistat model fetch smollm2-135m`)
 #        bash benchmarks/run_all.sh NAME   (one section, e.g. embedded: rerun it and put it in place
 #        of its old section, with its own provenance line; every other byte of RESULTS.md is kept)
 set -euo pipefail
@@ -37,6 +37,7 @@ run http-logprobs python benchmarks/bench_http_logprobs.py --requests 512
 run plugin-dispatch python benchmarks/bench_plugin_dispatch.py
 run analyze python benchmarks/bench_analyze.py --dir "${BENCH_ANALYZE_DIR:-/tmp/bistat-bench}" --repeat 3
 run cost-interval-coverage python benchmarks/bench_cost_interval_coverage.py --reps 10000
+run cli-startup python benchmarks/bench_cli_startup.py --repeat 7
 if [ -n "$only" ]; then
   [ ${#names[@]} -eq 1 ] || { echo "no benchmark named '$only'" >&2; exit 2; }
   grep -q "^## $only\$" "$out" || { echo "$out has no section '## $only'" >&2; exit 2; }

@@ -16,9 +16,8 @@ from bistat.analysis.anatomy import (
     first_divergence,
     label_divergence,
     pair_margin,
-    plot_anatomy,
-    render_anatomy_section,
 )
+from bistat.report.anatomy import plot_anatomy, render_anatomy_section
 from bistat.store.writer import RunWriter
 from bistat.store.format import token_sha256
 

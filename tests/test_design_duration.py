@@ -17,6 +17,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
+import bistat.declare.design_cv as dcv
 import bistat.declare.design_report as dr
 from bistat.cli import cmd_register
 from bistat.core.schedule import plan_schedule
@@ -477,13 +478,13 @@ def test_one_design_analysis_reads_each_file_of_the_earlier_run_once(tmp_path, m
     file stays as it was, and again once it changes (a run that went on since)."""
     run = _write_run(tmp_path / "old", SERIAL_BLOCKS)
     reads: list[str] = []
-    real = dr.iter_jsonl_strict
+    real = dcv.iter_jsonl_strict
 
     def counting(path):
         reads.append(Path(path).name)
         return real(path)
-    monkeypatch.setattr(dr, "iter_jsonl_strict", counting)
-    dr._read_strict_once.cache_clear()
+    monkeypatch.setattr(dcv, "iter_jsonl_strict", counting)
+    dcv._read_strict_once.cache_clear()
     first = _report(_declaration(run))
     assert sorted(reads) == ["events.jsonl", "passes.jsonl"]
     assert _report(_declaration(run)) == first and len(reads) == 2      # nothing read again

@@ -22,7 +22,7 @@ from bistat.engines.base import (
     GenerationRequest,
 )
 from bistat.engines.vllm_offline import VLLMOfflineEngine
-from bistat.explain.probe import shared_step_evidence
+from bistat.run.probe import shared_step_evidence
 
 OOM = ("(EngineCore_DP0 pid=1) ERROR torch.OutOfMemoryError: CUDA out of memory. Tried to "
        "allocate 544.00 MiB. 231.94 MiB is free.")

@@ -13,7 +13,8 @@ from dataclasses import replace
 
 from bistat.engines.base import GenerationResult, MetricsSample
 from bistat.analysis.probe_report import (ProbeSettings, compare_bitwise, merge_reports, report_from_json)
-from bistat.explain.probe import run_probe, shared_step_evidence
+from bistat.analysis.probe_report import run_probe
+from bistat.run.probe import shared_step_evidence
 
 SMALL = ProbeSettings(trials=3, min_fillers=32, max_fillers=40, max_tokens=6, seed=1, design="single")
 
@@ -119,7 +120,7 @@ def _result(pid, ids, lps=None, error=None):
 def test_fillers_are_compared_across_the_trials_they_ran_in():
     """The same filler among other neighbours in another trial: a difference there is a
     difference (h200-match-smollm2-r2's needle stayed identical on arms whose prompts diverged)."""
-    from bistat.explain.probe import _compare_fillers
+    from bistat.run.probe import _compare_fillers
 
     trials = [{"f1": _result("f1", [1, 2, 3], [-0.5, -1.0, -2.0]), "f2": _result("f2", [4, 5])},
               {"f1": _result("f1", [1, 2, 3], [-0.5, -1.0000000000000002, -2.0]),
@@ -543,7 +544,7 @@ def _outputs(**changed):
 
 
 def test_needle_from_run_picks_the_earliest_first_divergence_ties_to_the_lowest_index(tmp_path):
-    from bistat.explain.probe import needle_from_run
+    from bistat.analysis.probe_needle import needle_from_run
 
     lps = list(SAME[1])
     lps[2] = math.nextafter(lps[2], 0.0)                                 # one ulp at token 2
@@ -575,7 +576,7 @@ def test_needle_from_run_picks_the_earliest_first_divergence_ties_to_the_lowest_
 
 
 def test_needle_from_run_refuses_a_run_where_nothing_diverged(tmp_path):
-    from bistat.explain.probe import NeedleError, needle_from_run
+    from bistat.analysis.probe_needle import NeedleError, needle_from_run
 
     exp = _hand_run(tmp_path / "run", _outputs())
     with pytest.raises(NeedleError, match=(
@@ -587,7 +588,7 @@ def test_needle_from_run_refuses_a_run_where_nothing_diverged(tmp_path):
 
 def test_needle_from_run_refuses_a_run_of_other_prompts(tmp_path):
     from bistat.declare.prereg import register
-    from bistat.explain.probe import NeedleError, needle_from_run
+    from bistat.analysis.probe_needle import NeedleError, needle_from_run
     from bistat.run.runner import start_run
 
     (tmp_path / "experiments").mkdir()
@@ -627,7 +628,7 @@ def test_needle_from_a_real_embedded_run_is_its_earliest_divergence(tmp_path_fac
     from helpers_explain import blas_run, invariant_run
 
     from bistat.declare.prereg import load_registration
-    from bistat.explain.probe import NeedleError, needle_from_run
+    from bistat.analysis.probe_needle import NeedleError, needle_from_run
     from bistat.store.readers import read_header, read_jsonl
 
     run = blas_run(tmp_path_factory)

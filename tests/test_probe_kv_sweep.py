@@ -14,7 +14,8 @@ import helpers_runner as h
 from helpers_explain import validate
 
 from bistat.analysis.probe_report import (LONG_NEEDLES, ProbeSettings, needle_verdicts, report_from_json)
-from bistat.explain.probe import filler_tokens_of, fillers_in_flight, long_needle, run_probe
+from bistat.analysis.probe_report import run_probe
+from bistat.run.probe import filler_tokens_of, fillers_in_flight, long_needle
 from bistat.run.workload import Prompt, load_prompts
 
 REPO = Path(__file__).resolve().parents[1]

@@ -134,7 +134,7 @@ def test_operator_notes_are_quoted_in_the_finding(tmp_path):
 def test_client_in_flight_is_the_time_weighted_mean_of_submitted_requests():
     import pandas as pd
 
-    from bistat.analysis.summary import _client_in_flight
+    from bistat.analysis.passes import _client_in_flight
 
     frame = pd.DataFrame({"arm": ["a", "a", "a", "b"], "pass_index": [0, 0, 0, 0],
                           "t_submit": [0.0, 0.0, 1.0, 0.0], "t_done": [2.0, 1.0, 2.0, None]})
@@ -184,9 +184,8 @@ def test_too_few_metric_samples_are_not_compared_with_requests_in_flight():
 
 def test_one_markdown_table_builder_serves_findings_anatomy_and_index():
     # the three generated pages used three builders; one now, so a cell reads alike everywhere
-    from bistat.analysis import anatomy
     from bistat.core.markdown import md_cell, md_row, md_table
-    from bistat.report import finding, index
+    from bistat.report import anatomy, finding, index
 
     assert finding.md_table is md_table and finding.md_cell is md_cell
     assert anatomy.md_table is md_table and index.md_row is md_row

@@ -197,20 +197,20 @@ def test_probe_cli_confirmed_json_and_exit_codes(workdir):
 
 
 def test_an_interrupted_probe_keeps_its_finished_arms(workdir, monkeypatch):
-    import bistat.explain.probe
+    import bistat.run.probe
 
     data = h.declaration(arms=[{"name": "blas", "role": "control", "args": {"fake": {"divergence": 0.9}}},
                                {"name": "inv-a", "role": "treatment"}, {"name": "inv-b", "role": "treatment"}])
     (workdir / "experiments").mkdir()
     decl = h.write_toml(workdir / "experiments" / "p.toml", data)
-    real = bistat.explain.probe.probe_arm
+    real = bistat.run.probe.probe_arm
 
     def stopped_at_inv_b(engine, name, role, *args):
         if name == "inv-b":   # what `timeout -s INT` does to a probe past its budget
             raise KeyboardInterrupt
         return real(engine, name, role, *args)
 
-    monkeypatch.setattr(bistat.explain.probe, "probe_arm", stopped_at_inv_b)
+    monkeypatch.setattr(bistat.run.probe, "probe_arm", stopped_at_inv_b)
     result = _invoke("probe", str(decl), "--max-fillers", "40", "--max-tokens", "5", "--output",
                      "run/probe.json")
     assert result.exit_code == 130
@@ -227,7 +227,7 @@ def test_an_interrupted_probe_keeps_its_finished_arms(workdir, monkeypatch):
     part = json.loads((workdir / "run" / "probe-2.json").read_text())
     assert [a["arm"] for a in part["arms"]] == ["blas"] and part["pending"] == ["inv-b"]
     assert part["outcome"] == "untested"
-    monkeypatch.setattr(bistat.explain.probe, "probe_arm", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
+    monkeypatch.setattr(bistat.run.probe, "probe_arm", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
     none = _invoke("probe", str(decl), "--max-fillers", "40", "--output", "run/probe-3.json")
     assert none.exit_code == 130 and not (workdir / "run" / "probe-3.json").exists()
     assert none.stderr.splitlines()[-1] == "interrupted: no arm had finished, nothing was written"

@@ -8,7 +8,7 @@ import helpers_runner as h
 from bistat.engines.embedded.adapter import EmbeddedEngineAdapter
 from bistat.model.testing import tiny_random_model
 from bistat.analysis.probe_report import ProbeSettings
-from bistat.explain.probe import run_probe
+from bistat.analysis.probe_report import run_probe
 from bistat.store.readers import read_jsonl
 from bistat.run.runner import start_run
 

@@ -20,7 +20,7 @@ from bistat.engines.registry import create_engine
 from bistat.explain.inspect_run import inspect_run
 from bistat.declare.prereg import load_registration
 from bistat.analysis.probe_report import ProbeSettings
-from bistat.explain.probe import run_probe
+from bistat.analysis.probe_report import run_probe
 from bistat.store.readers import read_header, read_jsonl
 
 EXPECTED = {"anatomy", "diagnosis", "doctor", "environment", "events", "inspect", "metrics",

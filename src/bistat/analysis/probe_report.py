@@ -1,269 +1,84 @@
-"""The probe's report: its settings, trials and per-arm results, the decision of its outcome,
-the needles' verdicts and lines, and reading and merging reports (``probe.json``).
+"""The probe's decision: its outcome per arm and per needle, its report (``probe.json``), the needle
+a recorded run chooses, and reading and merging reports.
 
-:mod:`bistat.explain.probe` runs the probe and writes this report; ``bistat analyze`` reads it
-(:func:`report_from_json`, :func:`merge_reports`) into a run's summary and the finding formats it
-(:func:`needle_verdicts`, :func:`needle_line`, :func:`filler_line`).
+The probe has one home per stage. :mod:`bistat.run.probe` runs it and records what it saw
+(:class:`~bistat.run.probe_records.ProbeRecord`); this module decides the outcome
+(:func:`decide_record`, :func:`decide_report`; :func:`run_probe` records and decides in one call),
+is the one reader of a run directory's ``probe*.json`` (:func:`read_probe_reports`, which
+``bistat analyze`` uses); :mod:`bistat.analysis.probe_needle` chooses the needle from a recorded
+run; ``bistat probe`` is :mod:`bistat.cli.cmd_probe`. The finding formats the report
+(:func:`filler_line`, :func:`needle_line`, :attr:`ProbeReport.needle_outcomes`).
 """
 
 from __future__ import annotations
 
-import struct
+import json
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Literal, Mapping, Sequence
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from bistat.core.divergence import first_divergence
-from bistat.engines.base import GenerationResult
+from bistat.run.probe import record_probe
+from bistat.run.probe_records import (   # the recorded types, re-exported with the decision
+    CHARS_PER_TOKEN,
+    FILLER_TOKENS,
+    LONG_NEEDLES,
+    NEEDLE_TOKENS,
+    PROBE_DESIGNS,
+    PROBE_MODES,
+    PROBE_SCHEMA,
+    ArmProbe,
+    BitwiseComparison,
+    NeedleProbe,
+    NeedleSource,
+    ProbeMode,
+    ProbeOutcome,
+    ProbeRecord,
+    ProbeSettings,
+    ProbeTrial,
+    compare_bitwise,
+)
+from bistat.store.format import PROBE_FILE, PROBE_GLOB
+
+if TYPE_CHECKING:  # pragma: no cover
+    from bistat.declare.experiment import Experiment
 
 __all__ = [
     "ArmProbe",
     "BitwiseComparison",
+    "CHARS_PER_TOKEN",
+    "FILLER_TOKENS",
+    "LONG_NEEDLES",
+    "NEEDLE_TOKENS",
     "NeedleProbe",
     "NeedleSource",
     "NeedleVerdict",
     "PROBE_DESIGNS",
     "PROBE_MODES",
     "PROBE_SCHEMA",
+    "ProbeMode",
     "ProbeOutcome",
+    "ProbeRecord",
     "ProbeReport",
+    "ProbeReportError",
     "ProbeSettings",
     "ProbeTrial",
     "compare_bitwise",
+    "decide_record",
     "decide_report",
     "filler_line",
     "merge_reports",
     "needle_line",
     "needle_verdicts",
+    "probe_report_paths",
+    "read_probe_reports",
     "report_from_json",
+    "run_probe",
 ]
 
-ProbeOutcome = Literal["confirmed", "violated", "no_power", "untested", "vacuous"]
-ProbeMode = Literal["batch", "prefill-decode", "prefix-cache"]
-PROBE_MODES: tuple[str, ...] = ("batch", "prefill-decode", "prefix-cache")
-PROBE_DESIGNS: tuple[str, ...] = ("kv-sweep", "single")
-PROBE_SCHEMA = "bistat.probe/1"
-
-#: The ``kv-sweep`` design's defaults: the long needles' approximate prompt tokens, the tokens
-#: every needle decodes, and the tokens of each filler (``bistat probe --long-needles``,
-#: ``--max-tokens``, ``--filler-tokens``). With the declaration's needle prompt (a chat prompt of
-#: 36-52 tokens in Study 1(a)) the needles decode over about 40-170, 112-240, 176-304, 304-432
-#: and 600-728 keys: past 64, 128, 192, 256, 384 and 640.
-LONG_NEEDLES: tuple[int, ...] = (112, 176, 304, 600)
-NEEDLE_TOKENS = 128
-FILLER_TOKENS = 16
-#: Characters per token assumed when a text needle is sized (the usual rule of thumb for English
-#: text and byte-pair tokenizers; the report gives the engine's own count).
-CHARS_PER_TOKEN = 4
 #: The settings a ``single``-design report leaves out (reports written before designs existed
 #: have none of them and read as ``single``).
 _DESIGN_KEYS = ("design", "long_needles", "filler_tokens")
-
-
-@dataclass(frozen=True)
-class ProbeSettings:
-    """How the probe is run (see the module docstring; ``design``, ``long_needles`` and
-    ``filler_tokens`` apply to batch mode)."""
-
-    trials: int = 3
-    min_fillers: int = 32
-    max_fillers: int = 128
-    needle_index: int = 0
-    max_tokens: int = NEEDLE_TOKENS
-    seed: int = 0
-    mode: str = "batch"
-    design: str = "kv-sweep"
-    long_needles: tuple[int, ...] = LONG_NEEDLES
-    filler_tokens: int = FILLER_TOKENS
-
-    def __post_init__(self) -> None:
-        if self.mode not in PROBE_MODES:
-            raise ValueError(f"mode ({self.mode!r}) must be one of "
-                             + ", ".join(repr(m) for m in PROBE_MODES))
-        if self.design not in PROBE_DESIGNS:
-            raise ValueError(f"design ({self.design!r}) must be one of "
-                             + ", ".join(repr(d) for d in PROBE_DESIGNS))
-        object.__setattr__(self, "long_needles", tuple(int(x) for x in self.long_needles))
-        if any(x < 1 for x in self.long_needles) or list(self.long_needles) != sorted(
-                set(self.long_needles)):
-            raise ValueError(f"long_needles must be increasing prompt lengths of at least 1 "
-                             f"token, got {list(self.long_needles)}")
-        if self.filler_tokens < 1:
-            raise ValueError(f"filler_tokens must be at least 1, got {self.filler_tokens}")
-        if self.trials < 1:
-            raise ValueError(f"trials must be at least 1, got {self.trials}")
-        if not 1 <= self.min_fillers <= self.max_fillers:
-            raise ValueError(
-                f"need 1 <= min_fillers <= max_fillers, got {self.min_fillers} and {self.max_fillers}"
-            )
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
-        if self.needle_index < 0:
-            raise ValueError(f"needle_index must be >= 0, got {self.needle_index}")
-
-    @property
-    def sweep(self) -> bool:
-        """The ``kv-sweep`` design in batch mode: several needles, fillers arriving over time."""
-        return self.mode == "batch" and self.design == "kv-sweep"
-
-
-@dataclass(frozen=True)
-class BitwiseComparison:
-    """Bitwise comparison of two results of the needle."""
-
-    tokens_equal: bool
-    logprobs_equal: bool | None  # None: an engine returned no logprobs
-    first_divergence: int | None  # first token index whose id (or logprob bits) differ
-
-    @property
-    def identical(self) -> bool:
-        return self.tokens_equal and self.logprobs_equal is not False
-
-
-def _bits(x: float) -> int:
-    return struct.unpack("<q", struct.pack("<d", float(x)))[0]
-
-
-def compare_bitwise(a: GenerationResult, b: GenerationResult) -> BitwiseComparison:
-    """Compare token ids, and chosen-token logprobs as float64 bit patterns.
-
-    Examples
-    --------
-    >>> r = lambda ids, lps: GenerationResult("n", ids, "", lps, None, None, None, 0.0, None, 0.0)
-    >>> compare_bitwise(r([1, 2], [-0.5, -1.0]), r([1, 2], [-0.5, -1.0])).identical
-    True
-    >>> compare_bitwise(r([1, 2], [-0.5, -1.0]), r([1, 2], [-0.5, -1.0000000000000002]))
-    BitwiseComparison(tokens_equal=True, logprobs_equal=False, first_divergence=1)
-    """
-    tokens_equal = list(a.token_ids) == list(b.token_ids)
-    logprobs_equal: bool | None = None
-    if a.logprobs is not None and b.logprobs is not None:
-        logprobs_equal = [_bits(x) for x in a.logprobs] == [_bits(x) for x in b.logprobs]
-    # where they first differ: the one definition the analysis and the anatomy use too
-    found = first_divergence(a.token_ids, b.token_ids, a.logprobs, b.logprobs)
-    first = None if found is None else found[0]
-    if first is None and logprobs_equal is False:   # lists longer than the token ids differ
-        first = min(len(a.token_ids), len(b.token_ids))
-    return BitwiseComparison(tokens_equal=tokens_equal, logprobs_equal=logprobs_equal, first_divergence=first)
-
-
-@dataclass(frozen=True)
-class ProbeTrial:
-    """One placement of the needle among fillers."""
-
-    trial: int
-    n_fillers: int
-    position: int
-    tokens_equal: bool | None
-    logprobs_equal: bool | None
-    first_divergence: int | None
-    error: str | None = None
-    shared_step: bool | None = None   # batch mode: the needle shared an engine step (None: no evidence)
-    evidence: str | None = None       # the batching (or mode) evidence, in words
-
-    @property
-    def identical(self) -> bool:
-        return self.error is None and bool(self.tokens_equal) and self.logprobs_equal is not False
-
-
-@dataclass(frozen=True)
-class NeedleProbe:
-    """One needle of the ``kv-sweep`` design on one arm: alone twice, then in every trial."""
-
-    needle: str                       # its prompt id (``needle-304`` for a long needle)
-    target_tokens: int | None         # the design's prompt length for it; None: the needle prompt
-    n_prompt_tokens: int | None       # its prompt tokens as the engine counted them (alone)
-    n_tokens: int | None              # tokens it generated alone
-    alone_repeat_identical: bool | None
-    trials: tuple[ProbeTrial, ...]
-
-    @property
-    def differs(self) -> bool:
-        return self.alone_repeat_identical is False or any(
-            t.error is None and not t.identical for t in self.trials)
-
-    @property
-    def first_divergence(self) -> int | None:
-        """The earliest token index at which a trial differed from the needle alone."""
-        firsts = [t.first_divergence for t in self.trials
-                  if t.error is None and not t.identical and t.first_divergence is not None]
-        return min(firsts) if firsts else None
-
-    @property
-    def kv_first_divergence(self) -> int | None:
-        """Keys the first differing token's attention read (prompt tokens + index)."""
-        first = self.first_divergence
-        return None if first is None or self.n_prompt_tokens is None else self.n_prompt_tokens + first
-
-    @property
-    def kv_range(self) -> tuple[int, int] | None:
-        """(first, last) keys its generated tokens' attention read, alone."""
-        if self.n_prompt_tokens is None or self.n_tokens is None:
-            return None
-        return self.n_prompt_tokens, self.n_prompt_tokens + max(self.n_tokens - 1, 0)
-
-
-@dataclass(frozen=True)
-class ArmProbe:
-    """The probe on one arm."""
-
-    arm: str
-    role: str  # "probed" or "negative_control"
-    alone_repeat_identical: bool | None
-    trials: tuple[ProbeTrial, ...]
-    n_needle_tokens: int | None
-    error: str | None = None
-    # batch mode: the fillers that ran in two or more trials (other neighbours, other places),
-    # each compared bitwise with its first trial's output -- free extra evidence beside the
-    # needle; None in reports written before it was recorded
-    n_fillers_compared: int | None = None
-    fillers_differing: tuple[str, ...] = ()
-    filler_first_divergence: int | None = None
-    # kv-sweep design: every needle's own trials (the arm's ``trials`` and
-    # ``alone_repeat_identical`` then sum them up over the needles); empty in the single design
-    needles: tuple["NeedleProbe", ...] = ()
-
-    @property
-    def differs(self) -> bool:
-        """At least one bitwise difference was seen (the needle alone twice, the needle alone vs
-        in a batch, or a filler between two trials)."""
-        return self.alone_repeat_identical is False or bool(self.fillers_differing) or any(
-            t.error is None and not t.identical for t in self.trials
-        )
-
-    @property
-    def failed(self) -> bool:
-        return self.error is not None or any(t.error is not None for t in self.trials)
-
-    @property
-    def n_shared(self) -> int:
-        """Trials whose batching evidence shows the needle sharing an engine step."""
-        return sum(t.shared_step is True for t in self.trials)
-
-
-@dataclass(frozen=True)
-class NeedleSource:
-    """Where the needle came from when a recorded run chose it (:func:`needle_from_run`): the
-    prompt whose first divergence, bitwise, came earliest in the run, and where it came."""
-
-    run: str                  # the run directory, as it was given
-    run_id: str               # its run.json's run_id
-    prompt_id: str
-    prompt_index: int         # the needle's index in the declaration's prompt source
-    arm: str                  # where it first diverged: the arm,
-    pass_index: int           # the counted pass,
-    reference_pass: int       # the arm's reference pass (its first counted pass) it differed from,
-    position: int             # the first differing token index,
-    kind: str                 # and how: "token", "logprob" (chosen-token logprob bits), "length"
-    n_prompts_diverged: int   # the run's prompts that diverged in some arm and pass
-
-    def describe(self) -> str:
-        """The choice in words, e.g. ``prompt 17 (chat-0017) first diverged at token 3 in arm
-        default, pass 2 of runs/r (against pass 0), the earliest of 457 diverging prompt(s)``."""
-        how = {"logprob": " (chosen-token logprob bits)", "length": " (one output ended there)"}
-        return (f"prompt {self.prompt_index} ({self.prompt_id}) first diverged at token "
-                f"{self.position}{how.get(self.kind, '')} in arm {self.arm}, pass "
-                f"{self.pass_index} of {self.run} (against pass {self.reference_pass}), the "
-                f"earliest of {self.n_prompts_diverged} diverging prompt(s)")
 
 
 @dataclass(frozen=True)
@@ -282,6 +97,11 @@ class ProbeReport:
     needle_source: NeedleSource | None = None
     # kv-sweep: long needles the engine's max_model_len has no room for, each with the reason
     left_out: tuple[str, ...] = ()
+
+    @cached_property
+    def needle_outcomes(self) -> tuple["NeedleVerdict", ...]:
+        """The outcome per needle (kv-sweep; empty otherwise): :func:`needle_verdicts`."""
+        return needle_verdicts(self.arms)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -311,7 +131,7 @@ class ProbeReport:
                 del data[key]
             else:
                 data[key] = list(data[key])
-        verdicts = needle_verdicts(self.arms)
+        verdicts = self.needle_outcomes
         if verdicts:
             data["needle_outcomes"] = [asdict(v) for v in verdicts]
         return data
@@ -347,9 +167,9 @@ class ProbeReport:
             if a.error is not None:
                 lines.append(f"  {a.arm} ({label}): could not run: {a.error}")
                 continue
-            same = sum(t.identical for t in a.trials)
+            same = a.n_identical
             repeat = {True: "identical", False: "DIFFERENT", None: "n/a"}[a.alone_repeat_identical]
-            firsts = sorted({t.first_divergence for t in a.trials if t.first_divergence is not None})
+            firsts = a.first_divergences
             where = f"; first divergence at token {', '.join(map(str, firsts))}" if firsts else ""
             errors = sum(t.error is not None for t in a.trials)
             err = f"; {errors} trial(s) failed" if errors else ""
@@ -372,7 +192,7 @@ class ProbeReport:
         if self.pending:
             lines.append(f"  not probed: {', '.join(self.pending)}")
         lines += [f"  left out: {x}" for x in self.left_out]
-        verdicts = needle_verdicts(self.arms)
+        verdicts = self.needle_outcomes
         if verdicts:
             lines.append("per needle:")
             lines += [f"  {v.needle} ({_keys_words(v)}): {v.outcome} — {v.reason}" for v in verdicts]
@@ -387,7 +207,7 @@ def needle_line(n: NeedleProbe) -> str:
     keys = "" if kv is None else f", keys {kv[0]}-{kv[1]}"
     repeat = {True: "identical", False: "DIFFERENT", None: "n/a"}[n.alone_repeat_identical]
     done = [t for t in n.trials if t.error is None]
-    same = sum(t.identical for t in done)
+    same = n.n_identical
     first = n.first_divergence
     where = ("" if first is None else f"; first divergence at token {first}"
              + ("" if n.kv_first_divergence is None else f" (KV length {n.kv_first_divergence})"))
@@ -538,6 +358,34 @@ def decide_report(arms: Sequence[ArmProbe], settings: ProbeSettings, needle_prom
                        merged_from=merged_from, needle_source=needle_source, left_out=left_out)
 
 
+def decide_record(record: ProbeRecord, *, merged_from: tuple[str, ...] = ()) -> ProbeReport:
+    """The report of what :func:`bistat.run.probe.record_probe` recorded, its outcome decided."""
+    return decide_report(record.arms, record.settings, record.needle_prompt_id,
+                         pending=record.pending, merged_from=merged_from,
+                         needle_source=record.needle_source, left_out=record.left_out)
+
+
+def run_probe(experiment: "Experiment", *,
+              on_report: Callable[[ProbeReport], None] | None = None,
+              **options: Any) -> ProbeReport:
+    """Run the probe and decide its outcome: :func:`bistat.run.probe.record_probe` with
+    ``options`` (``arms``, ``control``, ``settings``, ``engine_factory``, ``on_arm``,
+    ``needle_source``), then :func:`decide_record`.
+
+    ``on_report`` receives the report so far after every arm (its ``pending`` names the arms
+    still to run), so that a caller can keep it on disk: an interrupted probe loses only the arm
+    it was on; the last call is the report returned.
+    """
+    def partial(record: ProbeRecord) -> None:
+        if on_report is not None:
+            on_report(decide_record(record))
+
+    report = decide_record(record_probe(experiment, on_record=partial, **options))
+    if on_report is not None:
+        on_report(report)
+    return report
+
+
 def _needle_source_from_json(data: Any) -> NeedleSource | None:
     """The ``needle_source`` of a report's JSON (absent in reports written before it was kept);
     fields a later writer adds are ignored."""
@@ -586,6 +434,47 @@ def report_from_json(data: Mapping[str, Any], source: str = "probe report") -> P
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{source}: not a complete {PROBE_SCHEMA} report ({exc!r}); write it "
                          "with `bistat probe REGISTRATION --output FILE`") from None
+
+
+class ProbeReportError(ValueError):
+    """A run directory's probe report cannot be read, or its parts do not merge."""
+
+
+def probe_report_paths(run_dir: Path) -> list[Path]:
+    """``run_dir/probe*.json``: ``probe.json`` first, then the other parts by name."""
+    return sorted(run_dir.glob(PROBE_GLOB), key=lambda p: (p.name != PROBE_FILE, p.name))
+
+
+def read_probe_reports(run_dir: str | Path) -> tuple[ProbeReport | None, tuple[str, ...]]:
+    """The probe report of a run directory (``bistat probe --output RUN_DIR/probe.json``) and
+    the files it was read from: ``probe.json``, or several runs of the same probe on different
+    arms (``probe.json`` beside e.g. ``probe-ARM.json``) merged into one report, decided again
+    over all their arms (:func:`merge_reports`). ``(None, ())`` when there is none.
+
+    Raises
+    ------
+    ProbeReportError
+        A file is not a ``bistat.probe/1`` report, or the parts are not runs of one probe.
+    """
+    run_dir = Path(run_dir)
+    paths = probe_report_paths(run_dir)
+    if not paths:
+        return None, ()
+    reports = []
+    for path in paths:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            reports.append((path.name, report_from_json(data, str(path))))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ProbeReportError(
+                f"{path}: not a probe report ({exc}); write it with "
+                "`bistat probe REGISTRATION --output RUN_DIR/probe.json`") from None
+        except ValueError as exc:
+            raise ProbeReportError(str(exc)) from None
+    try:
+        return merge_reports(reports), tuple(name for name, _ in reports)
+    except ValueError as exc:
+        raise ProbeReportError(f"{run_dir}: {exc}") from None
 
 
 def merge_reports(reports: Sequence[tuple[str, ProbeReport]]) -> ProbeReport:

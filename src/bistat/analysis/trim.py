@@ -21,9 +21,11 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -156,6 +158,40 @@ def trim(run_dir: str | os.PathLike, *, unit: str | None = None) -> list[Path]:
     """
     run = RecordedRun.open(run_dir)   # the files as they are before the trim rewrites them
     run_dir = run.path
+    resp_path, meta = _slim_responses(run_dir)
+    out_path, out_meta = _slim_outputs(run_dir, meta)
+    unit = _trim_unit(run, unit)
+    done = _trim_of(out_meta, out_path)
+    if done is not None:
+        if unit in TRIM_SERVES[done["unit"]]:
+            return []
+        raise RecordsError(
+            f"{out_path}: already trimmed for match unit {done['unit']!r}, which keeps too "
+            f"little for {unit!r}; restore the untrimmed file (e.g. from git history) or "
+            f"re-create it from responses.jsonl with `bistat compact --slim {run_dir}`")
+    responses = _responses_by_output(resp_path, meta)
+    # each arm's reference pass as the analysis chooses it: its first counted pass
+    references = {arm: ps[0] for arm, ps in run.counted_passes.items() if ps}
+    out = _read_parquet(out_path)
+    outputs = _Outputs.read(out, json.loads(out_meta.get("encoding", "{}")))
+    keep = _positions_kept(responses, references, outputs, unit)
+    columns, whole = _cut_outputs(out, keep, outputs.full, unit)
+    n_full, n_dropped = int(whole.sum()), int((keep < 0).sum())
+    info = {
+        "rule": TRIM_RULE,
+        "unit": unit,
+        "reference_passes": references,
+        "text": "kept" if unit == "text" else "dropped where an output is cut",
+        "outputs": {"full": n_full, "cut": out.num_rows - n_full - n_dropped,
+                    "emptied": n_dropped},
+    }
+    _write_trimmed(run_dir, pa.table(columns), out, out_path, resp_path, info)
+    return [resp_path, out_path]
+
+
+def _slim_responses(run_dir: Path) -> tuple[Path, dict]:
+    """``responses.parquet`` of a slim compaction that is what is read, and its footer's
+    metadata; a ``RecordsError`` saying how to make one otherwise."""
     resp_path = run_dir / "responses.parquet"
     slim_fix = f"run `bistat compact --slim {run_dir}` first (it needs responses.jsonl)"
     if not resp_path.is_file():
@@ -169,16 +205,11 @@ def trim(run_dir: str | os.PathLike, *, unit: str | None = None) -> list[Path]:
     if not _parquet_is_complete(run_dir, "responses"):
         raise RecordsError(f"{resp_path}: responses.jsonl has grown since compaction, so the "
                            f"Parquet file is not what is read; {slim_fix}")
-    out_path, out_meta = _slim_outputs(run_dir, meta)
-    unit = _trim_unit(run, unit)
-    done = _trim_of(out_meta, out_path)
-    if done is not None:
-        if unit in TRIM_SERVES[done["unit"]]:
-            return []
-        raise RecordsError(
-            f"{out_path}: already trimmed for match unit {done['unit']!r}, which keeps too "
-            f"little for {unit!r}; restore the untrimmed file (e.g. from git history) or "
-            f"re-create it from responses.jsonl with `bistat compact --slim {run_dir}`")
+    return resp_path, meta
+
+
+def _responses_by_output(resp_path: Path, meta: Mapping) -> pd.DataFrame:
+    """Each response's arm, kind, pass, prompt, error and the output row it points at."""
     logical = json.loads(meta["columns"])
     if "token_ids" not in logical:
         raise RecordsError(f"{resp_path}: the responses record no token_ids; there is nothing "
@@ -189,27 +220,45 @@ def trim(run_dir: str | os.PathLike, *, unit: str | None = None) -> list[Path]:
     for c in ("arm", "kind", "prompt_id", "error"):
         if c not in light:
             light[c] = None
-    # each arm's reference pass as the analysis chooses it: its first counted pass
-    references = {arm: ps[0] for arm, ps in run.counted_passes.items() if ps}
+    return light
 
-    out = _read_parquet(out_path)
-    encoding = json.loads(out_meta.get("encoding", "{}"))
-    n_out = out.num_rows
-    toks = _rows(out.column("token_ids"), "<i8")
-    lps = (_rows(out.column("logprobs"), "<f8") if "logprobs" in out.column_names
-           else [None] * n_out)
-    alts: list[np.ndarray | None] = [None] * n_out   # alternatives per position, per output
-    if encoding.get("top_logprobs") == "parallel":
-        top = out.column("top_token_ids").combine_chunks()
-        counts = top.values.value_lengths().fill_null(0).to_numpy(zero_copy_only=False)
-        offsets = top.offsets.to_numpy()
-        alts = [counts[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
-    elif "top_logprobs" in out.column_names:
-        alts = [None if r is None else np.array([len(p) if isinstance(p, list) else 0
-                                                 for p in json.loads(r)], dtype=np.int64)
-                for r in out.column("top_logprobs").to_pylist()]
-    full = [None if t is None else len(t) for t in toks]
-    keep = np.full(n_out, -1, dtype=np.int64)   # positions kept per output; -1: none (null)
+
+@dataclass(frozen=True)
+class _Outputs:
+    """The distinct outputs' token ids, logprobs, alternatives per position and full lengths."""
+
+    toks: list[np.ndarray | None]
+    lps: list[np.ndarray | None]
+    alts: list[np.ndarray | None]    # alternatives recorded per position, per output
+    full: list[int | None]
+
+    @classmethod
+    def read(cls, out: pa.Table, encoding: Mapping) -> "_Outputs":
+        n_out = out.num_rows
+        toks = _rows(out.column("token_ids"), "<i8")
+        lps = (_rows(out.column("logprobs"), "<f8") if "logprobs" in out.column_names
+               else [None] * n_out)
+        alts: list[np.ndarray | None] = [None] * n_out
+        if encoding.get("top_logprobs") == "parallel":
+            top = out.column("top_token_ids").combine_chunks()
+            counts = top.values.value_lengths().fill_null(0).to_numpy(zero_copy_only=False)
+            offsets = top.offsets.to_numpy()
+            alts = [counts[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
+        elif "top_logprobs" in out.column_names:
+            alts = [None if r is None else np.array([len(p) if isinstance(p, list) else 0
+                                                     for p in json.loads(r)], dtype=np.int64)
+                    for r in out.column("top_logprobs").to_pylist()]
+        return cls(toks, lps, alts, [None if t is None else len(t) for t in toks])
+
+
+def _positions_kept(responses: pd.DataFrame, references: Mapping[str, int], outputs: _Outputs,
+                    unit: str) -> np.ndarray:
+    """Positions kept per output (-1: none, the output emptied): every output of a reference
+    pass in full; of another counted pass's, up to and including its first divergence from the
+    reference output by ``unit`` (in full where there is none to compare with); the most any of
+    its responses needs, and further to its first position with the most alternatives."""
+    toks, lps, alts, full = outputs.toks, outputs.lps, outputs.alts, outputs.full
+    keep = np.full(len(toks), -1, dtype=np.int64)
 
     def need(row: int, k: int | None) -> None:
         n = full[row] or 0
@@ -219,9 +268,9 @@ def trim(run_dir: str | os.PathLike, *, unit: str | None = None) -> list[Path]:
             k = int(np.argmax(a)) + 1     # the anatomy's top-k: the most alternatives recorded
         keep[row] = max(int(keep[row]), k)
 
-    arm_l, kind_l = light["arm"].tolist(), light["kind"].tolist()
-    pass_l, pid_l = light["pass_index"].tolist(), light["prompt_id"].tolist()
-    err_l, idx_l = light["error"].tolist(), light["output_index"].tolist()
+    arm_l, kind_l = responses["arm"].tolist(), responses["kind"].tolist()
+    pass_l, pid_l = responses["pass_index"].tolist(), responses["prompt_id"].tolist()
+    err_l, idx_l = responses["error"].tolist(), responses["output_index"].tolist()
     reference: dict[tuple[str, str], int | None] = {}
     for arm, kind, p, pid, err, row in zip(arm_l, kind_l, pass_l, pid_l, err_l, idx_l):
         if kind == "counted" and references.get(str(arm)) == int(p):
@@ -238,7 +287,14 @@ def trim(run_dir: str | os.PathLike, *, unit: str | None = None) -> list[Path]:
         pos = divergence_position(toks[ref].tolist(), toks[row].tolist(), _listed(lps[ref]),
                                   _listed(lps[row]), unit)
         need(row, None if pos is None else pos + 1)
+    return keep
 
+
+def _cut_outputs(out: pa.Table, keep: np.ndarray, full: list[int | None], unit: str
+                 ) -> tuple[dict[str, pa.Array], np.ndarray]:
+    """The outputs' columns cut to ``keep`` positions each (``text`` dropped where an output is
+    cut, but for unit ``text``), with every output's full length in :data:`OUTPUT_LENGTH`; and
+    which outputs were kept whole."""
     whole = np.array([k >= 0 and k == (n or 0) for k, n in zip(keep, full)], dtype=bool)
     columns: dict[str, pa.Array] = {}
     for name in out.column_names:
@@ -256,21 +312,18 @@ def trim(run_dir: str | os.PathLike, *, unit: str | None = None) -> list[Path]:
     length_type = pa.int32() if max((n for n in full if n is not None), default=0) \
         <= _INT32[1] else pa.int64()
     columns[OUTPUT_LENGTH] = pa.array(full, type=length_type)
-    n_full, n_dropped = int(whole.sum()), int((keep < 0).sum())
-    info = {
-        "rule": TRIM_RULE,
-        "unit": unit,
-        "reference_passes": references,
-        "text": "kept" if unit == "text" else "dropped where an output is cut",
-        "outputs": {"full": n_full, "cut": n_out - n_full - n_dropped, "emptied": n_dropped},
-    }
+    return columns, whole
+
+
+def _write_trimmed(run_dir: Path, outputs: pa.Table, out: pa.Table, out_path: Path,
+                   resp_path: Path, info: Mapping) -> None:
+    """Write the trimmed outputs and ``responses.parquet``, both footers marked ``bistat.trim``
+    (``info``), each to a temporary name and renamed into place."""
     trim_meta = {"bistat.trim": json.dumps(info, sort_keys=True)}
-    outputs = pa.table(columns).replace_schema_metadata(
-        {**(out.schema.metadata or {}), **trim_meta})
+    outputs = outputs.replace_schema_metadata({**(out.schema.metadata or {}), **trim_meta})
     responses = _read_parquet(resp_path)
     responses = responses.replace_schema_metadata(
         {**(responses.schema.metadata or {}), **trim_meta})
-
     out_tmp, resp_tmp = run_dir / f".{out_path.name}.tmp", run_dir / ".responses.parquet.tmp"
     _write_slim(outputs, out_tmp)
     _write_slim(responses, resp_tmp)
@@ -279,4 +332,3 @@ def trim(run_dir: str | os.PathLike, *, unit: str | None = None) -> list[Path]:
     os.replace(out_tmp, out_path)
     os.replace(resp_tmp, resp_path)
     _fsync_dir(run_dir)
-    return [resp_path, out_path]

@@ -2,6 +2,8 @@
 
 Every command parses its arguments, calls one library function and formats the result; no
 statistics or engine logic lives here. Exit codes are documented in ``bistat.cli.exitcodes``.
+Every command module is imported to build the group, so each imports the library it calls inside
+the command: ``bistat --help`` and every ``--help`` load no heavy library (``bistat.core.lazy``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ _COMMAND_MODULES = (
     "bistat.cli.cmd_analyze",    # analyze, compact
     "bistat.cli.cmd_model",      # model fetch / export / info / path
     "bistat.cli.cmd_serve",      # serve
-    "bistat.cli.cmd_run",        # run, probe
+    "bistat.cli.cmd_run",        # run
+    "bistat.cli.cmd_probe",      # probe (the bitwise invariance probe)
     "bistat.cli.cmd_kernels",    # kernels probe / sweep / bench / results
     "bistat.cli.cmd_synth",      # synth-model (random-weight Hugging Face folders)
     "bistat.cli.cmd_diagnose",   # diagnose

@@ -17,25 +17,11 @@ from pathlib import Path
 
 import click
 
-from bistat.analysis.summary import AnalysisError, analyze_run, summary_to_dict
-from bistat.declare.prereg_signature import SignatureError
-from bistat.report.seal import run_seal_evidence
-from bistat.report.gating import FailOnError, ci_summary, gate, parse_fail_on
-from bistat.declare.experiment import DeclarationError
-from bistat.declare.prereg import RegistrationError
-from bistat.store.format import RecordsError, TRIM_SERVES
-from bistat.store.compact import compact
-from bistat.store.readers import trim_info
-from bistat.report.finding import write_finding
-from bistat.analysis.trim import trim
+from bistat.cli.fail_on import FAIL_ON_HELP, fail_on_labels
+from bistat.store.format import TRIM_SERVES
 
-_ERRORS = (AnalysisError, RecordsError, RegistrationError, DeclarationError, SignatureError)
-
-
-#: ``--fail-on`` help, shared by every verdict-producing command.
-FAIL_ON_HELP = ("Exit with the verdict's code (10 doubtful, 11 reported as observed, 12 untested) "
-                "when a verdict has one of these labels: comma-separated or repeated; '-' or '_' "
-                "may stand for spaces; 'any' for all. 'working' (code 0) is refused.")
+# The analysis, the report and the store's readers (pandas, pyarrow, matplotlib) are imported by
+# the commands that use them, so that `bistat --help` does not load them.
 
 
 ANALYZE_EXIT_CODES = """\b
@@ -48,14 +34,6 @@ committed or whose signature fails); 2 usage error (a bad --fail-on label)."""
 
 def _fail(exc: Exception) -> click.ClickException:
     return click.ClickException(str(exc))
-
-
-def fail_on_labels(values: tuple[str, ...]) -> frozenset[str]:
-    """``--fail-on`` values as verdict labels; a bad label is a usage error (exit code 2)."""
-    try:
-        return parse_fail_on(values)
-    except FailOnError as exc:
-        raise click.UsageError(str(exc)) from exc
 
 
 def register(group: click.Group) -> None:
@@ -87,6 +65,15 @@ def register(group: click.Group) -> None:
         Ends with a one-screen plain-text summary for CI logs (on stderr with --json). Exit
         code 0 whatever the verdict, unless --fail-on names it.
         """
+        from bistat.analysis.summary import AnalysisError, analyze_run, summary_to_dict
+        from bistat.declare.errors import DeclarationError
+        from bistat.declare.prereg import RegistrationError
+        from bistat.declare.prereg_signature import SignatureError
+        from bistat.report.finding import write_finding
+        from bistat.report.gating import ci_summary, gate
+        from bistat.report.seal import run_seal_evidence
+        from bistat.store.format import RecordsError
+
         labels = fail_on_labels(fail_on)
         try:
             summary = analyze_run(run_dir, registration)
@@ -97,7 +84,8 @@ def register(group: click.Group) -> None:
                 raise RegistrationError(f"{seal.registration}: {'; '.join(refuted)}; check it "
                                         f"with: bistat verify {seal.registration} {run_dir}")
             files = write_finding(summary, out_dir, seal=seal)
-        except _ERRORS as exc:
+        except (AnalysisError, RecordsError, RegistrationError, DeclarationError,
+                SignatureError) as exc:
             raise _fail(exc) from exc
         if as_json:
             data = summary_to_dict(summary)
@@ -141,6 +129,11 @@ def register(group: click.Group) -> None:
         rewrites a slim run's outputs.parquet keeping only what the analysis reads; findings
         regenerate byte for byte, other uses of the full outputs are lost.
         """
+        from bistat.analysis.trim import trim
+        from bistat.store.compact import compact
+        from bistat.store.format import RecordsError
+        from bistat.store.readers import trim_info
+
         if top_k is not None and not slim:
             raise click.UsageError("--top-k applies to a slim compaction only; add --slim")
         if unit is not None and not do_trim:

@@ -7,10 +7,6 @@ from pathlib import Path
 
 import click
 
-from bistat.declare.experiment import DeclarationError, load_experiment
-from bistat.declare.prereg import RegistrationError, load_registration
-from bistat.analysis.published import SummaryError, classify_summary, parse_counts, parse_named
-
 
 def register(group: click.Group) -> None:
     """Add ``classify`` to the ``bistat`` group."""
@@ -44,6 +40,12 @@ def register(group: click.Group) -> None:
           bistat classify experiments/published-protocol.toml --arm default=78/541
           --arm batch-invariant=541/541 --ratio 0.979
         """
+        from bistat.analysis.published import (SummaryError, classify_summary, parse_counts,
+                                               parse_named)
+        from bistat.declare.errors import DeclarationError
+        from bistat.declare.experiment import load_experiment
+        from bistat.declare.prereg import RegistrationError, load_registration
+
         try:
             if rule_source.suffix == ".json":
                 exp = load_registration(rule_source).experiment()

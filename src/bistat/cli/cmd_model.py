@@ -10,8 +10,7 @@ from pathlib import Path
 
 import click
 
-from bistat import model as bmodel
-from bistat.model import cache
+from bistat import model as bmodel     # its loader, fetch and export load on first use
 from bistat.model.hf_export import DTYPES
 
 
@@ -24,6 +23,8 @@ def _progress(line: str) -> None:
 
 
 def _info_lines(name: str) -> list[str]:
+    from bistat.model import cache
+
     lines: list[str] = []
     spec = bmodel.REGISTRY.get(name)
     if spec is not None:
@@ -127,6 +128,8 @@ def register(group: click.Group) -> None:
     @click.argument("name")
     def path_cmd(name: str) -> None:
         """Print the cache folder of model NAME (an error if it has not been fetched)."""
+        from bistat.model import cache
+
         try:
             spec = bmodel.get_spec(name)
         except bmodel.ModelError as exc:

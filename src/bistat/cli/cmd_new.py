@@ -6,8 +6,6 @@ from pathlib import Path
 
 import click
 
-from bistat.declare.template import write_declaration
-
 
 def register(group: click.Group) -> None:
     """Add ``new`` to the ``bistat`` group."""
@@ -26,6 +24,8 @@ def register(group: click.Group) -> None:
         its own. As written the declaration runs on any CPU (the embedded engine); edit it, then
         `bistat design` and `bistat register` it. An existing file is never overwritten.
         """
+        from bistat.declare.template import write_declaration
+
         try:
             path = write_declaration(name, experiments_dir)
         except ValueError as exc:

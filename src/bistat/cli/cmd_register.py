@@ -10,15 +10,21 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
+from bistat.core.lazy import lazy_function
 from bistat.declare import prereg
-from bistat.declare.design_report import DesignError, DesignReport, analyse_design, format_design
-from bistat.declare.experiment import DeclarationError
+from bistat.declare.errors import DeclarationError, DesignError
 from bistat.declare.prereg_signature import NAMESPACE, signature_path
 from bistat.declare.release_log import LoggedCheck, release_log_path
+
+if TYPE_CHECKING:  # pragma: no cover
+    from bistat.declare.design_report import DesignReport
+# the design analysis (pydantic models, scipy) loads when a command runs, not for --help
+analyse_design = lazy_function("bistat.declare.design_report", "analyse_design")
+format_design = lazy_function("bistat.declare.design_report", "format_design")
 
 
 def _fail(exc: Exception) -> click.ClickException:

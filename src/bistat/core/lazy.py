@@ -1,9 +1,18 @@
-"""Deferred imports of the heavy numeric libraries (scipy, statsmodels).
+"""Deferred imports of the heavy libraries (scipy, statsmodels, numpy, ...).
 
-``bistat --help`` and every command that never computes a statistic must start without loading
-them (they take seconds to import); a module binds ``lazy_module("scipy.stats")`` or
-``lazy_function("statsmodels.stats.proportion", "proportion_confint")`` at import time and the real
-import happens on first use.
+``bistat --help``, every command's ``--help`` and every command that never computes a statistic
+must start without loading them (together they take over a second to import); a module binds
+``lazy_module("scipy.stats")`` or ``lazy_function("statsmodels.stats.proportion",
+"proportion_confint")`` at import time and the real import happens on first use.
+
+The rule the command line keeps (``tests/test_lazy.py`` checks it, ``benchmarks/
+bench_cli_startup.py`` times it): a ``bistat.cli`` module imports at its top only click, the
+standard library and the light modules its options need (constants, exception classes); the
+library a command calls is imported inside the command. A library module that such a light
+module is binds its third-party dependencies lazily (``bistat.store.format``'s numpy, pyarrow)
+or imports its heavier bistat modules where they are used (``bistat.declare.prereg``). A module
+of bistat is imported inside a function, not through :func:`lazy_module`, so that
+``tests/test_layers.py`` still sees the import.
 """
 
 from __future__ import annotations

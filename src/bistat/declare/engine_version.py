@@ -22,12 +22,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from bistat.store.enginelog import EngineModes
 from bistat.store.format import parse_time
 from bistat.declare.release_log import LoggedCheck
+from bistat.declare.experiment import required_specifier
 from bistat.declare.releases import ReleaseCheck
 
 __all__ = ["ArmEngine", "EngineVersionReport", "ENGINE_PACKAGES", "check_label",
@@ -83,32 +83,6 @@ class EngineVersionReport:
     def label(self, where: str, check: ReleaseCheck) -> str:
         """The check's row label in a finding's table (:func:`check_label`)."""
         return check_label(where, check, self.first_record_utc)
-
-
-def required_specifier(text: str) -> SpecifierSet:
-    """``engine.required_version`` as a PEP 440 specifier set: a bare version means exactly it.
-
-    >>> str(required_specifier("0.33.0")), str(required_specifier(">=0.33,<0.34"))
-    ('==0.33.0', '<0.34,>=0.33')
-
-    Raises
-    ------
-    ValueError
-        Neither a version nor a specifier set.
-    """
-    text = text.strip()
-    try:
-        return SpecifierSet(f"=={Version(text)}")
-    except InvalidVersion:
-        pass
-    try:
-        spec = SpecifierSet(text)
-    except InvalidSpecifier as exc:
-        raise ValueError(f"{text!r} is neither a version nor a version specifier (PEP 440); "
-                         "write e.g. \"0.33.0\" or \">=0.33,<0.34\"") from exc
-    if not str(spec):
-        raise ValueError("an empty version requirement; write e.g. \"0.33.0\" or \">=0.33,<0.34\"")
-    return spec
 
 
 def compare_versions(version: str, newest: str) -> str:

@@ -21,12 +21,13 @@ import difflib
 import re
 import sys
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin, Union, Annotated
+from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin, Union, Annotated
 import types
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from bistat.declare.errors import DeclarationError
 from bistat.engines import registry
 from bistat.core.rule import (
     CRITERION_NAMES,
@@ -35,6 +36,9 @@ from bistat.core.rule import (
     Rule,
     semantic_error,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from packaging.specifiers import SpecifierSet
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -51,16 +55,38 @@ __all__ = [
     "Design",
     "Experiment",
     "load_experiment",
+    "required_specifier",
     "validate_experiment",
 ]
 
-class DeclarationError(ValueError):
-    """A declaration that cannot be used; ``messages`` holds one line per problem."""
 
-    def __init__(self, messages: list[str]):
-        self.messages = list(messages)
-        super().__init__("\n".join(self.messages))
+def required_specifier(text: str) -> SpecifierSet:
+    """``engine.required_version`` as a PEP 440 specifier set: a bare version means exactly it.
 
+    >>> str(required_specifier("0.33.0")), str(required_specifier(">=0.33,<0.34"))
+    ('==0.33.0', '<0.34,>=0.33')
+
+    Raises
+    ------
+    ValueError
+        Neither a version nor a specifier set.
+    """
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    text = text.strip()
+    try:
+        return SpecifierSet(f"=={Version(text)}")
+    except InvalidVersion:
+        pass
+    try:
+        spec = SpecifierSet(text)
+    except InvalidSpecifier as exc:
+        raise ValueError(f"{text!r} is neither a version nor a version specifier (PEP 440); "
+                         "write e.g. \"0.33.0\" or \">=0.33,<0.34\"") from exc
+    if not str(spec):
+        raise ValueError("an empty version requirement; write e.g. \"0.33.0\" or \">=0.33,<0.34\"")
+    return spec
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]*$"
 SOURCE_PATTERN = r"^(builtin:chat|builtin:token-ids(\?[a-z0-9=&_.]*)?|file:.+\.jsonl)$"
@@ -92,8 +118,6 @@ class EngineSpec(_Model):
     def _version_spec(cls, text: str | None) -> str | None:
         if text is None:
             return None
-        from bistat.declare.engine_version import required_specifier
-
         try:
             required_specifier(text)
         except ValueError as exc:

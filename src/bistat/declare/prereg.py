@@ -45,18 +45,23 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from bistat import __version__
-from bistat.declare.design_report import DesignReport, analyse_design
-from bistat.declare.experiment import DeclarationError, Experiment, load_experiment, validate_experiment
+from bistat.declare.errors import DeclarationError
 from bistat.declare.prereg_signature import (SignatureCheck, SignatureError, check_signature,
                                              sign_bytes, signature_path)
 from bistat.declare.release_log import (LoggedCheck, ReleaseLogError, append_release_check,
                                         read_release_log, release_log_path)
 from bistat.declare.releases import ReleaseCheck
 from bistat.store.format import RecordsError, parse_time
-from bistat.store.readers import iter_jsonl_strict
+
+if TYPE_CHECKING:  # pragma: no cover
+    from bistat.declare.design_report import DesignReport
+    from bistat.declare.experiment import Experiment
+
+# The declaration's models (pydantic) and the design analysis are imported where a registration
+# is made or read, not with this module, which every command's --help loads.
 
 __all__ = [
     "SCHEMA",
@@ -291,6 +296,8 @@ class Registration:
 
     def experiment(self) -> Experiment:
         """The registered declaration, validated."""
+        from bistat.declare.experiment import validate_experiment
+
         return validate_experiment(self.declaration, source=f"{self.path}: declaration")
 
     def reference(self) -> dict[str, Any]:
@@ -306,6 +313,8 @@ def registration_path(name: str, registrations_dir: str | Path = DEFAULT_REGISTR
 def load_declaration(declaration_path: str | Path) -> Experiment:
     """Load and validate ``experiments/NAME.toml`` with the one rule ``register`` and ``design``
     share: its ``name`` is its file name."""
+    from bistat.declare.experiment import load_experiment
+
     exp = load_experiment(declaration_path)
     stem = Path(declaration_path).stem
     if exp.name != stem:
@@ -407,6 +416,8 @@ def register(
     if log.exists():
         raise RegistrationError(f"{log} exists without its registration {path}; it would not be "
                                 "this registration's release log: move it aside")
+    from bistat.declare.design_report import analyse_design
+
     report = analyse_design(exp, base_dir=base_dir)
     when = format_time(now or _utcnow())
     declaration = exp.resolved()
@@ -532,6 +543,8 @@ def amend(
     if new_sha == old.declaration_sha256:
         raise RegistrationError(f"{declaration_path} is unchanged since {path} was sealed "
                                 f"(declaration sha256 {new_sha}); nothing to amend")
+    from bistat.declare.design_report import analyse_design
+
     report = analyse_design(exp, base_dir=base_dir)
     when = format_time(now or _utcnow())
     if parse_time(when) < parse_time(old.sealed_utc):
@@ -613,6 +626,8 @@ def _seal_problems(path: Path, data: dict[str, Any]) -> list[str]:
     if sha256_hex(sealed["declaration"]) != sealed["declaration_sha256"]:
         problems.append(f"{path}: declaration_sha256 does not match the declaration; the "
                         "declaration was changed after it was sealed")
+    from bistat.declare.experiment import validate_experiment
+
     try:
         exp = validate_experiment(sealed["declaration"], source=f"{path}: declaration")
         if not _sealed_within(sealed["declaration"], exp.resolved()):
@@ -848,6 +863,8 @@ def _has_data(run_dir: Path) -> bool:
 
 
 def _jsonl(path: Path) -> Iterable[tuple[int, dict[str, Any]]]:
+    from bistat.store.readers import iter_jsonl_strict
+
     try:
         yield from iter_jsonl_strict(path)
     except RecordsError as exc:

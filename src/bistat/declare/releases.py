@@ -19,10 +19,12 @@ from __future__ import annotations
 import datetime as _dt
 import os
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-import httpx
 from packaging.version import InvalidVersion, Version
+
+if TYPE_CHECKING:  # pragma: no cover
+    import httpx
 
 __all__ = ["DEFAULT_INDEX", "INDEX_ENV", "ReleaseCheck", "check_newest_release"]
 
@@ -101,6 +103,8 @@ def check_newest_release(package: str = "vllm", *, index: str | None = None,
         return ReleaseCheck(package, None, when, "off",
                             f"not checked ({INDEX_ENV}=off)")
     url = f"{index}/{package}/json"
+    import httpx   # here: the declaration stage imports this module without checking a release
+
     try:
         with httpx.Client(transport=transport, timeout=timeout_s, follow_redirects=True) as client:
             resp = client.get(url, headers={"Accept": "application/json"})

@@ -62,10 +62,11 @@ from bistat.core.lazy import lazy_module
 
 sps = lazy_module("scipy.stats")
 
-from bistat.store.format import PROBE_GLOB, RecordsError
+from bistat.store.format import RecordsError
 from bistat.declare.run_registration import run_declaration
 from bistat.store.run_dir import RecordedRun
 from bistat.analysis.activation import log_markers
+from bistat.analysis.probe_report import probe_report_paths
 from bistat.analysis.anatomy import (
     JITTER,
     LARGE_DRIFT,
@@ -626,7 +627,7 @@ def _refused(events: list[dict[str, Any]]) -> Cause:
 
 def _probe_reports(run_dir: Path, extra: Sequence[Path]) -> list[tuple[str, dict]]:
     out = []
-    for p in sorted(run_dir.glob(PROBE_GLOB)) + list(extra):
+    for p in probe_report_paths(run_dir) + list(extra):
         try:
             data = json.loads(Path(p).read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:

@@ -16,6 +16,8 @@ Public API::
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from bistat.model.config import ModelConfig
 from bistat.model.errors import (
     CacheCorruptError,
@@ -26,9 +28,13 @@ from bistat.model.errors import (
     ModelNotCachedError,
     UnknownModelError,
 )
-from bistat.model.loader import Model, load_model, load_tokenizer, save_model
 from bistat.model.registry import REGISTRY, ModelSpec, get_spec
-from bistat.model.tokenizer import Tokenizer
+
+if TYPE_CHECKING:  # pragma: no cover
+    from bistat.model.fetch import fetch_model
+    from bistat.model.hf_export import export_hf
+    from bistat.model.loader import Model, load_model, load_tokenizer, save_model
+    from bistat.model.tokenizer import Tokenizer
 
 __all__ = [
     "REGISTRY", "CacheCorruptError", "ConversionError", "DownloadError", "HashMismatchError", "Model",
@@ -37,12 +43,18 @@ __all__ = [
 ]
 
 
+#: Names imported on first use: loading a model needs numpy and the tokenizers package, fetching
+#: and exporting gguf and zipfile handling; the registry, the config and the errors do not.
+_LAZY = {"Model": "loader", "load_model": "loader", "load_tokenizer": "loader",
+         "save_model": "loader", "Tokenizer": "tokenizer", "fetch_model": "fetch",
+         "export_hf": "hf_export"}
+
+
 def __getattr__(name: str):
-    # fetch/export pull in gguf and zipfile handling; import them on first use only
-    if name == "fetch_model":
-        from bistat.model.fetch import fetch_model
-        return fetch_model
-    if name == "export_hf":
-        from bistat.model.hf_export import export_hf
-        return export_hf
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(f"bistat.model.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'bistat.model' has no attribute {name!r}")

@@ -22,17 +22,21 @@ import os
 import struct
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+from bistat.core.lazy import lazy_module
 
-from bistat.model.loader import Model, load_model
+if TYPE_CHECKING:  # pragma: no cover
+    from bistat.model.loader import Model
+
+# numpy loads on first use: `bistat model export --help` lists DTYPES without it
+np = lazy_module("numpy")
 
 __all__ = ["DTYPES", "bf16_to_fp32", "export_hf", "fp32_to_bf16", "read_safetensors", "write_safetensors"]
 
 #: Export dtypes and their safetensors names.
 DTYPES = {"bfloat16": "BF16", "float32": "F32"}
-_NUMPY = {"BF16": np.dtype("<u2"), "F32": np.dtype("<f4")}
+_NUMPY = {"BF16": "<u2", "F32": "<f4"}   # the numpy dtype of each safetensors dtype
 
 
 def fp32_to_bf16(x: np.ndarray) -> np.ndarray:
@@ -62,7 +66,7 @@ def write_safetensors(path: str | Path, tensors: Mapping[str, np.ndarray], *, dt
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r} must be one of {', '.join(map(repr, DTYPES))}")
     st = DTYPES[dtype]
-    itemsize = _NUMPY[st].itemsize
+    itemsize = np.dtype(_NUMPY[st]).itemsize
     header: dict[str, Any] = {"__metadata__": dict(metadata or {"format": "pt"})}
     offset = 0
     names = sorted(tensors)
@@ -146,6 +150,8 @@ def export_hf(model: Model | str | Path, out_dir: str | Path, *, dtype: str = "b
     list of Path
         The files written, sorted.
     """
+    from bistat.model.loader import Model, load_model
+
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r} must be one of {', '.join(map(repr, DTYPES))}")
     if not isinstance(model, Model):

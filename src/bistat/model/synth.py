@@ -54,7 +54,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterable, Iterator, Literal, Sequence
 
-import numpy as np
+from bistat.core.lazy import lazy_module
+
+# numpy loads when a model is written: `bistat synth-model --help` lists ARCHITECTURES without it
+np = lazy_module("numpy")
 
 __all__ = [
     "ARCHITECTURES",

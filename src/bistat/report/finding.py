@@ -15,22 +15,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-import numpy as np
-
 from bistat.engines.registry import capabilities
-from bistat.analysis.summary import (RunSummary, engine_starts, gpu_clocks, host_load,
-                                     time_beyond_graphs)
+from bistat.analysis.results import RunSummary
+from bistat.analysis.timing import FRONT_END_BOUND_SHARE, MIN_SAMPLES_FOR_SHARE  # the first re-exported
 from bistat.core.classify import format_decided
 from bistat.report.index import RELEASE_COMPARISON_TITLE
 from bistat.core.rule import CostRule, Rule, speed_as_evidence_warnings
 from bistat.declare.release_log import release_log_path
-from bistat.analysis.anatomy import kv_tile_boundary, plot_anatomy, render_anatomy_section
+from bistat.report.anatomy import plot_anatomy, render_anatomy_section
 from bistat.report.plots import PLOTS, save_plots
 from bistat.report.seal import SealEvidence
 from bistat.core.markdown import md_cell, md_table
 from bistat.analysis.probe_report import filler_line
 
-#: Suffix of the divergence-anatomy plot (``NAME-anatomy.png``), drawn by ``bistat.analysis.anatomy``.
+#: Suffix of the divergence-anatomy plot (``NAME-anatomy.png``), drawn by ``bistat.report.anatomy``.
 ANATOMY_PLOT = "anatomy"
 
 __all__ = ["FindingFiles", "render_markdown", "write_finding", "render_version_comparison"]
@@ -58,6 +56,10 @@ def _decided_cell(observed: Any, limit: Any) -> str:
             and not isinstance(limit, bool):
         return format_decided(observed, [float(limit)], 4, significant=True)
     return md_cell(observed)
+
+
+def _int(x: int | None) -> str:
+    return "—" if x is None else str(x)
 
 
 def _met(x: bool | None) -> str:
@@ -406,21 +408,18 @@ def _probe_detail(s: RunSummary) -> list[str]:
             rows.append((a.arm, role, "—", "—", "—", "—", f"could not run: {a.error}"))
             continue
         n = len(a.trials)
-        firsts = sorted({t.first_divergence for t in a.trials if t.first_divergence is not None})
         rows.append((a.arm, role,
                      {True: "identical", False: "**different**", None: "—"}[a.alone_repeat_identical],
-                     f"{sum(t.identical for t in a.trials)} / {n}",
+                     f"{a.n_identical} / {n}",
                      ", ".join(str(t.n_fillers) for t in a.trials), f"{a.n_shared} / {n}",
-                     ", ".join(map(str, firsts)) or "—"))
+                     ", ".join(map(str, a.first_divergences)) or "—"))
     pending = (f" Not probed: {', '.join(probe.pending)}." if probe.pending else "")
     fillers = [f"{a.arm}: {filler_line(a)}" for a in probe.arms if a.n_fillers_compared is not None]
     filler_note = [] if not fillers else [
         "The fillers too: each that ran in two or more trials (among other neighbours, at another "
         "place) compared bitwise with its first trial — " + "; ".join(fillers) + ".", ""]
     study = {a.name: a for a in s.arms}
-    missed = [(a, study[a.arm]) for a in probe.arms
-              if not a.error and a.trials and not a.differs and a.arm in study
-              and study[a.arm].n_prompts_diverged]
+    missed = [(a, study[a.arm]) for a in probe.arms if a.arm in s.probe_missed]
     disagree = [] if not missed else [
         "**The probe and the study disagree** on " + ", ".join(
             f"{pa.arm} (needle {pa.n_needle_tokens} tokens; {sa.n_prompts_diverged} "
@@ -446,24 +445,22 @@ def _probe_detail(s: RunSummary) -> list[str]:
 
 
 def _probe_needles(s: RunSummary) -> list[str]:
-    """A kv-sweep probe's outcome per needle (:func:`bistat.analysis.probe_report.needle_verdicts`) and what each
-    arm showed at it; nothing for the single design (reports written before designs)."""
-    from bistat.analysis.probe_report import needle_verdicts
-
+    """A kv-sweep probe's outcome per needle (``ProbeReport.needle_outcomes``) and what each arm
+    showed at it; nothing for the single design (reports written before designs)."""
     probe = s.probe
     if probe is None or not probe.settings.sweep:
         return []
     st = probe.settings
     by_arm = {a.arm: {n.needle: n for n in a.needles} for a in probe.arms if not a.error}
     rows = []
-    for v in needle_verdicts(probe.arms):
+    for v in probe.needle_outcomes:
         cells = []
         for arm in by_arm:
             n = by_arm[arm].get(v.needle)
             if n is None:
                 cells.append("—")
                 continue
-            same = sum(t.identical for t in n.trials)
+            same = n.n_identical
             where = ("" if n.kv_first_divergence is None
                      else f", first at KV length {n.kv_first_divergence}")
             repeat = "" if n.alone_repeat_identical is not False else "; alone twice **different**"
@@ -570,7 +567,7 @@ def _starts_note(s: RunSummary) -> list[str]:
     """Where an arm's counted passes ran in more than one start of its engine: whether passes of
     one start were more alike than passes of different starts, and the ratio with each start as
     one observation beside the per-pass one (a sensitivity analysis; the sealed rule decides)."""
-    starts = engine_starts(s)
+    starts = s.engine_starts
     if starts is None:
         return []
     out = ["**Engine starts.** The counted passes ran in more than one start of their arm's "
@@ -609,7 +606,7 @@ def _starts_note(s: RunSummary) -> list[str]:
 def _host_note(s: RunSummary) -> list[str]:
     """How busy the host was over the counted passes, and whether the slow passes were the busy
     ones (nothing for runs recorded before passes carried their host's load)."""
-    load = host_load(s)
+    load = s.host_load
     if load is None:
         return []
     rows = [(arm, str(n), f"{busy:.0%}", f"{steal:.1%}", f"{other:.0%}")
@@ -636,7 +633,7 @@ def _host_note(s: RunSummary) -> list[str]:
 def _gpu_note(s: RunSummary) -> list[str]:
     """The GPU's SM clock, temperature and power over the counted passes, and whether the slow
     passes ran at a lower clock (nothing for runs recorded before passes sampled the GPU)."""
-    clocks = gpu_clocks(s)
+    clocks = s.gpu_clocks
     if clocks is None:
         return []
 
@@ -694,16 +691,13 @@ def _divergence(s: RunSummary, plot: str) -> list[str]:
            "For each compared prompt that did not match, every counted pass whose output differs "
            "from the arm's first counted pass gives the token index where they first differ.", ""]
     rows = []
-    with_kv = any(d.kv_length is not None for a in s.arms for d in a.divergences)
+    with_kv = any(a.spread.kv_earliest is not None for a in s.arms)
     for a in s.arms:
-        pos = sorted(d.position for d in a.divergences)
-        n = len(pos)
-        row = [a.name, str(len({d.prompt_id for d in a.divergences})), str(n),
-               str(pos[0]) if n else "—", str(pos[(n - 1) // 2]) if n else "—",
-               str(pos[-1]) if n else "—"]
+        sp = a.spread
+        row = [a.name, str(sp.n_prompts), str(sp.n_divergences), _int(sp.earliest),
+               _int(sp.median), _int(sp.latest)]
         if with_kv:
-            kv = sorted(d.kv_length for d in a.divergences if d.kv_length is not None)
-            row += [str(kv[0]) if kv else "—", str(kv[(len(kv) - 1) // 2]) if kv else "—"]
+            row += [_int(sp.kv_earliest), _int(sp.kv_median)]
         rows.append(tuple(row))
     head = ("arm", "prompts", "diverging passes", "earliest", "median (lower)", "latest")
     if with_kv:
@@ -725,33 +719,25 @@ def _divergence(s: RunSummary, plot: str) -> list[str]:
 
 
 def _kv_tile_boundary(s: RunSummary) -> list[str]:
-    """Arms whose every first divergence lies just past a power-of-two KV length: below one KV
-    tile of the attention kernel, any tile width reduces a row the same way, so divergences that
-    start exactly at tile + 1 point at the attention kernel's KV tile changing with the batch
-    (FlashAttention 3 on Hopper picks its tile from the batch's longest query)."""
-    by_tile: dict[int, list[tuple[str, int, int, int, int]]] = {}
-    for a in s.arms:
-        kv = [d.kv_length for d in a.divergences if d.kv_length is not None]
-        tile = kv_tile_boundary(kv)
-        if tile is None:
-            continue
-        prompts = [d.n_prompt_tokens for d in a.divergences if d.n_prompt_tokens is not None]
-        by_tile.setdefault(tile, []).append(
-            (a.name, len(kv), sum(k == tile + 1 for k in kv), min(prompts), max(prompts)))
+    """Arms whose every first divergence lies just past a power-of-two KV length
+    (``RunSummary.kv_tiles``): divergences that start exactly at tile + 1 point at the attention
+    kernel's KV tile changing with the batch (FlashAttention 3 on Hopper picks its tile from the
+    batch's longest query)."""
     out = []
-    for tile, arms in sorted(by_tile.items()):
-        which = "; ".join(f"{name} (all {n}, {at} exactly at {tile + 1})"
-                          for name, n, at, _, _ in arms)
-        lo, hi = min(a[3] for a in arms), max(a[4] for a in arms)
+    for kt in s.kv_tiles:
+        tile = kt.tile
+        which = "; ".join(f"{a.arm} (all {a.n_divergences}, {a.n_at_boundary} exactly at "
+                          f"{tile + 1})" for a in kt.arms)
         out += [f"Every first divergence lies at a KV length of {tile + 1} or more in arm(s) "
-                f"{which}, although every output began at {lo}-{hi} keys. {tile} keys is one "
+                f"{which}, although every output began at {kt.min_prompt_tokens}-"
+                f"{kt.max_prompt_tokens} keys. {tile} keys is one "
                 f"attention tile of {tile}: up to it, any tile width reduces a row in the same "
                 f"order; past it, a kernel whose KV tile width changes with the batch does not "
                 f"(FlashAttention 3 on Hopper picks 128 or 192 keys per tile at head size 64 "
                 f"from the batch's longest query). An attention backend with a fixed tile "
                 f"(TRITON_ATTN in batch-invariant mode) is the test.", ""]
-    if by_tile:
-        out += _kv_tile_advice(s, [a[0] for arms in by_tile.values() for a in arms])
+    if s.kv_tiles:
+        out += _kv_tile_advice(s, [a.arm for kt in s.kv_tiles for a in kt.arms])
     return out
 
 
@@ -767,17 +753,6 @@ def _kv_tile_advice(s: RunSummary, arms: Sequence[str]) -> list[str]:
             *[f"- {x}" for x in lines], ""]
 
 
-#: Below this share of the client's in-flight requests running in the engine, the finding says
-#: that the front end, not the engine, set the batch.
-FRONT_END_BOUND_SHARE = 0.75
-
-#: Fewest engine metric samples a counted pass needs before its mean running batch is compared
-#: with the requests in flight. vLLM's gauges lag: the offline engine's first sample of a pass,
-#: read after its first step, says 0 running, and so does the last, read after the pass; a pass
-#: shorter than two sampling periods (h200-cost-qwen3-8b-latency-b8: 0.75 s passes, 1 s
-#: sampling) has only those two, and its "mean running" of 0 says nothing about the batch.
-MIN_SAMPLES_FOR_SHARE = 4
-
 def _batching(s: RunSummary, plot: str) -> list[str]:
     out = ["## Batching", "",
            "From the engine's metrics samples of each pass; *in flight* is what bistat had "
@@ -787,35 +762,29 @@ def _batching(s: RunSummary, plot: str) -> list[str]:
              _f(p.mean_waiting, 2), _f(p.preemptions, 0)) for p in s.passes]
     out += [md_table(("schedule position", "arm", "pass", "kind", "samples", "mean in flight",
                       "mean running", "max running", "mean waiting", "preemptions"), rows), ""]
-    counted = [p for p in s.passes if p.counted and p.mean_running is not None
-               and p.client_in_flight]
-    shares = [(p.mean_running / p.client_in_flight, p) for p in counted
-              if p.n_metric_samples >= MIN_SAMPLES_FOR_SHARE]
-    if counted and not shares:
-        most = max(p.n_metric_samples for p in counted)
+    share = s.running_share
+    if share is not None and not share.compared:
         out += [f"Too few engine metric samples to tell how the engine batched: every counted "
-                f"pass has at most {most} (at least {MIN_SAMPLES_FOR_SHARE} are needed; the "
+                f"pass has at most {share.most_samples} (at least {MIN_SAMPLES_FOR_SHARE} are needed; the "
                 "first and last samples of a pass read the engine's gauges before and after "
                 "its work), so the running batch is not compared with the requests in flight.",
                 ""]
     # an engine without a front end takes requests straight into its scheduler: the front-end
     # diagnosis does not apply to it
-    if shares and not capabilities(s.engine_kind or "").front_end:
+    if share is not None and share.compared and not capabilities(s.engine_kind or "").front_end:
         out += [f"Engine kind {s.engine_kind}: bistat hands requests straight to the engine "
                 "(no API server), so no front end stands between the requests in flight and "
                 "the running batch; the gauges are read between engine steps and lag them.", ""]
-    elif shares:
-        low, at = min(shares, key=lambda x: (x[0], x[1].seq))
-        high = max(x[0] for x in shares)
+    elif share is not None and share.compared:
+        low, high, at = share.low, share.high, share.lowest
         where = f"{at.arm} pass {at.pass_index} (schedule position {at.seq})"
-        if low < FRONT_END_BOUND_SHARE:
-            waiting = max((p.mean_waiting or 0.0) for _, p in shares)
+        if share.front_end_bound:
             out += [f"**The front end, not the engine, set the batch:** in counted passes the "
                     f"engine's running batch was {low:.0%}–{high:.0%} of the requests in flight "
                     f"(lowest: {where})"
                     + (", with none waiting in its scheduler, so the others sat in the server's "
                        "front end (API server, tokenization, output processing) or the client."
-                       if waiting < 0.5 else "; the rest waited in its scheduler.")
+                       if share.none_waiting else "; the rest waited in its scheduler.")
                     + " The throughput ratios then compare front ends as much as engines.", ""]
         else:
             out += [f"In counted passes the engine's running batch was {low:.0%}–{high:.0%} of "
@@ -828,7 +797,7 @@ def _batching(s: RunSummary, plot: str) -> list[str]:
 def _beyond_graphs(s: RunSummary) -> list[str]:
     """Where the running batch outgrew the engine's CUDA graphs (issue 23: steps beyond the
     CUDA-graph sizes launch every kernel from the host, where a launcher's per-call cost shows)."""
-    found = time_beyond_graphs(s)
+    found = s.beyond_graphs
     if not found:
         return []
     if all(b.seconds_beyond == 0 for b in found):
@@ -915,28 +884,16 @@ def _anatomy(s: RunSummary, plot: str | None) -> list[str]:
 def _latency(s: RunSummary) -> list[str]:
     """Batch latency, for workloads of one batch per pass (``n_prompts == concurrency``: the
     published latency workload, as ``vllm bench latency --batch-size`` measures it)."""
-    wl = s.declaration.get("workload", {})
-    if wl.get("n_prompts") != wl.get("concurrency"):
+    lat = s.batch_latency
+    if lat is None:
         return []
-    rows = []
-    for arm in dict.fromkeys(p.arm for p in s.passes):
-        # a pass is a batch latency only when every request of the batch was answered
-        whole = [p for p in s.passes if p.arm == arm and p.counted and p.wall_s and not p.n_failed]
-        walls = [p.wall_s for p in whole]
-        per_token = [p.wall_s / (p.output_tokens / p.n_requests) for p in whole
-                     if p.output_tokens and p.n_requests]
-        if not walls:
-            rows.append((arm, "0", "—", "—", "—"))
-            continue
-        rows.append((arm, str(len(walls)), _f(float(np.median(walls)), 4),
-                     _f(float(np.percentile(walls, 90)), 4),
-                     _f(float(np.median(per_token)) * 1e3, 3) if per_token else "—"))
+    rows = [(a.arm, str(a.n_passes), _f(a.median_s, 4), _f(a.p90_s, 4),
+             _f(a.median_ms_per_token, 3)) for a in lat.arms]
     cl = f"{s.confidence_level * 100:g} %"
-    ratio_rows = [(f"{c.treatment} ÷ {c.control}", _f(1.0 / c.ratio_point),
-                   f"[{1.0 / c.ratio.interval.high:.4f}, {1.0 / c.ratio.interval.low:.4f}]")
-                  for c in s.comparisons if c.ratio is not None and c.ratio_point]
+    ratio_rows = [(f"{r.treatment} ÷ {r.control}", _f(r.point), f"[{r.low:.4f}, {r.high:.4f}]")
+                  for r in lat.ratios]
     return ["## Batch latency", "",
-            f"One batch of {wl.get('n_prompts')} requests per pass: a pass's wall time is the "
+            f"One batch of {lat.n_prompts} requests per pass: a pass's wall time is the "
             "batch latency; time per output token is that latency divided by the tokens each "
             "request generated. Counted passes with a failed request are left out (their wall "
             "time is not a batch's latency).", "",
@@ -970,7 +927,7 @@ def write_finding(summary: RunSummary, out_dir: str | Path, *,
     """Write ``out_dir/NAME.md`` and its plots ``out_dir/NAME-*.png``; return the paths.
 
     The plots are :data:`bistat.report.plots.PLOTS` and, with an anatomy, ``NAME-anatomy.png``
-    (``bistat.analysis.anatomy.plot_anatomy``). ``seal``: as for :func:`render_markdown`.
+    (``bistat.report.anatomy.plot_anatomy``). ``seal``: as for :func:`render_markdown`.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

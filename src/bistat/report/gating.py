@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from bistat.core.exitcodes import OK, VERDICT_CODES
 
 if TYPE_CHECKING:  # pragma: no cover
-    from bistat.analysis.summary import RunSummary
+    from bistat.analysis.results import RunSummary
 
 __all__ = [
     "FAILABLE_LABELS",

@@ -1,4 +1,4 @@
-"""The finding's PNG plots, drawn from a finished :class:`bistat.analysis.summary.RunSummary`.
+"""The finding's PNG plots, drawn from a finished :class:`bistat.analysis.results.RunSummary`.
 
 Every plot uses matplotlib's object API on a bare :class:`matplotlib.figure.Figure` (rendered by
 Agg), under matplotlib's default style whatever the user's ``matplotlibrc`` says, with a fixed
@@ -17,7 +17,7 @@ import matplotlib.style
 from matplotlib.figure import Figure
 
 if TYPE_CHECKING:  # pragma: no cover
-    from bistat.analysis.summary import RunSummary
+    from bistat.analysis.results import RunSummary
 
 __all__ = ["PLOTS", "save_plots", "match_forest", "throughput_passes", "divergence_positions",
            "running_over_time"]

@@ -1,7 +1,8 @@
 """Recording a run: the run loop with resume and GPU checks (``runner``), running a sealed
 registration from its path (``registered``), the prompts it sends (``workload``), the environment
-fingerprint (``fingerprint``) and the batching summary the runner writes and analysis recomputes
-with the same function (``batching``).
+fingerprint (``fingerprint``), the batching summary the runner writes and analysis recomputes
+with the same function (``batching``), and the bitwise needle-in-batch ``probe`` run on the
+engines with what it records (``probe_records``).
 
 This package is also the public API's ``run``: ``bistat.run(registration, ...)`` calls
 :func:`bistat.run.registered.run`. One name cannot be both a subpackage and a function (importing

@@ -2,6 +2,6 @@
 and hashes of the records), ``writer`` (appending them), ``readers`` (reading them back, whichever
 way a table is stored), ``compact`` (Parquet beside the JSONL, plain or slim), ``passes`` (which
 recorded passes count), ``run_dir`` (a run directory opened once, and where its registration
-is), ``enginelog`` (the engine logs kept beside the records) and ``trim`` (slimming a run for
-committing).
+is) and ``enginelog`` (the engine logs kept beside the records). Slimming a run for committing
+(``bistat compact --trim``) reads the analysis, so it lives in ``bistat.analysis.trim``.
 """

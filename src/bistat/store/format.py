@@ -21,11 +21,18 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import math
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-import numpy as np
-import pyarrow as pa
+from bistat.core.lazy import lazy_module
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pyarrow as pa
+
+# numpy loads when a hash is first taken or a numpy value first written: the format's names,
+# constants and errors also serve commands (and every --help) that never read a table
+np = lazy_module("numpy")
 
 __all__ = [
     "SCHEMA_VERSION", "RUN_SCHEMA", "TABLES", "HEADER_FILE", "ENGINE_LOGS_DIR", "NOTES_FILE",
@@ -65,47 +72,61 @@ TRIM_SERVES: dict[str, tuple[str, ...]] = {
     "text": ("text", "token_ids", "token_ids+logprobs"),
 }
 
-# Typed Parquet columns per table. Fields not listed here (nested dicts such as ``batching`` or
-# ``fingerprint``, lists of lists such as ``top_logprobs``, and any field a later writer adds) are
-# stored as JSON text and decoded again on read, so a Parquet read returns what the JSONL read does.
-_COLUMN_TYPES: dict[str, dict[str, pa.DataType]] = {
-    "schedule": {
-        "schema": pa.string(), "event": pa.string(), "seq": pa.int64(), "arm": pa.string(),
-        "pass_index": pa.int64(), "kind": pa.string(), "block": pa.int64(),
-        "time_utc": pa.string(), "status": pa.string(), "n_failed": pa.int64(),
-    },
-    "responses": {
-        "schema": pa.string(), "arm": pa.string(), "seq": pa.int64(), "pass_index": pa.int64(),
-        "kind": pa.string(), "prompt_id": pa.string(), "prompt_index": pa.int64(),
-        "token_ids": pa.list_(pa.int64()), "text": pa.string(),
-        "logprobs": pa.list_(pa.float64()), "finish_reason": pa.string(),
-        "n_prompt_tokens": pa.int64(), "t_submit": pa.float64(), "t_first_token": pa.float64(),
-        "t_done": pa.float64(), "error": pa.string(), "attempts": pa.int64(),
-        "rate_limited": pa.int64(), "retry_wait_s": pa.float64(),
-        "token_sha256": pa.string(), "logprob_sha256": pa.string(),
-    },
-    "passes": {
-        "schema": pa.string(), "arm": pa.string(), "seq": pa.int64(), "pass_index": pa.int64(),
-        "kind": pa.string(), "wall_s": pa.float64(), "n_requests": pa.int64(),
-        "n_failed": pa.int64(), "prompt_tokens": pa.int64(), "output_tokens": pa.int64(),
-        "output_tokens_per_s": pa.float64(), "requests_per_s": pa.float64(),
-        "started_utc": pa.string(),
-    },
-    "metrics": {
-        "schema": pa.string(), "arm": pa.string(), "seq": pa.int64(), "t": pa.float64(),
-        "num_requests_running": pa.float64(), "num_requests_waiting": pa.float64(),
-        "num_preemptions_total": pa.float64(), "generation_tokens_total": pa.float64(),
-        "prompt_tokens_total": pa.float64(), "source": pa.string(),
-        "step_batch_size": pa.float64(),
-    },
-    "environment": {
-        "schema": pa.string(), "arm": pa.string(), "block": pa.int64(),
-    },
-    "events": {
-        "schema": pa.string(), "arm": pa.string(), "event": pa.string(),
-        "time_utc": pa.string(), "detail": pa.string(),
-    },
-}
+def _column_types() -> dict[str, dict[str, pa.DataType]]:
+    """Typed Parquet columns per table. Fields not listed here (nested dicts such as ``batching``
+    or ``fingerprint``, lists of lists such as ``top_logprobs``, and any field a later writer
+    adds) are stored as JSON text and decoded again on read, so a Parquet read returns what the
+    JSONL read does."""
+    import pyarrow as pa
+
+    return {
+        "schedule": {
+            "schema": pa.string(), "event": pa.string(), "seq": pa.int64(), "arm": pa.string(),
+            "pass_index": pa.int64(), "kind": pa.string(), "block": pa.int64(),
+            "time_utc": pa.string(), "status": pa.string(), "n_failed": pa.int64(),
+        },
+        "responses": {
+            "schema": pa.string(), "arm": pa.string(), "seq": pa.int64(), "pass_index": pa.int64(),
+            "kind": pa.string(), "prompt_id": pa.string(), "prompt_index": pa.int64(),
+            "token_ids": pa.list_(pa.int64()), "text": pa.string(),
+            "logprobs": pa.list_(pa.float64()), "finish_reason": pa.string(),
+            "n_prompt_tokens": pa.int64(), "t_submit": pa.float64(), "t_first_token": pa.float64(),
+            "t_done": pa.float64(), "error": pa.string(), "attempts": pa.int64(),
+            "rate_limited": pa.int64(), "retry_wait_s": pa.float64(),
+            "token_sha256": pa.string(), "logprob_sha256": pa.string(),
+        },
+        "passes": {
+            "schema": pa.string(), "arm": pa.string(), "seq": pa.int64(), "pass_index": pa.int64(),
+            "kind": pa.string(), "wall_s": pa.float64(), "n_requests": pa.int64(),
+            "n_failed": pa.int64(), "prompt_tokens": pa.int64(), "output_tokens": pa.int64(),
+            "output_tokens_per_s": pa.float64(), "requests_per_s": pa.float64(),
+            "started_utc": pa.string(),
+        },
+        "metrics": {
+            "schema": pa.string(), "arm": pa.string(), "seq": pa.int64(), "t": pa.float64(),
+            "num_requests_running": pa.float64(), "num_requests_waiting": pa.float64(),
+            "num_preemptions_total": pa.float64(), "generation_tokens_total": pa.float64(),
+            "prompt_tokens_total": pa.float64(), "source": pa.string(),
+            "step_batch_size": pa.float64(),
+        },
+        "environment": {
+            "schema": pa.string(), "arm": pa.string(), "block": pa.int64(),
+        },
+        "events": {
+            "schema": pa.string(), "arm": pa.string(), "event": pa.string(),
+            "time_utc": pa.string(), "detail": pa.string(),
+        },
+    }
+
+
+def __getattr__(name: str) -> Any:
+    """``_COLUMN_TYPES`` (the typed Parquet columns per table), built with pyarrow when first read:
+    only the readers and the compaction need it."""
+    if name == "_COLUMN_TYPES":
+        value = globals()[name] = _column_types()
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 _META_PREFIX = b"bistat."
 _CHUNK_LINES = 20_000
@@ -154,7 +175,7 @@ def _dumps(record: Mapping[str, Any], where: str) -> str:
                           separators=(",", ":"))
     except ValueError as exc:
         bad = sorted(k for k, v in record.items()
-                     if isinstance(v, float) and not np.isfinite(v))
+                     if isinstance(v, float) and not math.isfinite(v))
         raise RecordsError(
             f"{where}: field(s) {bad or '(nested)'} hold NaN or infinity, which JSON cannot "
             f"represent; write null for a value that was not measured"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +47,8 @@ from bistat.store.format import (
 )
 
 __all__ = ["TableRead", "read_header", "read_jsonl", "iter_jsonl_strict", "load_table",
-           "read_table", "trim_info", "check_trim"]
+           "read_table", "trim_info", "check_trim", "optional_float", "optional_int",
+           "optional_str"]
 
 
 @functools.lru_cache(maxsize=64)
@@ -636,3 +638,29 @@ def _check_trim(run_dir: Path, info: Mapping[str, Any] | None,
             f"counted pass when trimmed), but pass {ref} is its reference here: its other "
             f"passes' outputs are kept only to where they first differ from pass "
             f"{trimmed_ref}; {fix}, then trim again")
+
+
+# --------------------------------------------------------------------------------------------
+# one value of a table as read (pandas gives NaN / NA where a record has none)
+
+
+def optional_float(x: Any) -> float | None:
+    """``float(x)``, or None for None, NaN, pandas' missing values and anything not a number."""
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(v) else v
+
+
+def optional_int(x: Any) -> int | None:
+    """``int(x)`` of a number as :func:`optional_float` reads it, else None."""
+    v = optional_float(x)
+    return None if v is None else int(v)
+
+
+def optional_str(x: Any) -> str | None:
+    """A string field as read (pandas gives NaN / NA for a missing string), or None."""
+    if x is None or (not isinstance(x, str) and pd.isna(x)):
+        return None
+    return str(x)
