@@ -48,6 +48,10 @@ analyze data/h200-v034/h200-v034-i23-throughput-qwen3-8b-serial-compiled finding
 # the same goal with both engines up together: stopped after 54 of its 66 counted passes per arm
 # (its NOTES.md), a pilot
 analyze data/h200-v034/h200-v034-i23-throughput-qwen3-8b-concurrent-compiled findings/h200 h200-v034-i23-throughput-qwen3-8b-concurrent-compiled
+# its successor with the passes paired, all 66 passes (recorded elsewhere and imported: its NOTES.md)
+analyze data/h200-v034/h200-v034-i23-throughput-qwen3-8b-paired findings/h200 h200-v034-i23-throughput-qwen3-8b-paired
+# Study 1(a) on vLLM 0.34.0: the FA3 pin, TRITON_ATTN and bistat's whole plugin beside the shipped mode
+analyze data/h200-v034/h200-v034-match-smollm2 findings/h200 h200-v034-match-smollm2
 # Study 1(a) on two releases, both runs under the default rule (r2's exploratory sibling)
 bistat compare data/h200/h200-match-smollm2-r2 data/h200-v033/h200-v033-match-smollm2 \
   --earlier-registration preregistrations/h200-match-smollm2-r2-exploratory.json \

@@ -93,12 +93,13 @@ def test_the_results_at_a_glance_answer_in_at_most_eight_rows(text):
     rows = [line for line in section.splitlines() if line.startswith("| ")][2:]
     assert 1 <= len(rows) <= 8
     assert "/tmp/" not in section
-    assert ("vLLM rows ran on 0.34.0 (the newest release), 0.33.0 (1 minor version older) and "
-            "0.25.0 (9 minor versions older); the newest release is 0.34.0") in section
-    assert ("| vLLM 0.33.0 | NVIDIA H200 | SmolLM2-135M-Instruct | 64, TRITON_ATTN | 541 prompts, "
+    assert ("vLLM rows ran on 0.34.0 (the newest release) and 0.25.0 (9 minor versions older); "
+            "the newest release is 0.34.0") in section
+    # Study 1(a) on the newest release replaced its 0.33.0 rows: TRITON_ATTN holds there
+    assert ("| vLLM 0.34.0 | NVIDIA H200 | SmolLM2-135M-Instruct | 64, TRITON_ATTN | 541 prompts, "
             "64 at a time, ≤ 256 tokens | `VLLM_BATCH_INVARIANT=1` + `--attention-backend "
-            "TRITON_ATTN` | [*working*, 541 / 541](findings/h200/h200-v033-match-smollm2.md) | "
-            "undecidable (throughput): 0.9486 [0.8047, 1.1181] |") in rows
+            "TRITON_ATTN` | [*working*, 541 / 541](findings/h200/h200-v034-match-smollm2.md) | "
+            "undecidable (throughput): 0.9151 [0.8243, 1.0158] |") in rows
     assert "[findings/README.md](findings/README.md)" in section
     for link in re.findall(r"\]\(([^)]+)\)", section):
         assert (ROOT / link).is_file(), link

@@ -350,8 +350,9 @@ def test_the_paired_workload_i_study_is_the_concurrent_one_sized_to_fit_with_its
     release = reg.sealed["engine_release"]
     assert (release["index"], release["error"], release["newest"]) == (
         "https://pypi.org/pypi", None, "0.34.0")
-    assert not any((ROOT / "data" / folder / name).exists()
-                   for folder in ("h200", "h200-v033", "h200-v034"))
+    # recorded after its seal (2026-12-04, elsewhere, imported: its NOTES.md), in data/h200-v034 only
+    assert [folder for folder in ("h200", "h200-v033", "h200-v034")
+            if (ROOT / "data" / folder / name).exists()] == ["h200-v034"]
 
 
 @pytest.mark.parametrize("name", sorted(ISSUE23))
