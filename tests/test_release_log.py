@@ -129,8 +129,8 @@ def test_no_registration_or_no_released_engine_is_an_error_naming_the_fix(tmp_pa
     with pytest.raises(prereg.RegistrationError) as err:
         prereg.check_release(fake.path, release_check=_checker())
     assert str(err.value) == (f"{fake.path}: engine.kind: 'fake' is not released on a package "
-                              "index, so there is no newest release to check (only vllm-offline, "
-                              "vllm-server are)")
+                              "index, so there is no newest release to check (only sglang-server, "
+                              "vllm-offline, vllm-server are)")
 
 
 def _tamper(reg, edit):

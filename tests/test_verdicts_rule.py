@@ -479,8 +479,8 @@ def test_unevaluable_criteria_are_refused_naming_the_criterion_and_the_fix():
         "counted passes per arm, but workload.passes = 1: a single pass always matches itself, "
         "so no arm can diverge; set workload.passes >= 2",
         "experiments/t.toml: rule.labels[0].all[3]: engine_log cannot be evaluated: engine.kind "
-        "'embedded' keeps no engine log (only 'vllm-server', 'vllm-offline' do); remove the "
-        "criterion or run on one of those engines",
+        "'embedded' keeps no engine log (only 'vllm-server', 'vllm-offline', 'sglang-server', "
+        "'command-server' do); remove the criterion or run on one of those engines",
         "experiments/t.toml: rule.cost: the cost rule needs at least 2 counted passes per arm for "
         "the ratio's interval, but workload.passes = 1; set workload.passes >= 2 or remove "
         "[rule.cost]"]
