@@ -687,8 +687,9 @@ def _serial_note(s: RunSummary, plot: str | None) -> list[str]:
                       f"of {name} cannot be put in numbers.")
         elif sp.interval == "hac":
             but = ", but not fully at these pairs" if worst.at_risk else ""
-            effect = (f"The HAC interval allows for it{but}: at the correlation this run shows its stated {pct} covers about "
-                      f"{worst.coverage * 100:.0f} % (the least of the table above).")
+            effect = (f"The HAC interval allows for it{but}: at the correlation this run shows "
+                      f"its stated {pct} covers about {worst.coverage * 100:.0f} % (the least of "
+                      "the table above).")
         elif worst.at_risk:
             effect = (f"{name[0].upper()}{name[1:]} takes {_ASSUMES[sp.interval]} as independent:"
                       f" at the correlation this run shows its stated {pct} covers about "

@@ -755,9 +755,9 @@ def render_index(findings: list[IndexedFinding], base: Path,
                     was = next((b.cost for b in by_name[reading.base].summary.rows
                                 if (b.treatment, b.control) == (r.treatment, r.control)), None)
                     if was is not None and _outcome(was) != _outcome(cost):
-                        cost = (f"{cost}: **changes** (was {_outcome(was)} with the "
-                                f"{INTERVAL_WORDS.get(reading.base_interval, reading.base_interval)}"
-                                " interval)")
+                        other = INTERVAL_WORDS.get(reading.base_interval, reading.base_interval)
+                        cost = (f"{cost}: **changes** (was {_outcome(was)} with the {other} "
+                                "interval)")
                 entries.append((key, sm, dataclasses.replace(r, cost=cost),
                                 f"[{f.name}]({rel}) ({kind})"))
         previous = None
