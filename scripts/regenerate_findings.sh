@@ -10,7 +10,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# run directory -> the registrations analysed against (the first is the one it was recorded under)
+# run directory -> the registrations analysed against (the first is the one it was recorded under;
+# NAME-exploratory: the default rule applied after the data; NAME-hac: the rule that decides the
+# study's cost with the interval that allows for serial correlation, after the data,
+# scripts/hac_declarations.py)
 analyze() {
   local run="$1" out="$2"; shift 2
   for reg in "$@"; do
@@ -20,38 +23,38 @@ analyze() {
 }
 
 for run in h200-match-smollm2:"h200-match-smollm2 h200-match-smollm2-improved h200-match-smollm2-exploratory" \
-           h200-cost-qwen3-8b-latency-b8:"h200-cost-qwen3-8b-latency-b8 h200-cost-qwen3-8b-latency-b8-exploratory" \
-           h200-cost-qwen3-8b-throughput:"h200-cost-qwen3-8b-throughput h200-cost-qwen3-8b-throughput-goal h200-cost-qwen3-8b-throughput-exploratory" \
-           h200-match-qwen3-8b-synth:"h200-match-qwen3-8b-synth h200-match-qwen3-8b-synth-improved h200-match-qwen3-8b-synth-exploratory" \
-           h200-fa3-kv128-smollm2:"h200-fa3-kv128-smollm2 h200-fa3-kv128-smollm2-exploratory" \
-           h200-match-smollm2-r2:"h200-match-smollm2-r2 h200-match-smollm2-r2-improved h200-match-smollm2-r2-exploratory" \
-           h200-cost-qwen3-8b-throughput-r2:"h200-cost-qwen3-8b-throughput-r2 h200-cost-qwen3-8b-throughput-r2-goal h200-cost-qwen3-8b-throughput-r2-exploratory" \
-           h200-cost-qwen3-8b-latency-b32:"h200-cost-qwen3-8b-latency-b32 h200-cost-qwen3-8b-latency-b32-exploratory" \
-           h200-cost-qwen3-1_7b-latency-b8:"h200-cost-qwen3-1_7b-latency-b8 h200-cost-qwen3-1_7b-latency-b8-exploratory"; do
+           h200-cost-qwen3-8b-latency-b8:"h200-cost-qwen3-8b-latency-b8 h200-cost-qwen3-8b-latency-b8-exploratory h200-cost-qwen3-8b-latency-b8-hac" \
+           h200-cost-qwen3-8b-throughput:"h200-cost-qwen3-8b-throughput h200-cost-qwen3-8b-throughput-goal h200-cost-qwen3-8b-throughput-exploratory h200-cost-qwen3-8b-throughput-hac" \
+           h200-match-qwen3-8b-synth:"h200-match-qwen3-8b-synth h200-match-qwen3-8b-synth-improved h200-match-qwen3-8b-synth-exploratory h200-match-qwen3-8b-synth-hac" \
+           h200-fa3-kv128-smollm2:"h200-fa3-kv128-smollm2 h200-fa3-kv128-smollm2-exploratory h200-fa3-kv128-smollm2-hac" \
+           h200-match-smollm2-r2:"h200-match-smollm2-r2 h200-match-smollm2-r2-improved h200-match-smollm2-r2-exploratory h200-match-smollm2-r2-hac" \
+           h200-cost-qwen3-8b-throughput-r2:"h200-cost-qwen3-8b-throughput-r2 h200-cost-qwen3-8b-throughput-r2-goal h200-cost-qwen3-8b-throughput-r2-exploratory h200-cost-qwen3-8b-throughput-r2-hac" \
+           h200-cost-qwen3-8b-latency-b32:"h200-cost-qwen3-8b-latency-b32 h200-cost-qwen3-8b-latency-b32-exploratory h200-cost-qwen3-8b-latency-b32-hac" \
+           h200-cost-qwen3-1_7b-latency-b8:"h200-cost-qwen3-1_7b-latency-b8 h200-cost-qwen3-1_7b-latency-b8-exploratory h200-cost-qwen3-1_7b-latency-b8-hac"; do
   # shellcheck disable=SC2086
   analyze "data/h200/${run%%:*}" findings/h200 ${run#*:}
 done
-analyze data/h200-tp/tp1-match findings/h200 tp1-match tp1-match-exploratory
+analyze data/h200-tp/tp1-match findings/h200 tp1-match tp1-match-exploratory tp1-match-hac
 # the newest vLLM (issues 19 and 22)
-analyze data/h200-v033/h200-v033-match-smollm2 findings/h200 h200-v033-match-smollm2
+analyze data/h200-v033/h200-v033-match-smollm2 findings/h200 h200-v033-match-smollm2 h200-v033-match-smollm2-hac
 # issue 23's end-to-end latency goal on vLLM 0.33.0 (tuned GEMM vs default, batch 8)
-analyze data/h200-v033/h200-v033-i23-latency-qwen3-8b-b8 findings/h200 h200-v033-i23-latency-qwen3-8b-b8
-analyze data/h200-v033/h200-v033-i23-latency-qwen3-17b-b8 findings/h200 h200-v033-i23-latency-qwen3-17b-b8
+analyze data/h200-v033/h200-v033-i23-latency-qwen3-8b-b8 findings/h200 h200-v033-i23-latency-qwen3-8b-b8 h200-v033-i23-latency-qwen3-8b-b8-hac
+analyze data/h200-v033/h200-v033-i23-latency-qwen3-17b-b8 findings/h200 h200-v033-i23-latency-qwen3-17b-b8 h200-v033-i23-latency-qwen3-17b-b8-hac
 # issue 23's batch-8 latency goal on vLLM 0.34.0, with the tuned GEMM compiled as a third arm
-analyze data/h200-v034/h200-v034-i23-latency-qwen3-8b-b8-compiled findings/h200 h200-v034-i23-latency-qwen3-8b-b8-compiled
+analyze data/h200-v034/h200-v034-i23-latency-qwen3-8b-b8-compiled findings/h200 h200-v034-i23-latency-qwen3-8b-b8-compiled h200-v034-i23-latency-qwen3-8b-b8-compiled-hac
 # the same three arms on vLLM 0.34.0 at batch 32 and on the Qwen3-1.7B shape at batch 8
-analyze data/h200-v034/h200-v034-i23-latency-qwen3-8b-b32-compiled findings/h200 h200-v034-i23-latency-qwen3-8b-b32-compiled
-analyze data/h200-v034/h200-v034-i23-latency-qwen3-17b-b8-compiled findings/h200 h200-v034-i23-latency-qwen3-17b-b8-compiled
+analyze data/h200-v034/h200-v034-i23-latency-qwen3-8b-b32-compiled findings/h200 h200-v034-i23-latency-qwen3-8b-b32-compiled h200-v034-i23-latency-qwen3-8b-b32-compiled-hac
+analyze data/h200-v034/h200-v034-i23-latency-qwen3-17b-b8-compiled findings/h200 h200-v034-i23-latency-qwen3-17b-b8-compiled h200-v034-i23-latency-qwen3-17b-b8-compiled-hac
 # issue 23's workload-(i) goal on vLLM 0.34.0, one engine resident at a time: stopped after 11 of
 # its 24 counted passes per arm (its NOTES.md), a pilot
-analyze data/h200-v034/h200-v034-i23-throughput-qwen3-8b-serial-compiled findings/h200 h200-v034-i23-throughput-qwen3-8b-serial-compiled
+analyze data/h200-v034/h200-v034-i23-throughput-qwen3-8b-serial-compiled findings/h200 h200-v034-i23-throughput-qwen3-8b-serial-compiled h200-v034-i23-throughput-qwen3-8b-serial-compiled-hac
 # the same goal with both engines up together: stopped after 54 of its 66 counted passes per arm
 # (its NOTES.md), a pilot
-analyze data/h200-v034/h200-v034-i23-throughput-qwen3-8b-concurrent-compiled findings/h200 h200-v034-i23-throughput-qwen3-8b-concurrent-compiled
+analyze data/h200-v034/h200-v034-i23-throughput-qwen3-8b-concurrent-compiled findings/h200 h200-v034-i23-throughput-qwen3-8b-concurrent-compiled h200-v034-i23-throughput-qwen3-8b-concurrent-compiled-hac
 # its successor with the passes paired, all 66 passes (recorded elsewhere and imported: its NOTES.md)
-analyze data/h200-v034/h200-v034-i23-throughput-qwen3-8b-paired findings/h200 h200-v034-i23-throughput-qwen3-8b-paired
+analyze data/h200-v034/h200-v034-i23-throughput-qwen3-8b-paired findings/h200 h200-v034-i23-throughput-qwen3-8b-paired h200-v034-i23-throughput-qwen3-8b-paired-hac
 # Study 1(a) on vLLM 0.34.0: the FA3 pin, TRITON_ATTN and bistat's whole plugin beside the shipped mode
-analyze data/h200-v034/h200-v034-match-smollm2 findings/h200 h200-v034-match-smollm2
+analyze data/h200-v034/h200-v034-match-smollm2 findings/h200 h200-v034-match-smollm2 h200-v034-match-smollm2-hac
 # Study 1(a) on two releases, both runs under the default rule (r2's exploratory sibling)
 bistat compare data/h200/h200-match-smollm2-r2 data/h200-v033/h200-v033-match-smollm2 \
   --earlier-registration preregistrations/h200-match-smollm2-r2-exploratory.json \

@@ -293,7 +293,7 @@ def test_cli_analyze_and_compact(tiny, monkeypatch):
     res = runner.invoke(cli, ["analyze", "run", "--out", "out"], catch_exceptions=False)
     assert res.exit_code == 0
     lines = res.output.splitlines()
-    assert lines[:3] == ["wrote out/tiny.md and 5 plots", "trt vs ctl: working",
+    assert lines[:3] == ["wrote out/tiny.md and 6 plots", "trt vs ctl: working",
                          "  Batch invariance is working by the registered rule."]
     # then the one-screen CI summary (bistat.report.gating.ci_summary)
     assert lines[3].startswith("bistat: tiny run run (registration ")
@@ -303,7 +303,7 @@ def test_cli_analyze_and_compact(tiny, monkeypatch):
     assert lines[-1] == "exit 0: no --fail-on given: every verdict exits 0"
     assert sorted(p.name for p in (tmp / "out").iterdir()) == [
         "tiny-anatomy.png", "tiny-divergence.png", "tiny-match.png", "tiny-running.png",
-        "tiny-throughput.png", "tiny.md"]
+        "tiny-serial.png", "tiny-throughput.png", "tiny.md"]
     res = runner.invoke(cli, ["analyze", "run", "--out", "out", "--json"], catch_exceptions=False)
     data = json.loads(res.stdout)  # the CI summary goes to stderr with --json
     assert res.stderr.splitlines()[-1] == "exit 0: no --fail-on given: every verdict exits 0"

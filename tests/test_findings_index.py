@@ -274,8 +274,8 @@ def test_the_committed_index_opens_with_the_answers_newest_release_first(committ
         "### vLLM 0.25.0 on NVIDIA H200", "### embedded 0.1.0 on no GPU"]
     assert "/tmp/" not in answers_part
     assert ("vLLM 0.25.0 is 9 minor versions older than 0.34.0, the newest release (pypi.org, "
-            "checked 2026-12-04T20:16:07Z at the registration of h200-v034-match-smollm2)."
-            in lines)
+            "checked 2026-12-04T22:12:17Z at the registration of "
+            "h200-cost-qwen3-1_7b-latency-b8-hac)." in lines)
     assert ("| SmolLM2-135M-Instruct | 64 | FLASH_ATTN (FA3) | `VLLM_BATCH_INVARIANT=1` + "
             "`BISTAT_FA3_PIN=1` | 541 prompts, 64 at a time, ≤ 256 tokens | *working* | 541 / 541 "
             "| undecidable (throughput) | 0.9720 [0.8075, 1.1700] | "
@@ -295,8 +295,11 @@ def test_the_newest_release_is_the_latest_check_the_registrations_recorded(commi
     from bistat.report.index import release_words
 
     newest = committed[3]["vllm"]
+    # the latest check is the one made once for the 19 HAC readings sealed together
+    # (scripts/hac_declarations.py --register); of registrations checked at the same second, the
+    # first by path is named
     assert (newest.version, newest.checked_utc, newest.where) == (
-        "0.34.0", "2026-12-04T20:16:07Z", "the registration of h200-v034-match-smollm2")
+        "0.34.0", "2026-12-04T22:12:17Z", "the registration of h200-cost-qwen3-1_7b-latency-b8-hac")
     assert release_words("vLLM 0.33.0", committed[3]).startswith(
         "vLLM 0.33.0 is 1 minor version older than 0.34.0, the newest release")
     assert release_words("embedded 0.1.0", committed[3]) is None

@@ -89,6 +89,12 @@ FINDINGS = {
 #: issue 18): NAME-exploratory for each run's own registration NAME
 FINDINGS.update({f"{run.name}-exploratory": (run, f"{run.name}-exploratory")
                  for run in (SMOL, B8, THR, SYNTH, KV128, R2, THR2, B32, B8_17, TP1)})
+#: the rule that decides each study's cost with the HAC interval, registered after the data
+#: (scripts/hac_declarations.py): NAME-hac for each run's own registration NAME whose passes pair
+HAC_RUNS = (B8, THR, SYNTH, KV128, R2, THR2, B32, B8_17, TP1, V033_SMOL, I23_B8, I23_B8_17,
+            I23_B8_V034, I23_B32_V034, I23_B8_17_V034, I23_SERIAL_V034, I23_CONC_V034,
+            I23_PAIRED_V034, V034_SMOL)
+FINDINGS.update({f"{run.name}-hac": (run, f"{run.name}-hac") for run in HAC_RUNS})
 GPU = "GPU-5a063f7e-dba3-0564-e90e-802315aa3708"
 
 

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "synthetic"
 FINDINGS = ROOT / "findings"
 NAME = "synthetic-example"
-PLOTS = ("match", "throughput", "divergence", "running", "anatomy")
+PLOTS = ("match", "throughput", "serial", "divergence", "running", "anatomy")
 
 
 @pytest.fixture(scope="module")

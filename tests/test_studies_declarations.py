@@ -79,6 +79,24 @@ EXPLORATORY = [f"{n}-exploratory" for n in (
     "h200-fixture-triton-attn")]
 
 
+#: The rule that decides each committed study's cost with the HAC interval, registered after the
+#: data (scripts/hac_declarations.py): NAME-hac -> the registration whose rule it varies.
+HAC = {f"{run}-hac": base for run, base in {
+    **{n: f"{n}-exploratory" for n in (
+        "h200-cost-qwen3-8b-latency-b8", "h200-cost-qwen3-8b-throughput",
+        "h200-match-qwen3-8b-synth", "h200-fa3-kv128-smollm2", "h200-match-smollm2-r2",
+        "h200-cost-qwen3-8b-throughput-r2", "h200-cost-qwen3-8b-latency-b32",
+        "h200-cost-qwen3-1_7b-latency-b8", "tp1-match")},
+    **{n: n for n in (
+        "h200-v033-match-smollm2", "h200-v033-i23-latency-qwen3-8b-b8",
+        "h200-v033-i23-latency-qwen3-17b-b8", "h200-v034-i23-latency-qwen3-8b-b8-compiled",
+        "h200-v034-i23-latency-qwen3-8b-b32-compiled",
+        "h200-v034-i23-latency-qwen3-17b-b8-compiled",
+        "h200-v034-i23-throughput-qwen3-8b-serial-compiled",
+        "h200-v034-i23-throughput-qwen3-8b-concurrent-compiled",
+        "h200-v034-i23-throughput-qwen3-8b-paired", "h200-v034-match-smollm2")}}.items()}
+
+
 #: The re-runs on the newest vLLM (issues 19 and 22), registered under the default rule before
 #: their data, each with its vLLM 0.25.0 counterpart.
 NEWEST = {"h200-v033-match-smollm2": "h200-match-smollm2-r2",
@@ -140,7 +158,7 @@ def test_the_declarations_are_the_whole_set():
     assert names == (set(ALL) | set(FIXTURES) | set(PROBES) | set(MECHANISM) | set(EXPLORATORY)
                      | set(NEWEST) | set(ISSUE23) | set(ISSUE23_COMPILED) | set(ISSUE23_V034)
                      | set(ISSUE23_V034_NEXT) | set(ISSUE23_V034_CONCURRENT)
-                     | set(ISSUE23_V034_PAIRED) | set(ISSUE33_SGLANG)
+                     | set(ISSUE23_V034_PAIRED) | set(ISSUE33_SGLANG) | set(HAC)
                      | {twin for twin, _ in ISSUE33_SGLANG.values()})
 
 
@@ -436,6 +454,36 @@ def test_each_exploratory_declaration_is_its_runs_declaration_with_the_default_r
     (run,) = [r for r in runs if r.is_dir()]
     created = json.loads((run / "run.json").read_text())["created_utc"]
     assert mine.sealed_utc > created > theirs.sealed_utc
+
+
+@pytest.mark.parametrize("name", sorted(HAC))
+def test_each_hac_declaration_is_its_runs_declaration_with_the_cost_interval_hac(name):
+    """Sealed after the run's data, a sibling of the registration the run was recorded under: the
+    same resolved declaration but for the name and the rule, which is the rule that decides the
+    study's cost (its own, or the default rule applied after the data) with interval = "hac"
+    (cosine, "llsw"), and nothing else changed; the rule it varies keeps its own interval."""
+    import json
+
+    from bistat.declare.prereg import load_registration
+
+    run_name, base = name.removesuffix("-hac"), HAC[name]
+    mine = load_registration(ROOT / "preregistrations" / f"{name}.json")
+    theirs = load_registration(ROOT / "preregistrations" / f"{run_name}.json")
+    varied = load_registration(ROOT / "preregistrations" / f"{base}.json").experiment().rule
+    assert varied.cost is not None and varied.cost.interval in ("welch", "paired")
+    rule = mine.experiment().rule
+    assert rule.cost.model_dump() == {**varied.cost.model_dump(), "interval": "hac",
+                                      "hac_kernel": "cosine", "hac_bandwidth": "llsw"}
+    assert rule.model_copy(update={"cost": varied.cost}) == varied
+    a, b = mine.experiment().resolved(), theirs.experiment().resolved()
+    for data in (a, b):
+        del data["name"], data["rule"]
+    assert a == b
+    assert mine.experiment().resolved() == load_experiment(EXP / f"{name}.toml").resolved()
+    (run,) = [r for r in (ROOT / "data").glob(f"*/{run_name}") if r.is_dir()]
+    created = json.loads((run / "run.json").read_text())["created_utc"]
+    assert mine.sealed_utc > created > theirs.sealed_utc
+    assert mine.sealed["git"]["declaration_state"] == "clean"
 
 
 def test_the_kv128_test_keeps_every_token_within_one_128_key_tile():

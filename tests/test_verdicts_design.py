@@ -281,8 +281,15 @@ def test_activation_and_cost_design_figures_at_the_declared_plan():
     assert beats.tests == (("mcnemar", design.power_mcnemar(288, 1.0, 0.96, 0.05)),)
     cost = report.cost
     assert cost.passes_per_arm == 3 and cost.cv == 0.05
-    assert dict(cost.outcomes)[1.0] == design.cost_outcome_probabilities(0.10, 1.0, 3, 0.05)
-    assert dict(cost.passes_to_decide)[1.0] == design.passes_to_decide(0.10, 1.0, 0.05)
+    # the template's cost interval is "hac" (bistat new's default), and it is planned as one: at
+    # 3 pairs its 2 cosine terms are the paired t's, not Welch's 4 degrees of freedom
+    from bistat.core.serial import HacSpec
+    assert (cost.interval, cost.hac_terms, cost.rho) == ("hac", 2, 0.0)
+    hac = design.cost_outcome_probabilities(0.10, 1.0, 3, 0.05, hac=HacSpec())
+    assert dict(cost.outcomes)[1.0] == hac
+    assert hac != design.cost_outcome_probabilities(0.10, 1.0, 3, 0.05)
+    assert dict(cost.passes_to_decide)[1.0] == design.passes_to_decide(0.10, 1.0, 0.05,
+                                                                       hac=HacSpec())
     text = format_design(report)
     assert "Activation criteria (288 prompts; assumed match rates 1 treatment, 0.96 control):" \
         in text

@@ -16,6 +16,7 @@ from bistat.analysis import anatomy as anat
 from bistat.analysis import timing
 from bistat.analysis.passes import MetricsSeries, PassSummary
 from bistat.analysis.probe_report import ProbeReport
+from bistat.analysis.serial import SerialPasses
 from bistat.core import stats
 from bistat.core.classify import RunTestable, ValidityCheck
 from bistat.declare.engine_version import EngineVersionReport
@@ -284,6 +285,9 @@ class RunSummary:
     exploratory: bool = False
     #: the registration the run was recorded under, when analysed against a sibling
     recorded_registration: str | None = None
+    #: each arm's passes and each comparison's pairs in pass order: their serial correlation,
+    #: and the coverage of the rule's cost interval at it (bistat.analysis.serial)
+    serial: SerialPasses | None = None
 
     # What the fields above show, computed once when the summary is made (and made again by
     # ``dataclasses.replace``); the finding and ``bistat analyze --json`` read these.

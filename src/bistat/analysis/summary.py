@@ -82,6 +82,7 @@ from bistat.analysis import validity as valid
 from bistat.analysis.matching import Matching, match_arms
 from bistat.analysis.passes import MetricsSeries, PassSummary, pass_latencies, pass_summaries
 from bistat.analysis.probe_report import ProbeReportError, read_probe_reports
+from bistat.analysis.serial import serial_passes
 from bistat.analysis.results import (AnalysisError, ArmComparison, ArmEnvironment, ArmSummary,
                                      Divergence, RunSummary, SiblingVerdict)
 from bistat.analysis.siblings import display_path, sealed_after_data, sibling_registrations
@@ -136,7 +137,8 @@ def analyze_run(run_dir: str | Path | RecordedRun,
     run and why an arm cannot be tested are found (:mod:`bistat.analysis.validity`); the probe's
     and the engine logs' activation evidence is read; every treatment is compared with the
     control and classified (:func:`_comparisons`), and again under each sibling registration's
-    rule (:func:`_sibling_verdicts`).
+    rule (:func:`_sibling_verdicts`); the passes' serial correlation is measured on the values the
+    cost rule reads (:func:`bistat.analysis.serial.serial_passes`).
 
     Parameters
     ----------
@@ -240,7 +242,9 @@ def analyze_run(run_dir: str | Path | RecordedRun,
             if (size := cudagraph_sizes(starts[max(starts)])) is not None),
         exploratory=registered.exploratory, recorded_registration=(
             display_path(sibling_of.path) if sibling_of is not None else None),
-        engine_version=engine_version)
+        engine_version=engine_version,
+        serial=serial_passes(exp.rule, [(control, treatment)
+                                        for control, treatment, *_ in pairs]))
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,8 @@ __all__ = [
     "PairedCounts",
     "RatioSummary",
     "classify_cost",
+    "paired_passes",
+    "paired_values",
     "format_decided",
     "ArmStats",
     "ValidityCheck",
@@ -999,7 +1001,7 @@ def classify_cost(cost: CostRule, control: ArmStats, treatment: ArmStats, *,
                               f"{len(tv)} (treatment) and {len(cv_)} (control)")
     paired = cost.interval in ("paired", "hac")
     if paired:
-        pt, pc = _paired_values(treatment, control, metric)
+        pt, pc = paired_values(treatment, control, metric)
         if len(pt) < 2:
             return dataclasses.replace(verdict(
                 CostOutcome.UNDECIDABLE,
@@ -1038,20 +1040,30 @@ def classify_cost(cost: CostRule, control: ArmStats, treatment: ArmStats, *,
     return dataclasses.replace(decided, n_pairs=rr.n_treatment) if paired else decided
 
 
-def _paired_values(treatment: ArmStats, control: ArmStats, metric: str
-                   ) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """The metric's values of the passes both arms have, paired by pass index (by position when
-    the arms' pass indices are not known), in pass order."""
+def paired_passes(treatment: ArmStats, control: ArmStats, metric: str
+                  ) -> tuple[tuple[int, ...], tuple[float, ...], tuple[float, ...]]:
+    """The metric's values (``"throughput"`` or ``"latency"``) of the passes both arms have,
+    paired by pass index, in pass order, with those pass indices (by position, ``0, 1, ...``,
+    when the arms' pass indices are not known): what a paired or HAC cost interval reads, and
+    the pairs whose serial correlation the analysis reports (``bistat.analysis.serial``)."""
     values, passes = (("pass_throughputs", "throughput_passes") if metric == "throughput"
                       else ("pass_latencies", "latency_passes"))
     tv, cv_ = getattr(treatment, values), getattr(control, values)
     tk, ck = getattr(treatment, passes), getattr(control, passes)
     if len(tk) != len(tv) or len(ck) != len(cv_) or not tk or not ck:
         n = min(len(tv), len(cv_))
-        return tuple(tv[:n]), tuple(cv_[:n])
+        return tuple(range(n)), tuple(tv[:n]), tuple(cv_[:n])
     by_pass = dict(zip(ck, cv_))
-    pairs = [(v, by_pass[k]) for k, v in sorted(zip(tk, tv)) if k in by_pass]
-    return tuple(v for v, _ in pairs), tuple(c for _, c in pairs)
+    pairs = [(k, v, by_pass[k]) for k, v in sorted(zip(tk, tv)) if k in by_pass]
+    return (tuple(k for k, _, _ in pairs), tuple(v for _, v, _ in pairs),
+            tuple(c for _, _, c in pairs))
+
+
+def paired_values(treatment: ArmStats, control: ArmStats, metric: str
+                  ) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """:func:`paired_passes` without the pass indices: the treatment's and the control's values."""
+    _, tv, cv_ = paired_passes(treatment, control, metric)
+    return tv, cv_
 
 
 def _decide_cost(cost: CostRule, iv: stats.Interval, point: float | None, verdict, pooled,

@@ -1076,6 +1076,12 @@ RHO_MAX = 0.95
 #: How far below nominal a declared interval's coverage may fall before the design analysis
 #: says its assumptions are contradicted: bistat's coverage goal, +-1.5 points.
 COVERAGE_TOLERANCE = 0.015
+#: Fewest pairs of passes whose serial correlation a check of an interval's coverage is made at
+#: (:func:`check_interval_assumptions`, as the design analysis and the finding call it). Below
+#: it the estimate says nothing: the lag-1 autocorrelation of ``n`` values has a standard error
+#: of about ``1 / sqrt(n)``, and its bias correction ``(n r + 1) / (n - 3)`` takes ``r = 0`` to
+#: 1 at 4 pairs, 0.25 at 7; at 8 pairs it takes it to 0.2.
+MIN_PAIRS_TO_CHECK = 8
 #: Rows per block of the Monte Carlo draws of a whole series (bounds the memory at 200 pairs).
 _DRAW_BLOCK = 20_000
 

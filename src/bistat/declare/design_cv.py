@@ -1,6 +1,7 @@
 """The pass-to-pass coefficient of variation (CV) of an earlier run, for the design analysis
-(``design.cv_from``): the pooled CV of its counted passes per arm, and the spread of the pairs of
-passes the schedule ran side by side (for a cost rule's paired interval).
+(``design.cv_from``): the pooled CV of its counted passes per arm, and the spread and serial
+correlation of the pairs of passes the schedule ran side by side (for a cost rule's paired or HAC
+interval).
 
 The earlier run's records are read strictly (an unreadable line is an error, not a gap: a design
 planned on part of a run would mislead) and once per file version, though the CV and the run-time
@@ -12,19 +13,23 @@ from __future__ import annotations
 import functools
 import math
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bistat.core import stats
+from bistat.core import design, stats
 from bistat.declare.errors import DesignError
 from bistat.store.format import RecordsError
 from bistat.store.readers import iter_jsonl_strict
 
 __all__ = [
     "DesignError",
+    "RunPairs",
     "cv_from_run",
+    "pairs_from_run",
     "paired_cv_from_run",
     "read_strict",
+    "serial_from_run",
 ]
 
 
@@ -82,15 +87,28 @@ def cv_from_run(run_dir: str | Path) -> tuple[stats.CVResult, str]:
                  f"{res.df} degrees of freedom)")
 
 
-def paired_cv_from_run(run_dir: str | Path) -> tuple[float, str] | None:
-    """The per-pass CV that plans a paired cost interval (``[rule.cost] interval = "paired"``),
-    from an earlier run of two arms: the standard deviation of the log differences of its passes
-    paired by pass index, over ``sqrt(2)``, as a CV (``sqrt(expm1(s**2))``, the inverse of
-    :func:`bistat.core.design.log_sd_from_cv`): the per-arm CV at which two independent arms'
-    passes would differ as much, which is what the paired planning of
-    :func:`bistat.core.design.cost_outcome_probabilities` takes (with the paired t's ``n - 1``
-    degrees of freedom). None when the run does not have exactly two arms with three or more
-    passes of the same index."""
+@dataclass(frozen=True)
+class RunPairs:
+    """An earlier run's passes paired by pass index (:func:`pairs_from_run`): ``arms`` its two
+    arms (by name), ``passes`` the pass indices both have, in pass order, and ``first``,
+    ``second`` each arm's output tokens/s of those passes."""
+
+    run_dir: str
+    arms: tuple[str, str]
+    passes: tuple[int, ...]
+    first: tuple[float, ...]
+    second: tuple[float, ...]
+
+    @property
+    def n(self) -> int:
+        return len(self.passes)
+
+
+def pairs_from_run(run_dir: str | Path) -> RunPairs | None:
+    """An earlier run's counted, complete passes paired by pass index across its two arms, in
+    pass order (``passes.jsonl``: ``arm``, ``pass_index``, ``output_tokens_per_s``): the pairs
+    a paired or HAC cost interval reads, and whose serial correlation plans it. None when the
+    run does not have exactly two arms with three or more passes of the same index."""
     path = Path(run_dir) / "passes.jsonl"
     by_arm: dict[str, dict[int, float]] = {}
     for _, rec in read_strict(path):
@@ -101,11 +119,40 @@ def paired_cv_from_run(run_dir: str | Path) -> tuple[float, str] | None:
     if len(by_arm) != 2:
         return None
     (a, va), (b, vb) = sorted(by_arm.items())
-    common = sorted(set(va) & set(vb))
+    common = tuple(sorted(set(va) & set(vb)))
     if len(common) < 3:
         return None
-    diffs = [math.log(va[k]) - math.log(vb[k]) for k in common]
+    return RunPairs(str(run_dir), (a, b), common, tuple(va[k] for k in common),
+                    tuple(vb[k] for k in common))
+
+
+def paired_cv_from_run(run_dir: str | Path) -> tuple[float, str] | None:
+    """The per-pass CV that plans a paired cost interval (``[rule.cost] interval = "paired"``),
+    from an earlier run of two arms: the standard deviation of the log differences of its passes
+    paired by pass index (:func:`pairs_from_run`), over ``sqrt(2)``, as a CV
+    (``sqrt(expm1(s**2))``, the inverse of :func:`bistat.core.design.log_sd_from_cv`): the
+    per-arm CV at which two independent arms' passes would differ as much, which is what the
+    paired planning of :func:`bistat.core.design.cost_outcome_probabilities` takes (with the
+    paired t's ``n - 1`` degrees of freedom). None when the run does not have exactly two arms
+    with three or more passes of the same index."""
+    pairs = pairs_from_run(run_dir)
+    if pairs is None:
+        return None
+    diffs = [math.log(x) - math.log(y) for x, y in zip(pairs.first, pairs.second)]
     sd = statistics.stdev(diffs)
     cv = math.sqrt(math.expm1((sd / math.sqrt(2.0)) ** 2))
-    return cv, (f"{len(common)} pass pairs of {run_dir} ({a} / {b}), the SD of their log "
+    a, b = pairs.arms
+    return cv, (f"{pairs.n} pass pairs of {run_dir} ({a} / {b}), the SD of their log "
                 f"differences {sd:.4f} over sqrt(2), as a CV: {cv:.4f}")
+
+
+def serial_from_run(run_dir: str | Path) -> tuple[design.SerialEstimate, RunPairs] | None:
+    """The serial correlation of an earlier run's pairs of passes, to plan a cost interval at
+    (:func:`bistat.core.design.estimate_serial_correlation` of :func:`pairs_from_run`'s pairs:
+    each arm's lag-1 autocorrelation and the pairs' log differences', bias-corrected). None when
+    the run has no pairs (:func:`pairs_from_run`) or fewer than
+    :data:`bistat.core.design.MIN_PAIRS_TO_CHECK`, too few to estimate it from."""
+    pairs = pairs_from_run(run_dir)
+    if pairs is None or pairs.n < design.MIN_PAIRS_TO_CHECK:
+        return None
+    return design.estimate_serial_correlation(pairs.first, pairs.second), pairs

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from bistat.core import design
+from bistat.core.serial import cosine_terms
 from bistat.core.rule import (
     ControlDiverges,
     CostRule,
@@ -146,6 +147,20 @@ class CostDesign:
     interval_factor: float | None
     outcomes: tuple[tuple[float, dict[str, float]], ...]
     passes_to_decide: tuple[tuple[float, int | None], ...]
+    #: the declared interval (``"welch"``, ``"paired"``, ``"hac"``), which the figures plan
+    interval: str = "welch"
+    #: ``"hac"``: the cosine terms ``B`` at the declared pairs (its t's degrees of freedom)
+    hac_terms: int | None = None
+    #: the lag-1 autocorrelation of the pairs' log differences the interval is planned at (a
+    #: HAC interval: the earlier run's, bias-corrected; 0: pairs taken as independent)
+    rho: float = 0.0
+    #: the earlier run's serial correlation (``design.cv_from``; None: no run of two arms named),
+    #: the run, and its two arms (the estimate's ``treatment`` and ``control``, in that order)
+    serial: design.SerialEstimate | None = None
+    serial_from: str | None = None
+    serial_arms: tuple[str, ...] = ()
+    #: what it does to the declared interval (its coverage there; contradicted, at risk)
+    check: design.AssumptionCheck | None = None
 
 
 def no_design_reason(crit: Any) -> str:
@@ -233,19 +248,29 @@ def activation_warnings(ad: ActivationDesign, where: str, target: float) -> list
             f"{target:.0%}; {fix}"]
 
 
-def cost_design(cost: CostRule, passes: int, cv: float, ratios, target: float) -> CostDesign:
+def cost_design(cost: CostRule, passes: int, cv: float, ratios, target: float, *,
+                rho: float = 0.0, serial: design.SerialEstimate | None = None,
+                serial_from: str | None = None, serial_arms: tuple[str, ...] = (),
+                check: design.AssumptionCheck | None = None) -> CostDesign:
+    """The cost rule's figures for the interval it declares: Welch's, the paired one (for
+    independent pairs) or the HAC one (at the pairs' lag-1 autocorrelation ``rho``)."""
     grid = tuple(dict.fromkeys((1.0, *ratios)))
-    paired = cost.interval == "paired"
-    factor = (design.expected_ratio_interval_factor(passes, cv, cost.confidence_level, paired)
+    paired, hac = cost.interval == "paired", cost.hac
+    rho = rho if hac is not None else 0.0
+    factor = (design.expected_ratio_interval_factor(passes, cv, cost.confidence_level, paired,
+                                                    hac=hac)
               if passes >= 2 else None)
     outcomes = tuple((r, design.cost_outcome_probabilities(
-        cost.margin, r, passes, cv, cost.confidence_level, cost.metric, paired))
-        for r in grid) if passes >= 2 else ()
+        cost.margin, r, passes, cv, cost.confidence_level, cost.metric, paired, hac=hac,
+        rho=rho)) for r in grid) if passes >= 2 else ()
     decide = tuple((r, design.passes_to_decide(cost.margin, r, cv, cost.confidence_level,
-                                               cost.metric, target, paired=paired))
+                                               cost.metric, target, paired=paired, hac=hac,
+                                               rho=rho))
                    for r in grid)
+    terms = cosine_terms(passes, hac.bandwidth) if hac is not None and passes >= 2 else None
     return CostDesign(cost.describe(), cost.metric, cost.margin, cost.confidence_level, passes,
-                      cv, factor, outcomes, decide)
+                      cv, factor, outcomes, decide, cost.interval, terms, rho, serial,
+                      serial_from, serial_arms, check)
 
 
 def cost_warnings(cd: CostDesign, target: float) -> list[str]:

@@ -49,8 +49,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from bistat.core import design
 from bistat.core.rule import (
     ControlDiverges,
+    CostRule,
     MatchLowerBound,
     ThroughputNotSlower,
     ThroughputRatio,
@@ -58,7 +60,8 @@ from bistat.core.rule import (
     TreatmentBeatsControl,
     speed_as_evidence_warnings,
 )
-from bistat.declare.design_cv import DesignError, cv_from_run, paired_cv_from_run
+from bistat.declare.design_cv import (DesignError, cv_from_run, paired_cv_from_run,
+                                      serial_from_run)
 from bistat.declare.design_false_verdicts import (
     AA_MATCH_RATES,
     MAX_PROMPTS_FOR_ALPHA,
@@ -229,18 +232,10 @@ def analyse_design(exp: Experiment, *, base_dir: str | Path | None = None) -> De
 
     cost = None
     if rule.cost is not None:
-        cost_cv = cv
-        if rule.cost.interval == "paired":
-            paired = (paired_cv_from_run(run_dir) if des.cv_from is not None else None)
-            if paired is not None:
-                cost_cv = paired[0]
-                cv_source += f"; the cost's paired interval: {paired[1]}"
-            else:
-                cv_source += ("; the cost's paired interval planned at this CV, as if unpaired "
-                              "(an earlier run of two arms in design.cv_from gives the pairs' "
-                              "spread; a drift common to both arms only makes this CV larger)")
-        cost = cost_design(rule.cost, passes, cost_cv, ratios, target)
-        warnings.extend(cost_warnings(cost, target))
+        cost, cost_cv_source, cost_warn = _cost(rule.cost, passes, cv, ratios, target,
+                                                run_dir if des.cv_from is not None else None)
+        cv_source += cost_cv_source
+        warnings.extend(cost_warn)
     fps = false_positives(rule, n, passes, cv, des.assumed_match_rate, control_rate)
     warnings.extend(false_positive_warnings(fps))
     warnings.extend(speed_as_evidence_warnings(rule))
@@ -257,6 +252,91 @@ def analyse_design(exp: Experiment, *, base_dir: str | Path | None = None) -> De
         false_positives=tuple(fps), assumed_control_match_rate=control_rate,
         duration=duration,
     )
+
+
+def _cost(cost_rule: CostRule, passes: int, cv: float, ratios: tuple[float, ...],
+          target: float, run_dir: Path | None) -> tuple[CostDesign, str, list[str]]:
+    """The cost rule planned for the interval it declares, what the CV's source adds for it,
+    and its warnings.
+
+    Welch's interval is planned at the pooled CV, as independent passes. The paired and the HAC
+    interval at the per-arm CV the earlier run's pairs of passes give (``design.cv_from``,
+    :func:`paired_cv_from_run`); the HAC interval at their lag-1 autocorrelation as well
+    (bias-corrected, :func:`serial_from_run`), the paired one as independent pairs -- what it
+    assumes. Whatever the interval, the earlier run's serial correlation is checked against what
+    it assumes (:func:`bistat.core.design.check_interval_assumptions`): each check that finds it
+    contradicted or at risk is a warning."""
+    interval, source, warnings = cost_rule.interval, "", []
+    cost_cv, rho, serial, check = cv, 0.0, None, None
+    if interval in ("paired", "hac"):
+        what = "paired" if interval == "paired" else "HAC"
+        paired = paired_cv_from_run(run_dir) if run_dir is not None else None
+        if paired is not None:
+            cost_cv = paired[0]
+            source += f"; the cost's {what} interval: {paired[1]}"
+        else:
+            source += (f"; the cost's {what} interval planned at this CV, as if unpaired "
+                       "(an earlier run of two arms in design.cv_from gives the pairs' "
+                       "spread; a drift common to both arms only makes this CV larger)")
+    found = serial_from_run(run_dir) if run_dir is not None else None
+    if found is not None:
+        serial, pairs = found
+        if interval == "hac":
+            rho = serial.rho
+            diffs = serial.diagnostics.differences
+            source += (f", at their lag-1 autocorrelation {rho:.2f} (bias-corrected; "
+                       f"{diffs.lag1:.2f} over {pairs.n} pairs)" if diffs.lag1 is not None
+                       else ", as independent pairs (their differences do not vary)")
+        if passes >= 2:
+            check = design.check_interval_assumptions(
+                interval, passes, serial, cost_rule.confidence_level, cost_rule.hac)
+            if check.message is not None:
+                warnings.append(f"rule.cost ({cost_rule.describe()}): {check.message}")
+    elif interval == "hac":
+        source += (", as independent pairs (no serial correlation estimated: an earlier run of "
+                   f"two arms with {design.MIN_PAIRS_TO_CHECK} pairs of passes or more in "
+                   "design.cv_from gives it)")
+    cd = cost_design(cost_rule, passes, cost_cv, ratios, target, rho=rho, serial=serial,
+                     serial_from=None if found is None else found[1].run_dir,
+                     serial_arms=() if found is None else found[1].arms, check=check)
+    return cd, source, warnings + cost_warnings(cd, target)
+
+
+def _cost_lines(cd: CostDesign, report: DesignReport) -> list[str]:
+    """The "Cost rule" section of :func:`format_design`."""
+    unit = "pairs" if cd.interval in ("paired", "hac") else "counted passes per arm"
+    lines = [f"Cost rule ({cd.description}; {cd.passes_per_arm} {unit}, CV {cd.cv:.3g}):"]
+    if cd.interval == "hac" and cd.hac_terms is not None:
+        lines.append(f"  interval: HAC, equal-weighted cosine, {cd.hac_terms} cosine terms at "
+                     f"{cd.passes_per_arm} pairs (t with {cd.hac_terms} degrees of freedom), "
+                     f"planned at the pairs' lag-1 autocorrelation {cd.rho:.2f}")
+    if cd.serial is not None:
+        diag = cd.serial.diagnostics
+
+        def said(c) -> str:
+            return ("does not vary" if c.lag1 is None else
+                    f"{c.lag1:.2f} (Ljung-Box p = {c.pvalue:.3g} over {c.lags} lags)")
+        first, second = cd.serial_arms
+        lines.append(f"  serial correlation of {cd.serial.pairs} pairs of passes of "
+                     f"{cd.serial_from}, lag-1 autocorrelation: pair differences "
+                     f"{said(diag.differences)}, bias-corrected {cd.serial.rho:.2f}; "
+                     f"{first} {said(diag.treatment)}; {second} {said(diag.control)}")
+    if cd.check is not None:
+        c = cd.check
+        state = ("contradicted" if c.contradicted else "at risk" if c.at_risk else
+                 "within its tolerance")
+        lines.append(f"  the declared {c.interval} interval's coverage at {c.rho:.2f}: "
+                     f"{c.coverage * 100:.1f} % of its stated {c.confidence_level * 100:g} % "
+                     f"({state})")
+    if cd.interval_factor is not None:
+        lines.append(f"  expected ratio interval: estimate ×/÷ {cd.interval_factor:.3f}"
+                     + (" (pairs independent)" if cd.interval == "hac" else ""))
+    for r, probs in cd.outcomes:
+        lines.append(f"  at true ratio {r:g}: " + ", ".join(
+            f"{k} {v:.3f}" for k, v in probs.items()))
+    lines.append(f"  {unit} that decide it with the power target: " + ", ".join(
+        f"at {r:g}: {'none up to 200' if k is None else k}" for r, k in cd.passes_to_decide))
+    return lines
 
 
 def _p(x: float | None) -> str:
@@ -306,17 +386,8 @@ def format_design(report: DesignReport) -> str:
             lines.append(f"    P(met): {_p(ad.prob_met)}"
                          + (f" ({ad.note})" if ad.note else ""))
     if report.cost is not None:
-        cd = report.cost
         lines.append("")
-        lines.append(f"Cost rule ({cd.description}; {cd.passes_per_arm} counted passes per arm, "
-                     f"CV {cd.cv:.3g}):")
-        if cd.interval_factor is not None:
-            lines.append(f"  expected ratio interval: estimate ×/÷ {cd.interval_factor:.3f}")
-        for r, probs in cd.outcomes:
-            lines.append(f"  at true ratio {r:g}: " + ", ".join(
-                f"{k} {v:.3f}" for k, v in probs.items()))
-        lines.append("  passes per arm that decide it with the power target: " + ", ".join(
-            f"at {r:g}: {'none up to 200' if k is None else k}" for r, k in cd.passes_to_decide))
+        lines.extend(_cost_lines(report.cost, report))
     if report.false_positives:
         lines.append("")
         lines.append("False verdicts (a label met when what it asserts is false):")

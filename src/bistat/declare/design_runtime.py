@@ -46,7 +46,8 @@ class RunTiming:
     last pass (so the previous engine's stop is included) to the ``started`` event.
     ``pass_wall_s``: the ``wall_s`` of each complete pass, per arm. ``engines_concurrent``: as
     ``run.json`` records it (else whether an engine group held several engines; None when
-    unknown). ``notes``: what could not be timed, and why.
+    unknown). ``notes``: what could not be timed, and why. ``first_start_engines``: the engines
+    each of ``first_starts`` started (the arms of its group).
     """
 
     run_dir: str
@@ -56,6 +57,17 @@ class RunTiming:
     engines_concurrent: bool | None
     engine_starts: int
     notes: tuple[str, ...] = ()
+    first_start_engines: tuple[int, ...] = ()
+
+    @property
+    def first_start_per_engine_s(self) -> float | None:
+        """The median of the first starts, each over the engines it started: what one engine's
+        start took where the engines start one at a time (None: none timed, or the engines
+        are not known)."""
+        if not self.first_starts or len(self.first_start_engines) != len(self.first_starts):
+            return None
+        return statistics.median(f / k for f, k in zip(self.first_starts,
+                                                       self.first_start_engines))
 
     @property
     def first_start_s(self) -> float | None:
@@ -121,8 +133,11 @@ class DurationEstimate:
     lower_bound: bool = False
     notes: tuple[str, ...] = ()
     #: engines priced per start of the engines together (one first start each, when the earlier
-    #: run started one engine at a time: parallel starts contend); 1 otherwise
+    #: run started one engine at a time: parallel starts contend; or when the engine kind starts
+    #: its engines one at a time); 1 otherwise
     engines_per_start: int = 1
+    #: why a start is priced per engine, in words (None: it is not)
+    start_basis: str | None = None
 
 
 #: ``events.jsonl`` events that end an engine's life (:mod:`bistat.run.runner`); a failed
@@ -230,6 +245,7 @@ def timing_from_run(run_dir: str | Path) -> RunTiming:
         notes.append(f"{events_path} records no engine start: the engine starts are not timed")
 
     firsts: list[float] = []
+    first_engines: list[int] = []
     restarts: list[float] = []
     seen: set[str] = set()
     previous: dt.datetime | None = None     # the previous group's last "started"
@@ -247,11 +263,13 @@ def timing_from_run(run_dir: str | Path) -> RunTiming:
         if since is None or group["last"] < since:
             continue
         (firsts if first else restarts).append((group["last"] - since).total_seconds())
+        if first:
+            first_engines.append(len(group["arms"]))
     if concurrent is None and groups:
         concurrent = any(len(g["arms"]) > 1 for g in groups)
     return RunTiming(str(run_dir), tuple(firsts), tuple(restarts),
                      tuple((arm, tuple(v)) for arm, v in walls.items()), concurrent,
-                     len(groups), tuple(notes))
+                     len(groups), tuple(notes), tuple(first_engines))
 
 
 def _schedule(exp: Experiment, passes: int, concurrent: bool) -> tuple[Block, ...]:
@@ -298,6 +316,14 @@ def estimate_duration(exp: Experiment, timing: RunTiming | None,
     there (of all its passes for an arm it lacks). The final engine stop and the writing of the
     run's tables after its last pass are not included.
 
+    Where the engine kind starts its engines one at a time (``capabilities(kind).parallel_start``
+    false: each vLLM engine sizes its KV cache from the GPU memory free when it starts), a start
+    takes about as long as the engines it starts, so it is priced per engine: each of the earlier
+    run's first starts over the engines it started, times the engines each planned start starts.
+    On vLLM 0.34.0, h200-v034-match-smollm2's five vllm-server engines took 569 s to start, where
+    the 0.33.0 run's four (h200-v033-match-smollm2) had taken 492 s: 123 s per engine prices five
+    at 615 s, where the start of four as a whole priced them at 492 s.
+
     Parameters
     ----------
     exp : Experiment
@@ -333,7 +359,27 @@ def estimate_duration(exp: Experiment, timing: RunTiming | None,
                      "its first starts join the restart's median")
     if first_s is None:
         lower = True
-    if timing.engines_concurrent is True and not concurrent:
+    # a kind whose engines start one at a time: a start is priced per engine it starts
+    from bistat.engines.registry import capabilities
+    per_engine_s = (timing.first_start_per_engine_s
+                    if not capabilities(exp.engine.kind).parallel_start else None)
+    scaled = (per_engine_s is not None and first_s is not None
+              and max(timing.first_start_engines) > 1)
+    basis = None
+    if scaled:
+        k = max(timing.first_start_engines)
+        basis = (f"{exp.engine.kind} engines start one at a time (each sizes its KV cache from "
+                 f"the GPU memory free when it starts): the earlier run's start of {k} engines, "
+                 f"{_secs(timing.first_starts[timing.first_start_engines.index(k)])}, is "
+                 f"{per_engine_s:.1f} s per engine")
+        if not concurrent:   # (one engine per start here; a start of them all says it itself)
+            notes.append(f"{basis}; each start here, of one engine, is priced at that")
+        first_s = per_engine_s
+        if len(timing.restarts) < 2:    # the restart's median would take the whole group's start
+            restart_s = statistics.median(
+                list(timing.restarts) + [f / n for f, n in zip(timing.first_starts,
+                                                               timing.first_start_engines)])
+    elif timing.engines_concurrent is True and not concurrent:
         notes.append("the earlier run kept its engines up together: the start of them all "
                      "stands in for one engine's")
     elif timing.engines_concurrent is False and concurrent:
@@ -363,7 +409,7 @@ def estimate_duration(exp: Experiment, timing: RunTiming | None,
     def seconds(blocks: tuple[Block, ...], together: bool) -> float | None:
         starts, firsts, arms = _counts(blocks, together)
         parts: list[float] = []
-        if first_s is not None and together and per_engine:
+        if first_s is not None and together and (per_engine or scaled):
             parts.append(sum(len(b.arms) for b in blocks) * first_s)
         elif first_s is not None:
             parts.append(firsts * first_s + (starts - firsts) * (restart_s or first_s))
@@ -403,7 +449,10 @@ def estimate_duration(exp: Experiment, timing: RunTiming | None,
         restart_s if n_starts > n_firsts else None, pass_s,
         tuple((arm, v) for arm, v in by_arm.items() if v is not None), source, budget, fits,
         max_passes, max_s, together_s, lower and total is not None, tuple(notes),
-        max((len(b.arms) for b in blocks), default=1) if concurrent and per_engine else 1)
+        max((len(b.arms) for b in blocks), default=1) if concurrent and (per_engine or scaled)
+        else 1,
+        basis if scaled else ("the earlier run started one at a time" if concurrent and per_engine
+                              else None))
 
 
 def _secs(x: float) -> str:
@@ -516,8 +565,8 @@ def duration_lines(d: DurationEstimate) -> list[str]:
         lines.append(f"  engine start: {d.first_start_s:.1f} s (all the arms' engines)"
                      if d.engines_per_start == 1 else
                      f"  engine start: {d.engines_per_start} x {d.first_start_s:.1f} s (all the "
-                     "arms' engines, one engine's first start each: the earlier run started "
-                     "one at a time)")
+                     "arms' engines, one engine's first start each: "
+                     f"{d.start_basis or 'the earlier run started one at a time'})")
     elif d.first_start_s is not None:
         n = d.first_starts
         starts = (f"  engine starts: {n} first (one per arm: it compiles) at "

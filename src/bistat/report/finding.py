@@ -27,6 +27,7 @@ from bistat.report.plots import PLOTS, save_plots
 from bistat.report.seal import SealEvidence
 from bistat.core.markdown import md_cell, md_table
 from bistat.analysis.probe_report import filler_line
+from bistat.analysis.serial import MIN_PAIRS_CHECKED
 
 #: Suffix of the divergence-anatomy plot (``NAME-anatomy.png``), drawn by ``bistat.report.anatomy``.
 ANATOMY_PLOT = "anatomy"
@@ -512,7 +513,7 @@ def _match(s: RunSummary, plot: str) -> list[str]:
     return out
 
 
-def _throughput(s: RunSummary, plot: str) -> list[str]:
+def _throughput(s: RunSummary, plot: str, serial_plot: str | None = None) -> list[str]:
     out = ["## Throughput", ""]
     rows = []
     for p in s.passes:
@@ -535,11 +536,11 @@ def _throughput(s: RunSummary, plot: str) -> list[str]:
             "throughput):", "",
             md_table(("ratio", "point", f"{cl} interval", "Welch df",
                       "passes (treatment / control)"), ratio_rows), "",
-            *_paired_note(s),
+            *_paired_note(s), *_hac_note(s),
             "Wall time and requests/s are whole-pass figures; output tokens/s is what the rule "
             "compares.", "", *_starts_note(s), *_jit_note(s), *_host_note(s), *_gpu_note(s),
             f"![Per-pass throughput]({plot})",
-            ""]
+            "", *_serial_note(s, serial_plot)]
     return out
 
 
@@ -561,6 +562,152 @@ def _paired_note(s: RunSummary) -> list[str]:
             "interval on the log differences. A drift that moved both arms alike cancels within "
             "a pair. This is the interval that decided the cost:", "",
             md_table(("ratio", "point", f"{cl} paired interval", "pairs"), rows), ""]
+
+
+def _hac_note(s: RunSummary) -> list[str]:
+    """The cost rule's HAC interval and its make-up (``[rule.cost] interval = "hac"``): the
+    interval that decided the cost, its cosine terms and critical value."""
+    sp = s.serial
+    rows = []
+    for c in s.comparisons:
+        cv = c.verdict.cost
+        iv = None if cv is None else cv.interval
+        hac = None if sp is None else next((p.hac for p in sp.pairs if p.treatment == c.treatment
+                                            and p.control == c.control), None)
+        if iv is not None and iv.method == "hac-cosine-log" and hac is not None:
+            rows.append((f"{c.treatment} ÷ {c.control}", _f(cv.ratio),
+                         f"[{iv.low:.4f}, {iv.high:.4f}]", str(hac.n_treatment), str(hac.terms),
+                         f"{hac.critical_value:.3f}", _f(hac.variance_ratio, 2)))
+    if not rows:
+        return []
+    rule = _cost_rule(s)
+    bandwidth = "" if rule is None or rule.hac is None else (
+        f", `hac_kernel = \"{rule.hac.kernel}\"`, `hac_bandwidth = "
+        + (f'\"{rule.hac.bandwidth}\"`' if isinstance(rule.hac.bandwidth, str)
+           else f"{rule.hac.bandwidth}`"))
+    cl = f"{s.confidence_level * 100:g} %"
+    return [f"The cost rule pairs the passes and allows for their serial correlation (`interval "
+            f"= \"hac\"`{bandwidth}): pass *i* of the treatment with pass *i* of the control, "
+            "and an equal-weighted cosine (EWC) interval on the log differences in pass order "
+            "(`bistat.core.serial.hac_ratio`): the mean ± t_B · √(Ω / n), Ω the mean square of "
+            "the first *B* cosine transforms of the differences, t_B Student's t quantile with *B* "
+            "degrees of freedom. This is the interval that decided the cost:", "",
+            md_table(("ratio", "point", f"{cl} HAC interval", "pairs", "cosine terms B",
+                      "critical value t_B", "long-run ÷ plain variance"), rows), ""]
+
+
+_INTERVAL_NAMES = {"welch": "Welch's interval", "paired": "the paired interval",
+                   "hac": "the HAC interval"}
+_ASSUMES = {"welch": "each arm's passes", "paired": "the pairs of passes"}
+
+
+def _coverage_cell(check) -> str:
+    """What the run's correlation does to the interval's stated coverage, in words."""
+    if check.interval == "hac":
+        if not check.at_risk:
+            return "holds at this estimate"
+        more = (f"about {check.pairs_to_hold} pairs would keep it" if check.pairs_to_hold
+                is not None else "no number of pairs up to 200 would keep it")
+        return f"too few pairs for this correlation: {more}"
+    p = "" if check.pvalue is None else f" (Ljung–Box p = {check.pvalue:.3g})"
+    if check.contradicted:
+        return f"contradicted: significant serial correlation{p} where it assumes none"
+    if check.at_risk:
+        return (f"at risk: no significant correlation{p}, but at this estimate it covers more "
+                f"than {check.tolerance * 100:g} points less than stated")
+    return f"holds at this estimate{p}"
+
+
+def _serial_row(name: str, n: int, c) -> tuple[str, ...]:
+    """A series' row: its lag-1 autocorrelation, bias-corrected only from
+    :data:`MIN_PAIRS_CHECKED` values on (below, the correction says nothing), and Ljung-Box."""
+    if c is None or c.lag1 is None:
+        return (name, str(n), "—", "—", "—", "—", "—")
+    return (name, str(n), f"{c.lag1:.2f}",
+            "—" if c.lag1_corrected is None or n < MIN_PAIRS_CHECKED else
+            f"{c.lag1_corrected:.2f}",
+            f"{c.statistic:.2f}", str(c.lags), f"{c.pvalue:.3g}")
+
+
+def _serial_note(s: RunSummary, plot: str | None) -> list[str]:
+    """Each arm's passes and each comparison's pairs in pass order: their lag-1 autocorrelation
+    and Ljung-Box test, what the correlation does to the stated coverage of the rule's interval,
+    and a warning where it is significant (``RunSummary.serial``)."""
+    sp = s.serial
+    if sp is None:
+        return []
+    metric = ("log output tokens/s" if sp.metric == "throughput" else
+              "log mean request latency")
+    rows = [_serial_row(f"{a.arm} ({a.role})", a.n, a.correlation) for a in sp.arms]
+    rows += [_serial_row(f"{p.treatment} ÷ {p.control}, pair differences", p.n_pairs,
+                         p.differences) for p in sp.pairs]
+    out = ["**Serial correlation.** Passes on one engine are not independent of the passes before "
+           "them: the allocator, caches, clocks and host state carry over. Each arm's "
+           f"{metric} per counted pass in pass order, and the pairs' log differences (pass *i* of "
+           "the treatment with pass *i* of the control), with the lag-1 autocorrelation (and, "
+           f"from {MIN_PAIRS_CHECKED} values on, with its small-sample bias removed) and the "
+           "Ljung–Box test of no serial correlation (`bistat.core.serial`; significant below "
+           f"p = {sp.alpha:g}):", "",
+           md_table(("series", "passes", "lag-1 autocorrelation", "bias-corrected",
+                     "Ljung–Box Q", "lags", "p"), rows), ""]
+    name = _INTERVAL_NAMES[sp.interval]
+    pct = f"{sp.confidence_level * 100:g} %"
+    if sp.cost_rule:
+        whose = f"The cost rule decides on {name} (`interval = \"{sp.interval}\"`)"
+    else:
+        whose = f"The rule has no cost rule; the throughput ratio above has {name}"
+    if sp.interval == "hac":
+        assumes = ("it allows for serial correlation of the pairs, up to a correlation that "
+                   "depends on the number of pairs (docs/COST-INTERVALS.md)")
+    else:
+        assumes = f"it takes {_ASSUMES[sp.interval]} as independent"
+    checked = [p for p in sp.pairs if p.check is not None]
+    if checked:
+        at = ("the larger of the two arms' lag-1 autocorrelations" if sp.interval == "welch"
+              else "the pairs' lag-1 autocorrelation")
+        cov_rows = [(f"{p.treatment} ÷ {p.control}", f"{p.check.rho:.2f}",
+                     str(p.check.passes), f"{p.check.coverage * 100:.1f} %",
+                     _coverage_cell(p.check)) for p in checked]
+        unit = "passes per arm" if sp.interval == "welch" else "pairs"
+        out += [f"{whose}: {assumes}. Its coverage at the correlation this run shows ({at}, "
+                "bias-corrected, at least 0), by the AR(1) planning model "
+                "(`bistat.core.design.interval_coverage`): an estimate from one run, which says "
+                "how far the stated coverage may be off, not a correction:", "",
+                md_table(("ratio", "lag-1 checked at", unit, f"coverage of its stated {pct}",
+                          "its assumption"), cov_rows), ""]
+    else:
+        out += [f"{whose}: {assumes}. Too few pairs of passes (fewer than "
+                f"{MIN_PAIRS_CHECKED}) to put a number on its coverage at this run's correlation: "
+                "the lag-1 autocorrelation of so few says next to nothing.", ""]
+    significant = sp.significant
+    if significant:
+        worst = min((p.check for p in checked), key=lambda c: c.coverage, default=None)
+        if worst is None:
+            effect = (f"With fewer than {MIN_PAIRS_CHECKED} pairs, what it does to the coverage "
+                      f"of {name} cannot be put in numbers.")
+        elif sp.interval == "hac":
+            but = ", but not fully at these pairs" if worst.at_risk else ""
+            effect = (f"The HAC interval allows for it{but}: at the correlation this run shows "
+                      f"its stated {pct} covers about {worst.coverage * 100:.0f} % (the least of "
+                      "the table above).")
+        elif worst.at_risk:
+            effect = (f"{name[0].upper()}{name[1:]} takes {_ASSUMES[sp.interval]} as independent:"
+                      f" at the correlation this run shows its stated {pct} covers about "
+                      f"{worst.coverage * 100:.0f} % (the least of the table above), so "
+                      + ("the cost verdict rests on an interval narrower than stated"
+                         if sp.cost_rule else "the ratio's interval is narrower than stated")
+                      + ". `[rule.cost] interval = \"hac\"` allows for serial correlation "
+                        "(docs/COST-INTERVALS.md).")
+        else:
+            effect = (f"{name[0].upper()}{name[1:]} takes {_ASSUMES[sp.interval]} as independent:"
+                      f" at the correlation this run shows (bias-corrected, at least 0) its "
+                      f"stated {pct} still covers about {worst.coverage * 100:.0f} % (the least "
+                      "of the table above).")
+        out += [f"**Warning: significant serial correlation** (Ljung–Box p < {sp.alpha:g}) in "
+                f"{', '.join(significant)}. {effect}", ""]
+    if plot is not None:
+        out += [f"![Passes in pass order]({plot})", ""]
+    return out
 
 
 def _starts_note(s: RunSummary) -> list[str]:
@@ -915,7 +1062,8 @@ def render_markdown(summary: RunSummary, plot_files: dict[str, str] | None = Non
              + _amendments(summary)
              + _environment(summary) + _engine_version_section(summary)
              + _activation(summary) + _match(summary, plots["match"])
-             + _throughput(summary, plots["throughput"]) + _latency(summary)
+             + _throughput(summary, plots["throughput"], plots.get("serial"))
+             + _latency(summary)
              + _divergence(summary, plots["divergence"])
              + _anatomy(summary, plots.get(ANATOMY_PLOT))
              + _batching(summary, plots["running"]) + _validity(summary) + _tail(summary))

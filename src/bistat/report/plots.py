@@ -19,8 +19,8 @@ from matplotlib.figure import Figure
 if TYPE_CHECKING:  # pragma: no cover
     from bistat.analysis.results import RunSummary
 
-__all__ = ["PLOTS", "save_plots", "match_forest", "throughput_passes", "divergence_positions",
-           "running_over_time"]
+__all__ = ["PLOTS", "save_plots", "match_forest", "throughput_passes", "passes_in_order",
+           "divergence_positions", "running_over_time"]
 
 FIGSIZE = (7.0, 3.6)
 DPI = 100
@@ -116,6 +116,52 @@ def throughput_passes(summary: "RunSummary", fig: Figure) -> None:
     fig.tight_layout()
 
 
+_METRIC_LABELS = {"throughput": "output tokens/s", "latency": "mean request latency (s)"}
+
+
+def _r(c) -> str:
+    """A series' lag-1 autocorrelation for a legend (``r₁ 0.47``; ``r₁ —`` without one)."""
+    return "r₁ —" if c is None or c.lag1 is None else f"r₁ {c.lag1:.2f}"
+
+
+def passes_in_order(summary: "RunSummary", fig: Figure) -> None:
+    """Each arm's per-pass metric against pass order (the series whose serial correlation the
+    finding states), and each comparison's pair differences in pass order."""
+    ax, ax2 = fig.subplots(1, 2, width_ratios=(1.5, 1))
+    sp = summary.serial
+    metric = "throughput" if sp is None else sp.metric
+    for a in () if sp is None else sp.arms:
+        ax.plot(a.passes, a.values, "o-", markersize=3, linewidth=1,
+                color=_color(summary, a.arm), label=f"{a.arm} ({_r(a.correlation)})")
+    drawn = False
+    for p in () if sp is None else sp.pairs:
+        if p.log_differences:
+            ax2.plot(p.passes, p.log_differences, "o-", markersize=3, linewidth=1,
+                     color=_color(summary, p.treatment),
+                     label=f"{p.treatment} ({_r(p.differences)})")
+            drawn = True
+    if sp is not None and sp.arms:
+        ax.legend(fontsize=7, loc="best")
+    else:
+        ax.text(0.5, 0.5, "no counted pass with a value", ha="center", va="center",
+                transform=ax.transAxes)
+    if drawn:
+        ax2.axhline(0.0, color="0.2", linewidth=1)
+        ax2.legend(fontsize=7, loc="best")
+    else:
+        ax2.text(0.5, 0.5, "no pairs of passes", ha="center", va="center",
+                 transform=ax2.transAxes)
+    ax.set_xlabel("pass index (pass order)")
+    ax.set_ylabel(_METRIC_LABELS[metric])
+    ax.set_title("Passes in pass order")
+    ax.grid(alpha=0.3)
+    ax2.set_xlabel("pass index (pass order)")
+    ax2.set_ylabel("log(treatment ÷ control)")
+    ax2.set_title("Pair differences", fontsize=10)
+    ax2.grid(alpha=0.3)
+    fig.tight_layout()
+
+
 def divergence_positions(summary: "RunSummary", fig: Figure) -> None:
     """Histogram of first-divergence token positions per arm."""
     ax = fig.subplots()
@@ -173,6 +219,7 @@ def running_over_time(summary: "RunSummary", fig: Figure) -> None:
 PLOTS: tuple[tuple[str, str, Callable[["RunSummary", Figure], None]], ...] = (
     ("match", "Match intervals per arm", match_forest),
     ("throughput", "Per-pass throughput and the ratio interval", throughput_passes),
+    ("serial", "Passes in pass order and the pair differences", passes_in_order),
     ("divergence", "First-divergence positions", divergence_positions),
     ("running", "Running requests over time", running_over_time),
 )
