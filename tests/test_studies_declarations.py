@@ -152,6 +152,55 @@ ISSUE33_SGLANG = {
 }
 
 
+#: Issue 34: vLLM 0.34.0, the newest release, the whole picture. Study 1(a) (run 2026-12-04, a twin
+#: of SGLang's S1 above), Study 1(b), and the determinism tax as users meet it at four workloads:
+#: each with the twin whose engine, model, workload and validity it keeps, and what it changes.
+ISSUE34_V034 = {
+    "h200-v034-match-qwen3-8b-synth": ("h200-v033-match-qwen3-8b-synth", {"passes": 8}),
+    "h200-v034-tax-qwen3-8b-b8": ("h200-v034-i23-latency-qwen3-8b-b8-compiled", {"passes": 60}),
+    "h200-v034-tax-qwen3-8b-b32": ("h200-v034-i23-latency-qwen3-8b-b32-compiled",
+                                   {"passes": 60}),
+    "h200-v034-tax-qwen3-17b-b8": ("h200-v034-i23-latency-qwen3-17b-b8-compiled",
+                                   {"passes": 120}),
+    "h200-v034-tax-qwen3-8b-throughput": ("h200-v034-i23-throughput-qwen3-8b-paired",
+                                          {"passes": 36}),
+}
+#: the arms' settings of the tax studies: the default, the mode as shipped, bistat's plugin
+TAX_ARMS = {"default": {"VLLM_BATCH_INVARIANT": "0", "BISTAT_TUNED_GEMM": "0"},
+            "batch-invariant": {"VLLM_BATCH_INVARIANT": "1", "BISTAT_TUNED_GEMM": "0"},
+            "bi-plugin": {"VLLM_BATCH_INVARIANT": "1", "BISTAT_TUNED_GEMM": "1",
+                          "BISTAT_FA3_PIN": "1", "VLLM_USE_BREAKABLE_CUDAGRAPH": "0"}}
+
+
+@pytest.mark.parametrize("name", sorted(ISSUE34_V034))
+def test_each_issue34_study_requires_0_34_and_keeps_its_twin_but_for_its_arms_and_passes(name):
+    """vLLM 0.34.0 required; the twin's engine kind, model, workload (but the passes), match unit
+    and validity; the default rule's labels; the cost decided on the HAC interval; the tax studies'
+    three arms exactly (the default, VLLM_BATCH_INVARIANT=1 alone, bistat's whole plugin); and a
+    design analysis that runs from the twin's recorded data where it was recorded."""
+    twin_name, differs = ISSUE34_V034[name]
+    d, twin = _raw(name), _raw(twin_name)
+    assert d["engine"]["required_version"] == "0.34.0"
+    assert {k: v for k, v in d["engine"].items() if k not in ("required_version", "args",
+                                                               "engines_concurrent")} == {
+        k: v for k, v in twin["engine"].items() if k not in ("required_version", "args",
+                                                             "engines_concurrent")}
+    assert {k: v for k, v in d["workload"].items() if k not in differs} == {
+        k: v for k, v in twin["workload"].items() if k not in differs}
+    assert {k: d["workload"][k] for k in differs} == differs
+    assert d["match"]["unit"] == twin["match"]["unit"] and d["validity"] == twin["validity"]
+    assert d["rule"]["labels"] == _raw("h200-v034-match-smollm2")["rule"]["labels"]
+    assert (d["rule"]["cost"]["interval"], d["rule"]["cost"]["hac_bandwidth"]) == ("hac", "llsw")
+    if name.startswith("h200-v034-tax-"):
+        arms = {a["name"]: {k: a["env"][k] for k in a["env"] if k.startswith(("VLLM_B", "VLLM_U",
+                                                                              "BISTAT_"))
+                            and k != "VLLM_USE_FLASHINFER_SAMPLER"} for a in d["arms"]}
+        assert arms == TAX_ARMS
+        assert all(NO_MULTICAST.items() <= a["env"].items() for a in d["arms"])
+    report = analyse_design(_validated(name), base_dir=ROOT)
+    assert report.cost is not None and report.duration is not None
+
+
 def test_the_declarations_are_the_whole_set():
     names = ({p.stem for p in EXP.glob("h[12]00-*.toml")}
              | {p.stem for p in EXP.glob("tp*-match*.toml")})
@@ -159,6 +208,7 @@ def test_the_declarations_are_the_whole_set():
                      | set(NEWEST) | set(ISSUE23) | set(ISSUE23_COMPILED) | set(ISSUE23_V034)
                      | set(ISSUE23_V034_NEXT) | set(ISSUE23_V034_CONCURRENT)
                      | set(ISSUE23_V034_PAIRED) | set(ISSUE33_SGLANG) | set(HAC)
+                     | set(ISSUE34_V034)
                      | {twin for twin, _ in ISSUE33_SGLANG.values()})
 
 
