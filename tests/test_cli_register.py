@@ -84,7 +84,29 @@ def test_register_prints_the_seal_and_the_design(cli, work):
         "  registered: 2026-03-01T12:00:00.000000Z\n"
         "  bistat:     0.1.0\n"
         "  git:        not in a git repository\n"
-        "\n" + DESIGN_MINIMAL)
+        "\n" + DESIGN_MINIMAL + "\n" + NEXT_NO_GIT.format(path="preregistrations/minimal.json"))
+
+
+NEXT_NO_GIT = """\
+Next:
+  1. keep it where its time can be shown: this is not a git repository, so only the seal's own hash shows its integrity (--sign KEY adds who sealed it)
+  2. run it: bistat run {path}
+"""
+
+
+def test_register_prints_the_next_steps_commit_then_run(cli, work):
+    """Inside a git repository the next steps name the commit that dates the registration,
+    then the run."""
+    import subprocess
+
+    subprocess.run(["git", "init", "-q", "."], check=True)
+    result = invoke(cli, ["register", "experiments/minimal.toml"])
+    assert result.exit_code == 0
+    assert result.output.endswith(
+        "\nNext:\n"
+        "  1. commit it, so that git dates it before the run's first record: git add "
+        "preregistrations/minimal.json && git commit -m \"Register minimal\"\n"
+        "  2. run it: bistat run preregistrations/minimal.json\n")
 
 
 def test_register_twice_is_an_error(cli, work):

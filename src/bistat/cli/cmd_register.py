@@ -65,7 +65,20 @@ def _registration_text(reg: prereg.Registration, report: DesignReport, amended: 
         if logged:
             lines.append(f"  release:    {_release_text(logged[-1].check.to_dict())}; "
                          f"appended to {release_log_path(reg.path)}")
-    return "\n".join(lines) + "\n\n" + format_design(report)
+    return "\n".join(lines) + "\n\n" + format_design(report) + "\n" + _next_steps(reg)
+
+
+def _next_steps(reg: prereg.Registration) -> str:
+    """What to do with a new (or amended) registration: commit it, so that git dates it before
+    any datum, then run it."""
+    git = reg.sealed["git"]
+    if git["commit"] is None and git["declaration_state"] is None:
+        commit = ("  1. keep it where its time can be shown: this is not a git repository, so only "
+                  "the seal's own hash shows its integrity (--sign KEY adds who sealed it)")
+    else:
+        commit = (f"  1. commit it, so that git dates it before the run's first record: git add "
+                  f"{reg.path} && git commit -m \"Register {reg.name}\"")
+    return f"Next:\n{commit}\n  2. run it: bistat run {reg.path}\n"
 
 
 def _release_text(check: dict[str, Any]) -> str:

@@ -327,13 +327,19 @@ def load_declaration(declaration_path: str | Path) -> Experiment:
 def registration_problems(exp: Experiment, declaration_path: str | Path,
                           base_dir: str | Path | None = None, *, check_engine: bool = True
                           ) -> list[str]:
-    """What ``register`` (and ``--amend``) checks beyond the schema, one message per problem
-    naming the file, the field and the fix: at least two counted passes per arm (a comparison
-    needs two; bistat has no reference-arm mode), the engine adapter's own checks (argument
-    names and values against its schema, the model) and a ``file:`` prompt source that exists.
-    ``check_engine=False`` skips the adapter's checks, for a declaration analysed from records
-    written without its engine (synthetic records in tests)."""
-    from bistat.engines.registry import declaration_problems
+    """What ``register`` (and ``--amend``) checks beyond the schema: everything ``bistat run``
+    would refuse of this declaration before or in its first pass, one message per problem naming
+    the file, the field and the fix: at least two counted passes per arm (a comparison needs two;
+    bistat has no reference-arm mode), the prompts the workload names, read as the run reads them
+    (a ``file:`` source that exists and is well formed, ``n_prompts`` it can give: the built-in
+    chat source holds 1,200), and the engine adapter's own checks (argument names, types and
+    values against its schema, server URLs and ports, the model, ``max_tokens`` with the longest
+    prompt against a context length the declaration or the model fixes). What an adapter cannot
+    check before its engine runs is stated in the design report
+    (:func:`bistat.engines.registry.declaration_limits`). ``check_engine=False`` skips the
+    adapter's checks, for a declaration analysed from records written without its engine
+    (synthetic records in tests)."""
+    from bistat.engines.registry import declaration_problems, prompt_problems
 
     problems: list[tuple[str, str]] = []
     if exp.workload.passes < 2:
@@ -342,16 +348,38 @@ def registration_problems(exp: Experiment, declaration_path: str | Path,
                          "each prompt present in both; set passes = 2 or more"))
     if check_engine:
         problems += declaration_problems(exp)
-    source = exp.workload.source
+    prompts, problem = _declared_prompts(exp, base_dir)
+    if problem is not None:
+        problems.append(problem)
+    if check_engine:
+        problems += prompt_problems(exp, prompts)
+    return [f"{declaration_path}: {field}: {message}"
+            for field, message in dict.fromkeys(problems)]
+
+
+def _declared_prompts(exp: Experiment, base_dir: str | Path | None
+                      ) -> tuple[list[Any], tuple[str, str] | None]:
+    """The workload's prompts as the run will read them, or ``([], (field, message))`` when it
+    could not (:func:`bistat.declare.prompts.load_prompts`)."""
+    from bistat.declare.prompts import WorkloadError, load_prompts
+
+    wl = exp.workload
+    source = wl.source
     if source.startswith("file:"):
         raw = source[len("file:"):]
-        prompts = Path(raw)
-        if not prompts.is_absolute():
-            prompts = Path(base_dir or Path.cwd()) / prompts
-        if not prompts.is_file():
-            problems.append(("workload.source", f"prompt file {raw} does not exist ({prompts}); "
-                             "create it or fix the path (relative to the working directory)"))
-    return [f"{declaration_path}: {field}: {message}" for field, message in problems]
+        path = Path(raw)
+        if not path.is_absolute():
+            path = Path(base_dir or Path.cwd()) / path
+        if not path.is_file():
+            return [], ("workload.source", f"prompt file {raw} does not exist ({path}); "
+                        "create it or fix the path (relative to the working directory)")
+    try:
+        return load_prompts(source, wl.n_prompts, wl.seed,
+                            base_dir=Path(base_dir) if base_dir is not None else None), None
+    except WorkloadError as exc:
+        text = str(exc)
+        field = ("workload.n_prompts" if "n_prompts" in text else "workload.source")
+        return [], (field, text)
 
 
 def _checked_declaration(declaration_path: str | Path, base_dir: str | Path | None,
@@ -591,6 +619,11 @@ def amend(
 
 def _read(path: str | Path) -> dict[str, Any]:
     p = Path(path)
+    if p.suffix.lower() == ".toml":
+        sealed = registration_path(p.stem, p.parent.parent / DEFAULT_REGISTRATIONS_DIR
+                                   if p.parent.name == "experiments" else DEFAULT_REGISTRATIONS_DIR)
+        raise RegistrationError(f"{path} is a declaration, not a registration; give the sealed "
+                                f".json ({sealed}, which `bistat register {path}` writes)")
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError as exc:

@@ -145,6 +145,17 @@ class CommandServerEngine(LocalServerEngine):
             except ValueError as exc:
                 problems.append((f"{where}.command", str(exc)))
                 continue
+            if "port" not in fields:
+                problems.append((f"{where}.command", "the command has no {port} placeholder: "
+                                 "bistat starts each arm's server on a free loopback port it "
+                                 "chooses and connects there; write --port {port} (or what the "
+                                 "server's own option is) in the command"))
+            ready = args.get("ready_path", "/v1/models")
+            if not (isinstance(ready, str) and ready.startswith("/")):
+                field = (f"arms[{i}].args.ready_path" if "ready_path" in arm.args
+                         else "engine.args.ready_path")
+                problems.append((field, f"{ready!r} is not a path on the server; write e.g. "
+                                 "ready_path = \"/v1/models\" (the default) or \"/health\""))
             values = set(args) - set(cls.ADAPTER_KEYS) - set(cls.HTTP_KEYS)
             for name in fields:
                 if name not in BUILTIN_FIELDS and name not in values:
@@ -157,7 +168,19 @@ class CommandServerEngine(LocalServerEngine):
                                  f"(nor one of bistat's own keys "
                                  f"{list(cls.ADAPTER_KEYS + cls.HTTP_KEYS)}); write "
                                  f"{{{name}}} in the command or remove it"))
-        return list(dict.fromkeys(problems)) + workload_conflicts(experiment, cls.kind)
+        from bistat.engines.declared import number_problems
+
+        return (list(dict.fromkeys(problems))
+                + number_problems(experiment, cls.ADAPTER_KEYS + cls.HTTP_KEYS)
+                + workload_conflicts(experiment, cls.kind))
+
+    @classmethod
+    def declaration_limits(cls, experiment: Any) -> list[str]:
+        """What registration cannot check for servers started from a command."""
+        return [f"engine {cls.kind!r}: that the command starts a server serving the model, and "
+                "workload.max_tokens against its context length: each arm's server tells them "
+                "only when it answers (at the run's start, /v1/models); a pass in which every "
+                "request fails stops the run"]
 
     @classmethod
     def from_experiment(cls, experiment: Any, arm: Any) -> "CommandServerEngine":

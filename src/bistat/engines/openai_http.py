@@ -393,12 +393,68 @@ class OpenAIHTTPEngine:
         self._server_version: str | None = None
         self.metrics_errors = 0  # /metrics samples that could not be fetched or parsed
 
+    #: the declaration keys of an ``openai`` arm (engine.args overridden by the arm's args)
+    DECLARATION_KEYS = ("url", "retries", "backoff_s", "max_retry_wait_s", "request_timeout_s",
+                        "metrics_interval_s", "api_key_env")
+
     @classmethod
     def declaration_problems(cls, experiment: Any) -> list[tuple[str, str]]:
-        """``(field, message)`` for ``retries`` or ``request_timeout_s`` declared both in
-        ``workload`` and in ``engine.args`` or an arm's ``args`` with different values
-        (:func:`workload_conflicts`)."""
-        return workload_conflicts(experiment, "openai")
+        """What ``from_experiment`` and ``start`` would refuse, before anything is sealed: an
+        argument that is not one of :attr:`DECLARATION_KEYS` (a setting of the server itself is
+        made where the server is started), an arm with no ``url`` or with one that is not
+        ``http(s)://HOST:PORT``, a client setting of the wrong type, and ``retries`` or
+        ``request_timeout_s`` declared twice with different values (:func:`workload_conflicts`)."""
+        import difflib
+
+        from bistat.engines.declared import arg_tables, declared_at, number_problems, url_problem
+
+        keys = cls.DECLARATION_KEYS
+        problems: list[tuple[str, str]] = []
+        for table, args in arg_tables(experiment):
+            for key in sorted(set(args) - set(keys)):
+                close = difflib.get_close_matches(key, keys, n=1)
+                hint = (f"did you mean {close[0]!r}?" if close else
+                        "a setting of the server itself (its GEMM, its attention backend) is made "
+                        "where the server is started, e.g. `bistat serve --gemm invariant`; to "
+                        "start a server per arm from a command, use kind = \"command-server\"")
+                problems.append((f"{table}.{key}", f"unknown argument {key!r} for engine "
+                                 f"'openai', which only connects to a server started elsewhere; "
+                                 f"expected some of {list(keys)}; {hint}"))
+        missing = [arm.name for arm in experiment.arms
+                   if "url" not in {**dict(experiment.engine.args), **dict(arm.args)}]
+        if missing:
+            where = ("engine.args.url" if len(missing) == len(experiment.arms)
+                     else f"arms[{[a.name for a in experiment.arms].index(missing[0])}].args.url")
+            arms = (f"arms {', '.join(map(repr, missing))} have none" if len(missing) > 1
+                    else f"arm {missing[0]!r} has none")
+            problems.append((where, f"engine 'openai' needs the URL of each arm's server ({arms}),"
+                             " e.g. url = \"http://127.0.0.1:8000\" in engine.args or in each "
+                             "arm's args"))
+        seen: set[str] = set()
+        for i, arm in enumerate(experiment.arms):
+            args = {**dict(experiment.engine.args), **dict(arm.args)}
+            field = declared_at(experiment, i, "url")
+            if "url" in args and field not in seen:
+                seen.add(field)
+                problem = url_problem(args["url"])
+                if problem is not None:
+                    problems.append((field, problem))
+        for table, args in arg_tables(experiment):
+            if "api_key_env" in args and not (isinstance(args["api_key_env"], str)
+                                              and args["api_key_env"]):
+                problems.append((f"{table}.api_key_env", f"{args['api_key_env']!r} is not the "
+                                 "name of an environment variable; write e.g. api_key_env = "
+                                 "\"OPENAI_API_KEY\" (the key itself never sits in a declaration)"))
+        return (problems + number_problems(experiment, keys)
+                + workload_conflicts(experiment, "openai"))
+
+    @classmethod
+    def declaration_limits(cls, experiment: Any) -> list[str]:
+        """What registration cannot check for servers started elsewhere."""
+        return ["engine 'openai': workload.max_tokens against the server's context length, and "
+                "the model it serves: the server is started elsewhere and tells them only when it "
+                "answers (at the run's start, /v1/models); a pass in which every request fails "
+                "stops the run"]
 
     @classmethod
     def from_experiment(cls, experiment: Any, arm: Any) -> "OpenAIHTTPEngine":
@@ -413,8 +469,7 @@ class OpenAIHTTPEngine:
 
         args = {**workload_defaults(experiment), **dict(experiment.engine.args),
                 **dict(arm.args)}
-        allowed = {"url", "retries", "backoff_s", "max_retry_wait_s", "request_timeout_s",
-                   "metrics_interval_s", "api_key_env"}
+        allowed = set(cls.DECLARATION_KEYS)
         unknown = sorted(set(args) - allowed)
         if unknown:
             raise ValueError(f"arms[{arm.name}].args / engine.args: unknown key(s) {unknown} for "

@@ -429,8 +429,27 @@ class SGLangServerEngine(LocalServerEngine):
     def declaration_problems(cls, experiment: Any) -> list[tuple[str, str]]:
         """Argument names SGLang's ``launch_server`` does not accept (:mod:`.sglang_args`), and
         the HTTP client's settings declared twice with different values."""
+        from bistat.engines.declared import chosen_address_problems, number_problems
+
         return (arg_problems(experiment, cls.ADAPTER_KEYS + cls.HTTP_KEYS)
+                + chosen_address_problems(experiment, cls.kind)
+                + number_problems(experiment, cls.ADAPTER_KEYS + cls.HTTP_KEYS)
                 + workload_conflicts(experiment, cls.kind))
+
+    @classmethod
+    def prompt_problems(cls, experiment: Any, prompts: Sequence[Any]) -> list[tuple[str, str]]:
+        """``workload.max_tokens`` with the longest prompt against a declared ``context_length``."""
+        from bistat.engines.declared import context_problems
+
+        return context_problems(experiment, "context_length", "SGLang", prompts)
+
+    @classmethod
+    def declaration_limits(cls, experiment: Any) -> list[str]:
+        """What registration cannot check: the context of arms that declare no
+        ``context_length``."""
+        from bistat.engines.declared import context_limits
+
+        return context_limits(experiment, cls.kind, "context_length", "SGLang")
 
     @classmethod
     def from_experiment(cls, experiment: Any, arm: Any) -> "SGLangServerEngine":

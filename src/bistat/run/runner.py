@@ -480,6 +480,12 @@ class _Engines:
                 self.event(arm, "start_failed", f"{type(exc).__name__}: {exc}")
                 what = "could not be created" if engine is None else "failed to start"
                 failure = failure or _Untested(f"engine for arm {arm!r} {what}: {exc}")
+            elif engine is None and isinstance(exc, (ValueError, TypeError)):
+                # the adapter refused the declaration's arguments (a registration sealed before
+                # register checked them): a refusal, not a defect
+                self.event(arm, "refused", f"{type(exc).__name__}: {exc}")
+                failure = failure or _Untested(f"engine for arm {arm!r} could not be created "
+                                               f"from the declaration: {exc}")
             else:
                 failure = failure or exc
         if failure is not None:
