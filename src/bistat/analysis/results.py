@@ -18,6 +18,7 @@ from bistat.analysis.passes import MetricsSeries, PassSummary
 from bistat.analysis.probe_report import ProbeReport
 from bistat.core import stats
 from bistat.core.classify import RunTestable, ValidityCheck
+from bistat.core.failures import ErrorGroup, describe_groups
 from bistat.declare.engine_version import EngineVersionReport
 from bistat.store.enginelog import CudaGraphSizes, JitCompile
 
@@ -28,6 +29,7 @@ __all__ = [
     "ArmSummary",
     "Divergence",
     "DivergenceSpread",
+    "FailedRequests",
     "KvTile",
     "KvTileArm",
     "RunSummary",
@@ -142,6 +144,34 @@ def probe_missed(probe: ProbeReport | None, arms: Sequence[ArmSummary]) -> tuple
                  if not a.error and a.trials and not a.differs and a.arm in study
                  and study[a.arm].n_prompts_diverged)
 
+
+
+@dataclass(frozen=True)
+class FailedRequests:
+    """The run's failed requests (every recorded pass: warm-ups, counted, interrupted), grouped
+    by their error (:func:`bistat.core.failures.error_groups`: the same text but for numbers).
+
+    Attributes
+    ----------
+    total : int
+        Failed requests recorded.
+    n_records : int
+        Response records read.
+    by_arm : tuple of (arm, failed)
+        Per arm, in the declaration's order.
+    groups : tuple of ErrorGroup
+        The errors, each with its first text and how many requests shared it, in the order they
+        first appear in the records.
+    """
+
+    total: int
+    n_records: int
+    by_arm: tuple[tuple[str, int], ...]
+    groups: tuple[ErrorGroup, ...]
+
+    def lines(self, limit: int = 3) -> list[str]:
+        """The first ``limit`` errors in words (:func:`bistat.core.failures.describe_groups`)."""
+        return describe_groups(self.groups, self.total, limit=limit)
 
 
 @dataclass(frozen=True)
@@ -284,6 +314,8 @@ class RunSummary:
     exploratory: bool = False
     #: the registration the run was recorded under, when analysed against a sibling
     recorded_registration: str | None = None
+    #: the failed requests of every recorded pass, grouped by their error
+    failed_requests: FailedRequests | None = None
 
     # What the fields above show, computed once when the summary is made (and made again by
     # ``dataclasses.replace``); the finding and ``bistat analyze --json`` read these.

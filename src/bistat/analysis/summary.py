@@ -83,12 +83,13 @@ from bistat.analysis.matching import Matching, match_arms
 from bistat.analysis.passes import MetricsSeries, PassSummary, pass_latencies, pass_summaries
 from bistat.analysis.probe_report import ProbeReportError, read_probe_reports
 from bistat.analysis.results import (AnalysisError, ArmComparison, ArmEnvironment, ArmSummary,
-                                     Divergence, RunSummary, SiblingVerdict)
+                                     Divergence, FailedRequests, RunSummary, SiblingVerdict)
 from bistat.analysis.siblings import display_path, sealed_after_data, sibling_registrations
 from bistat.analysis.timing import (BeyondGraphs, EngineStarts, GpuClocks, HostLoad, engine_starts,
                                     gpu_clocks, host_load, time_beyond_graphs)
 from bistat.analysis.validity import VERSION_KEYS
 from bistat.core import stats
+from bistat.core.failures import error_groups
 from bistat.core.classify import (ActivationEvidence, ArmStats, PairedCounts, RunTestable,
                                   ValidityCheck, classify)
 from bistat.declare.engine_version import EngineVersionReport, engine_version_report
@@ -240,7 +241,21 @@ def analyze_run(run_dir: str | Path | RecordedRun,
             if (size := cudagraph_sizes(starts[max(starts)])) is not None),
         exploratory=registered.exploratory, recorded_registration=(
             display_path(sibling_of.path) if sibling_of is not None else None),
-        engine_version=engine_version)
+        engine_version=engine_version,
+        failed_requests=failed_requests(responses, arm_names))
+
+
+def failed_requests(responses: pd.DataFrame, arm_names: Sequence[str]) -> FailedRequests:
+    """The failed requests among ``responses`` (the records as read, in order), grouped by their
+    error and counted per arm."""
+    if responses.empty or "error" not in responses:
+        return FailedRequests(0, len(responses), tuple((a, 0) for a in arm_names), ())
+    failed = responses[responses["error"].notna()]
+    errors = [str(e) for e in failed["error"]]
+    per_arm = failed["arm"].value_counts()
+    return FailedRequests(len(errors), len(responses),
+                          tuple((a, int(per_arm.get(a, 0))) for a in arm_names),
+                          error_groups(errors))
 
 
 @dataclass(frozen=True)

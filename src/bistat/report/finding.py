@@ -854,6 +854,25 @@ def _validity(s: RunSummary) -> list[str]:
     return out
 
 
+def _failed_requests(s: RunSummary) -> list[str]:
+    """The run's failed requests grouped by their error, the first texts quoted: what stopped the
+    engine from answering, not only that it did not (a run without failures has no section)."""
+    fr = s.failed_requests
+    if fr is None or not fr.total:
+        return []
+    arms = ", ".join(f"{arm} {n}" for arm, n in fr.by_arm if n)
+    rows = [(str(g.count), md_cell(g.first[:400] + ("..." if len(g.first) > 400 else "")))
+            for g in fr.groups[:5]]
+    rest = fr.groups[5:]
+    more = ([f"{len(rest)} other error(s), {sum(g.count for g in rest)} request(s), not "
+             "shown.", ""] if rest else [])
+    return ["## Failed requests", "",
+            f"{fr.total} of {fr.n_records} recorded requests failed (every pass, warm-ups "
+            f"included; by arm: {arms}). Their errors, grouped where the texts agree but for "
+            "numbers (ids, lengths, counts), each with its first text as recorded:", "",
+            md_table(("requests", "first error"), rows), "", *more]
+
+
 def _notes(s: RunSummary) -> list[str]:
     """The operator's ``NOTES.md``, quoted: stated by whoever ran it, not computed."""
     if not s.operator_notes:
@@ -918,7 +937,8 @@ def render_markdown(summary: RunSummary, plot_files: dict[str, str] | None = Non
              + _throughput(summary, plots["throughput"]) + _latency(summary)
              + _divergence(summary, plots["divergence"])
              + _anatomy(summary, plots.get(ANATOMY_PLOT))
-             + _batching(summary, plots["running"]) + _validity(summary) + _tail(summary))
+             + _batching(summary, plots["running"]) + _validity(summary)
+             + _failed_requests(summary) + _tail(summary))
     return "\n".join(parts).rstrip("\n") + "\n"
 
 
