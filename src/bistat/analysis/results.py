@@ -16,6 +16,7 @@ from bistat.analysis import anatomy as anat
 from bistat.analysis import timing
 from bistat.analysis.passes import MetricsSeries, PassSummary
 from bistat.analysis.probe_report import ProbeReport
+from bistat.analysis.servers import ServerReport
 from bistat.core import stats
 from bistat.core.classify import RunTestable, ValidityCheck
 from bistat.core.failures import ErrorGroup, describe_groups
@@ -316,6 +317,9 @@ class RunSummary:
     recorded_registration: str | None = None
     #: the failed requests of every recorded pass, grouped by their error
     failed_requests: FailedRequests | None = None
+    #: what each arm's server declared about itself (bistat.analysis.servers); empty for
+    #: engines that run in bistat's process and runs recorded before servers were asked
+    servers: tuple[ServerReport, ...] = ()
 
     # What the fields above show, computed once when the summary is made (and made again by
     # ``dataclasses.replace``); the finding and ``bistat analyze --json`` read these.

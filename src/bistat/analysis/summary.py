@@ -84,6 +84,7 @@ from bistat.analysis.passes import MetricsSeries, PassSummary, pass_latencies, p
 from bistat.analysis.probe_report import ProbeReportError, read_probe_reports
 from bistat.analysis.results import (AnalysisError, ArmComparison, ArmEnvironment, ArmSummary,
                                      Divergence, FailedRequests, RunSummary, SiblingVerdict)
+from bistat.analysis.servers import ServerReport, server_reports
 from bistat.analysis.siblings import display_path, sealed_after_data, sibling_registrations
 from bistat.analysis.timing import (BeyondGraphs, EngineStarts, GpuClocks, HostLoad, engine_starts,
                                     gpu_clocks, host_load, time_beyond_graphs)
@@ -95,6 +96,7 @@ from bistat.core.classify import (ActivationEvidence, ArmStats, PairedCounts, Ru
 from bistat.declare.engine_version import EngineVersionReport, engine_version_report
 from bistat.declare.experiment import Experiment
 from bistat.declare.prereg import Registration, release_log_checks
+from bistat.engines.registry import capabilities
 from bistat.store.enginelog import (cudagraph_sizes, jit_compiles, kept_log_lines, kept_logs,
                                     logged_modes)
 from bistat.store.format import NOTES_FILE
@@ -179,10 +181,15 @@ def analyze_run(run_dir: str | Path | RecordedRun,
     matching = match_arms(run, exp, responses, passes, deviations)
     arm_summaries = matching.arms
 
-    envs, fps = valid.environments(tables.environment, arm_names)
+    servers = server_reports(tables.environment, arm_names)
+    caps = capabilities(exp.engine.kind)
+    remote = caps.declared_server and not caps.local_gpu   # servers started elsewhere
+    envs, fps = valid.environments(tables.environment, arm_names, servers,
+                                   declared_server=caps.declared_server)
     bad_events, gpu_busy = valid.bad_events(tables.events)
     validity = valid.validity_checks(exp, passes, fps, envs, reg.sealed_utc, created,
-                                     exploratory=registered.exploratory)
+                                     exploratory=registered.exploratory, servers=servers,
+                                     remote=remote)
     not_run = valid.not_run(exp, arm_summaries, passes, envs, bad_events, gpu_busy, tables.gaps,
                             deviations)
     arm_reasons = valid.untestable(bad_events, arm_summaries, exp.workload.passes)
@@ -201,11 +208,12 @@ def analyze_run(run_dir: str | Path | RecordedRun,
     activation = act.arm_activation(
         [a.model_dump(mode="json") for a in exp.arms], marker_lines,
         None if probe is None else probe.to_json(),
-        {a.name: (a.n_prompts_diverged, a.n_prompts) for a in arm_summaries})
+        {a.name: (a.n_prompts_diverged, a.n_prompts) for a in arm_summaries},
+        servers={r.arm: r for r in servers}, compare_servers=caps.declared_server)
     evidence = {a.arm: _evidence(a, probe is not None) for a in activation}
 
     comparisons, pairs = _comparisons(exp, matching, validity, arm_reasons, evidence)
-    sib_verdicts = _sibling_verdicts(reg, created, passes, fps, envs, pairs)
+    sib_verdicts = _sibling_verdicts(reg, created, passes, fps, envs, pairs, servers, remote)
 
     engine_version = _engine_version(exp, reg, tables.environment, tables.events, engine_logs,
                                      created)
@@ -242,7 +250,7 @@ def analyze_run(run_dir: str | Path | RecordedRun,
         exploratory=registered.exploratory, recorded_registration=(
             display_path(sibling_of.path) if sibling_of is not None else None),
         engine_version=engine_version,
-        failed_requests=failed_requests(responses, arm_names))
+        failed_requests=failed_requests(responses, arm_names), servers=servers)
 
 
 def failed_requests(responses: pd.DataFrame, arm_names: Sequence[str]) -> FailedRequests:
@@ -360,14 +368,16 @@ def _comparisons(exp: Experiment, matching: Matching, validity: Sequence[Validit
 
 def _sibling_verdicts(reg: Registration, created: str | None, passes: Sequence[PassSummary],
                       fps: Any, envs: Mapping[str, ArmEnvironment],
-                      pairs: Sequence[_Pair]) -> list[SiblingVerdict]:
+                      pairs: Sequence[_Pair], servers: Sequence[ServerReport] = (),
+                      remote: bool = False) -> list[SiblingVerdict]:
     """Phase 6 (siblings): the same comparisons under the sibling registrations' rules."""
     siblings: list[SiblingVerdict] = []
     for sib in sibling_registrations(reg):
         sib_exp = sib.experiment()
         sib_later = sealed_after_data(sib, created)
         sib_validity = tuple(valid.validity_checks(sib_exp, passes, fps, envs, sib.sealed_utc,
-                                                   created, exploratory=sib_later))
+                                                   created, exploratory=sib_later,
+                                                   servers=servers, remote=remote))
         for ctl_stats, trt_stats, pair_status, counts, ev in pairs:
             siblings.append(SiblingVerdict(
                 display_path(sib.path), sib_exp.name, trt_stats.name, ctl_stats.name,

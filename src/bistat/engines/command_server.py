@@ -98,7 +98,7 @@ class CommandServerEngine(LocalServerEngine):
 
     kind = "command-server"
     capabilities = EngineCapabilities(local_gpu=True, engine_log=True, prompt_logprobs=True,
-                                      prefix_cache_reset=True)
+                                      prefix_cache_reset=True, declared_server=True)
     engine_name = "command-started"
     install_hint = "check engine.args.command (the program must be on PATH or a full path)"
     stop_signal = signal.SIGTERM
@@ -224,7 +224,8 @@ class CommandServerEngine(LocalServerEngine):
         self.info = EngineInfo(
             kind=self.kind, version=self._served.version,
             args={"argv": argv, "model": self.model, "command": self.command,
-                  "ready_path": self.ready_path, **self.values, "log_path": str(self.log_path)},
+                  "ready_path": self.ready_path, **self.values, "log_path": str(self.log_path),
+                  "server_reported": self._served.args.get("server_reported")},
             env={**self.arm_env, **FORCED_ENV})
         return self.info
 

@@ -343,6 +343,41 @@ def workload_conflicts(experiment: Any, kind: str) -> list[tuple[str, str]]:
     return problems
 
 
+#: longest text kept of one value a server declares
+_REPORTED_MAX = 200
+
+
+def _scalars(data: Any, keys: int = 40) -> dict[str, Any] | None:
+    """The first ``keys`` scalar entries of a JSON object (strings cut at 200 characters), sorted
+    by key; None for anything else."""
+    if not isinstance(data, dict):
+        return None
+    out = {}
+    for key in sorted(data, key=str)[:keys]:
+        value = data[key]
+        if isinstance(value, str):
+            out[str(key)] = value[:_REPORTED_MAX]
+        elif value is None or isinstance(value, (bool, int, float)):
+            out[str(key)] = value
+    return out
+
+
+def server_report(version: Any, model: Any) -> dict[str, Any]:
+    """What a server declares about itself, as an ``openai`` arm records it: its ``GET /version``
+    answer (``version``: bistat serve's is ``{"version", "server", "engine", "gemm", ...}``,
+    vLLM's ``{"version"}``) and its ``GET /v1/models`` entry for the served model (``model``:
+    ``max_model_len``, ``owned_by``, ``root`` where it says them), each a JSON object of scalars,
+    None where the server answered nothing readable.
+
+    >>> server_report({"version": "0.1.0", "gemm": "blas", "nested": {}}, {"id": "m", "max_model_len": 2048})
+    {'version': {'gemm': 'blas', 'version': '0.1.0'}, 'model': {'id': 'm', 'max_model_len': 2048}}
+    """
+    entry = _scalars(model)
+    if entry is not None:   # what the model entry says of the server, not when it was listed
+        entry = {k: v for k, v in entry.items() if k in ("id", "max_model_len", "owned_by", "root")}
+    return {"version": _scalars(version), "model": entry}
+
+
 class OpenAIHTTPEngine:
     """Attach to an OpenAI-compatible server at ``base_url``.
 
@@ -371,7 +406,7 @@ class OpenAIHTTPEngine:
 
     kind = "openai"
     capabilities = EngineCapabilities(parallel_start=True, prompt_logprobs=True,
-                                      prefix_cache_reset=True)
+                                      prefix_cache_reset=True, declared_server=True)
 
     def __init__(self, base_url: str, *, model: str | None = None, retries: int = 3,
                  backoff_s: float = 0.5, max_retry_wait_s: float = 120.0,
@@ -391,6 +426,8 @@ class OpenAIHTTPEngine:
         self.start_timeout_s = start_timeout_s
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._server_version: str | None = None
+        #: what the server declared at start (:func:`server_report`); None before start
+        self.server_reported: dict[str, Any] | None = None
         self.metrics_errors = 0  # /metrics samples that could not be fetched or parsed
 
     #: the declaration keys of an ``openai`` arm (engine.args overridden by the arm's args)
@@ -504,16 +541,20 @@ class OpenAIHTTPEngine:
                         f"{self.base_url}/v1/models answered HTTP {resp.status_code}: "
                         f"{resp.text[:200]!r}; is this an OpenAI-compatible server?")
                 try:
-                    served = [m["id"] for m in resp.json()["data"]]
+                    entries = resp.json()["data"]
+                    served = [m["id"] for m in entries]
                 except (ValueError, KeyError, TypeError) as exc:
                     raise EngineStartError(f"{self.base_url}/v1/models: not an OpenAI model list "
                                            f"({exc}); is this an OpenAI-compatible server?") from exc
+                declared = None
                 try:
                     v = self._send(client, "GET", "/version")
-                    if v.status_code == 200:
-                        self._server_version = str(v.json().get("version"))
+                    if v.status_code == 200 and isinstance(v.json(), dict):
+                        declared = v.json()
                 except (httpx.HTTPError, EngineError, ValueError, AttributeError):
-                    self._server_version = None
+                    declared = None
+                self._server_version = (str(declared["version"]) if declared is not None
+                                        and declared.get("version") is not None else None)
         except httpx.HTTPError as exc:
             raise EngineStartError(
                 f"cannot reach the server at {self.base_url} ({type(exc).__name__}: {exc}); "
@@ -525,13 +566,18 @@ class OpenAIHTTPEngine:
         elif self.model not in served:
             raise EngineStartError(f"{self.base_url} does not serve model {self.model!r}; it serves "
                                    f"{served}. Fix the declaration's engine.model")
+        entry = next((m for m in entries if isinstance(m, dict) and m.get("id") == self.model),
+                     None)
+        self.server_reported = server_report(declared, entry)
         return EngineInfo(kind=self.kind, version=self._server_version or "unknown",
                           args={"url": self.base_url, "model": self.model,
-                                "retries": self.retries})
+                                "retries": self.retries,
+                                "server_reported": self.server_reported})
 
     def fingerprint(self) -> dict[str, Any]:
         return {"kind": self.kind, "url": self.base_url, "model": self.model,
-                "server_version": self._server_version}
+                "server_version": self._server_version,
+                "server_reported": self.server_reported}
 
     def stop(self) -> None:
         """Nothing to stop: the server belongs to someone else."""

@@ -517,9 +517,12 @@ class SGLangServerEngine(LocalServerEngine):
     def fingerprint(self) -> dict[str, Any]:
         """The engine's own details; the runner adds the machine's (GPUs, driver)."""
         info = self.info
+        versions = dict(self.versions)
+        if versions.get("sglang") is None and info is not None and info.version != "unknown":
+            versions["sglang"] = info.version   # the server's own word where metadata has none
         return {"kind": self.kind, "model": self.model,
                 "version": info.version if info else None,
                 "commit": info.commit if info else None,
-                "versions": dict(self.versions),
+                "versions": versions,
                 "server": self.client.reported() if self.client else {},
                 "url": self.client.base_url if self.client else None}

@@ -233,7 +233,9 @@ class VLLMServerEngine(LocalServerEngine):
                                            **self.http_kwargs)
             info = self.client.start()
             self.info = EngineInfo(kind=self.kind, version=info.version,
-                                   args={"url": self.url, **self.args}, env=self.arm_env)
+                                   args={"url": self.url, **self.args,
+                                         "server_reported": info.args.get("server_reported")},
+                                   env=self.arm_env)
             return self.info
         version, commit, problem = self.probe_version()
         argv, _ = self._start_server()
@@ -247,7 +249,8 @@ class VLLMServerEngine(LocalServerEngine):
             args={"argv": argv, "model": self.model, **self.args,
                   "enable_prefix_caching": self.enable_prefix_caching,
                   "tensor_parallel_size": self.tensor_parallel_size,
-                  "log_path": str(self.log_path)},
+                  "log_path": str(self.log_path),
+                  "server_reported": served.args.get("server_reported")},
             env={**self.arm_env, **FORCED_ENV}, log_findings=findings,
             modes=self.logged_modes())
         return self.info

@@ -206,12 +206,18 @@ def _summary(s: RunSummary) -> list[str]:
 
 
 def _engine_version(s: RunSummary) -> str:
-    """``vLLM 0.25.0`` for vLLM engines (server or offline alike), else the engine as recorded
+    """``vLLM 0.25.0`` for vLLM engines (server or offline alike), ``SGLang 0.5.23`` for SGLang,
+    the servers as they declare themselves for engines that drive any server (``openai →
+    bistat serve 0.1.0``, ``unknown`` where one declares nothing), else the engine as recorded
     (``embedded 0.1.0``)."""
     envs = [e for _, e in s.environments]
     vllm = sorted({dict(e.versions).get("vllm") for e in envs} - {None})
     if (s.engine_kind or "").startswith("vllm") and vllm:
         return "vLLM " + ", ".join(vllm)
+    if s.servers and capabilities(s.engine_kind or "").declared_server:
+        return f"{s.engine_kind} → " + ", ".join(sorted({r.describe() for r in s.servers}))
+    if s.servers and all(r.name == "SGLang" for r in s.servers):
+        return ", ".join(sorted({r.describe() for r in s.servers}))
     return ", ".join(sorted({e.engine for e in envs})) or (s.engine_kind or "—")
 
 
@@ -306,6 +312,12 @@ def _environment(s: RunSummary) -> list[str]:
     for k in keys:
         rows.append((k, *[dict(envs[a].versions).get(k) or "not installed" for a in names]))
     rows += _engine_rows(s, names)
+    servers = {r.arm: r for r in s.servers}
+    if servers:
+        rows += [("server (as it declares itself)",
+                  *[servers[a].describe() if a in servers else "not recorded" for a in names]),
+                 ("server declares", *[servers[a].settings_text() if a in servers else "—"
+                                       for a in names])]
     arm_env = {a["name"]: a.get("env") or {} for a in s.declaration.get("arms", [])}
     rows.append(("declared env", *[", ".join(f"`{k}={v}`" for k, v in sorted(
         arm_env.get(a, {}).items())) or "—" for a in names]))
@@ -369,13 +381,23 @@ def _activation(s: RunSummary) -> list[str]:
                  + f"): the same needle and settings on different arms, judged together, {power}.",
                  ""]
     if not (s.engine_kind or "").startswith("vllm"):
+        served = any(a.server is not None for a in s.activation)
+        backends = bool(s.servers) and any(a.attention for a in s.activation)
         rows = [(a.arm, a.role, ", ".join(f"`{r}`" for r in a.requested) or "—",
+                 *((a.server or "not recorded",) if served else ()),
+                 *((", ".join(a.attention) or "—",) if backends else ()),
                  (a.probe or "not run").replace("_", " "), a.status) for a in s.activation]
+        header = ("arm", "role", "requested (vs control)",
+                  *(("server (as it declares itself)",) if served else ()),
+                  *(("attention backend (server)",) if backends else ()), "probe", "status")
+        note = ([] if not s.servers else [
+            "What each arm's server declares about itself (`GET /version` and its model list; "
+            "SGLang's `/server_info`) is recorded at every engine start and compared with the "
+            "control's: a server that declares nothing leaves the arm's settings *unknown*.", ""])
         return ["## Activation", "",
                 f"A setting is *requested* until a behavioural probe with a negative control "
-                f"confirms it ({probe_cmd}).", "", *parts,
-                md_table(("arm", "role", "requested (vs control)", "probe", "status"), rows), "",
-                *_probe_detail(s)]
+                f"confirms it ({probe_cmd}).", "", *note, *parts,
+                md_table(header, rows), "", *_probe_detail(s)]
     flag = {True: "yes", False: "no", None: "—"}
     rows = [(a.arm, a.role, ", ".join(f"`{r}`" for r in a.requested) or "—",
              "**no**" if a.bi_requested and a.bi_kernels_logged is False

@@ -446,8 +446,16 @@ class _Server:
             "max_model_len": self.max_model_len}]})
 
     async def version(self, request: Request) -> Response:
+        """bistat's version and what the server runs: the model, its context length and the
+        engine's settings (the embedded engine's GEMM mode and batch size), so that a client
+        (an ``openai`` arm) records what it measured."""
+        engine = {}
+        if isinstance(getattr(self.engine, "gemm", None), str):
+            engine = {"engine": "embedded", "gemm": self.engine.gemm,
+                      "max_batch_size": getattr(self.engine, "max_batch_size", None)}
         return JSONResponse({"version": __version__, "server": "bistat serve",
-                             **self.engine_description})
+                             "model": self.model_name, "max_model_len": self.max_model_len,
+                             **engine, **self.engine_description})
 
     async def metrics(self, request: Request) -> Response:
         return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
