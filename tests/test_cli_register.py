@@ -202,7 +202,7 @@ def test_verify_ok_tampered_and_back_dated(cli, work):
     assert result.output == (
         f"OK: preregistrations/minimal.json is intact (sha256 {reg.sha256})\n"
         "  registered: 2026-03-01T12:00:00.000000Z\n"
-        "  no recorded runs checked\n"
+        "  no recorded runs checked (none in its run ledger or --runs-dir)\n"
         "  no git evidence (not in a git repository): only the seal's integrity is shown\n")
 
     run = Path("runs/minimal-1")
@@ -217,7 +217,7 @@ def test_verify_ok_tampered_and_back_dated(cli, work):
     assert result.output == (
         f"OK: preregistrations/minimal.json is intact (sha256 {reg.sha256})\n"
         "  registered: 2026-03-01T12:00:00.000000Z\n"
-        "  1 run, 2 timed records, all after the registration (earliest "
+        "  1 run of this registration, 2 timed records, all after the registration (earliest "
         "2026-03-01T12:10:00.000000Z)\n"
         "  no git evidence (not in a git repository): only the seal's integrity is shown\n")
 

@@ -31,6 +31,7 @@ __all__ = [
     "Divergence",
     "DivergenceSpread",
     "FailedRequests",
+    "RegistrationRun",
     "KvTile",
     "KvTileArm",
     "RunSummary",
@@ -173,6 +174,38 @@ class FailedRequests:
     def lines(self, limit: int = 3) -> list[str]:
         """The first ``limit`` errors in words (:func:`bistat.core.failures.describe_groups`)."""
         return describe_groups(self.groups, self.total, limit=limit)
+
+
+@dataclass(frozen=True)
+class RegistrationRun:
+    """One run of a registration, as its finding lists it.
+
+    Attributes
+    ----------
+    run_id : str
+    created_utc : str or None
+        ``run.json``'s; None for a directory that is gone.
+    recorded : str
+        How much of the declared schedule it recorded: ``complete (8 of 8 counted passes per
+        arm)``, ``stopped early (blas 3, invariant 2 of 8 counted passes)``, ``no pass recorded``,
+        ``directory gone``.
+    complete : bool
+        Every arm recorded its declared counted passes.
+    verdict : str
+        Each comparison's label under the finding's rule, or why there is none.
+    this : bool
+        The run the finding analyses.
+    found_in : str
+        ``this run``, ``its folder`` (a sibling directory), ``the run ledger``, or both.
+    """
+
+    run_id: str
+    created_utc: str | None
+    recorded: str
+    complete: bool
+    verdict: str
+    this: bool
+    found_in: str
 
 
 @dataclass(frozen=True)
@@ -320,6 +353,11 @@ class RunSummary:
     #: what each arm's server declared about itself (bistat.analysis.servers); empty for
     #: engines that run in bistat's process and runs recorded before servers were asked
     servers: tuple[ServerReport, ...] = ()
+    #: every run of the registration this run was recorded under that its run ledger and this
+    #: run's folder know, this one included (bistat.analysis.registration_runs)
+    registration_runs: tuple[RegistrationRun, ...] = ()
+    #: that registration's path, as run.json names it (or as displayed, for a sibling's)
+    runs_registration: str | None = None
 
     # What the fields above show, computed once when the summary is made (and made again by
     # ``dataclasses.replace``); the finding and ``bistat analyze --json`` read these.

@@ -83,7 +83,9 @@ from bistat.analysis.matching import Matching, match_arms
 from bistat.analysis.passes import MetricsSeries, PassSummary, pass_latencies, pass_summaries
 from bistat.analysis.probe_report import ProbeReportError, read_probe_reports
 from bistat.analysis.results import (AnalysisError, ArmComparison, ArmEnvironment, ArmSummary,
-                                     Divergence, FailedRequests, RunSummary, SiblingVerdict)
+                                     Divergence, FailedRequests, RegistrationRun, RunSummary,
+                                     SiblingVerdict)
+from bistat.analysis.registration_runs import recorded_state, registration_runs, verdict_text
 from bistat.analysis.servers import ServerReport, server_reports
 from bistat.analysis.siblings import display_path, sealed_after_data, sibling_registrations
 from bistat.analysis.timing import (BeyondGraphs, EngineStarts, GpuClocks, HostLoad, engine_starts,
@@ -129,7 +131,8 @@ __all__ = [
 
 
 def analyze_run(run_dir: str | Path | RecordedRun,
-                registration: str | Path | Registration | None = None) -> RunSummary:
+                registration: str | Path | Registration | None = None, *,
+                list_runs: bool = True) -> RunSummary:
     """Analyse a recorded run against its sealed registration.
 
     In phases: the registration (:func:`bistat.analysis.siblings.registered`) and the tables
@@ -149,6 +152,10 @@ def analyze_run(run_dir: str | Path | RecordedRun,
         The registration (``preregistrations/NAME.json``); default: the path ``run.json`` names
         in ``registration.path``. Found and its seal checked by the one resolver of a run's
         registration (``bistat.declare.run_registration.run_registration``).
+    list_runs : bool
+        Also find every other run of the registration the run was recorded under (its run
+        ledger and the run's folder: :mod:`bistat.analysis.registration_runs`) and analyse each
+        for its verdict (``RunSummary.registration_runs``).
 
     Returns
     -------
@@ -217,6 +224,15 @@ def analyze_run(run_dir: str | Path | RecordedRun,
 
     engine_version = _engine_version(exp, reg, tables.environment, tables.events, engine_logs,
                                      created)
+    recorded = sibling_of if sibling_of is not None else reg
+    runs: tuple[RegistrationRun, ...] = ()
+    if list_runs:
+        state = recorded_state({a.name: a.counted_passes for a in arm_summaries}, exp,
+                               [f"engine {e.replace('_', ' ')} (arm {a})"
+                                for a, e, _ in bad_events])
+        runs = registration_runs(
+            run_dir, run.run_id, created, recorded, exp, state, verdict_text(comparisons),
+            lambda d: analyze_run(d, reg, list_runs=False))
     deviations.extend(engine_version.deviations)
     passes_df = tables.passes
     return RunSummary(
@@ -250,7 +266,10 @@ def analyze_run(run_dir: str | Path | RecordedRun,
         exploratory=registered.exploratory, recorded_registration=(
             display_path(sibling_of.path) if sibling_of is not None else None),
         engine_version=engine_version,
-        failed_requests=failed_requests(responses, arm_names), servers=servers)
+        failed_requests=failed_requests(responses, arm_names), servers=servers,
+        registration_runs=runs,
+        runs_registration=(display_path(recorded.path) if sibling_of is not None else
+                           hdr_reg.get("path") if isinstance(hdr_reg, Mapping) else None))
 
 
 def failed_requests(responses: pd.DataFrame, arm_names: Sequence[str]) -> FailedRequests:

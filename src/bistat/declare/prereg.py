@@ -879,6 +879,32 @@ def ledger_runs(reg: Registration) -> list[Path]:
     return out
 
 
+def ledger_entries(reg: Registration) -> list[tuple[Path, bool]]:
+    """Every run directory the registration's ledger lists, in order, with whether it is still
+    a run of it (``run.json`` there names this registration); a directory since removed or
+    replaced is listed as ``False``: a run was started, and its record is gone."""
+    ledger = ledger_path(reg.path)
+    if not ledger.exists():
+        return []
+    out = []
+    for line in ledger.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        d = Path(os.path.normpath(ledger.parent / line))
+        run = _run_json(d)
+        out.append((d, run is not None and _names_registration(run, reg)))
+    return out
+
+
+def known_runs(reg: Registration, runs_dirs: Iterable[str | Path] = ()) -> list[Path]:
+    """The run directories of ``reg`` that its run ledger lists or that lie under ``runs_dirs``
+    (:func:`find_recorded_runs`), each once (by resolved path), in that order."""
+    out: dict[Path, Path] = {}
+    for d in [*ledger_runs(reg), *find_recorded_runs(reg, runs_dirs)]:
+        out.setdefault(d.resolve(), d)
+    return list(out.values())
+
+
 def _has_data(run_dir: Path) -> bool:
     """True when the run recorded data: a response or a pass (``responses.jsonl``/``.parquet``,
     ``passes.jsonl``). Headers alone (``run.json``, the engine's failed start in
@@ -934,6 +960,8 @@ class VerifyReport:
     git: GitEvidence = GitEvidence("none")
     signature: SignatureCheck = SignatureCheck("none")
     release_checks: int = 0   # verified lines of NAME.releases.jsonl
+    #: run directories the run ledger lists that no longer hold a run of it
+    ledger_missing: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -942,7 +970,9 @@ class VerifyReport:
     def to_dict(self) -> dict[str, Any]:
         return {"path": self.path, "ok": self.ok, "sha256": self.sha256, "name": self.name,
                 "registered_utc": self.registered_utc, "sealed_utc": self.sealed_utc,
-                "amendments": self.amendments, "runs": list(self.runs), "n_data": self.n_data,
+                "amendments": self.amendments, "runs": list(self.runs),
+                "n_runs": len(self.runs), "ledger_missing": list(self.ledger_missing),
+                "n_data": self.n_data,
                 "earliest_datum": self.earliest_datum, "problems": list(self.problems),
                 "git": {"status": self.git.status, "commit": self.git.commit,
                         "time_utc": self.git.time_utc, "before_first_record": self.git.before,
@@ -1010,7 +1040,9 @@ def verify(
         problems.append(f"{p}: sealed at {sealed['sealed_utc']}, which is in the future; the "
                         "registration is forward-dated or the clock is wrong")
 
-    dirs = [Path(d) for d in run_dirs] if run_dirs else find_recorded_runs(reg, runs_dirs)
+    dirs = [Path(d) for d in run_dirs] if run_dirs else known_runs(reg, runs_dirs)
+    missing = ([str(d) for d, ok in ledger_entries(reg) if not ok]
+               if not run_dirs and not problems else [])
     n_data = 0
     earliest: tuple[dt.datetime, str, str] | None = None
     for d in dirs:
@@ -1067,5 +1099,5 @@ def verify(
         amendments=len(sealed.get("amendments") or []), runs=tuple(str(d) for d in dirs),
         n_data=n_data, earliest_datum=None if earliest is None else earliest[1],
         problems=tuple(problems), git=evidence, signature=signature,
-        release_checks=release_checks,
+        release_checks=release_checks, ledger_missing=tuple(missing),
     )

@@ -11,6 +11,7 @@ the same repository gives byte-identical files.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -31,7 +32,8 @@ from bistat.analysis.probe_report import filler_line
 #: Suffix of the divergence-anatomy plot (``NAME-anatomy.png``), drawn by ``bistat.report.anatomy``.
 ANATOMY_PLOT = "anatomy"
 
-__all__ = ["FindingFiles", "render_markdown", "write_finding", "render_version_comparison"]
+__all__ = ["FindingExistsError", "FindingFiles", "finding_run", "render_markdown", "write_finding",
+           "render_version_comparison"]
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,7 @@ def _head(s: RunSummary, seal: SealEvidence | None) -> list[str]:
                ("Registered with bistat", s.registration_bistat_version or "—"),
                ("Run", f"`{s.run_id}`"),
                ("Run created (UTC)", s.created_utc or "—"),
+               *([("Runs of its registration", _runs_count(s))] if s.registration_runs else []),
                ("Engine", s.engine_kind or "—"),
                ("Command", f"`{' '.join(s.command)}`" if s.command else "—"),
                ("Response records read", str(s.n_response_records)),
@@ -265,6 +268,35 @@ def _siblings(s: RunSummary) -> list[str]:
             f"{'its rule' if len(names) == 1 else 'each rule'} too (each criterion is in "
             f"{'its' if len(names) == 1 else 'their'} own finding):", "", *note,
             md_table(header, rows), ""]
+
+
+def _runs_count(s: RunSummary) -> str:
+    """``1 (this one)`` / ``3 (this one and 2 others: see Runs of this registration)``."""
+    n = len(s.registration_runs)
+    if n == 1:
+        return "1 (this one)"
+    return (f"{n} (this one and {n - 1} other{'s' if n > 2 else ''}: see Runs of this "
+            "registration)")
+
+
+def _registration_runs(s: RunSummary) -> list[str]:
+    """Every run of the registration this run was recorded under: a study run until its result
+    looked good shows every run it took."""
+    if not s.registration_runs:
+        return []
+    reg = s.runs_registration or "its registration"
+    ledger = (Path(reg).with_name(f".{Path(reg).stem}.runs").as_posix()
+              if s.runs_registration else "its run ledger")
+    rows = [(f"`{r.run_id}`", r.created_utc or "—",
+             r.recorded, r.verdict, r.found_in) for r in s.registration_runs]
+    n = len(rows)
+    lead = ("This is the only run of" if n == 1 else f"{n} runs were recorded under")
+    return ["## Runs of this registration", "",
+            f"{lead} `{reg}` that its run ledger (`{ledger}`, written by `bistat run` as each "
+            "run starts) and this run's folder know. Every run of a registration is listed "
+            "with its verdict under this finding's rule, so that none can be left out for its "
+            "result.", "",
+            md_table(("run", "created (UTC)", "recorded", "verdict", "found in"), rows), ""]
 
 
 def _rule(s: RunSummary) -> list[str]:
@@ -952,7 +984,7 @@ def render_markdown(summary: RunSummary, plot_files: dict[str, str] | None = Non
     suffixes = [suffix for suffix, _, _ in PLOTS] + [ANATOMY_PLOT]
     plots = plot_files or {suffix: f"{summary.name}-{suffix}.png" for suffix in suffixes}
     parts = (_head(summary, seal) + _summary(summary) + _verdict(summary) + _siblings(summary)
-             + _rule(summary)
+             + _registration_runs(summary) + _rule(summary)
              + _amendments(summary)
              + _environment(summary) + _engine_version_section(summary)
              + _activation(summary) + _match(summary, plots["match"])
@@ -964,20 +996,49 @@ def render_markdown(summary: RunSummary, plot_files: dict[str, str] | None = Non
     return "\n".join(parts).rstrip("\n") + "\n"
 
 
+class FindingExistsError(ValueError):
+    """The finding would replace another run's finding of the same name."""
+
+
+_RUN_ROW = re.compile(r"^\| Run \| `(?P<run>.+)` \|\s*$", re.MULTILINE)
+
+
+def finding_run(path: str | Path) -> str | None:
+    """The run a finding file was written from (its head table's ``Run`` row); None when the
+    file has none (not a finding written by ``bistat analyze``)."""
+    try:
+        m = _RUN_ROW.search(Path(path).read_text(encoding="utf-8", errors="replace"))
+    except OSError:
+        return None
+    return None if m is None else m["run"]
+
+
 def write_finding(summary: RunSummary, out_dir: str | Path, *,
-                  seal: SealEvidence | None = None) -> FindingFiles:
+                  seal: SealEvidence | None = None, force: bool = False) -> FindingFiles:
     """Write ``out_dir/NAME.md`` and its plots ``out_dir/NAME-*.png``; return the paths.
 
     The plots are :data:`bistat.report.plots.PLOTS` and, with an anatomy, ``NAME-anatomy.png``
     (``bistat.report.anatomy.plot_anatomy``). ``seal``: as for :func:`render_markdown`.
+
+    Raises
+    ------
+    FindingExistsError
+        ``out_dir/NAME.md`` is the finding of another run (of the same registration), unless
+        ``force``: a second run's analysis never silently replaces the first run's finding.
     """
     out = Path(out_dir)
+    md = out / f"{summary.name}.md"
+    other = finding_run(md) if md.exists() and not force else None
+    if other is not None and other != summary.run_id:
+        raise FindingExistsError(
+            f"{md} is the finding of run {other}; this is run {summary.run_id}, and writing its "
+            f"finding there would replace that run's. Write it elsewhere (--out DIR), or replace "
+            f"it with --force (both runs stay listed under 'Runs of this registration')")
     out.mkdir(parents=True, exist_ok=True)
     paths = save_plots(summary, out, summary.name)
     if summary.anatomy is not None:
         paths[ANATOMY_PLOT] = plot_anatomy(summary.anatomy,
                                            out / f"{summary.name}-{ANATOMY_PLOT}.png")
-    md = out / f"{summary.name}.md"
     text = render_markdown(summary, {k: p.name for k, p in paths.items()}, seal=seal)
     md.write_bytes(text.encode("utf-8"))
     return FindingFiles(md, tuple(paths.values()))

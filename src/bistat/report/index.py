@@ -54,6 +54,7 @@ _SUMMARY_LINE = re.compile(r"^Engine: (?P<engine>.+?) · GPU: (?P<gpu>.+?) · mo
                            r"run: `(?P<run>.*)` · rule: `(?P<rule>.*)` \((?P<analysis>confirmatory|"
                            r"exploratory)\)\s*$")
 _RUN_CREATED = re.compile(r"^\| Run created \(UTC\) \| (?P<utc>[^|]+?) \|\s*$")
+_RUNS = re.compile(r"^\| Runs of its registration \| (?P<n>\d+)\b")
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,8 @@ class IndexedFinding:
     hypothesis: str
     summary: FindingSummary | None = None
     run_created: str | None = None    # the header's "Run created (UTC)"
+    #: the header's "Runs of its registration" (None in findings written before it existed)
+    registration_runs: int | None = None
 
 
 def _cells(line: str) -> list[str]:
@@ -109,11 +112,14 @@ def read_finding(path: Path) -> IndexedFinding:
     head: dict[str, str] | None = None
     rows: list[SummaryRow] = []
     run_created = None
+    n_runs = None
     for line in path.read_text(encoding="utf-8").splitlines():
         if (m := _TITLE.match(line)) and name == path.stem:
             name = m["name"]
         elif run_created is None and (m := _RUN_CREATED.match(line)):
             run_created = m["utc"]
+        elif n_runs is None and (m := _RUNS.match(line)):
+            n_runs = int(m["n"])
         elif line.strip() == "## Hypothesis":
             in_hypothesis = True
         elif in_hypothesis and (m := _HYPOTHESIS.match(line)):
@@ -134,7 +140,7 @@ def read_finding(path: Path) -> IndexedFinding:
         raise ValueError(f"{path}: no verdict heading found; is it a finding written by "
                          "`bistat analyze`?")
     summary = None if head is None else FindingSummary(rows=tuple(rows), **head)
-    return IndexedFinding(path, name, tuple(verdicts), hypothesis, summary, run_created)
+    return IndexedFinding(path, name, tuple(verdicts), hypothesis, summary, run_created, n_runs)
 
 
 @dataclass(frozen=True)
@@ -661,7 +667,8 @@ def render_index(findings: list[IndexedFinding], base: Path,
              "where the rule has no cost rule). *Confirmatory*: the rule was sealed before the "
              "run's data, a test of the hypothesis. *Exploratory*: sealed after them (the default "
              "rule applied to runs recorded before it existed), a description that tests nothing. "
-             "The rows of one run are adjacent.", ""]
+             "The rows of one run are adjacent; a run whose registration was run more than once "
+             "says so (each finding lists every run of its registration).", ""]
     summarised = [f for f in findings if f.summary is not None]
     groups: dict[tuple[str, str], list[IndexedFinding]] = {}
     for f in summarised:
@@ -675,12 +682,14 @@ def render_index(findings: list[IndexedFinding], base: Path,
         for f in groups[(engine, gpu)]:
             sm = f.summary
             rel = f.path.relative_to(base).as_posix()
+            runs = ("" if not f.registration_runs or f.registration_runs < 2 else
+                    f" (one of {f.registration_runs} runs of its registration)")
             for r in sm.rows:
                 key = (sm.run, r.treatment, r.control, sm.analysis != "confirmatory", f.name)
-                entries.append((key, sm, r, f"[{f.name}]({rel}) ({sm.analysis})"))
+                entries.append((key, sm, r, f"[{f.name}]({rel}) ({sm.analysis})", runs))
         previous = None
-        for key, sm, r, rule in sorted(entries, key=lambda e: e[0]):
-            run = f"`{sm.run}`" if sm.run != previous else ""
+        for key, sm, r, rule, runs in sorted(entries, key=lambda e: e[0]):
+            run = f"`{sm.run}`{runs}" if sm.run != previous else ""
             previous = sm.run
             lines.append(md_row((
                 run, f"`{sm.model}`", f"{r.treatment} vs {r.control}", r.backend, r.verdict,
