@@ -125,3 +125,31 @@ def test_a_run_stopped_early_is_listed_as_such_with_its_verdict(workdir):
     finding = Path("findings/fakerun.md").read_text()
     assert (f"| `cut` | {_created('cut')} | stopped early (blas 1, invariant 1 of 4 counted "
             "passes) | untested (invariant vs blas) | its folder; the run ledger |") in finding
+
+
+def test_compare_sets_any_two_runs_side_by_side_labelled_by_run(workdir):
+    """``bistat compare`` on two runs of an engine that is not vLLM: the engine named from each
+    run's fingerprint (never "vLLM ?"), each row labelled by its run, and --json."""
+    _run("first")
+    _run("second")
+    result = _invoke("compare", "runs/first", "runs/second")
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "vLLM ?" not in out
+    assert out.startswith("# Release comparison: first (fake fake-1.0) → second (fake fake-1.0)\n")
+    assert "| arm | run | engine | backend | mode | matched / compared |" in out
+    assert "| invariant | `first` | fake fake-1.0 | fake | — | 12 / 12 |" in out
+    assert "| invariant | `second` | fake fake-1.0 | fake | — | 12 / 12 |" in out
+    assert ("Not looked up: `src/bistat/data/vllm_changes.toml` lists vLLM's changes, and these "
+            "runs are not both on vLLM.") in out
+    data = json.loads(_invoke("compare", "runs/first", "runs/second", "--json").output)
+    assert (data["earlier_run"], data["later_run"]) == ("first", "second")
+    assert (data["earlier_engine"], data["later_engine"]) == ("fake fake-1.0", "fake fake-1.0")
+    assert (data["earlier_version"], data["later_version"]) == (None, None)
+    (inv,) = [a for a in data["arms"] if a["later"]["arm"] == "invariant"]
+    assert (inv["earlier"]["n_matched"], inv["later"]["n_units"]) == (12, 12)
+    assert inv["explanation"] == ("unchanged (bistat's table of upstream changes is vLLM's; not "
+                                  "looked up)")
+    written = _invoke("compare", "runs/first", "runs/second", "--out", "cmp.md")
+    assert written.output == "wrote cmp.md\n"
+    assert Path("cmp.md").read_text() == out

@@ -37,6 +37,7 @@ __all__ = [
     "RunSummary",
     "SiblingVerdict",
     "divergence_spread",
+    "engine_name",
     "kv_tiles",
     "probe_missed",
 ]
@@ -394,3 +395,22 @@ class RunSummary:
 
     def arm(self, name: str) -> ArmSummary:
         return next(a for a in self.arms if a.name == name)
+
+
+def engine_name(s: "RunSummary") -> str:
+    """The engine a run measured, named from its fingerprints: ``vLLM 0.25.0`` for vLLM engines
+    (server or offline alike), ``SGLang 0.5.23`` for SGLang, the servers as they declare
+    themselves for engines that drive any server (``openai → bistat serve 0.1.0``, ``unknown``
+    where one declares nothing), else the engine as recorded (``embedded 0.1.0``)."""
+    from bistat.engines.registry import capabilities
+
+    envs = [e for _, e in s.environments]
+    vllm = sorted({dict(e.versions).get("vllm") for e in envs} - {None})
+    if (s.engine_kind or "").startswith("vllm") and vllm:
+        return "vLLM " + ", ".join(vllm)
+    if s.servers and capabilities(s.engine_kind or "").declared_server:
+        return f"{s.engine_kind} → " + ", ".join(sorted({r.describe() for r in s.servers}))
+    if s.servers and all(r.name == "SGLang" for r in s.servers):
+        return ", ".join(sorted({r.describe() for r in s.servers}))
+    return ", ".join(sorted({e.engine for e in envs})) or (s.engine_kind or "—")
+
