@@ -360,3 +360,14 @@ def test_design_single_pass_and_uncomputable_labels(cli, work):
         "workload.passes >= 2",
         "rule.labels[0].all[1] ('working': throughput ratio 95 % interval, upper end (treatment "
         "slower) < 0.95) " + SPEED]
+
+
+def test_verify_of_a_declaration_says_to_give_the_sealed_json(cli, work):
+    """``bistat verify experiments/x.toml`` names the registration to give instead of failing to
+    parse TOML as JSON."""
+    result = invoke(cli, ["verify", "experiments/minimal.toml"], ok=False)
+    assert result.exit_code == 1
+    assert result.output == (
+        "Error: experiments/minimal.toml is a declaration, not a registration; give the sealed "
+        ".json (preregistrations/minimal.json, which `bistat register experiments/minimal.toml` "
+        "writes)\n")

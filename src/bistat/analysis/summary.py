@@ -306,7 +306,8 @@ def _load_tables(run: RecordedRun, unit: str) -> _Tables:
     pass_read = run.load("passes")
     gaps.extend(pass_read.gaps)
     met_read = run.load("metrics", ["arm", "seq", "t", "num_requests_running",
-                                    "num_requests_waiting", "num_preemptions_total", "source"])
+                                    "num_requests_waiting", "num_preemptions_total", "source",
+                                    "step_batch_size"])
     gaps.extend(met_read.gaps)
     env_read = run.load("environment", ["arm", "block", "fingerprint", "engine", "log_findings",
                                         "modes"])

@@ -205,7 +205,8 @@ def _summary(s: RunSummary) -> list[str]:
             f"Engine: {_engine_version(s)} · GPU: {', '.join(gpus)} · model: `{model}` · run: "
             f"`{s.run_id}` · rule: `{s.registration_path or '—'}` ({kind})", "",
             md_table(("treatment", "control", "backend", "invariant?", "matched / compared",
-                      f"{cl} interval", "cost", "ratio", "interval"), rows), ""]
+                      f"{cl} interval (two-sided Wilson)", "cost", "ratio", "interval"), rows),
+            ""]
 
 
 def _engine_version(s: RunSummary) -> str:
@@ -538,7 +539,7 @@ def _match(s: RunSummary, plot: str) -> list[str]:
     out += [md_table(("arm", "counted passes", "prompts recorded", "prompts compared",
                       "excluded: failed request", "excluded: missing", "excluded: no logprobs",
                       "prompts identical in all passes", "matched units", "match rate",
-                      f"{cl} Wilson interval"), rows), ""]
+                      f"{cl} Wilson interval (two-sided)"), rows), ""]
     comp_rows = []
     for c in s.comparisons:
         mc = c.mcnemar

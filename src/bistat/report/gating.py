@@ -163,7 +163,8 @@ def ci_summary(summary: RunSummary, fail_on: Iterable[str] = (), *, width: int =
     for a in summary.arms:
         rate = f"{a.n_matched}/{a.n_units}" if a.n_units else "no units"
         iv = a.match_interval
-        ivs = f" [{iv.low:.4f}, {iv.high:.4f}]" if iv is not None else ""
+        ivs = (f", two-sided {summary.confidence_level * 100:g} % Wilson "
+               f"[{iv.low:.4f}, {iv.high:.4f}]" if iv is not None else "")
         lines.append(f"  arm {a.name} ({a.role}): matched {rate}{ivs}; "
                      f"{len(a.divergences)} divergence(s)")
     for c in summary.comparisons:
