@@ -179,13 +179,33 @@ BAD_DECLARATIONS = [
     ("passes = 1", "passes = 3", "passes = 1", ("workload.passes",)),
     ("engine argument typo", "max_batch_size = 4", "max_batch_sise = 4", ("max_batch_sise",)),
     ("unknown model", 'model = "{model}"', 'model = "no-such-model"', ("engine.model", "no-such-model")),
+    # what `run` used to refuse (or fail on) only after the registration was sealed
+    ("openai engine without url", [('kind = "embedded"', 'kind = "openai"'), ("max_batch_size = 4", ""),
+                                   ('gemm = "blas"', ""), ('gemm = "invariant"', "")],
+     ("engine.args.url", "needs the URL")),
+    ("openai engine with an unknown key gemm",
+     [('kind = "embedded"', 'kind = "openai"'), ("max_batch_size = 4", 'url = "http://127.0.0.1:1"'),
+      ('gemm = "blas"', "")], ("arms[1].args.gemm", "unknown argument 'gemm'")),
+    ("openai engine with a malformed url",
+     [('kind = "embedded"', 'kind = "openai"'), ("max_batch_size = 4", 'url = "127.0.0.1:1"'),
+      ('gemm = "blas"', ""), ('gemm = "invariant"', "")], ("engine.args.url", "not a server URL")),
+    ("max_tokens = 10000000 over max_model_len", "max_tokens = 4", "max_tokens = 10000000",
+     ("workload.max_tokens", "max_model_len")),
+    ("n_prompts = 100000 from builtin:chat", "n_prompts = 8", "n_prompts = 100000",
+     ("workload.n_prompts", "1200")),
+    ("environment on an embedded arm", 'args = { gemm = "invariant" }',
+     'args = { gemm = "invariant" }\nenv = { OMP_NUM_THREADS = "1" }', ("arms[1].env",)),
 ]
 
 
 def abuse_cli(t: Table, root: Path, model: str) -> None:
-    for i, (label, old, new, words) in enumerate(BAD_DECLARATIONS):
+    for i, entry in enumerate(BAD_DECLARATIONS):
+        label, words = entry[0], entry[-1]
+        edits = entry[1] if isinstance(entry[1], list) else [(entry[1], entry[2])]
         name = f"bad{i}"
-        text = s.declaration(name, model).replace(old.format(model=model), new, 1)
+        text = s.declaration(name, model)
+        for old, new in edits:
+            text = text.replace(old.replace("{model}", model), new, 1)
         path = s.write_declaration(root, name, text)
         rc, out = s.bistat("register", path, cwd=root)
         clear = rc == 1 and path in out and all(w in out for w in words) and "Traceback" not in out
@@ -200,21 +220,29 @@ def abuse_cli(t: Table, root: Path, model: str) -> None:
     t.abuse.append({"surface": "cli run", "input": "a declaration instead of a registration",
                     "result": f"exit {rc}", "clear": rc == 1 and "bistat register experiments/plain.toml" in out,
                     "want": "exit 1, 'register it first: bistat register ...'"})
+    rc, out = s.bistat("verify", path, cwd=root)
+    t.abuse.append({"surface": "cli verify", "input": "a declaration instead of a registration",
+                    "result": f"exit {rc}", "clear": rc == 1 and "give the sealed .json" in out
+                    and "Traceback" not in out, "want": "exit 1, 'give the sealed .json'"})
 
 
 def abuse_http(t: Table, root: Path, model: str) -> None:
-    server = s.Server(model, root / "serve-abuse.log", max_batch_size=2)
+    server = s.Server(model, root / "serve-abuse.log", max_batch_size=2,
+                      extra=("--max-queued-prompts", "16"))
     url = server.url + "/v1/completions"
     hdr = {"content-type": "application/json"}
 
-    def post(label: str, content: bytes, want: tuple[int, ...], timeout: float = 30) -> None:
+    def post(label: str, content: bytes, want: tuple[int, ...], timeout: float = 30,
+             words: tuple[str, ...] = ()) -> None:
         try:
             r = httpx.post(url, content=content, headers=hdr, timeout=timeout)
             result, ok = f"HTTP {r.status_code}", r.status_code in want
+            ok = ok and all(w in r.text for w in words)
         except httpx.TimeoutException:
             result, ok = f"no answer in {timeout:g} s", False
         t.abuse.append({"surface": "serve", "input": label, "result": result, "clear": ok,
-                        "want": "/".join(map(str, want))})
+                        "want": "/".join(map(str, want))
+                        + (f" naming {', '.join(words)}" if words else "")})
 
     try:
         post("invalid JSON", b'{"model": ', (400,))
@@ -226,6 +254,13 @@ def abuse_http(t: Table, root: Path, model: str) -> None:
         post("5000 prompts in one request",
              json.dumps({"model": model, "prompt": [f"p{i}" for i in range(5000)], "max_tokens": 4}).encode(),
              (413, 429), timeout=10)
+        # a misspelt field, and a request too large ever to be admitted
+        post("misspelt field temprature", json.dumps({"model": model, "prompt": "hi", "max_tokens": 1,
+                                                      "temprature": 0}).encode(), (400,),
+             words=("temprature", "did you mean 'temperature'"))
+        post("20 prompts, over --max-queued-prompts 16",
+             json.dumps({"model": model, "prompt": [f"p{i}" for i in range(20)], "max_tokens": 1}).encode(),
+             (413,), words=("can never be admitted",))
     finally:
         server.stop()
     # disconnecting clients: 4 clients leave after 1 s; is the work cancelled within 3 s?

@@ -35,6 +35,12 @@ def test_new_writes_a_declaration_that_registers_under_the_default_rule(work):
     assert text.endswith(DEFAULT_RULE_TOML)   # the rule verbatim, its comments included
     exp = load_experiment("experiments/my-study.toml")
     assert exp.name == "my-study" and exp.rule == default_rule()
+    # the hypothesis assumes no cost: [rule.cost] measures it (the invariant GEMM was faster
+    # than BLAS in recorded runs, so "costs throughput" was a claim the data refute)
+    assert "costs throughput" not in text
+    assert exp.hypothesis.endswith("What the invariant GEMM does to throughput is not assumed: "
+                                   "[rule.cost] measures it (it depends on the machine's BLAS "
+                                   "and load).")
     assert tomllib.loads(text)["rule"]["cost"] == {"metric": "throughput", "margin": 0.1,
                                                    "confidence_level": 0.95, "interval": "hac",
                                                    "hac_kernel": "cosine",

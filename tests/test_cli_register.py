@@ -84,7 +84,29 @@ def test_register_prints_the_seal_and_the_design(cli, work):
         "  registered: 2026-03-01T12:00:00.000000Z\n"
         "  bistat:     0.1.0\n"
         "  git:        not in a git repository\n"
-        "\n" + DESIGN_MINIMAL)
+        "\n" + DESIGN_MINIMAL + "\n" + NEXT_NO_GIT.format(path="preregistrations/minimal.json"))
+
+
+NEXT_NO_GIT = """\
+Next:
+  1. keep it where its time can be shown: this is not a git repository, so only the seal's own hash shows its integrity (--sign KEY adds who sealed it)
+  2. run it: bistat run {path}
+"""
+
+
+def test_register_prints_the_next_steps_commit_then_run(cli, work):
+    """Inside a git repository the next steps name the commit that dates the registration,
+    then the run."""
+    import subprocess
+
+    subprocess.run(["git", "init", "-q", "."], check=True)
+    result = invoke(cli, ["register", "experiments/minimal.toml"])
+    assert result.exit_code == 0
+    assert result.output.endswith(
+        "\nNext:\n"
+        "  1. commit it, so that git dates it before the run's first record: git add "
+        "preregistrations/minimal.json && git commit -m \"Register minimal\"\n"
+        "  2. run it: bistat run preregistrations/minimal.json\n")
 
 
 def test_register_twice_is_an_error(cli, work):
@@ -180,7 +202,7 @@ def test_verify_ok_tampered_and_back_dated(cli, work):
     assert result.output == (
         f"OK: preregistrations/minimal.json is intact (sha256 {reg.sha256})\n"
         "  registered: 2026-03-01T12:00:00.000000Z\n"
-        "  no recorded runs checked\n"
+        "  no recorded runs checked (none in its run ledger or --runs-dir)\n"
         "  no git evidence (not in a git repository): only the seal's integrity is shown\n")
 
     run = Path("runs/minimal-1")
@@ -195,7 +217,7 @@ def test_verify_ok_tampered_and_back_dated(cli, work):
     assert result.output == (
         f"OK: preregistrations/minimal.json is intact (sha256 {reg.sha256})\n"
         "  registered: 2026-03-01T12:00:00.000000Z\n"
-        "  1 run, 2 timed records, all after the registration (earliest "
+        "  1 run of this registration, 2 timed records, all after the registration (earliest "
         "2026-03-01T12:10:00.000000Z)\n"
         "  no git evidence (not in a git repository): only the seal's integrity is shown\n")
 
@@ -338,3 +360,14 @@ def test_design_single_pass_and_uncomputable_labels(cli, work):
         "workload.passes >= 2",
         "rule.labels[0].all[1] ('working': throughput ratio 95 % interval, upper end (treatment "
         "slower) < 0.95) " + SPEED]
+
+
+def test_verify_of_a_declaration_says_to_give_the_sealed_json(cli, work):
+    """``bistat verify experiments/x.toml`` names the registration to give instead of failing to
+    parse TOML as JSON."""
+    result = invoke(cli, ["verify", "experiments/minimal.toml"], ok=False)
+    assert result.exit_code == 1
+    assert result.output == (
+        "Error: experiments/minimal.toml is a declaration, not a registration; give the sealed "
+        ".json (preregistrations/minimal.json, which `bistat register experiments/minimal.toml` "
+        "writes)\n")

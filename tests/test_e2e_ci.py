@@ -120,3 +120,12 @@ def test_over_http_through_bistat_serve(tmp_path, monkeypatch, servers):
                    blas_args=f'url = "{servers["blas"]}"',
                    invariant_args=f'url = "{servers["invariant"]}"')
     _check(run_dir, "ci-http")
+    # the finding names the servers measured, as they declare themselves, not the client
+    finding = (tmp_path / "findings" / "ci-http.md").read_text()
+    assert "Engine: openai → bistat serve 0.1.0 · " in finding
+    assert ("| server declares | engine=embedded, gemm=blas, max_batch_size=8, max_model_len=2048, "
+            "model=smollm2-135m, owned_by=bistat, root=smollm2-135m | engine=embedded, "
+            "gemm=invariant, max_batch_size=8, max_model_len=2048, model=smollm2-135m, "
+            "owned_by=bistat, root=smollm2-135m |") in finding
+    assert "`server gemm=invariant (control's server: blas)`" in finding
+    assert "same settings as the control" not in finding

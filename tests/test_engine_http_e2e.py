@@ -36,9 +36,15 @@ def test_engine_satisfies_protocol_and_reports_start_info(server):
     assert isinstance(eng, Engine)
     info = eng.start()
     assert (info.kind, info.version) == ("openai", "0.1.0")
-    assert info.args == {"url": srv.url, "model": "fake-model", "retries": 3}
+    # what the server declares about itself: its GET /version and its /v1/models entry
+    reported = {"version": {"gemm": "fake", "max_model_len": 512, "model": "fake-model",
+                            "server": "bistat serve", "version": "0.1.0"},
+                "model": {"id": "fake-model", "max_model_len": 512, "owned_by": "bistat",
+                          "root": "fake-model"}}
+    assert info.args == {"url": srv.url, "model": "fake-model", "retries": 3,
+                         "server_reported": reported}
     assert eng.fingerprint() == {"kind": "openai", "url": srv.url, "model": "fake-model",
-                                 "server_version": "0.1.0"}
+                                 "server_version": "0.1.0", "server_reported": reported}
 
 
 def test_pass_returns_token_ids_logprobs_and_top_k(server):
@@ -144,7 +150,9 @@ def test_bistat_serve_offers_no_prompt_logprobs_and_no_cache_reset(server):
     eng = OpenAIHTTPEngine(srv.url)
     eng.start()
     req = GenerationRequest("p", [5, 6, 7], 3)
-    with pytest.raises(EngineUnsupported, match=f"^{srv.url} returned no prompt_logprobs "):
+    # bistat serve refuses the field it does not implement (a 400 naming it): unsupported
+    with pytest.raises(EngineUnsupported, match=f"^{srv.url} refuses prompt_logprobs: .*unknown "
+                                                "field .*prompt_logprobs"):
         eng.prompt_logprobs(req, [1, 2])
     assert eng.prompt_logprobs(req, []) == []
     assert eng.reset_prefix_cache() is False

@@ -433,9 +433,20 @@ def test_run_analyze_and_finding_against_the_stand_in(model_folder, tmp_path):
     rc, out = _bistat("analyze", "runs/sgl", cwd=tmp_path)
     assert rc == 0, out
     finding = (tmp_path / "findings" / "sgl.md").read_text()
-    assert "Engine: sglang-server 0.5.23 · GPU: no GPU" in finding
+    # the engine named by SGLang's version, the backend column by what each server reported
+    assert "Engine: SGLang 0.5.23 · GPU: no GPU" in finding
     row = next(line for line in finding.splitlines() if line.startswith("| deterministic | default"))
-    assert row.startswith("| deterministic | default | sglang-server | *working* | 8 / 8 | "), row
+    assert row.startswith("| deterministic | default | sglang-server, triton, deterministic | "
+                          "*working* | 8 / 8 | "), row
+    activation = finding.split("## Activation")[1].split("## Match")[0]
+    assert "| arm | role | requested (vs control) | attention backend (server) | probe | status |" \
+        in activation
+    assert "| default | control | — | fa3 | not run | control: nothing requested |" in activation
+    # same versions compares SGLang's version as each arm's environment reported it
+    assert "| sglang | 0.5.23 | 0.5.23 |" in finding
+    assert ("| same versions | identical | identical python, numpy, torch, triton, vllm, sglang, "
+            "bistat, git commit, driver, bistat code, the servers' declared versions | passed |"
+            in finding)
     assert "validity FAILED" not in out
 
 

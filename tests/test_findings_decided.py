@@ -109,7 +109,7 @@ def test_each_decided_value_is_computed_from_the_inputs_the_finding_shows(path):
             role = "control" if (description.startswith("control")) else "treatment"
             arm = control if role == "control" else treatment
             if "Wilson" in description and "overlap" not in description:
-                m = re.search(r"\((\d+) of (\d+) matched; interval", observed)
+                m = re.search(r"\((\d+) of (\d+) matched; (?:one|two)-sided interval", observed)
                 assert (int(m[1]), int(m[2])) == f.units[arm], (description, observed)
                 k, n = f.units[arm]
                 upper = "upper" in description

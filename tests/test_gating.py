@@ -114,7 +114,7 @@ def test_ci_summary_of_a_real_run(tmp_path_factory):
     assert lines[0] == (f"bistat: blasrun run blasrun (registration "
                         f"{summary.registration_sha256[:12]})")
     assert lines[1].startswith("  arm blas (control): matched ")
-    assert lines[2].startswith("  arm invariant (treatment): matched 32/32 [")
+    assert lines[2].startswith("  arm invariant (treatment): matched 32/32, two-sided 95 % Wilson [")
     assert lines[2].endswith("; 0 divergence(s)")
     assert f"VERDICT invariant vs blas: {label.upper()}" in lines
     assert len(lines) <= 40 and all(len(ln) <= 100 for ln in lines)

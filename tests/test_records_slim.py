@@ -211,9 +211,9 @@ def test_missing_or_foreign_outputs_file_is_named_with_the_fix(tmp_path):
     (slim / "responses.jsonl").unlink()
     with pytest.raises(RecordsError) as err:
         read_table(slim, "responses")
-    assert str(err.value).endswith(f"; {holds}; restore it from where the run is kept (e.g. "
-                                   f"`git checkout -- {out}`); without responses.jsonl it "
-                                   f"cannot be rebuilt")
+    assert str(err.value).endswith(f"; {holds}; restore it from where the run is kept (git "
+                                   f"never committed {out}, so git cannot restore it); without "
+                                   "responses.jsonl it cannot be rebuilt")
     other = _run(tmp_path, "other", _responses()[:6])
     compact(other, slim=True)
     shutil.copy(other / OUTPUTS_FILE, out)

@@ -44,7 +44,7 @@ def test_every_problem_names_the_file_and_the_field(tmp_path):
 
 
 def test_a_prompt_file_that_exists_is_accepted(tmp_path):
-    (tmp_path / "p.jsonl").write_text('{"prompt": "hi"}\n')
+    (tmp_path / "p.jsonl").write_text("".join(f'{{"prompt": "hi {i}"}}\n' for i in range(12)))
     exp = validate_experiment(_embedded(tmp_path, workload={"source": "file:p.jsonl"}), source="x")
     assert registration_problems(exp, "x.toml", tmp_path) == []
 

@@ -169,7 +169,8 @@ def test_a_tampered_log_is_refused_naming_the_line_the_field_and_the_fix(tmp_pat
         prereg.release_log_checks(reg)
     assert str(err.value).startswith(message.format(log=log))
     if "schema" not in message:
-        assert str(err.value).endswith(f"restore the log from git (git checkout -- {log}), or "
+        assert str(err.value).endswith(f"restore the log from your own copy of it (git never "
+                                       f"committed {log}, so git cannot restore it), or "
                                        "move it aside and check again (bistat check-release "
                                        f"{reg.path})")
     # nothing more is appended to it, verify fails, and the seal itself is still intact

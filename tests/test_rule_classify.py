@@ -52,7 +52,7 @@ def test_published_working():
     assert lb.description == "treatment's 95 % Wilson match interval, lower end"
     assert lb.threshold == ">= 0.99"
     assert lb.observed == pytest.approx(0.99295, abs=5e-5)
-    assert lb.observed_text == "0.9929 (541 of 541 matched; interval [0.9929, 1.0000])"
+    assert lb.observed_text == "0.9929 (541 of 541 matched; two-sided interval [0.9929, 1.0000])"
     assert lb.met is True
     assert ratio.description == "throughput ratio (treatment ÷ control), point estimate"
     assert ratio.threshold == "< 0.9"

@@ -63,8 +63,9 @@ def test_a_resume_under_a_tampered_registration_is_refused(recorded):
     lines = result.output.splitlines()
     assert lines[0].startswith(f"Error: cannot resume: {reg}: seal broken: the sealed content "
                                "hashes to ")
-    assert lines[-1] == (f"restore the registration as it was sealed (e.g. `git checkout -- {reg}`) "
-                         f"and check it with `bistat verify {reg} {run}`")
+    assert lines[-1] == (f"restore the registration as it was sealed from your own copy of it "
+                         f"(git never committed {reg}, so git cannot restore it), and check it "
+                         f"with `bistat verify {reg} {run}`")
     assert _files(run) == before   # nothing was appended
 
 
@@ -146,7 +147,8 @@ def test_a_tampered_registration_stops_every_reader(moved_run):
     data["sealed"]["declaration"]["match"]["unit"] = "text"
     path.write_text(json.dumps(data))
     seal = rf"{path}: seal broken: the sealed content hashes to "
-    fix = rf"git checkout -- {path}`\) and check it with `bistat verify {path} {run}`"
+    fix = (rf"git never committed {path}, so git cannot restore it\), and check it with "
+           rf"`bistat verify {path} {run}`")
     for read in (analyze_run, run_declaration, diagnose_run, lambda r: replay_prompt(r, "p0")):
         with pytest.raises(RunRegistrationError, match=rf"(?s)^{seal}.*{fix}$") as err:
             read(run)
@@ -176,3 +178,32 @@ def test_a_run_that_names_no_registration_or_one_not_here(moved_run):
                                                    r"missing; pass --registration PATH"):
         run_registration(run)
     assert inspect_run(run).registration_state == "not named: run.json has no registration.path"
+
+
+def test_the_restore_hint_names_git_only_where_git_has_the_file(tmp_path):
+    """A tampered file is restored with ``git checkout -- PATH`` only where a commit holds it
+    (at HEAD, or by its commit once deleted); a file git never committed is restored from the
+    reader's own copy, and the hint says why git cannot."""
+    import subprocess
+
+    from bistat.store.restore import restore_hint
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c",
+                        "user.email=t@t", *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    kept, never, gone = tmp_path / "kept.json", tmp_path / "never.json", tmp_path / "gone.json"
+    for p in (kept, never, gone):
+        p.write_text("{}")
+    git("add", "kept.json", "gone.json")
+    git("commit", "-q", "-m", "one")
+    first = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True,
+                           text=True, check=True).stdout.strip()
+    git("rm", "-q", "gone.json")
+    git("commit", "-q", "-m", "two")
+    gone.write_text("{}")
+    assert restore_hint(kept) == f"with `git checkout -- {kept}`"
+    assert restore_hint(gone) == f"with `git checkout {first[:12]} -- {gone}`"
+    assert restore_hint(never) == (f"from your own copy of it (git never committed {never}, so "
+                                   "git cannot restore it)")

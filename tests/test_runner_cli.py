@@ -149,10 +149,11 @@ def test_interrupted_run_tells_how_to_resume_and_resume_completes(workdir):
                                     {"name": "invariant", "role": "treatment"}])
     result = _invoke("run", str(path), "--run-dir", "runs/r", "--no-progress")
     assert result.exit_code == 1
-    assert result.output.splitlines()[-2:] == [
+    assert result.output.splitlines()[-3:] == [
         "run stopped: engine for arm 'blas' failed during pass seq 2: fake engine for 'blas' died "
         "(scripted crash on call 1)",
-        "data kept in runs/r; continue with: bistat run --resume runs/r"]
+        "data kept in runs/r; continue with: bistat run --resume runs/r",
+        "exit 1: an engine failed during a pass; resume it with: bistat run --resume runs/r"]
     # the scripted crash is on the arm's second run_pass call ever: the resumed run gets past it
     resumed = _invoke("run", "--resume", "runs/r", "--no-progress", catch_exceptions=False)
     assert resumed.exit_code == 0, resumed.output

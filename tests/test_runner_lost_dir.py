@@ -109,7 +109,8 @@ def test_bistat_run_stops_when_its_directory_is_replaced_by_a_copy(tmp_path, mon
                        f"now {lines[3].split(' now ')[1].split('. Its')[0]}; every record made "
                        f"so far was copied from the files this run held open into {rescued}")
     assert rest[2:] == [f"data kept in {rescued}; check it, then continue with: bistat run "
-                        f"--resume {rescued}"]
+                        f"--resume {rescued}",
+                        f"exit 3: the run directory was lost; its records are in {rescued}"]
 
     # nothing recorded is lost: the files the run held (renamed away) are in the copy, byte for
     # byte, with only the engines' stop events after them; the copy put in place is untouched

@@ -18,7 +18,8 @@ from bistat.run.runner import GpuBusyError, ResumeError, read_resume_state, resu
 
 REG = {"path": "p.json", "sha256": "0" * 64, "registered_utc": "2026-01-01T00:00:00Z", "name": "fakerun"}
 TESTS = Path(__file__).resolve().parent
-ALL = [f"chat-{i:04d}" for i in range(12)]
+# every prompt but the last fails in the treatment: a pass in which all fail would stop the run
+ALL = [f"chat-{i:04d}" for i in range(11)]
 
 
 def _tables(d):
@@ -100,7 +101,7 @@ import sys
 sys.path.insert(0, {tests!r})
 import fakes, helpers_runner as h
 from bistat.run.runner import start_run
-ALL = ["chat-%04d" % i for i in range(12)]
+ALL = ["chat-%04d" % i for i in range(11)]
 arms = [{{"name": "blas", "role": "control"}},
         {{"name": "invariant", "role": "treatment", "args": {{"fake": {{"exit_on_call": 2, "crash_after": 6,
                                                                      "fail_prompts": ALL}}}}}}]
@@ -123,6 +124,8 @@ def test_resume_after_the_process_was_killed_mid_pass(tmp_path):
 
     state = read_resume_state(d)
     assert [r["seq"] for r in state.open_passes] == [open_seq]
+    failed_before = sum(1 for r in t["responses"] if r["seq"] == open_seq and r["error"])
+    assert failed_before >= 5
     arms = [{"name": "blas", "role": "control"},
             {"name": "invariant", "role": "treatment", "args": {"fake": {"fail_prompts": ALL}}}]
     exp = h.experiment(arms=arms)
@@ -131,7 +134,7 @@ def test_resume_after_the_process_was_killed_mid_pass(tmp_path):
     t = _check_completed_exactly_once(d)
     end = [r for r in t["schedule"] if r["event"] == "end" and r["seq"] == open_seq]
     assert [(r["status"], r["n_failed"], r["detail"]) for r in end] == [
-        ("interrupted", 6, "closed on resume: the process ended during this pass")]
+        ("interrupted", failed_before, "closed on resume: the process ended during this pass")]
     header = json.loads((d / "run.json").read_text())
     assert header["registration"] == REG
 

@@ -78,6 +78,9 @@ class ArmActivation:
     attention: tuple[str, ...]
     probe: str | None
     status: str
+    #: what the arm's server declared (``bistat serve 0.1.0: gemm=invariant``), for engines that
+    #: drive a server bistat knows by its own declaration (bistat.analysis.servers); None otherwise
+    server: str | None = None
 
 
 def log_markers(lines: Iterable[str]) -> dict[str, Any]:
@@ -139,8 +142,31 @@ def _requested(arm: Mapping[str, Any], control: Mapping[str, Any]) -> tuple[str,
     return tuple(out)
 
 
+def _server_differences(arm: str, report: Any, control: Any, control_name: str
+                        ) -> tuple[tuple[str, ...], str | None]:
+    """How an arm's server differs from the control's by what each declares
+    (:class:`bistat.analysis.servers.ServerReport`): ``(differences, unknown)``, ``unknown`` the
+    status when either server declares nothing (then nothing can be compared)."""
+    silent = [name for name, r in ((arm, report), (control_name, control))
+              if r is None or not r.reported]
+    if silent:
+        return (f"server settings unknown ({' and '.join(silent)}: the server declares "
+                "nothing)",), (f"unknown: the server of {' and '.join(silent)} declares nothing "
+                               "(GET /version), so whether this arm runs other settings than the "
+                               "control cannot be told")
+    mine, theirs = dict(report.settings), dict(control.settings)
+    diffs = [f"server {k}={mine[k]} (control's server: {theirs.get(k, 'not declared')})"
+             for k in sorted(mine) if mine[k] != theirs.get(k)]
+    diffs += [f"server {k} not declared (control's server: {theirs[k]})"
+              for k in sorted(theirs) if k not in mine]
+    if (report.name, report.version) != (control.name, control.version):
+        diffs.insert(0, f"server {report.describe()} (control's: {control.describe()})")
+    return tuple(diffs), None
+
+
 def _status(role: str, bi: bool, requested: Sequence[str], logged: bool | None,
-            probe: str | None, diverged: tuple[int, int] | None = None) -> str:
+            probe: str | None, diverged: tuple[int, int] | None = None,
+            unknown: str | None = None) -> str:
     if probe == "confirmed" and diverged is not None and diverged[0] > 0:
         # the probe's one needle is weaker evidence than the study's every prompt
         return (f"the probe saw no difference, but {diverged[0]} of {diverged[1]} prompts "
@@ -151,6 +177,8 @@ def _status(role: str, bi: bool, requested: Sequence[str], logged: bool | None,
         return "the probe found it NOT batch-invariant"
     if role == "control":
         return "control: nothing requested"
+    if unknown is not None:
+        return unknown + ("" if probe is None else f"; probe: {probe.replace('_', ' ')}")
     if not requested:
         return "same settings as the control"
     suffix = "" if probe is None else f"; probe: {probe.replace('_', ' ')}"
@@ -167,6 +195,8 @@ def arm_activation(arms: Sequence[Mapping[str, Any]],
                    log_findings: Mapping[str, Sequence[str]],
                    probe_report: Mapping[str, Any] | None = None,
                    diverged: Mapping[str, tuple[int, int]] | None = None,
+                   servers: Mapping[str, Any] | None = None,
+                   compare_servers: bool = False,
                    ) -> tuple[ArmActivation, ...]:
     """One :class:`ArmActivation` per declared arm.
 
@@ -182,23 +212,47 @@ def arm_activation(arms: Sequence[Mapping[str, Any]],
     diverged : mapping, optional
         Arm name -> (prompts that diverged across the study's counted passes, prompts compared):
         a probe that confirms an arm the study saw diverge is reported as having missed it.
+    servers : mapping, optional
+        Arm name -> what its server declared (:class:`bistat.analysis.servers.ServerReport`);
+        an SGLang server's declared attention backend (and deterministic flag) is the arm's
+        backend.
+    compare_servers : bool
+        The engine drives servers bistat knows only by their declaration (two ``openai`` arms
+        that differ only in ``url``): each treatment is compared with the control on what their
+        servers declare, and a server that declares nothing makes it *unknown*, never "same
+        settings as the control".
     """
     control = next((a for a in arms if a.get("role") == "control"), {})
+    control_name = str(control.get("name"))
     probed = {str(a.get("arm")): a for a in (probe_report or {}).get("arms") or []}
     overall = (probe_report or {}).get("outcome")
+    servers = servers or {}
     out = []
     for a in arms:
         name, role = str(a.get("name")), str(a.get("role"))
         requested = _requested(a, control) if role != "control" else ()
+        unknown = None
+        report = servers.get(name)
+        if compare_servers and role != "control":
+            diffs, unknown = _server_differences(name, report, servers.get(control_name),
+                                                 control_name)
+            requested += diffs
         bi = str((a.get("env") or {}).get("VLLM_BATCH_INVARIANT", "0")) == "1"
         lines = log_findings.get(name)
         marks = log_markers(lines) if lines is not None else None
+        attention = () if marks is None else marks["attention"]
+        if report is not None and report.setting("attention_backend"):
+            attention = (report.setting("attention_backend"),)   # as the server resolved it
+        if report is not None and report.setting("enable_deterministic_inference") == "true":
+            attention += ("deterministic",)
         probe = _probe_outcome(probed.get(name), probed.values(), overall)
         out.append(ArmActivation(
             arm=name, role=role, requested=requested, bi_requested=bi,
             bi_kernels_logged=None if marks is None else marks["bi_kernels"],
             tuned_gemm_logged=None if marks is None else marks["tuned_gemm"],
-            attention=() if marks is None else marks["attention"], probe=probe,
+            attention=attention, probe=probe,
             status=_status(role, bi, requested, None if marks is None else marks["bi_kernels"],
-                           probe, (diverged or {}).get(name))))
+                           probe, (diverged or {}).get(name), unknown),
+            server=None if report is None or not compare_servers else (report.describe() + (
+                f": {report.settings_text()}" if report.reported and report.settings else ""))))
     return tuple(out)

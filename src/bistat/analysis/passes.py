@@ -73,12 +73,17 @@ class PassSummary:
 
 @dataclass(frozen=True)
 class MetricsSeries:
-    """Running requests over time in one pass (for the plot)."""
+    """Running requests over time in one pass (for the plot): the engine's samples and, where it
+    recorded them (the embedded engine), the batch of every engine step (``step_t``: when the
+    step ended; ``step_batch``: the requests it computed), the exact evidence the per-second
+    samples summarise."""
 
     arm: str
     seq: int
     t: tuple[float, ...]
     running: tuple[float, ...]
+    step_t: tuple[float, ...] = ()
+    step_batch: tuple[float, ...] = ()
 
 
 def pass_summaries(passes_df: pd.DataFrame, schedule: pd.DataFrame, responses: pd.DataFrame,
@@ -151,6 +156,13 @@ def _batching(metrics: pd.DataFrame, walls: Mapping[tuple[str, int], float | Non
     series: list[MetricsSeries] = []
     if metrics.empty:
         return out, series
+    steps: dict[tuple[str, int], tuple[tuple[float, ...], tuple[float, ...]]] = {}
+    if "step_batch_size" in metrics:
+        s = metrics[metrics["step_batch_size"].notna()].sort_values(["arm", "seq", "t"],
+                                                                     kind="stable")
+        for (arm, seq), grp in s.groupby(["arm", "seq"], sort=True):
+            steps[(str(arm), int(seq))] = (tuple(grp["t"].astype(float).tolist()),
+                                           tuple(grp["step_batch_size"].astype(float).tolist()))
     m = metrics[metrics["num_requests_running"].notna()]
     m = m.sort_values(["arm", "seq", "t"], kind="stable")
     for (arm, seq), grp in m.groupby(["arm", "seq"], sort=True):
@@ -171,7 +183,8 @@ def _batching(metrics: pd.DataFrame, walls: Mapping[tuple[str, int], float | Non
             "mean_waiting": summary["mean_waiting"], "preemptions": summary["preemptions"],
             "n": int(running.size), "running_hist": _hist_pairs(summary["running_hist"])}
         series.append(MetricsSeries(str(arm), int(seq), tuple(t.tolist()),
-                                    tuple(running.tolist())))
+                                    tuple(running.tolist()), *steps.get((str(arm), int(seq)),
+                                                                       ((), ()))))
     return out, series
 
 

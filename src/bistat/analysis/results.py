@@ -17,8 +17,10 @@ from bistat.analysis import timing
 from bistat.analysis.passes import MetricsSeries, PassSummary
 from bistat.analysis.probe_report import ProbeReport
 from bistat.analysis.serial import SerialPasses
+from bistat.analysis.servers import ServerReport
 from bistat.core import stats
 from bistat.core.classify import RunTestable, ValidityCheck
+from bistat.core.failures import ErrorGroup, describe_groups
 from bistat.declare.engine_version import EngineVersionReport
 from bistat.store.enginelog import CudaGraphSizes, JitCompile
 
@@ -29,11 +31,14 @@ __all__ = [
     "ArmSummary",
     "Divergence",
     "DivergenceSpread",
+    "FailedRequests",
+    "RegistrationRun",
     "KvTile",
     "KvTileArm",
     "RunSummary",
     "SiblingVerdict",
     "divergence_spread",
+    "engine_name",
     "kv_tiles",
     "probe_missed",
 ]
@@ -143,6 +148,66 @@ def probe_missed(probe: ProbeReport | None, arms: Sequence[ArmSummary]) -> tuple
                  if not a.error and a.trials and not a.differs and a.arm in study
                  and study[a.arm].n_prompts_diverged)
 
+
+
+@dataclass(frozen=True)
+class FailedRequests:
+    """The run's failed requests (every recorded pass: warm-ups, counted, interrupted), grouped
+    by their error (:func:`bistat.core.failures.error_groups`: the same text but for numbers).
+
+    Attributes
+    ----------
+    total : int
+        Failed requests recorded.
+    n_records : int
+        Response records read.
+    by_arm : tuple of (arm, failed)
+        Per arm, in the declaration's order.
+    groups : tuple of ErrorGroup
+        The errors, each with its first text and how many requests shared it, in the order they
+        first appear in the records.
+    """
+
+    total: int
+    n_records: int
+    by_arm: tuple[tuple[str, int], ...]
+    groups: tuple[ErrorGroup, ...]
+
+    def lines(self, limit: int = 3) -> list[str]:
+        """The first ``limit`` errors in words (:func:`bistat.core.failures.describe_groups`)."""
+        return describe_groups(self.groups, self.total, limit=limit)
+
+
+@dataclass(frozen=True)
+class RegistrationRun:
+    """One run of a registration, as its finding lists it.
+
+    Attributes
+    ----------
+    run_id : str
+    created_utc : str or None
+        ``run.json``'s; None for a directory that is gone.
+    recorded : str
+        How much of the declared schedule it recorded: ``complete (8 of 8 counted passes per
+        arm)``, ``stopped early (blas 3, invariant 2 of 8 counted passes)``, ``no pass recorded``,
+        ``directory gone``.
+    complete : bool
+        Every arm recorded its declared counted passes.
+    verdict : str
+        Each comparison's label under the finding's rule, or why there is none.
+    this : bool
+        The run the finding analyses.
+    found_in : str
+        ``this run``, ``its folder`` (a sibling directory), ``the run ledger``, or both.
+    """
+
+    run_id: str
+    created_utc: str | None
+    recorded: str
+    complete: bool
+    verdict: str
+    this: bool
+    found_in: str
 
 
 @dataclass(frozen=True)
@@ -288,6 +353,16 @@ class RunSummary:
     #: each arm's passes and each comparison's pairs in pass order: their serial correlation,
     #: and the coverage of the rule's cost interval at it (bistat.analysis.serial)
     serial: SerialPasses | None = None
+    #: the failed requests of every recorded pass, grouped by their error
+    failed_requests: FailedRequests | None = None
+    #: what each arm's server declared about itself (bistat.analysis.servers); empty for
+    #: engines that run in bistat's process and runs recorded before servers were asked
+    servers: tuple[ServerReport, ...] = ()
+    #: every run of the registration this run was recorded under that its run ledger and this
+    #: run's folder know, this one included (bistat.analysis.registration_runs)
+    registration_runs: tuple[RegistrationRun, ...] = ()
+    #: that registration's path, as run.json names it (or as displayed, for a sibling's)
+    runs_registration: str | None = None
 
     # What the fields above show, computed once when the summary is made (and made again by
     # ``dataclasses.replace``); the finding and ``bistat analyze --json`` read these.
@@ -324,3 +399,22 @@ class RunSummary:
 
     def arm(self, name: str) -> ArmSummary:
         return next(a for a in self.arms if a.name == name)
+
+
+def engine_name(s: "RunSummary") -> str:
+    """The engine a run measured, named from its fingerprints: ``vLLM 0.25.0`` for vLLM engines
+    (server or offline alike), ``SGLang 0.5.23`` for SGLang, the servers as they declare
+    themselves for engines that drive any server (``openai → bistat serve 0.1.0``, ``unknown``
+    where one declares nothing), else the engine as recorded (``embedded 0.1.0``)."""
+    from bistat.engines.registry import capabilities
+
+    envs = [e for _, e in s.environments]
+    vllm = sorted({dict(e.versions).get("vllm") for e in envs} - {None})
+    if (s.engine_kind or "").startswith("vllm") and vllm:
+        return "vLLM " + ", ".join(vllm)
+    if s.servers and capabilities(s.engine_kind or "").declared_server:
+        return f"{s.engine_kind} → " + ", ".join(sorted({r.describe() for r in s.servers}))
+    if s.servers and all(r.name == "SGLang" for r in s.servers):
+        return ", ".join(sorted({r.describe() for r in s.servers}))
+    return ", ".join(sorted({e.engine for e in envs})) or (s.engine_kind or "—")
+

@@ -84,17 +84,22 @@ from bistat.analysis.passes import MetricsSeries, PassSummary, pass_latencies, p
 from bistat.analysis.probe_report import ProbeReportError, read_probe_reports
 from bistat.analysis.serial import serial_passes
 from bistat.analysis.results import (AnalysisError, ArmComparison, ArmEnvironment, ArmSummary,
-                                     Divergence, RunSummary, SiblingVerdict)
+                                     Divergence, FailedRequests, RegistrationRun, RunSummary,
+                                     SiblingVerdict)
+from bistat.analysis.registration_runs import recorded_state, registration_runs, verdict_text
+from bistat.analysis.servers import ServerReport, server_reports
 from bistat.analysis.siblings import display_path, sealed_after_data, sibling_registrations
 from bistat.analysis.timing import (BeyondGraphs, EngineStarts, GpuClocks, HostLoad, engine_starts,
                                     gpu_clocks, host_load, time_beyond_graphs)
 from bistat.analysis.validity import VERSION_KEYS
 from bistat.core import stats
+from bistat.core.failures import error_groups
 from bistat.core.classify import (ActivationEvidence, ArmStats, PairedCounts, RunTestable,
                                   ValidityCheck, classify)
 from bistat.declare.engine_version import EngineVersionReport, engine_version_report
 from bistat.declare.experiment import Experiment
 from bistat.declare.prereg import Registration, release_log_checks
+from bistat.engines.registry import capabilities
 from bistat.store.enginelog import (cudagraph_sizes, jit_compiles, kept_log_lines, kept_logs,
                                     logged_modes)
 from bistat.store.format import NOTES_FILE
@@ -127,7 +132,8 @@ __all__ = [
 
 
 def analyze_run(run_dir: str | Path | RecordedRun,
-                registration: str | Path | Registration | None = None) -> RunSummary:
+                registration: str | Path | Registration | None = None, *,
+                list_runs: bool = True) -> RunSummary:
     """Analyse a recorded run against its sealed registration.
 
     In phases: the registration (:func:`bistat.analysis.siblings.registered`) and the tables
@@ -148,6 +154,10 @@ def analyze_run(run_dir: str | Path | RecordedRun,
         The registration (``preregistrations/NAME.json``); default: the path ``run.json`` names
         in ``registration.path``. Found and its seal checked by the one resolver of a run's
         registration (``bistat.declare.run_registration.run_registration``).
+    list_runs : bool
+        Also find every other run of the registration the run was recorded under (its run
+        ledger and the run's folder: :mod:`bistat.analysis.registration_runs`) and analyse each
+        for its verdict (``RunSummary.registration_runs``).
 
     Returns
     -------
@@ -180,10 +190,15 @@ def analyze_run(run_dir: str | Path | RecordedRun,
     matching = match_arms(run, exp, responses, passes, deviations)
     arm_summaries = matching.arms
 
-    envs, fps = valid.environments(tables.environment, arm_names)
+    servers = server_reports(tables.environment, arm_names)
+    caps = capabilities(exp.engine.kind)
+    remote = caps.declared_server and not caps.local_gpu   # servers started elsewhere
+    envs, fps = valid.environments(tables.environment, arm_names, servers,
+                                   declared_server=caps.declared_server)
     bad_events, gpu_busy = valid.bad_events(tables.events)
     validity = valid.validity_checks(exp, passes, fps, envs, reg.sealed_utc, created,
-                                     exploratory=registered.exploratory)
+                                     exploratory=registered.exploratory, servers=servers,
+                                     remote=remote)
     not_run = valid.not_run(exp, arm_summaries, passes, envs, bad_events, gpu_busy, tables.gaps,
                             deviations)
     arm_reasons = valid.untestable(bad_events, arm_summaries, exp.workload.passes)
@@ -202,14 +217,24 @@ def analyze_run(run_dir: str | Path | RecordedRun,
     activation = act.arm_activation(
         [a.model_dump(mode="json") for a in exp.arms], marker_lines,
         None if probe is None else probe.to_json(),
-        {a.name: (a.n_prompts_diverged, a.n_prompts) for a in arm_summaries})
+        {a.name: (a.n_prompts_diverged, a.n_prompts) for a in arm_summaries},
+        servers={r.arm: r for r in servers}, compare_servers=caps.declared_server)
     evidence = {a.arm: _evidence(a, probe is not None) for a in activation}
 
     comparisons, pairs = _comparisons(exp, matching, validity, arm_reasons, evidence)
-    sib_verdicts = _sibling_verdicts(reg, created, passes, fps, envs, pairs)
+    sib_verdicts = _sibling_verdicts(reg, created, passes, fps, envs, pairs, servers, remote)
 
     engine_version = _engine_version(exp, reg, tables.environment, tables.events, engine_logs,
                                      created)
+    recorded = sibling_of if sibling_of is not None else reg
+    runs: tuple[RegistrationRun, ...] = ()
+    if list_runs:
+        state = recorded_state({a.name: a.counted_passes for a in arm_summaries}, exp,
+                               [f"engine {e.replace('_', ' ')} (arm {a})"
+                                for a, e, _ in bad_events])
+        runs = registration_runs(
+            run_dir, run.run_id, created, recorded, exp, state, verdict_text(comparisons),
+            lambda d: analyze_run(d, reg, list_runs=False))
     deviations.extend(engine_version.deviations)
     passes_df = tables.passes
     return RunSummary(
@@ -244,7 +269,24 @@ def analyze_run(run_dir: str | Path | RecordedRun,
             display_path(sibling_of.path) if sibling_of is not None else None),
         engine_version=engine_version,
         serial=serial_passes(exp.rule, [(control, treatment)
-                                        for control, treatment, *_ in pairs]))
+                                        for control, treatment, *_ in pairs]),
+        failed_requests=failed_requests(responses, arm_names), servers=servers,
+        registration_runs=runs,
+        runs_registration=(display_path(recorded.path) if sibling_of is not None else
+                           hdr_reg.get("path") if isinstance(hdr_reg, Mapping) else None))
+
+
+def failed_requests(responses: pd.DataFrame, arm_names: Sequence[str]) -> FailedRequests:
+    """The failed requests among ``responses`` (the records as read, in order), grouped by their
+    error and counted per arm."""
+    if responses.empty or "error" not in responses:
+        return FailedRequests(0, len(responses), tuple((a, 0) for a in arm_names), ())
+    failed = responses[responses["error"].notna()]
+    errors = [str(e) for e in failed["error"]]
+    per_arm = failed["arm"].value_counts()
+    return FailedRequests(len(errors), len(responses),
+                          tuple((a, int(per_arm.get(a, 0))) for a in arm_names),
+                          error_groups(errors))
 
 
 @dataclass(frozen=True)
@@ -268,7 +310,8 @@ def _load_tables(run: RecordedRun, unit: str) -> _Tables:
     pass_read = run.load("passes")
     gaps.extend(pass_read.gaps)
     met_read = run.load("metrics", ["arm", "seq", "t", "num_requests_running",
-                                    "num_requests_waiting", "num_preemptions_total", "source"])
+                                    "num_requests_waiting", "num_preemptions_total", "source",
+                                    "step_batch_size"])
     gaps.extend(met_read.gaps)
     env_read = run.load("environment", ["arm", "block", "fingerprint", "engine", "log_findings",
                                         "modes"])
@@ -349,14 +392,16 @@ def _comparisons(exp: Experiment, matching: Matching, validity: Sequence[Validit
 
 def _sibling_verdicts(reg: Registration, created: str | None, passes: Sequence[PassSummary],
                       fps: Any, envs: Mapping[str, ArmEnvironment],
-                      pairs: Sequence[_Pair]) -> list[SiblingVerdict]:
+                      pairs: Sequence[_Pair], servers: Sequence[ServerReport] = (),
+                      remote: bool = False) -> list[SiblingVerdict]:
     """Phase 6 (siblings): the same comparisons under the sibling registrations' rules."""
     siblings: list[SiblingVerdict] = []
     for sib in sibling_registrations(reg):
         sib_exp = sib.experiment()
         sib_later = sealed_after_data(sib, created)
         sib_validity = tuple(valid.validity_checks(sib_exp, passes, fps, envs, sib.sealed_utc,
-                                                   created, exploratory=sib_later))
+                                                   created, exploratory=sib_later,
+                                                   servers=servers, remote=remote))
         for ctl_stats, trt_stats, pair_status, counts, ev in pairs:
             siblings.append(SiblingVerdict(
                 display_path(sib.path), sib_exp.name, trt_stats.name, ctl_stats.name,

@@ -14,21 +14,40 @@ import pandas as pd
 
 from bistat.analysis.passes import PassSummary
 from bistat.analysis.results import ArmEnvironment, ArmSummary
+from bistat.analysis.servers import ServerReport
 from bistat.core.classify import RunTestable, ValidityCheck
 from bistat.declare.experiment import Experiment
 from bistat.run.fingerprint import same_node, version_differences
 from bistat.store.format import parse_time
 from bistat.store.readers import optional_str as _opt_str
 
-__all__ = ["VERSION_KEYS", "bad_events", "environments", "not_run", "pair_status", "untestable",
+__all__ = ["OPTIONAL_VERSION_KEYS", "VERSION_KEYS", "bad_events", "with_engine_versions", "environments", "not_run", "pair_status", "untestable",
            "validity_checks"]
 
-VERSION_KEYS = ("python", "numpy", "torch", "triton", "vllm", "bistat")
+VERSION_KEYS = ("python", "numpy", "torch", "triton", "vllm", "sglang", "bistat")
+#: version keys shown and compared only where some arm's environment has them (an engine's own
+#: package: SGLang's version is in its adapter's report, not in bistat's environment)
+OPTIONAL_VERSION_KEYS = ("sglang",)
 
 
-def environments(env: pd.DataFrame, arm_names: Sequence[str]) -> tuple[
+def with_engine_versions(fp: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A fingerprint with the versions its engine reported (``engine_reported.versions``: SGLang's
+    environment, read by its adapter) over the runner's: the software the arm's engine ran."""
+    reported = fp.get("engine_reported")
+    versions = reported.get("versions") if isinstance(reported, Mapping) else None
+    if not isinstance(versions, Mapping):
+        return fp
+    return {**fp, "versions": {**(fp.get("versions") or {}),
+                               **{k: v for k, v in versions.items() if v is not None}}}
+
+
+def environments(env: pd.DataFrame, arm_names: Sequence[str],
+                 servers: Sequence[ServerReport] = (), declared_server: bool = False) -> tuple[
         dict[str, ArmEnvironment], dict[str, list[Mapping[str, Any]]]]:
-    """Per arm: what it ran on (every engine start's fingerprint) and those fingerprints."""
+    """Per arm: what it ran on (every engine start's fingerprint, with the versions its engine
+    reported) and those fingerprints. ``declared_server``: the engine is whatever server the
+    arm's URL or command reaches, named by what it declares (``servers``)."""
+    reports = {r.arm: r for r in servers}
     envs: dict[str, ArmEnvironment] = {}
     fps: dict[str, list[Mapping[str, Any]]] = {}
     if env.empty:
@@ -37,7 +56,8 @@ def environments(env: pd.DataFrame, arm_names: Sequence[str]) -> tuple[
         rows = env[env["arm"] == arm]
         if rows.empty:
             continue
-        prints = [fp if isinstance(fp, Mapping) else {} for fp in rows["fingerprint"]]
+        prints = [with_engine_versions(fp) if isinstance(fp, Mapping) else {}
+                  for fp in rows["fingerprint"]]
         fps[arm] = prints
         gpus: dict[str, None] = {}
         uuids: dict[str, None] = {}
@@ -51,6 +71,8 @@ def environments(env: pd.DataFrame, arm_names: Sequence[str]) -> tuple[
         engine = engine if isinstance(engine, Mapping) else {}
         engine_text = " ".join(str(x) for x in (engine.get("kind"), engine.get("version"))
                                if x is not None) or "unknown"
+        if declared_server and arm in reports:   # the server measured, not the client
+            engine_text = f"{engine.get('kind')} → {reports[arm].describe()}"
         logs: dict[str, None] | None = None
         if "log_findings" in rows:
             for found in rows["log_findings"]:
@@ -61,7 +83,8 @@ def environments(env: pd.DataFrame, arm_names: Sequence[str]) -> tuple[
         envs[arm] = ArmEnvironment(
             gpus=tuple(gpus), gpu_uuids=tuple(uuids),
             versions=tuple((k, None if versions.get(k) is None else str(versions.get(k)))
-                           for k in VERSION_KEYS),
+                           for k in VERSION_KEYS
+                           if k not in OPTIONAL_VERSION_KEYS or versions.get(k) is not None),
             engine=engine_text, host=last.get("host"), n_starts=len(prints),
             log_findings=None if logs is None else tuple(logs))
     return envs, fps
@@ -79,10 +102,14 @@ def _strip_pid(line: str) -> str:
 def validity_checks(exp: Experiment, passes: Sequence[PassSummary],
                     fps: Mapping[str, list[Mapping[str, Any]]],
                     envs: Mapping[str, ArmEnvironment], registered_utc: str,
-                    created_utc: str | None, *, exploratory: bool = False
+                    created_utc: str | None, *, exploratory: bool = False,
+                    servers: Sequence[ServerReport] = (), remote: bool = False
                     ) -> list[ValidityCheck]:
     """The declared validity checks. ``exploratory``: the rule was sealed after the data (a
-    sibling registered later): the order is then stated as the analysis's nature, not checked."""
+    sibling registered later): the order is then stated as the analysis's nature, not checked.
+    ``servers``: what each arm's server declared (:mod:`bistat.analysis.servers`); ``remote``:
+    the servers run elsewhere, so ``same versions`` compares what they declare, not the
+    client's fingerprint."""
     checks: list[ValidityCheck] = []
     v = exp.validity
     counted = [p for p in passes if p.counted]
@@ -144,16 +171,45 @@ def validity_checks(exp: Experiment, passes: Sequence[PassSummary],
         if missing or not all_fps:
             checks.append(ValidityCheck("same versions", None, None, "identical versions",
                                         f"no fingerprint for arm(s) {', '.join(missing)}"))
+        elif servers and remote:
+            checks.append(_same_server_versions(arms, servers))
         else:
-            differing = version_differences(all_fps, VERSION_KEYS)
+            keys = [k for k in VERSION_KEYS if k not in OPTIONAL_VERSION_KEYS
+                    or any((fp.get("versions") or {}).get(k) for fp in all_fps)]
+            differing = version_differences(all_fps, keys)
+            if servers:   # a server started here from a command: what it declares too
+                named = {r.describe() for r in servers}
+                if len(named) > 1:
+                    differing.append("server: " + " / ".join(sorted(named)))
             ok = not differing
             coded = any(fp.get("code") for fp in all_fps)   # runs recorded since code digests
             checks.append(ValidityCheck(
                 "same versions", ok, "; ".join(differing) or "identical",
-                "identical python, numpy, torch, triton, vllm, bistat, git commit, driver"
-                + (", bistat code" if coded else ""),
+                f"identical {', '.join(keys)}, git commit, driver"
+                + (", bistat code" if coded else "")
+                + (", the servers' declared versions" if servers else ""),
                 "every engine start of every arm" if ok else "software differs between arms"))
     return checks
+
+
+def _same_server_versions(arms: Sequence[str], servers: Sequence[ServerReport]) -> ValidityCheck:
+    """``same versions`` for servers started elsewhere: what each arm's server declares (the
+    runner's own fingerprint describes only the client). A server that declares nothing leaves
+    the check not evaluable."""
+    reports = {r.arm: r for r in servers}
+    observed = "; ".join(f"{a}: {reports[a].describe() if a in reports else 'not recorded'}"
+                         for a in arms)
+    limit = "identical server name and version, as each arm's server declares them"
+    silent = [a for a in arms if a not in reports or not reports[a].reported
+              or reports[a].version is None]
+    if silent:
+        return ValidityCheck("same versions", None, observed, limit,
+                             f"the server of arm(s) {', '.join(silent)} declares no version "
+                             "(GET /version): unknown, so the arms' software cannot be compared")
+    ok = len({(reports[a].name, reports[a].version) for a in arms}) == 1
+    return ValidityCheck("same versions", ok, observed, limit,
+                         "every arm's server declares the same" if ok
+                         else "the arms' servers declare different software")
 
 
 def bad_events(events: pd.DataFrame) -> tuple[list[tuple[str, str, str | None]], list[str]]:

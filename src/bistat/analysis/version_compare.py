@@ -1,4 +1,9 @@
-"""One study on two engine releases, side by side: what changed, and what upstream changed.
+"""One study on two engine releases (or any two runs of it), side by side: what changed, and
+what upstream changed.
+
+Any two runs compare, of any engine: each side names the engine its run measured from its
+fingerprints (:func:`bistat.analysis.results.engine_name`), each row says which run it is from,
+and the upstream table (vLLM's) is looked up only when both runs are on vLLM.
 
 "Benchmarks run on the latest release or they don't count": when a study is re-run on a newer
 engine release, its reader needs the two results beside each other -- per arm, the match counts
@@ -39,7 +44,9 @@ from typing import Any, Mapping, Sequence
 
 from packaging.version import InvalidVersion, Version
 
+from bistat.analysis.results import engine_name
 from bistat.core import stats
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
@@ -79,7 +86,7 @@ class ArmSide:
 
     arm: str
     role: str
-    engine_version: str | None
+    engine_version: str | None           # the engine this arm ran, from its fingerprint
     modes: str | None                    # "compilation / CUDA graphs", as recorded
     backend: str                         # the engine kind and attention backend(s) logged
     n_matched: int
@@ -103,6 +110,8 @@ class ArmChange:
     cost_changed: bool
     mode_changed: bool
     upstream: tuple[UpstreamChange, ...]      # the entries touching what this arm ran
+    #: both runs are on vLLM, whose upstream changes bistat's table lists
+    upstream_known: bool = True
 
     @property
     def changed(self) -> bool:
@@ -112,6 +121,9 @@ class ArmChange:
         """One fixed sentence on what the upstream table says about this arm's result."""
         if self.later.role == "control":
             return "the control: the mode is off, its divergence is what the mode exists for"
+        if not self.upstream_known:
+            return ("changed" if self.changed else "unchanged") + (
+                " (bistat's table of upstream changes is vLLM's; not looked up)")
         behaviour = [u for u in self.upstream if u.kind == "changed"]
         open_ = [u for u in self.upstream if u.kind == "unchanged"]
         if self.changed and behaviour:
@@ -137,7 +149,7 @@ class VersionComparison:
     later_run: str
     earlier_registration: str | None
     later_registration: str | None
-    earlier_version: str | None
+    earlier_version: str | None               # vLLM's version (the upstream table is vLLM's)
     later_version: str | None
     earlier_gpus: tuple[str, ...]
     later_gpus: tuple[str, ...]
@@ -149,6 +161,19 @@ class VersionComparison:
     earlier_exploratory: bool                 # the earlier run analysed under a rule sealed after it
     upstream: tuple[UpstreamChange, ...]      # every table entry between the two versions
     notes: tuple[str, ...]                    # differences of design the reader must know
+    #: the engine each run measured, named from its fingerprints (``vLLM 0.25.0``,
+    #: ``embedded 0.1.0``, ``openai → bistat serve 0.1.0``: bistat.analysis.results.engine_name)
+    earlier_engine: str = "—"
+    later_engine: str = "—"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready data (``bistat compare --json``)."""
+        from dataclasses import asdict
+
+        data = asdict(self)
+        data["arms"] = [dict(d, changed=c.changed, explanation=c.explanation())
+                        for d, c in zip(data["arms"], self.arms)]
+        return data
 
 
 def load_upstream_changes(text: str | None = None) -> tuple[UpstreamChange, ...]:
@@ -173,6 +198,9 @@ def load_upstream_changes(text: str | None = None) -> tuple[UpstreamChange, ...]
 
 
 def _version(s: Any) -> str | None:
+    """The run's vLLM version (None for another engine: the upstream table is vLLM's)."""
+    if not (s.engine_kind or "").startswith("vllm"):
+        return None
     found = sorted({dict(e.versions).get("vllm") for _, e in s.environments} - {None})
     if len(found) > 1:
         raise VersionCompareError(f"run {s.run_id} recorded several vLLM versions ({found}); "
@@ -210,8 +238,13 @@ def _side(s: Any, arm: str, backend: str) -> ArmSide:
         else:
             ratio = comp.ratio_point
             ratio_iv = None if comp.ratio is None else comp.ratio.interval
-    versions = {dict(e.versions).get("vllm") for n, e in s.environments if n == arm}
-    return ArmSide(arm, a.role, next(iter(versions - {None}), None), modes, backend, a.n_matched,
+    envs = {n: e for n, e in s.environments}
+    version = None
+    if arm in envs:
+        vllm = dict(envs[arm].versions).get("vllm")
+        version = (f"vLLM {vllm}" if vllm is not None and (s.engine_kind or "").startswith("vllm")
+                   else envs[arm].engine)
+    return ArmSide(arm, a.role, version, modes, backend, a.n_matched,
                    a.n_units, a.match_interval, verdict, cost, ratio, ratio_iv)
 
 
@@ -233,9 +266,18 @@ def _touches(u: UpstreamChange, side: ArmSide, env: Mapping[str, str], mode_chan
 
 
 def _backend(s: Any, arm: str) -> str:
-    """The arm's engine kind and the attention backend(s) its engine log named."""
+    """The arm's engine kind and the attention backend(s) its engine log (or its server) named,
+    or the GEMM it declared on an engine with GEMM modes (the embedded engine)."""
+    from bistat.engines.registry import capabilities
+
     act = next((a for a in s.activation if a.arm == arm), None)
-    return ", ".join([s.engine_kind or "—", *((act.attention or ()) if act is not None else ())])
+    parts = [s.engine_kind or "—", *((act.attention or ()) if act is not None else ())]
+    decl = {x["name"]: x for x in s.declaration.get("arms", [])}
+    args = {**((s.declaration.get("engine") or {}).get("args") or {}),
+            **(decl.get(arm, {}).get("args") or {})}
+    if capabilities(s.engine_kind or "").gemm_modes and "gemm" in args:
+        parts.append(f"gemm {args['gemm']}")
+    return ", ".join(parts)
 
 
 def compare_versions(earlier: Any, later: Any, arm_map: Mapping[str, str] | None = None,
@@ -292,7 +334,8 @@ def compare_versions(earlier: Any, later: Any, arm_map: Mapping[str, str] | None
             cost_changed=cost_changed,
             mode_changed=mode_changed,
             upstream=tuple(u for u in between
-                           if _touches(u, b, envs_l.get(l_name, {}), mode_changed))))
+                           if _touches(u, b, envs_l.get(l_name, {}), mode_changed)),
+            upstream_known=ev is not None and lv is not None))
     notes = []
     if not same_rule:
         notes.append(f"the runs were analysed under different decision rules "
@@ -307,6 +350,9 @@ def compare_versions(earlier: Any, later: Any, arm_map: Mapping[str, str] | None
             notes.append(f"workload.{key}: {w_e.get(key)!r} in {earlier.run_id}, {w_l.get(key)!r} "
                          f"in {later.run_id}")
     gpus = [tuple(sorted({g for _, e in s.environments for g in e.gpus})) for s in (earlier, later)]
+    if earlier.engine_kind != later.engine_kind:
+        notes.append(f"the runs drove different engines ({earlier.engine_kind} in "
+                     f"{earlier.run_id}, {later.engine_kind} in {later.run_id})")
     if gpus[0] != gpus[1]:
         notes.append("the runs ran on different GPUs: a cost difference between them mixes the "
                      "release with the machine (matching is not affected by which GPU ran it)")
@@ -314,4 +360,5 @@ def compare_versions(earlier: Any, later: Any, arm_map: Mapping[str, str] | None
         earlier.run_id, later.run_id, earlier.registration_path, later.registration_path, ev, lv,
         gpus[0], gpus[1], cl, tuple(rows),
         tuple(sorted(e_arms - set(pairs))), tuple(sorted(l_arms - set(pairs.values()))),
-        same_rule, bool(earlier.exploratory), between, tuple(notes))
+        same_rule, bool(earlier.exploratory), between, tuple(notes),
+        engine_name(earlier), engine_name(later))

@@ -29,7 +29,8 @@ Exit codes: 0 whatever the verdicts, unless --fail-on names one: then the
 code of the first verdict (in comparison order) whose label it names:
 10 doubtful, 11 reported as observed, 12 untested; 1 error (unreadable
 records, a broken registration, one whose bytes differ from those git
-committed or whose signature fails); 2 usage error (a bad --fail-on label)."""
+committed or whose signature fails, OUT/NAME.md the finding of another run
+without --force); 2 usage error (a bad --fail-on label)."""
 
 
 def _fail(exc: Exception) -> click.ClickException:
@@ -54,12 +55,17 @@ def register(group: click.Group) -> None:
                   type=click.Path(dir_okay=False, path_type=Path),
                   help="The allowed-signers file a signed registration (NAME.json.sig) is "
                        "checked against  [default: git config gpg.ssh.allowedSignersFile]")
+    @click.option("--force", is_flag=True,
+                  help="Replace OUT/NAME.md although it is the finding of another run of the "
+                       "registration (refused without it).")
     def analyze(run_dir: Path, registration: Path | None, out_dir: Path, as_json: bool,
-                fail_on: tuple[str, ...], allowed_signers: Path | None) -> None:
+                fail_on: tuple[str, ...], allowed_signers: Path | None, force: bool) -> None:
         """Analyse the recorded run RUN_DIR and write the finding OUT/NAME.md with its plots.
 
         Every number is recomputed from the records; regenerating from the same data gives
-        byte-identical files. A line under the verdict says which evidence the registration's
+        byte-identical files. The finding lists every run of the registration its run ledger
+        and RUN_DIR's folder know, with each one's verdict; a finding of another run of the
+        same registration is not replaced without --force. A line under the verdict says which evidence the registration's
         seal has: git's first commit of its exact bytes, before or after the run's first
         record (or that this checkout has no such history), and its signature when signed.
         Ends with a one-screen plain-text summary for CI logs (on stderr with --json). Exit
@@ -69,7 +75,7 @@ def register(group: click.Group) -> None:
         from bistat.declare.errors import DeclarationError
         from bistat.declare.prereg import RegistrationError
         from bistat.declare.prereg_signature import SignatureError
-        from bistat.report.finding import write_finding
+        from bistat.report.finding import FindingExistsError, write_finding
         from bistat.report.gating import ci_summary, gate
         from bistat.report.seal import run_seal_evidence
         from bistat.store.format import RecordsError
@@ -83,9 +89,9 @@ def register(group: click.Group) -> None:
             if refuted:
                 raise RegistrationError(f"{seal.registration}: {'; '.join(refuted)}; check it "
                                         f"with: bistat verify {seal.registration} {run_dir}")
-            files = write_finding(summary, out_dir, seal=seal)
+            files = write_finding(summary, out_dir, seal=seal, force=force)
         except (AnalysisError, RecordsError, RegistrationError, DeclarationError,
-                SignatureError) as exc:
+                SignatureError, FindingExistsError) as exc:
             raise _fail(exc) from exc
         if as_json:
             data = summary_to_dict(summary)

@@ -154,6 +154,7 @@ def probe_command(declaration: Path, arms: tuple[str, ...], control: str | None,
             kept = (f"the report of the {saved[-1]} finished arm(s) is in {output}" if saved
                     else "no arm had finished, nothing was written")
             click.echo(f"interrupted: {kept}", err=True)
+            click.echo("exit 130: interrupted (Ctrl-C)", err=as_json)
             sys.exit(130)
     except DeclarationError as exc:
         raise click.ClickException(str(exc)) from exc

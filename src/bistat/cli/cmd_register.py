@@ -65,7 +65,20 @@ def _registration_text(reg: prereg.Registration, report: DesignReport, amended: 
         if logged:
             lines.append(f"  release:    {_release_text(logged[-1].check.to_dict())}; "
                          f"appended to {release_log_path(reg.path)}")
-    return "\n".join(lines) + "\n\n" + format_design(report)
+    return "\n".join(lines) + "\n\n" + format_design(report) + "\n" + _next_steps(reg)
+
+
+def _next_steps(reg: prereg.Registration) -> str:
+    """What to do with a new (or amended) registration: commit it, so that git dates it before
+    any datum, then run it."""
+    git = reg.sealed["git"]
+    if git["commit"] is None and git["declaration_state"] is None:
+        commit = ("  1. keep it where its time can be shown: this is not a git repository, so only "
+                  "the seal's own hash shows its integrity (--sign KEY adds who sealed it)")
+    else:
+        commit = (f"  1. commit it, so that git dates it before the run's first record: git add "
+                  f"{reg.path} && git commit -m \"Register {reg.name}\"")
+    return f"Next:\n{commit}\n  2. run it: bistat run {reg.path}\n"
 
 
 def _release_text(check: dict[str, Any]) -> str:
@@ -85,11 +98,17 @@ def _verify_text(report: prereg.VerifyReport) -> str:
                      f"{'' if report.amendments == 1 else 's'}, last sealed "
                      f"{report.sealed_utc}")
     if report.runs:
-        lines.append(f"  {len(report.runs)} run{'' if len(report.runs) == 1 else 's'}, "
-                     f"{report.n_data} timed records, all after the registration "
+        lines.append(f"  {len(report.runs)} run{'' if len(report.runs) == 1 else 's'} of this "
+                     f"registration, {report.n_data} timed records, all after the registration "
                      f"(earliest {report.earliest_datum})")
+        if len(report.runs) > 1:
+            lines.extend(f"    {run}" for run in report.runs)
     else:
-        lines.append("  no recorded runs checked")
+        lines.append("  no recorded runs checked (none in its run ledger or --runs-dir)")
+    if report.ledger_missing:
+        lines.append(f"  its run ledger lists {len(report.ledger_missing)} more run "
+                     f"director{'y' if len(report.ledger_missing) == 1 else 'ies'} no longer "
+                     f"there: {', '.join(report.ledger_missing)}")
     lines.append(f"  {evidence}")
     if report.release_checks:
         lines.append(f"  release log: {report.release_checks} later newest-release check"
@@ -192,8 +211,8 @@ def verify_cmd(registration: Path, run_dirs: tuple[Path, ...],
     Says which evidence of time and authorship holds besides the seal's own hash: the
     first git commit of its exact bytes, and its signature (NAME.json.sig) when signed.
 
-    Checks the RUN_DIRs given, or else every run under --runs-dir that names the
-    registration. Exits 1 if the seal is broken, the amendment log was edited, any
+    Checks the RUN_DIRs given, or else every run of the registration its run ledger
+    (.NAME.runs, written by bistat run) or --runs-dir knows, and says how many there are. Exits 1 if the seal is broken, the amendment log was edited, any
     recorded datum is not later than the registration, the registration's bytes differ
     from those git committed or were first committed after the run's first record, or
     its signature (NAME.json.sig) is not of these bytes or by a key the allowed signers

@@ -12,20 +12,22 @@ from typing import Any, Iterator
 
 import click
 
-from bistat.cli.exitcodes import ERROR, RUN_DIR_LOST
+from bistat.cli.exitcodes import ERROR, OK, RUN_DIR_LOST
 from bistat.cli.fail_on import OUTCOME_FAIL_ON_HELP, fail_on_labels
 
 RUN_EXIT_CODES = """\b
 Exit codes: 0 the run ended (the whole schedule ran; failed requests, if
 any, are flagged in the records) and --fail-on names no verdict it got;
-1 error, or the run stopped early (engine died, Ctrl-C: resume it with
---resume); 3 the run directory was removed or replaced while the run
+1 error, or the run stopped early (engine died, every request of a pass
+failed, Ctrl-C: resume it with --resume); 3 the run directory was
+removed or replaced while the run
 recorded (it stops before the next pass and copies its records into
 RUN_DIR.rescued-<UTC stamp> beside it); with --fail-on, the code of the
 first verdict whose label it names: 10 doubtful, 11 reported as
 observed, 12 untested (also when an engine refused the setting or failed
 to start; the data so far is kept).
-The run ends with a one-screen summary of its analysis for CI logs."""
+The run ends with a one-screen summary of its analysis for CI logs, and
+every ending with the line 'exit CODE: why'."""
 
 
 def _reporter(no_progress: bool):
@@ -39,15 +41,18 @@ def _reporter(no_progress: bool):
     return RichReporter(console)
 
 
-def _summarise(run_dir: Path, registration, fail_on: frozenset[str]) -> int:
-    """Analyse the recorded run, print the CI summary, return the gate's exit code.
+def _summarise(run_dir: Path, registration, fail_on: frozenset[str], *,
+               untested: bool = False) -> int:
+    """Analyse the recorded run, print the CI summary ending with the exit line, return its code.
 
-    An analysis that cannot be made is reported (the data is kept) and exits 1 when --fail-on
-    was given (a gate that cannot be evaluated must not pass), else 0.
+    ``untested``: an engine refused its setting or failed to start, a failed run: the code is
+    non-zero (1) even without --fail-on, whose own code wins when it names the verdict. An
+    analysis that cannot be made is reported (the data is kept) and exits 1 when --fail-on was
+    given (a gate that cannot be evaluated must not pass) or the run is untested, else 0.
     """
     from bistat.analysis.summary import AnalysisError, analyze_run
     from bistat.declare.experiment import DeclarationError
-    from bistat.report.gating import ci_summary, gate
+    from bistat.report.gating import GateResult, ci_summary, gate
     from bistat.declare.prereg import RegistrationError
     from bistat.store.format import RecordsError
 
@@ -55,9 +60,35 @@ def _summarise(run_dir: Path, registration, fail_on: frozenset[str]) -> int:
         summary = analyze_run(run_dir, registration)
     except (AnalysisError, RecordsError, RegistrationError, DeclarationError) as exc:
         click.echo(f"cannot summarise the run: {exc}", err=True)
-        return ERROR if fail_on else 0
-    click.echo(ci_summary(summary, fail_on), nl=False)
-    return gate([c.verdict.label.value for c in summary.comparisons], fail_on).exit_code
+        if untested:
+            return _exit_line(ERROR, "an engine refused its setting or failed to start (the run "
+                                     "is untested), and its analysis failed")
+        if fail_on:
+            return _exit_line(ERROR, "the analysis failed, so --fail-on cannot be evaluated")
+        return _exit_line(OK, "the run ended; its analysis failed and no --fail-on was given")
+    result = gate([c.verdict.label.value for c in summary.comparisons], fail_on)
+    if untested and result.exit_code == OK:
+        result = GateResult(ERROR, "an engine refused its setting or failed to start: the run is "
+                                   "untested, a failed run whatever --fail-on names")
+    click.echo(ci_summary(summary, fail_on, result=result), nl=False)
+    return result.exit_code
+
+
+def _exit_line(code: int, reason: str) -> int:
+    """Print the run's last line, ``exit CODE: REASON``, and return ``code``: every ending of
+    ``bistat run`` prints the code it exits with."""
+    click.echo(f"exit {code}: {reason}")
+    return code
+
+
+def _error_lines(outcome) -> list[str]:
+    """The first errors of the run's failed requests, for its output."""
+    from bistat.core.failures import describe_groups
+
+    if not outcome.failed_requests:
+        return []
+    return ["first errors:"] + [f"  {line}" for line in
+                                describe_groups(outcome.errors, outcome.failed_requests)]
 
 
 def _finish(outcome, registration, fail_on: frozenset[str]) -> None:
@@ -69,6 +100,8 @@ def _finish(outcome, registration, fail_on: frozenset[str]) -> None:
             else ""
         )
         click.echo(f"run complete: {run_dir} ({outcome.passes_run} pass(es) run{flagged})")
+        for line in _error_lines(outcome):
+            click.echo(line)
         if outcome.detail:
             click.echo(outcome.detail)
         click.echo(f"next: bistat analyze {run_dir}")
@@ -76,18 +109,23 @@ def _finish(outcome, registration, fail_on: frozenset[str]) -> None:
     if outcome.status == "untested":
         click.echo(f"run untested: {outcome.detail}", err=True)
         click.echo(f"data kept in {run_dir}; the finding will say untested: bistat analyze {run_dir}")
-        # an engine that could not start (or refused its setting) is a failed run: non-zero even
-        # without --fail-on, whose own code wins when it names the verdict
-        sys.exit(_summarise(run_dir, registration, fail_on) or ERROR)
+        sys.exit(_summarise(run_dir, registration, fail_on, untested=True))
     if outcome.status == "lost":
         click.echo(f"run stopped: the run directory was lost: {outcome.detail}", err=True)
         click.echo(f"data kept in {run_dir}; check it, then continue with: bistat run --resume "
                    f"{run_dir}", err=True)
-        sys.exit(RUN_DIR_LOST)
-    what = "interrupted" if outcome.status == "interrupted" else "stopped"
+        sys.exit(_exit_line(RUN_DIR_LOST, f"the run directory was lost; its records are in "
+                                          f"{run_dir}"))
+    what = {"interrupted": "interrupted", "incomplete": "stopped", "stopped": "stopped"}.get(
+        outcome.status, outcome.status)
     click.echo(f"run {what}: {outcome.detail}", err=True)
+    for line in _error_lines(outcome):
+        click.echo(line, err=True)
     click.echo(f"data kept in {run_dir}; continue with: bistat run --resume {run_dir}", err=True)
-    sys.exit(ERROR)
+    why = {"interrupted": "the run was interrupted",
+           "incomplete": "an engine failed during a pass",
+           "stopped": "every request of a pass failed"}.get(outcome.status, "the run stopped early")
+    sys.exit(_exit_line(ERROR, f"{why}; resume it with: bistat run --resume {run_dir}"))
 
 
 def _gpu_busy(experiment: Any, allow: bool) -> str | None:
@@ -222,7 +260,8 @@ def _disk_full(run_dir: Path, exc: OSError) -> None:
     click.echo(f"kept {kept} response(s) in {run_dir / 'responses.jsonl'}; free space there now: "
                f"{free}", err=True)
     click.echo(f"free some space, then continue with: bistat run --resume {run_dir}", err=True)
-    sys.exit(ERROR)
+    sys.exit(_exit_line(ERROR, f"no space left on device; free some, then resume it with: "
+                               f"bistat run --resume {run_dir}"))
 
 
 def _size(n: float) -> str:

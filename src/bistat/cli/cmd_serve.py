@@ -26,7 +26,8 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
               show_default=True, help="Most prompts in one /v1/completions request; more is 413.")
 @click.option("--max-queued-prompts", type=click.IntRange(min=1), default=1024, show_default=True,
               help="Most prompts in flight (waiting or generating) over all requests; a request "
-                   "that would exceed it is answered 429 with Retry-After and nothing is queued.")
+                   "that would exceed it is answered 429 with Retry-After and nothing is queued "
+                   "(413 when it alone holds more prompts: it could never fit).")
 @click.option("--shutdown-timeout", "shutdown_timeout_s", type=click.FloatRange(min=0),
               default=2.0, show_default=True,
               help="Seconds in-flight requests may finish after SIGTERM/SIGINT before they are "

@@ -619,7 +619,9 @@ class _Context:
             if isinstance(iv, _NotEvaluable):
                 return not_evaluable(iv)
             arm = self.arms[role]
-            ctx = f"{arm.n_matched} of {arm.n_prompts} matched; interval {_iv(iv)}"
+            # the interval named by its kind: a finding also shows the two-sided one
+            sided = "two-sided" if alternative == "two-sided" else "one-sided"
+            ctx = f"{arm.n_matched} of {arm.n_prompts} matched; {sided} interval {_iv(iv)}"
             if isinstance(crit, MatchLowerBound):
                 return result(iv.low, f"{format_decided(iv.low, [crit.at_least])} ({ctx})",
                               iv.low >= crit.at_least)

@@ -99,6 +99,7 @@ from bistat.declare.design_runtime import (
     timing_from_run,
 )
 from bistat.declare.experiment import Experiment
+from bistat.engines.registry import declaration_limits
 
 __all__ = [
     "AA_MATCH_RATES",
@@ -148,12 +149,15 @@ class DesignReport:
     false_positives: tuple[FalsePositive, ...] = ()
     assumed_control_match_rate: float | None = None
     duration: DurationEstimate | None = None
+    #: what the engine's adapter cannot check at registration, in words
+    #: (:func:`bistat.engines.registry.declaration_limits`)
+    unchecked: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready data (stored in the registration)."""
         data = asdict(self)
         for key in ("true_ratios", "match", "throughput", "labels", "other", "warnings",
-                    "activation", "cost", "false_positives", "duration"):
+                    "activation", "cost", "false_positives", "duration", "unchecked"):
             data[key] = json.loads(json.dumps(data[key]))
         return data
 
@@ -250,7 +254,7 @@ def analyse_design(exp: Experiment, *, base_dir: str | Path | None = None) -> De
         match=tuple(match), throughput=tuple(through), labels=tuple(labels),
         other=tuple(other), warnings=tuple(warnings), activation=tuple(activation), cost=cost,
         false_positives=tuple(fps), assumed_control_match_rate=control_rate,
-        duration=duration,
+        duration=duration, unchecked=tuple(declaration_limits(exp)),
     )
 
 
@@ -415,6 +419,10 @@ def format_design(report: DesignReport) -> str:
     if report.duration is not None:
         lines.append("")
         lines.extend(duration_lines(report.duration))
+    if report.unchecked:
+        lines.append("")
+        lines.append("Not checked at registration (the engine tells only when it runs):")
+        lines.extend(f"  - {u}" for u in report.unchecked)
     lines.append("")
     if report.warnings:
         lines.append(f"Warnings ({len(report.warnings)}):")

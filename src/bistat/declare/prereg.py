@@ -327,13 +327,19 @@ def load_declaration(declaration_path: str | Path) -> Experiment:
 def registration_problems(exp: Experiment, declaration_path: str | Path,
                           base_dir: str | Path | None = None, *, check_engine: bool = True
                           ) -> list[str]:
-    """What ``register`` (and ``--amend``) checks beyond the schema, one message per problem
-    naming the file, the field and the fix: at least two counted passes per arm (a comparison
-    needs two; bistat has no reference-arm mode), the engine adapter's own checks (argument
-    names and values against its schema, the model) and a ``file:`` prompt source that exists.
-    ``check_engine=False`` skips the adapter's checks, for a declaration analysed from records
-    written without its engine (synthetic records in tests)."""
-    from bistat.engines.registry import declaration_problems
+    """What ``register`` (and ``--amend``) checks beyond the schema: everything ``bistat run``
+    would refuse of this declaration before or in its first pass, one message per problem naming
+    the file, the field and the fix: at least two counted passes per arm (a comparison needs two;
+    bistat has no reference-arm mode), the prompts the workload names, read as the run reads them
+    (a ``file:`` source that exists and is well formed, ``n_prompts`` it can give: the built-in
+    chat source holds 1,200), and the engine adapter's own checks (argument names, types and
+    values against its schema, server URLs and ports, the model, ``max_tokens`` with the longest
+    prompt against a context length the declaration or the model fixes). What an adapter cannot
+    check before its engine runs is stated in the design report
+    (:func:`bistat.engines.registry.declaration_limits`). ``check_engine=False`` skips the
+    adapter's checks, for a declaration analysed from records written without its engine
+    (synthetic records in tests)."""
+    from bistat.engines.registry import declaration_problems, prompt_problems
 
     problems: list[tuple[str, str]] = []
     if exp.workload.passes < 2:
@@ -342,16 +348,38 @@ def registration_problems(exp: Experiment, declaration_path: str | Path,
                          "each prompt present in both; set passes = 2 or more"))
     if check_engine:
         problems += declaration_problems(exp)
-    source = exp.workload.source
+    prompts, problem = _declared_prompts(exp, base_dir)
+    if problem is not None:
+        problems.append(problem)
+    if check_engine:
+        problems += prompt_problems(exp, prompts)
+    return [f"{declaration_path}: {field}: {message}"
+            for field, message in dict.fromkeys(problems)]
+
+
+def _declared_prompts(exp: Experiment, base_dir: str | Path | None
+                      ) -> tuple[list[Any], tuple[str, str] | None]:
+    """The workload's prompts as the run will read them, or ``([], (field, message))`` when it
+    could not (:func:`bistat.declare.prompts.load_prompts`)."""
+    from bistat.declare.prompts import WorkloadError, load_prompts
+
+    wl = exp.workload
+    source = wl.source
     if source.startswith("file:"):
         raw = source[len("file:"):]
-        prompts = Path(raw)
-        if not prompts.is_absolute():
-            prompts = Path(base_dir or Path.cwd()) / prompts
-        if not prompts.is_file():
-            problems.append(("workload.source", f"prompt file {raw} does not exist ({prompts}); "
-                             "create it or fix the path (relative to the working directory)"))
-    return [f"{declaration_path}: {field}: {message}" for field, message in problems]
+        path = Path(raw)
+        if not path.is_absolute():
+            path = Path(base_dir or Path.cwd()) / path
+        if not path.is_file():
+            return [], ("workload.source", f"prompt file {raw} does not exist ({path}); "
+                        "create it or fix the path (relative to the working directory)")
+    try:
+        return load_prompts(source, wl.n_prompts, wl.seed,
+                            base_dir=Path(base_dir) if base_dir is not None else None), None
+    except WorkloadError as exc:
+        text = str(exc)
+        field = ("workload.n_prompts" if "n_prompts" in text else "workload.source")
+        return [], (field, text)
 
 
 def _checked_declaration(declaration_path: str | Path, base_dir: str | Path | None,
@@ -591,6 +619,11 @@ def amend(
 
 def _read(path: str | Path) -> dict[str, Any]:
     p = Path(path)
+    if p.suffix.lower() == ".toml":
+        sealed = registration_path(p.stem, p.parent.parent / DEFAULT_REGISTRATIONS_DIR
+                                   if p.parent.name == "experiments" else DEFAULT_REGISTRATIONS_DIR)
+        raise RegistrationError(f"{path} is a declaration, not a registration; give the sealed "
+                                f".json ({sealed}, which `bistat register {path}` writes)")
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
@@ -846,6 +879,32 @@ def ledger_runs(reg: Registration) -> list[Path]:
     return out
 
 
+def ledger_entries(reg: Registration) -> list[tuple[Path, bool]]:
+    """Every run directory the registration's ledger lists, in order, with whether it is still
+    a run of it (``run.json`` there names this registration); a directory since removed or
+    replaced is listed as ``False``: a run was started, and its record is gone."""
+    ledger = ledger_path(reg.path)
+    if not ledger.exists():
+        return []
+    out = []
+    for line in ledger.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        d = Path(os.path.normpath(ledger.parent / line))
+        run = _run_json(d)
+        out.append((d, run is not None and _names_registration(run, reg)))
+    return out
+
+
+def known_runs(reg: Registration, runs_dirs: Iterable[str | Path] = ()) -> list[Path]:
+    """The run directories of ``reg`` that its run ledger lists or that lie under ``runs_dirs``
+    (:func:`find_recorded_runs`), each once (by resolved path), in that order."""
+    out: dict[Path, Path] = {}
+    for d in [*ledger_runs(reg), *find_recorded_runs(reg, runs_dirs)]:
+        out.setdefault(d.resolve(), d)
+    return list(out.values())
+
+
 def _has_data(run_dir: Path) -> bool:
     """True when the run recorded data: a response or a pass (``responses.jsonl``/``.parquet``,
     ``passes.jsonl``). Headers alone (``run.json``, the engine's failed start in
@@ -901,6 +960,8 @@ class VerifyReport:
     git: GitEvidence = GitEvidence("none")
     signature: SignatureCheck = SignatureCheck("none")
     release_checks: int = 0   # verified lines of NAME.releases.jsonl
+    #: run directories the run ledger lists that no longer hold a run of it
+    ledger_missing: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -909,7 +970,9 @@ class VerifyReport:
     def to_dict(self) -> dict[str, Any]:
         return {"path": self.path, "ok": self.ok, "sha256": self.sha256, "name": self.name,
                 "registered_utc": self.registered_utc, "sealed_utc": self.sealed_utc,
-                "amendments": self.amendments, "runs": list(self.runs), "n_data": self.n_data,
+                "amendments": self.amendments, "runs": list(self.runs),
+                "n_runs": len(self.runs), "ledger_missing": list(self.ledger_missing),
+                "n_data": self.n_data,
                 "earliest_datum": self.earliest_datum, "problems": list(self.problems),
                 "git": {"status": self.git.status, "commit": self.git.commit,
                         "time_utc": self.git.time_utc, "before_first_record": self.git.before,
@@ -977,7 +1040,9 @@ def verify(
         problems.append(f"{p}: sealed at {sealed['sealed_utc']}, which is in the future; the "
                         "registration is forward-dated or the clock is wrong")
 
-    dirs = [Path(d) for d in run_dirs] if run_dirs else find_recorded_runs(reg, runs_dirs)
+    dirs = [Path(d) for d in run_dirs] if run_dirs else known_runs(reg, runs_dirs)
+    missing = ([str(d) for d, ok in ledger_entries(reg) if not ok]
+               if not run_dirs and not problems else [])
     n_data = 0
     earliest: tuple[dt.datetime, str, str] | None = None
     for d in dirs:
@@ -1034,5 +1099,5 @@ def verify(
         amendments=len(sealed.get("amendments") or []), runs=tuple(str(d) for d in dirs),
         n_data=n_data, earliest_datum=None if earliest is None else earliest[1],
         problems=tuple(problems), git=evidence, signature=signature,
-        release_checks=release_checks,
+        release_checks=release_checks, ledger_missing=tuple(missing),
     )

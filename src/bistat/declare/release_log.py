@@ -92,7 +92,9 @@ def _sha256(obj: Any) -> str:
 
 
 def _fix(log: Path, registration: Path) -> str:
-    return (f"restore the log from git (git checkout -- {log}), or move it aside and check again "
+    from bistat.store.restore import restore_hint
+
+    return (f"restore the log {restore_hint(log)}, or move it aside and check again "
             f"(bistat check-release {registration})")
 
 

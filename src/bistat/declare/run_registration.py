@@ -28,6 +28,7 @@ from typing import Any, Mapping
 
 from bistat.declare.prereg import Registration, RegistrationError, git_evidence, load_registration
 from bistat.store.format import HEADER_FILE
+from bistat.store.restore import restore_hint
 from bistat.store.run_dir import RecordedRun
 
 __all__ = ["RunRegistration", "RunRegistrationError", "run_registration", "run_declaration"]
@@ -116,8 +117,8 @@ def run_registration(run: RecordedRun | str | Path,
             f"{run_json}: {named} does not exist here (a relative path is tried from the "
             f"working directory, then from the run directory); run from where it is found, or "
             f"pass --registration PATH", "not found")
-    fix = (f"restore the registration as it was sealed (e.g. `git checkout -- {path}`) and "
-           f"check it with `bistat verify {path} {run.path}`")
+    fix = (f"restore the registration as it was sealed {restore_hint(path)}, and check it "
+           f"with `bistat verify {path} {run.path}`")
     try:
         reg = load_registration(path)
     except RegistrationError as exc:

@@ -110,7 +110,8 @@ _DECLARATION = '''\
 name = "{name}"
 hypothesis = """With the batch-invariant GEMM every prompt's greedy continuation (token ids and \\
 logprobs, bitwise) is identical across passes whose batch compositions differ, while the BLAS \\
-GEMM arm diverges under the same load; the invariant GEMM costs throughput."""
+GEMM arm diverges under the same load. What the invariant GEMM does to throughput is not \
+assumed: [rule.cost] measures it (it depends on the machine's BLAS and load)."""
 
 [engine]
 kind = "embedded"                  # embedded | vllm-server | vllm-offline | openai

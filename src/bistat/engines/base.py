@@ -126,6 +126,10 @@ class EngineCapabilities:
     recomputes_prompts: bool = False
     #: its forward pass runs in bistat's process, so ``bistat replay`` steps it token by token
     in_process_replay: bool = False
+    #: it drives any OpenAI-compatible server, which bistat knows only by what the server
+    #: declares (``GET /version``, ``/v1/models``: ``server_reported`` in its start's
+    #: ``engine.args``): the finding names that server, not the client
+    declared_server: bool = False
 
 
 #: the capabilities of a kind whose adapter declares none

@@ -98,7 +98,7 @@ class CommandServerEngine(LocalServerEngine):
 
     kind = "command-server"
     capabilities = EngineCapabilities(local_gpu=True, engine_log=True, prompt_logprobs=True,
-                                      prefix_cache_reset=True)
+                                      prefix_cache_reset=True, declared_server=True)
     engine_name = "command-started"
     install_hint = "check engine.args.command (the program must be on PATH or a full path)"
     stop_signal = signal.SIGTERM
@@ -145,6 +145,17 @@ class CommandServerEngine(LocalServerEngine):
             except ValueError as exc:
                 problems.append((f"{where}.command", str(exc)))
                 continue
+            if "port" not in fields:
+                problems.append((f"{where}.command", "the command has no {port} placeholder: "
+                                 "bistat starts each arm's server on a free loopback port it "
+                                 "chooses and connects there; write --port {port} (or what the "
+                                 "server's own option is) in the command"))
+            ready = args.get("ready_path", "/v1/models")
+            if not (isinstance(ready, str) and ready.startswith("/")):
+                field = (f"arms[{i}].args.ready_path" if "ready_path" in arm.args
+                         else "engine.args.ready_path")
+                problems.append((field, f"{ready!r} is not a path on the server; write e.g. "
+                                 "ready_path = \"/v1/models\" (the default) or \"/health\""))
             values = set(args) - set(cls.ADAPTER_KEYS) - set(cls.HTTP_KEYS)
             for name in fields:
                 if name not in BUILTIN_FIELDS and name not in values:
@@ -157,7 +168,19 @@ class CommandServerEngine(LocalServerEngine):
                                  f"(nor one of bistat's own keys "
                                  f"{list(cls.ADAPTER_KEYS + cls.HTTP_KEYS)}); write "
                                  f"{{{name}}} in the command or remove it"))
-        return list(dict.fromkeys(problems)) + workload_conflicts(experiment, cls.kind)
+        from bistat.engines.declared import number_problems
+
+        return (list(dict.fromkeys(problems))
+                + number_problems(experiment, cls.ADAPTER_KEYS + cls.HTTP_KEYS)
+                + workload_conflicts(experiment, cls.kind))
+
+    @classmethod
+    def declaration_limits(cls, experiment: Any) -> list[str]:
+        """What registration cannot check for servers started from a command."""
+        return [f"engine {cls.kind!r}: that the command starts a server serving the model, and "
+                "workload.max_tokens against its context length: each arm's server tells them "
+                "only when it answers (at the run's start, /v1/models); a pass in which every "
+                "request fails stops the run"]
 
     @classmethod
     def from_experiment(cls, experiment: Any, arm: Any) -> "CommandServerEngine":
@@ -201,7 +224,8 @@ class CommandServerEngine(LocalServerEngine):
         self.info = EngineInfo(
             kind=self.kind, version=self._served.version,
             args={"argv": argv, "model": self.model, "command": self.command,
-                  "ready_path": self.ready_path, **self.values, "log_path": str(self.log_path)},
+                  "ready_path": self.ready_path, **self.values, "log_path": str(self.log_path),
+                  "server_reported": self._served.args.get("server_reported")},
             env={**self.arm_env, **FORCED_ENV})
         return self.info
 

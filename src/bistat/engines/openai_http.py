@@ -343,6 +343,41 @@ def workload_conflicts(experiment: Any, kind: str) -> list[tuple[str, str]]:
     return problems
 
 
+#: longest text kept of one value a server declares
+_REPORTED_MAX = 200
+
+
+def _scalars(data: Any, keys: int = 40) -> dict[str, Any] | None:
+    """The first ``keys`` scalar entries of a JSON object (strings cut at 200 characters), sorted
+    by key; None for anything else."""
+    if not isinstance(data, dict):
+        return None
+    out = {}
+    for key in sorted(data, key=str)[:keys]:
+        value = data[key]
+        if isinstance(value, str):
+            out[str(key)] = value[:_REPORTED_MAX]
+        elif value is None or isinstance(value, (bool, int, float)):
+            out[str(key)] = value
+    return out
+
+
+def server_report(version: Any, model: Any) -> dict[str, Any]:
+    """What a server declares about itself, as an ``openai`` arm records it: its ``GET /version``
+    answer (``version``: bistat serve's is ``{"version", "server", "engine", "gemm", ...}``,
+    vLLM's ``{"version"}``) and its ``GET /v1/models`` entry for the served model (``model``:
+    ``max_model_len``, ``owned_by``, ``root`` where it says them), each a JSON object of scalars,
+    None where the server answered nothing readable.
+
+    >>> server_report({"version": "0.1.0", "gemm": "blas", "nested": {}}, {"id": "m", "max_model_len": 2048})
+    {'version': {'gemm': 'blas', 'version': '0.1.0'}, 'model': {'id': 'm', 'max_model_len': 2048}}
+    """
+    entry = _scalars(model)
+    if entry is not None:   # what the model entry says of the server, not when it was listed
+        entry = {k: v for k, v in entry.items() if k in ("id", "max_model_len", "owned_by", "root")}
+    return {"version": _scalars(version), "model": entry}
+
+
 class OpenAIHTTPEngine:
     """Attach to an OpenAI-compatible server at ``base_url``.
 
@@ -371,7 +406,7 @@ class OpenAIHTTPEngine:
 
     kind = "openai"
     capabilities = EngineCapabilities(parallel_start=True, prompt_logprobs=True,
-                                      prefix_cache_reset=True)
+                                      prefix_cache_reset=True, declared_server=True)
 
     def __init__(self, base_url: str, *, model: str | None = None, retries: int = 3,
                  backoff_s: float = 0.5, max_retry_wait_s: float = 120.0,
@@ -391,14 +426,72 @@ class OpenAIHTTPEngine:
         self.start_timeout_s = start_timeout_s
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._server_version: str | None = None
+        #: what the server declared at start (:func:`server_report`); None before start
+        self.server_reported: dict[str, Any] | None = None
         self.metrics_errors = 0  # /metrics samples that could not be fetched or parsed
+
+    #: the declaration keys of an ``openai`` arm (engine.args overridden by the arm's args)
+    DECLARATION_KEYS = ("url", "retries", "backoff_s", "max_retry_wait_s", "request_timeout_s",
+                        "metrics_interval_s", "api_key_env")
 
     @classmethod
     def declaration_problems(cls, experiment: Any) -> list[tuple[str, str]]:
-        """``(field, message)`` for ``retries`` or ``request_timeout_s`` declared both in
-        ``workload`` and in ``engine.args`` or an arm's ``args`` with different values
-        (:func:`workload_conflicts`)."""
-        return workload_conflicts(experiment, "openai")
+        """What ``from_experiment`` and ``start`` would refuse, before anything is sealed: an
+        argument that is not one of :attr:`DECLARATION_KEYS` (a setting of the server itself is
+        made where the server is started), an arm with no ``url`` or with one that is not
+        ``http(s)://HOST:PORT``, a client setting of the wrong type, and ``retries`` or
+        ``request_timeout_s`` declared twice with different values (:func:`workload_conflicts`)."""
+        import difflib
+
+        from bistat.engines.declared import arg_tables, declared_at, number_problems, url_problem
+
+        keys = cls.DECLARATION_KEYS
+        problems: list[tuple[str, str]] = []
+        for table, args in arg_tables(experiment):
+            for key in sorted(set(args) - set(keys)):
+                close = difflib.get_close_matches(key, keys, n=1)
+                hint = (f"did you mean {close[0]!r}?" if close else
+                        "a setting of the server itself (its GEMM, its attention backend) is made "
+                        "where the server is started, e.g. `bistat serve --gemm invariant`; to "
+                        "start a server per arm from a command, use kind = \"command-server\"")
+                problems.append((f"{table}.{key}", f"unknown argument {key!r} for engine "
+                                 f"'openai', which only connects to a server started elsewhere; "
+                                 f"expected some of {list(keys)}; {hint}"))
+        missing = [arm.name for arm in experiment.arms
+                   if "url" not in {**dict(experiment.engine.args), **dict(arm.args)}]
+        if missing:
+            where = ("engine.args.url" if len(missing) == len(experiment.arms)
+                     else f"arms[{[a.name for a in experiment.arms].index(missing[0])}].args.url")
+            arms = (f"arms {', '.join(map(repr, missing))} have none" if len(missing) > 1
+                    else f"arm {missing[0]!r} has none")
+            problems.append((where, f"engine 'openai' needs the URL of each arm's server ({arms}),"
+                             " e.g. url = \"http://127.0.0.1:8000\" in engine.args or in each "
+                             "arm's args"))
+        seen: set[str] = set()
+        for i, arm in enumerate(experiment.arms):
+            args = {**dict(experiment.engine.args), **dict(arm.args)}
+            field = declared_at(experiment, i, "url")
+            if "url" in args and field not in seen:
+                seen.add(field)
+                problem = url_problem(args["url"])
+                if problem is not None:
+                    problems.append((field, problem))
+        for table, args in arg_tables(experiment):
+            if "api_key_env" in args and not (isinstance(args["api_key_env"], str)
+                                              and args["api_key_env"]):
+                problems.append((f"{table}.api_key_env", f"{args['api_key_env']!r} is not the "
+                                 "name of an environment variable; write e.g. api_key_env = "
+                                 "\"OPENAI_API_KEY\" (the key itself never sits in a declaration)"))
+        return (problems + number_problems(experiment, keys)
+                + workload_conflicts(experiment, "openai"))
+
+    @classmethod
+    def declaration_limits(cls, experiment: Any) -> list[str]:
+        """What registration cannot check for servers started elsewhere."""
+        return ["engine 'openai': workload.max_tokens against the server's context length, and "
+                "the model it serves: the server is started elsewhere and tells them only when it "
+                "answers (at the run's start, /v1/models); a pass in which every request fails "
+                "stops the run"]
 
     @classmethod
     def from_experiment(cls, experiment: Any, arm: Any) -> "OpenAIHTTPEngine":
@@ -413,8 +506,7 @@ class OpenAIHTTPEngine:
 
         args = {**workload_defaults(experiment), **dict(experiment.engine.args),
                 **dict(arm.args)}
-        allowed = {"url", "retries", "backoff_s", "max_retry_wait_s", "request_timeout_s",
-                   "metrics_interval_s", "api_key_env"}
+        allowed = set(cls.DECLARATION_KEYS)
         unknown = sorted(set(args) - allowed)
         if unknown:
             raise ValueError(f"arms[{arm.name}].args / engine.args: unknown key(s) {unknown} for "
@@ -449,16 +541,20 @@ class OpenAIHTTPEngine:
                         f"{self.base_url}/v1/models answered HTTP {resp.status_code}: "
                         f"{resp.text[:200]!r}; is this an OpenAI-compatible server?")
                 try:
-                    served = [m["id"] for m in resp.json()["data"]]
+                    entries = resp.json()["data"]
+                    served = [m["id"] for m in entries]
                 except (ValueError, KeyError, TypeError) as exc:
                     raise EngineStartError(f"{self.base_url}/v1/models: not an OpenAI model list "
                                            f"({exc}); is this an OpenAI-compatible server?") from exc
+                declared = None
                 try:
                     v = self._send(client, "GET", "/version")
-                    if v.status_code == 200:
-                        self._server_version = str(v.json().get("version"))
+                    if v.status_code == 200 and isinstance(v.json(), dict):
+                        declared = v.json()
                 except (httpx.HTTPError, EngineError, ValueError, AttributeError):
-                    self._server_version = None
+                    declared = None
+                self._server_version = (str(declared["version"]) if declared is not None
+                                        and declared.get("version") is not None else None)
         except httpx.HTTPError as exc:
             raise EngineStartError(
                 f"cannot reach the server at {self.base_url} ({type(exc).__name__}: {exc}); "
@@ -470,13 +566,18 @@ class OpenAIHTTPEngine:
         elif self.model not in served:
             raise EngineStartError(f"{self.base_url} does not serve model {self.model!r}; it serves "
                                    f"{served}. Fix the declaration's engine.model")
+        entry = next((m for m in entries if isinstance(m, dict) and m.get("id") == self.model),
+                     None)
+        self.server_reported = server_report(declared, entry)
         return EngineInfo(kind=self.kind, version=self._server_version or "unknown",
                           args={"url": self.base_url, "model": self.model,
-                                "retries": self.retries})
+                                "retries": self.retries,
+                                "server_reported": self.server_reported})
 
     def fingerprint(self) -> dict[str, Any]:
         return {"kind": self.kind, "url": self.base_url, "model": self.model,
-                "server_version": self._server_version}
+                "server_version": self._server_version,
+                "server_reported": self.server_reported}
 
     def stop(self) -> None:
         """Nothing to stop: the server belongs to someone else."""

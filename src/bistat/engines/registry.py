@@ -17,8 +17,7 @@ from typing import Any
 from bistat.engines.base import NO_CAPABILITIES, Engine, EngineCapabilities, EngineStartError
 
 __all__ = ["ADAPTERS", "ENGINE_KINDS", "adapter_class", "capabilities", "create_engine",
-           "declaration_problems",
-           "register_adapter"]
+           "declaration_limits", "declaration_problems", "prompt_problems", "register_adapter"]
 
 #: kind -> "module:Class" (imported on first use)
 ADAPTERS: dict[str, str] = {
@@ -79,6 +78,32 @@ def declaration_problems(experiment: Any) -> list[tuple[str, str]]:
         return []
     check = getattr(cls, "declaration_problems", None)
     return list(check(experiment)) if callable(check) else []
+
+
+def prompt_problems(experiment: Any, prompts: Any) -> list[tuple[str, str]]:
+    """``(field, message)`` for what the adapter of ``experiment.engine.kind`` would refuse of the
+    requests built from ``prompts`` (the workload's prompts; empty when they could not be read):
+    a prompt and ``max_tokens`` over a context length the declaration or the model fixes (its
+    ``prompt_problems`` classmethod); none when the adapter checks nothing."""
+    try:
+        cls = adapter_class(experiment.engine.kind)
+    except (ValueError, EngineStartError):
+        return []
+    check = getattr(cls, "prompt_problems", None)
+    return list(check(experiment, list(prompts))) if callable(check) else []
+
+
+def declaration_limits(experiment: Any) -> list[str]:
+    """What the adapter of ``experiment.engine.kind`` cannot check before its engine runs, in
+    words (its ``declaration_limits`` classmethod), for the design report; a kind whose adapter
+    cannot be imported here says that."""
+    try:
+        cls = adapter_class(experiment.engine.kind)
+    except (ValueError, EngineStartError) as exc:
+        return [f"engine {experiment.engine.kind!r}: its adapter cannot be imported here ({exc}), "
+                "so none of its arguments could be checked"]
+    limits = getattr(cls, "declaration_limits", None)
+    return list(limits(experiment)) if callable(limits) else []
 
 
 def adapter_class(kind: str) -> type:

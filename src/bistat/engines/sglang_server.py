@@ -429,8 +429,27 @@ class SGLangServerEngine(LocalServerEngine):
     def declaration_problems(cls, experiment: Any) -> list[tuple[str, str]]:
         """Argument names SGLang's ``launch_server`` does not accept (:mod:`.sglang_args`), and
         the HTTP client's settings declared twice with different values."""
+        from bistat.engines.declared import chosen_address_problems, number_problems
+
         return (arg_problems(experiment, cls.ADAPTER_KEYS + cls.HTTP_KEYS)
+                + chosen_address_problems(experiment, cls.kind)
+                + number_problems(experiment, cls.ADAPTER_KEYS + cls.HTTP_KEYS)
                 + workload_conflicts(experiment, cls.kind))
+
+    @classmethod
+    def prompt_problems(cls, experiment: Any, prompts: Sequence[Any]) -> list[tuple[str, str]]:
+        """``workload.max_tokens`` with the longest prompt against a declared ``context_length``."""
+        from bistat.engines.declared import context_problems
+
+        return context_problems(experiment, "context_length", "SGLang", prompts)
+
+    @classmethod
+    def declaration_limits(cls, experiment: Any) -> list[str]:
+        """What registration cannot check: the context of arms that declare no
+        ``context_length``."""
+        from bistat.engines.declared import context_limits
+
+        return context_limits(experiment, cls.kind, "context_length", "SGLang")
 
     @classmethod
     def from_experiment(cls, experiment: Any, arm: Any) -> "SGLangServerEngine":
@@ -498,9 +517,12 @@ class SGLangServerEngine(LocalServerEngine):
     def fingerprint(self) -> dict[str, Any]:
         """The engine's own details; the runner adds the machine's (GPUs, driver)."""
         info = self.info
+        versions = dict(self.versions)
+        if versions.get("sglang") is None and info is not None and info.version != "unknown":
+            versions["sglang"] = info.version   # the server's own word where metadata has none
         return {"kind": self.kind, "model": self.model,
                 "version": info.version if info else None,
                 "commit": info.commit if info else None,
-                "versions": dict(self.versions),
+                "versions": versions,
                 "server": self.client.reported() if self.client else {},
                 "url": self.client.base_url if self.client else None}

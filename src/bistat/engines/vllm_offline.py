@@ -123,7 +123,24 @@ class VLLMOfflineEngine:
     @classmethod
     def declaration_problems(cls, experiment: Any) -> list[tuple[str, str]]:
         """Argument names no supported vLLM's ``vllm.LLM`` accepts (:mod:`.vllm_args`)."""
-        return arg_problems(experiment, "offline", cls.ADAPTER_KEYS)
+        from bistat.engines.declared import number_problems
+
+        return (arg_problems(experiment, "offline", cls.ADAPTER_KEYS)
+                + number_problems(experiment, cls.ADAPTER_KEYS))
+
+    @classmethod
+    def prompt_problems(cls, experiment: Any, prompts: Sequence[Any]) -> list[tuple[str, str]]:
+        """``workload.max_tokens`` with the longest prompt against a declared ``max_model_len``."""
+        from bistat.engines.declared import context_problems
+
+        return context_problems(experiment, "max_model_len", "vLLM", prompts)
+
+    @classmethod
+    def declaration_limits(cls, experiment: Any) -> list[str]:
+        """What registration cannot check: the context of arms that declare no ``max_model_len``."""
+        from bistat.engines.declared import context_limits
+
+        return context_limits(experiment, cls.kind, "max_model_len", "vLLM")
 
     @classmethod
     def from_experiment(cls, experiment: Any, arm: Any) -> "VLLMOfflineEngine":

@@ -153,8 +153,32 @@ class VLLMServerEngine(LocalServerEngine):
         """Argument names no supported vLLM's ``vllm serve`` accepts (:mod:`.vllm_args`), and
         the HTTP client's settings declared twice with different values
         (:func:`~bistat.engines.openai_http.workload_conflicts`)."""
-        return (arg_problems(experiment, "server", cls.ADAPTER_KEYS + cls.HTTP_KEYS)
-                + workload_conflicts(experiment, "vllm-server"))
+        from bistat.engines.declared import (chosen_address_problems, declared_at,
+                                             number_problems, url_problem)
+
+        problems = (arg_problems(experiment, "server", cls.ADAPTER_KEYS + cls.HTTP_KEYS)
+                    + chosen_address_problems(experiment, cls.kind, unless="url")
+                    + number_problems(experiment, cls.ADAPTER_KEYS + cls.HTTP_KEYS)
+                    + workload_conflicts(experiment, "vllm-server"))
+        for i, arm in enumerate(experiment.arms):
+            args = {**dict(experiment.engine.args), **dict(arm.args)}
+            if "url" in args and url_problem(args["url"]) is not None:
+                problems.append((declared_at(experiment, i, "url"), url_problem(args["url"])))
+        return list(dict.fromkeys(problems))
+
+    @classmethod
+    def prompt_problems(cls, experiment: Any, prompts: Sequence[Any]) -> list[tuple[str, str]]:
+        """``workload.max_tokens`` with the longest prompt against a declared ``max_model_len``."""
+        from bistat.engines.declared import context_problems
+
+        return context_problems(experiment, "max_model_len", "vLLM", prompts)
+
+    @classmethod
+    def declaration_limits(cls, experiment: Any) -> list[str]:
+        """What registration cannot check: the context of arms that declare no ``max_model_len``."""
+        from bistat.engines.declared import context_limits
+
+        return context_limits(experiment, cls.kind, "max_model_len", "vLLM")
 
     @classmethod
     def from_experiment(cls, experiment: Any, arm: Any) -> "VLLMServerEngine":
@@ -209,7 +233,9 @@ class VLLMServerEngine(LocalServerEngine):
                                            **self.http_kwargs)
             info = self.client.start()
             self.info = EngineInfo(kind=self.kind, version=info.version,
-                                   args={"url": self.url, **self.args}, env=self.arm_env)
+                                   args={"url": self.url, **self.args,
+                                         "server_reported": info.args.get("server_reported")},
+                                   env=self.arm_env)
             return self.info
         version, commit, problem = self.probe_version()
         argv, _ = self._start_server()
@@ -223,7 +249,8 @@ class VLLMServerEngine(LocalServerEngine):
             args={"argv": argv, "model": self.model, **self.args,
                   "enable_prefix_caching": self.enable_prefix_caching,
                   "tensor_parallel_size": self.tensor_parallel_size,
-                  "log_path": str(self.log_path)},
+                  "log_path": str(self.log_path),
+                  "server_reported": served.args.get("server_reported")},
             env={**self.arm_env, **FORCED_ENV}, log_findings=findings,
             modes=self.logged_modes())
         return self.info

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bistat.core.failures import ErrorGroup, describe_groups, error_groups
 from bistat.store.format import (
     ENGINE_LOGS_DIR,
     HEADER_FILE,
@@ -68,6 +69,8 @@ class RunInspection:
     missing: tuple[str, ...]     # declared counted passes not recorded complete
     events: tuple[str, ...]      # refused / start_failed / exited events
     extra_files: tuple[str, ...]
+    #: every failed request's error, grouped (:func:`bistat.core.failures.error_groups`)
+    error_groups: tuple[ErrorGroup, ...] = ()
 
     @property
     def gaps(self) -> tuple[str, ...]:
@@ -93,6 +96,7 @@ class RunInspection:
             "missing": list(self.missing), "events": list(self.events),
             "gaps": list(self.gaps), "n_failed_requests": self.n_failed_requests,
             "extra_files": list(self.extra_files),
+            "error_groups": [{"first": g.first, "count": g.count} for g in self.error_groups],
         }
 
 
@@ -146,12 +150,14 @@ def inspect_run(run_dir: str | Path | RecordedRun) -> RunInspection:
     n_resp: Counter = Counter()
     n_fail: Counter = Counter()
     errors: dict[tuple[str, int], list[str]] = defaultdict(list)
+    all_errors: list[str] = []
     if len(resp):
         for arm, p, err in zip(resp["arm"], resp["pass_index"], resp["error"]):
             key = (str(arm), int(p))
             n_resp[key] += 1
             if isinstance(err, str):
                 n_fail[key] += 1
+                all_errors.append(err)
                 if len(errors[key]) < 3 and err not in errors[key]:
                     errors[key].append(err)
     keys = sorted(set(started) | set(n_resp),
@@ -189,7 +195,8 @@ def inspect_run(run_dir: str | Path | RecordedRun) -> RunInspection:
         created_utc=header.get("created_utc"), engine_kind=header.get("engine_kind"),
         command=tuple(str(x) for x in header.get("command") or ()), registration=dict(reg),
         registration_state=registration_state, tables=tuple(tables),
-        passes=passes, missing=tuple(missing), events=events, extra_files=extra)
+        passes=passes, missing=tuple(missing), events=events, extra_files=extra,
+        error_groups=error_groups(all_errors))
 
 
 def _int(x: Any) -> int | None:
@@ -210,6 +217,11 @@ def render_inspection(ins: RunInspection) -> str:
     for t in ins.tables:
         gaps = f", {len(t.gaps)} gap(s)" if t.gaps else ""
         lines.append(f"  {t.table}: {t.n_records} record(s) from {t.source}{gaps}")
+    if ins.error_groups:
+        lines.append(f"failed requests: {ins.n_failed_requests}, by error (the same text but for "
+                     "numbers):")
+        lines += [f"  {line}" for line in describe_groups(ins.error_groups,
+                                                          ins.n_failed_requests, limit=5)]
     lines.append("passes:")
     for p in ins.passes:
         failed = f", {p.n_failed} failed" if p.n_failed else ""

@@ -14,11 +14,12 @@ import tokenizers
 
 from bistat.model import cache
 from bistat.model.config import ModelConfig
-from bistat.model.errors import CacheCorruptError, ModelNotCachedError, UnknownModelError
+from bistat.model.errors import CacheCorruptError, ModelError, ModelNotCachedError, UnknownModelError
 from bistat.model.registry import REGISTRY
 from bistat.model.tokenizer import Tokenizer
 
-__all__ = ["Model", "load_model", "load_tokenizer", "model_files", "save_model"]
+__all__ = ["Model", "load_model", "load_tokenizer", "local_config_and_tokenizer", "model_files",
+           "model_problem", "save_model"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -116,6 +117,21 @@ def load_tokenizer(name_or_path: str | Path, *, verify: bool = True) -> Tokenize
         names = (cache.CONFIG_FILE, cache.TOKENIZER_FILE, cache.TEMPLATE_FILE)
         cache.verify_files(folder, manifest, fix, only=names)
     return _read_config_and_tokenizer(folder, fix)[1]
+
+
+def local_config_and_tokenizer(name_or_path: str | Path) -> tuple[ModelConfig, Tokenizer] | None:
+    """A model's configuration and tokenizer when they are on this machine (its files checked
+    against the manifest), else None: not fetched yet, unknown or unreadable (registration's
+    checks then leave what needs them to the run, and say so)."""
+    try:
+        folder, registered = _resolve(name_or_path)
+        manifest = cache.read_manifest(folder, _fix_for(folder, registered))
+        fix = _fix_for(folder, registered or manifest["name"])
+        cache.verify_files(folder, manifest, fix,
+                           only=(cache.CONFIG_FILE, cache.TOKENIZER_FILE, cache.TEMPLATE_FILE))
+        return _read_config_and_tokenizer(folder, fix)
+    except (ModelError, OSError, ValueError, KeyError):
+        return None
 
 
 def load_model(name_or_path: str | Path, *, verify: bool = True, mmap: bool = True) -> Model:

@@ -11,12 +11,13 @@ the same repository gives byte-identical files.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from bistat.engines.registry import capabilities
-from bistat.analysis.results import RunSummary
+from bistat.analysis.results import RunSummary, engine_name
 from bistat.analysis.timing import FRONT_END_BOUND_SHARE, MIN_SAMPLES_FOR_SHARE  # the first re-exported
 from bistat.core.classify import format_decided
 from bistat.report.index import RELEASE_COMPARISON_TITLE
@@ -32,7 +33,8 @@ from bistat.analysis.serial import MIN_PAIRS_CHECKED
 #: Suffix of the divergence-anatomy plot (``NAME-anatomy.png``), drawn by ``bistat.report.anatomy``.
 ANATOMY_PLOT = "anatomy"
 
-__all__ = ["FindingFiles", "render_markdown", "write_finding", "render_version_comparison"]
+__all__ = ["FindingExistsError", "FindingFiles", "finding_run", "render_markdown", "write_finding",
+           "render_version_comparison"]
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,7 @@ def _head(s: RunSummary, seal: SealEvidence | None) -> list[str]:
                ("Registered with bistat", s.registration_bistat_version or "—"),
                ("Run", f"`{s.run_id}`"),
                ("Run created (UTC)", s.created_utc or "—"),
+               *([("Runs of its registration", _runs_count(s))] if s.registration_runs else []),
                ("Engine", s.engine_kind or "—"),
                ("Command", f"`{' '.join(s.command)}`" if s.command else "—"),
                ("Response records read", str(s.n_response_records)),
@@ -203,17 +206,13 @@ def _summary(s: RunSummary) -> list[str]:
             f"Engine: {_engine_version(s)} · GPU: {', '.join(gpus)} · model: `{model}` · run: "
             f"`{s.run_id}` · rule: `{s.registration_path or '—'}` ({kind})", "",
             md_table(("treatment", "control", "backend", "invariant?", "matched / compared",
-                      f"{cl} interval", "cost", "ratio", "interval"), rows), ""]
+                      f"{cl} interval (two-sided Wilson)", "cost", "ratio", "interval"), rows),
+            ""]
 
 
 def _engine_version(s: RunSummary) -> str:
-    """``vLLM 0.25.0`` for vLLM engines (server or offline alike), else the engine as recorded
-    (``embedded 0.1.0``)."""
-    envs = [e for _, e in s.environments]
-    vllm = sorted({dict(e.versions).get("vllm") for e in envs} - {None})
-    if (s.engine_kind or "").startswith("vllm") and vllm:
-        return "vLLM " + ", ".join(vllm)
-    return ", ".join(sorted({e.engine for e in envs})) or (s.engine_kind or "—")
+    """The engine the run measured (:func:`bistat.analysis.results.engine_name`)."""
+    return engine_name(s)
 
 
 def _backend(s: RunSummary, arm: str) -> str:
@@ -262,6 +261,35 @@ def _siblings(s: RunSummary) -> list[str]:
             md_table(header, rows), ""]
 
 
+def _runs_count(s: RunSummary) -> str:
+    """``1 (this one)`` / ``3 (this one and 2 others: see Runs of this registration)``."""
+    n = len(s.registration_runs)
+    if n == 1:
+        return "1 (this one)"
+    return (f"{n} (this one and {n - 1} other{'s' if n > 2 else ''}: see Runs of this "
+            "registration)")
+
+
+def _registration_runs(s: RunSummary) -> list[str]:
+    """Every run of the registration this run was recorded under: a study run until its result
+    looked good shows every run it took."""
+    if not s.registration_runs:
+        return []
+    reg = s.runs_registration or "its registration"
+    ledger = (Path(reg).with_name(f".{Path(reg).stem}.runs").as_posix()
+              if s.runs_registration else "its run ledger")
+    rows = [(f"`{r.run_id}`", r.created_utc or "—",
+             r.recorded, r.verdict, r.found_in) for r in s.registration_runs]
+    n = len(rows)
+    lead = ("This is the only run of" if n == 1 else f"{n} runs were recorded under")
+    return ["## Runs of this registration", "",
+            f"{lead} `{reg}` that its run ledger (`{ledger}`, written by `bistat run` as each "
+            "run starts) and this run's folder know. Every run of a registration is listed "
+            "with its verdict under this finding's rule, so that none can be left out for its "
+            "result.", "",
+            md_table(("run", "created (UTC)", "recorded", "verdict", "found in"), rows), ""]
+
+
 def _rule(s: RunSummary) -> list[str]:
     rule = s.declaration.get("rule", {})
     out = ["## Decision rule (as registered)", "",
@@ -307,6 +335,12 @@ def _environment(s: RunSummary) -> list[str]:
     for k in keys:
         rows.append((k, *[dict(envs[a].versions).get(k) or "not installed" for a in names]))
     rows += _engine_rows(s, names)
+    servers = {r.arm: r for r in s.servers}
+    if servers:
+        rows += [("server (as it declares itself)",
+                  *[servers[a].describe() if a in servers else "not recorded" for a in names]),
+                 ("server declares", *[servers[a].settings_text() if a in servers else "—"
+                                       for a in names])]
     arm_env = {a["name"]: a.get("env") or {} for a in s.declaration.get("arms", [])}
     rows.append(("declared env", *[", ".join(f"`{k}={v}`" for k, v in sorted(
         arm_env.get(a, {}).items())) or "—" for a in names]))
@@ -370,13 +404,23 @@ def _activation(s: RunSummary) -> list[str]:
                  + f"): the same needle and settings on different arms, judged together, {power}.",
                  ""]
     if not (s.engine_kind or "").startswith("vllm"):
+        served = any(a.server is not None for a in s.activation)
+        backends = bool(s.servers) and any(a.attention for a in s.activation)
         rows = [(a.arm, a.role, ", ".join(f"`{r}`" for r in a.requested) or "—",
+                 *((a.server or "not recorded",) if served else ()),
+                 *((", ".join(a.attention) or "—",) if backends else ()),
                  (a.probe or "not run").replace("_", " "), a.status) for a in s.activation]
+        header = ("arm", "role", "requested (vs control)",
+                  *(("server (as it declares itself)",) if served else ()),
+                  *(("attention backend (server)",) if backends else ()), "probe", "status")
+        note = ([] if not s.servers else [
+            "What each arm's server declares about itself (`GET /version` and its model list; "
+            "SGLang's `/server_info`) is recorded at every engine start and compared with the "
+            "control's: a server that declares nothing leaves the arm's settings *unknown*.", ""])
         return ["## Activation", "",
                 f"A setting is *requested* until a behavioural probe with a negative control "
-                f"confirms it ({probe_cmd}).", "", *parts,
-                md_table(("arm", "role", "requested (vs control)", "probe", "status"), rows), "",
-                *_probe_detail(s)]
+                f"confirms it ({probe_cmd}).", "", *note, *parts,
+                md_table(header, rows), "", *_probe_detail(s)]
     flag = {True: "yes", False: "no", None: "—"}
     rows = [(a.arm, a.role, ", ".join(f"`{r}`" for r in a.requested) or "—",
              "**no**" if a.bi_requested and a.bi_kernels_logged is False
@@ -496,7 +540,7 @@ def _match(s: RunSummary, plot: str) -> list[str]:
     out += [md_table(("arm", "counted passes", "prompts recorded", "prompts compared",
                       "excluded: failed request", "excluded: missing", "excluded: no logprobs",
                       "prompts identical in all passes", "matched units", "match rate",
-                      f"{cl} Wilson interval"), rows), ""]
+                      f"{cl} Wilson interval (two-sided)"), rows), ""]
     comp_rows = []
     for c in s.comparisons:
         mc = c.mcnemar
@@ -1001,6 +1045,25 @@ def _validity(s: RunSummary) -> list[str]:
     return out
 
 
+def _failed_requests(s: RunSummary) -> list[str]:
+    """The run's failed requests grouped by their error, the first texts quoted: what stopped the
+    engine from answering, not only that it did not (a run without failures has no section)."""
+    fr = s.failed_requests
+    if fr is None or not fr.total:
+        return []
+    arms = ", ".join(f"{arm} {n}" for arm, n in fr.by_arm if n)
+    rows = [(str(g.count), md_cell(g.first[:400] + ("..." if len(g.first) > 400 else "")))
+            for g in fr.groups[:5]]
+    rest = fr.groups[5:]
+    more = ([f"{len(rest)} other error(s), {sum(g.count for g in rest)} request(s), not "
+             "shown.", ""] if rest else [])
+    return ["## Failed requests", "",
+            f"{fr.total} of {fr.n_records} recorded requests failed (every pass, warm-ups "
+            f"included; by arm: {arms}). Their errors, grouped where the texts agree but for "
+            "numbers (ids, lengths, counts), each with its first text as recorded:", "",
+            md_table(("requests", "first error"), rows), "", *more]
+
+
 def _notes(s: RunSummary) -> list[str]:
     """The operator's ``NOTES.md``, quoted: stated by whoever ran it, not computed."""
     if not s.operator_notes:
@@ -1058,7 +1121,7 @@ def render_markdown(summary: RunSummary, plot_files: dict[str, str] | None = Non
     suffixes = [suffix for suffix, _, _ in PLOTS] + [ANATOMY_PLOT]
     plots = plot_files or {suffix: f"{summary.name}-{suffix}.png" for suffix in suffixes}
     parts = (_head(summary, seal) + _summary(summary) + _verdict(summary) + _siblings(summary)
-             + _rule(summary)
+             + _registration_runs(summary) + _rule(summary)
              + _amendments(summary)
              + _environment(summary) + _engine_version_section(summary)
              + _activation(summary) + _match(summary, plots["match"])
@@ -1066,24 +1129,54 @@ def render_markdown(summary: RunSummary, plot_files: dict[str, str] | None = Non
              + _latency(summary)
              + _divergence(summary, plots["divergence"])
              + _anatomy(summary, plots.get(ANATOMY_PLOT))
-             + _batching(summary, plots["running"]) + _validity(summary) + _tail(summary))
+             + _batching(summary, plots["running"]) + _validity(summary)
+             + _failed_requests(summary) + _tail(summary))
     return "\n".join(parts).rstrip("\n") + "\n"
 
 
+class FindingExistsError(ValueError):
+    """The finding would replace another run's finding of the same name."""
+
+
+_RUN_ROW = re.compile(r"^\| Run \| `(?P<run>.+)` \|\s*$", re.MULTILINE)
+
+
+def finding_run(path: str | Path) -> str | None:
+    """The run a finding file was written from (its head table's ``Run`` row); None when the
+    file has none (not a finding written by ``bistat analyze``)."""
+    try:
+        m = _RUN_ROW.search(Path(path).read_text(encoding="utf-8", errors="replace"))
+    except OSError:
+        return None
+    return None if m is None else m["run"]
+
+
 def write_finding(summary: RunSummary, out_dir: str | Path, *,
-                  seal: SealEvidence | None = None) -> FindingFiles:
+                  seal: SealEvidence | None = None, force: bool = False) -> FindingFiles:
     """Write ``out_dir/NAME.md`` and its plots ``out_dir/NAME-*.png``; return the paths.
 
     The plots are :data:`bistat.report.plots.PLOTS` and, with an anatomy, ``NAME-anatomy.png``
     (``bistat.report.anatomy.plot_anatomy``). ``seal``: as for :func:`render_markdown`.
+
+    Raises
+    ------
+    FindingExistsError
+        ``out_dir/NAME.md`` is the finding of another run (of the same registration), unless
+        ``force``: a second run's analysis never silently replaces the first run's finding.
     """
     out = Path(out_dir)
+    md = out / f"{summary.name}.md"
+    other = finding_run(md) if md.exists() and not force else None
+    if other is not None and other != summary.run_id:
+        raise FindingExistsError(
+            f"{md} is the finding of run {other}; this is run {summary.run_id}, and writing its "
+            f"finding there would replace that run's. Write it elsewhere (--out DIR), or replace "
+            f"it with --force (both runs stay listed under 'Runs of this registration')")
     out.mkdir(parents=True, exist_ok=True)
     paths = save_plots(summary, out, summary.name)
     if summary.anatomy is not None:
         paths[ANATOMY_PLOT] = plot_anatomy(summary.anatomy,
                                            out / f"{summary.name}-{ANATOMY_PLOT}.png")
-    md = out / f"{summary.name}.md"
     text = render_markdown(summary, {k: p.name for k, p in paths.items()}, seal=seal)
     md.write_bytes(text.encode("utf-8"))
     return FindingFiles(md, tuple(paths.values()))
@@ -1101,7 +1194,7 @@ def render_version_comparison(vc: Any) -> str:
         return "not compared (rules differ)" if b is None else "**yes**" if b else "no"
 
     cl = f"{vc.confidence_level * 100:g} %"
-    e, l = f"vLLM {vc.earlier_version or '?'}", f"vLLM {vc.later_version or '?'}"
+    e, l = vc.earlier_engine, vc.later_engine
     lines = [f"{RELEASE_COMPARISON_TITLE}{vc.earlier_run} ({e}) → {vc.later_run} ({l})", "",
              "Generated by `bistat compare` from the two runs' recorded data, each analysed "
              "against the registration it was recorded under; the numbers are those of the two "
@@ -1116,15 +1209,17 @@ def render_version_comparison(vc: Any) -> str:
                   f"`{vc.later_registration or '—'}`"),
                  ("GPU", ", ".join(vc.earlier_gpus) or "—", ", ".join(vc.later_gpus) or "—")]),
              "", "## Per arm", "",
-             md_table(("arm", "release", "backend", "mode", "matched / compared",
+             md_table(("arm", "run", "engine", "backend", "mode", "matched / compared",
                        f"{cl} interval", "invariant?", "cost", "ratio", "ratio interval"),
                       [row for c in vc.arms for row in (
-                        (c.earlier.arm, e, c.earlier.backend, c.earlier.modes or "—",
+                        (c.earlier.arm, f"`{vc.earlier_run}`", c.earlier.engine_version or e,
+                         c.earlier.backend, c.earlier.modes or "—",
                          f"{c.earlier.n_matched} / {c.earlier.n_units}",
                          iv(c.earlier.match_interval), f"*{c.earlier.verdict}*"
                          if c.earlier.verdict else "(control)", c.earlier.cost or "—",
                          num(c.earlier.ratio), iv(c.earlier.ratio_interval)),
-                        (c.later.arm, l, c.later.backend, c.later.modes or "—",
+                        (c.later.arm, f"`{vc.later_run}`", c.later.engine_version or l,
+                         c.later.backend, c.later.modes or "—",
                          f"{c.later.n_matched} / {c.later.n_units}",
                          iv(c.later.match_interval), f"*{c.later.verdict}*"
                          if c.later.verdict else "(control)", c.later.cost or "—",
@@ -1141,10 +1236,15 @@ def render_version_comparison(vc: Any) -> str:
         lines += [f"Arms in one run only: {', '.join(vc.only_earlier) or 'none'} "
                   f"({vc.earlier_run}); {', '.join(vc.only_later) or 'none'} ({vc.later_run}). "
                   "Their results are in that run's finding.", ""]
-    lines += ["## Upstream changes between the two releases", "",
-              f"From `src/bistat/data/vllm_changes.toml` (each read in the released wheels): "
-              f"{len(vc.upstream)} between {e} and {l}." if vc.upstream else
-              f"`src/bistat/data/vllm_changes.toml` holds no change between {e} and {l}.", ""]
+    if vc.earlier_version is None or vc.later_version is None:
+        upstream = ("Not looked up: `src/bistat/data/vllm_changes.toml` lists vLLM's changes, "
+                    "and these runs are not both on vLLM.")
+    elif vc.upstream:
+        upstream = (f"From `src/bistat/data/vllm_changes.toml` (each read in the released "
+                    f"wheels): {len(vc.upstream)} between {e} and {l}.")
+    else:
+        upstream = f"`src/bistat/data/vllm_changes.toml` holds no change between {e} and {l}."
+    lines += ["## Upstream changes between the two releases", "", upstream, ""]
     if vc.upstream:
         lines += [md_table(("change", "kind", "touches", "what", "source"),
                            [(u.reference, u.kind, ", ".join(u.components), u.summary, u.source)

@@ -148,12 +148,14 @@ def _short(x: object, n: int = 12) -> str:
 
 
 def ci_summary(summary: RunSummary, fail_on: Iterable[str] = (), *, width: int = 100,
-               max_lines: int = 40) -> str:
+               max_lines: int = 40, result: GateResult | None = None) -> str:
     """A one-screen plain-text summary of an analysed run for CI logs (no colour, no markup).
 
     At most ``max_lines`` lines of at most ``width`` characters: the run and its seal, each
     comparison's verdict with every criterion, failed validity checks, divergences per arm, and
-    the exit code the gate gives with its reason.
+    the exit code the command exits with and its reason: ``result`` where the command's code is
+    not the gate's alone (``bistat run`` of an engine that failed to start exits 1), else the
+    gate's.
     """
     fail_on = frozenset(fail_on)
     lines = [f"bistat: {summary.name} run {summary.run_id} "
@@ -161,7 +163,8 @@ def ci_summary(summary: RunSummary, fail_on: Iterable[str] = (), *, width: int =
     for a in summary.arms:
         rate = f"{a.n_matched}/{a.n_units}" if a.n_units else "no units"
         iv = a.match_interval
-        ivs = f" [{iv.low:.4f}, {iv.high:.4f}]" if iv is not None else ""
+        ivs = (f", two-sided {summary.confidence_level * 100:g} % Wilson "
+               f"[{iv.low:.4f}, {iv.high:.4f}]" if iv is not None else "")
         lines.append(f"  arm {a.name} ({a.role}): matched {rate}{ivs}; "
                      f"{len(a.divergences)} divergence(s)")
     for c in summary.comparisons:
@@ -182,7 +185,11 @@ def ci_summary(summary: RunSummary, fail_on: Iterable[str] = (), *, width: int =
     failed = [x for x in summary.validity if x.passed is False]
     for x in failed:
         lines.append(f"  validity FAILED: {x.name}: observed {x.observed}, limit {x.limit}")
-    res = gate([c.verdict.label.value for c in summary.comparisons], fail_on)
+    if summary.failed_requests is not None and summary.failed_requests.total:
+        fr = summary.failed_requests
+        lines.append(f"  failed requests: {fr.total}")
+        lines += [f"    {line}" for line in fr.lines(limit=2)]
+    res = result or gate([c.verdict.label.value for c in summary.comparisons], fail_on)
     tail = f"exit {res.exit_code}: {res.reason}"
     lines = [ln if len(ln) <= width else ln[: width - 3] + "..." for ln in lines]
     if len(lines) > max_lines - 1:

@@ -55,6 +55,7 @@ _SUMMARY_LINE = re.compile(r"^Engine: (?P<engine>.+?) · GPU: (?P<gpu>.+?) · mo
                            r"run: `(?P<run>.*)` · rule: `(?P<rule>.*)` \((?P<analysis>confirmatory|"
                            r"exploratory)\)\s*$")
 _RUN_CREATED = re.compile(r"^\| Run created \(UTC\) \| (?P<utc>[^|]+?) \|\s*$")
+_RUNS = re.compile(r"^\| Runs of its registration \| (?P<n>\d+)\b")
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,8 @@ class IndexedFinding:
     hypothesis: str
     summary: FindingSummary | None = None
     run_created: str | None = None    # the header's "Run created (UTC)"
+    #: the header's "Runs of its registration" (None in findings written before it existed)
+    registration_runs: int | None = None
 
 
 def _cells(line: str) -> list[str]:
@@ -110,11 +113,14 @@ def read_finding(path: Path) -> IndexedFinding:
     head: dict[str, str] | None = None
     rows: list[SummaryRow] = []
     run_created = None
+    n_runs = None
     for line in path.read_text(encoding="utf-8").splitlines():
         if (m := _TITLE.match(line)) and name == path.stem:
             name = m["name"]
         elif run_created is None and (m := _RUN_CREATED.match(line)):
             run_created = m["utc"]
+        elif n_runs is None and (m := _RUNS.match(line)):
+            n_runs = int(m["n"])
         elif line.strip() == "## Hypothesis":
             in_hypothesis = True
         elif in_hypothesis and (m := _HYPOTHESIS.match(line)):
@@ -135,7 +141,7 @@ def read_finding(path: Path) -> IndexedFinding:
         raise ValueError(f"{path}: no verdict heading found; is it a finding written by "
                          "`bistat analyze`?")
     summary = None if head is None else FindingSummary(rows=tuple(rows), **head)
-    return IndexedFinding(path, name, tuple(verdicts), hypothesis, summary, run_created)
+    return IndexedFinding(path, name, tuple(verdicts), hypothesis, summary, run_created, n_runs)
 
 
 @dataclass(frozen=True)
@@ -728,7 +734,8 @@ def render_index(findings: list[IndexedFinding], base: Path,
              "*HAC reading of R*: R's rule with the cost interval that allows for serial "
              "correlation of the passes (`interval = \"hac\"`, docs/COST-INTERVALS.md), sealed "
              "after the data; where its cost verdict differs from R's, the row says so in bold. "
-             "The rows of one run are adjacent.", ""]
+             "The rows of one run are adjacent; a run whose registration was run more than once "
+             "says so (each finding lists every run of its registration).", ""]
     summarised = [f for f in findings if f.summary is not None]
     groups: dict[tuple[str, str], list[IndexedFinding]] = {}
     for f in summarised:
@@ -742,6 +749,8 @@ def render_index(findings: list[IndexedFinding], base: Path,
         for f in groups[(engine, gpu)]:
             sm = f.summary
             rel = f.path.relative_to(base).as_posix()
+            runs = ("" if not f.registration_runs or f.registration_runs < 2 else
+                    f" (one of {f.registration_runs} runs of its registration)")
             reading = readings.get(f.name)
             kind = sm.analysis
             if reading is not None and reading.base in by_name:
@@ -759,10 +768,10 @@ def render_index(findings: list[IndexedFinding], base: Path,
                         cost = (f"{cost}: **changes** (was {_outcome(was)} with the {other} "
                                 "interval)")
                 entries.append((key, sm, dataclasses.replace(r, cost=cost),
-                                f"[{f.name}]({rel}) ({kind})"))
+                                f"[{f.name}]({rel}) ({kind})", runs))
         previous = None
-        for key, sm, r, rule in sorted(entries, key=lambda e: e[0]):
-            run = f"`{sm.run}`" if sm.run != previous else ""
+        for key, sm, r, rule, runs in sorted(entries, key=lambda e: e[0]):
+            run = f"`{sm.run}`{runs}" if sm.run != previous else ""
             previous = sm.run
             lines.append(md_row((
                 run, f"`{sm.model}`", f"{r.treatment} vs {r.control}", r.backend, r.verdict,

@@ -49,13 +49,25 @@ def match_forest(summary: "RunSummary", fig: Figure) -> None:
     """Match rate with its Wilson interval per arm (forest plot), rule thresholds dashed."""
     ax = fig.subplots()
     arms = [a for a in summary.arms if a.match_interval is not None]
+    lows = [a.match_interval.low for a in arms] or [0.0]
+    x_min, x_max = max(0.0, min(lows) - 0.06), 1.02
     for i, a in enumerate(arms):
         iv = a.match_interval
         rate = a.n_matched / a.n_units
         ax.errorbar([rate], [i], xerr=[[rate - iv.low], [iv.high - rate]], fmt="o", capsize=4,
                     color=_color(summary, a.name))
-        ax.annotate(f"{a.n_matched}/{a.n_units}", (iv.low, i), xytext=(-6, 0),
-                    textcoords="offset points", va="center", ha="right", fontsize=8)
+        # the count beside the interval, on the side with room inside the axes: left of an
+        # interval that starts at the axis ("0/24" from 0) it would print over the arm's label
+        room = 0.12 * (x_max - x_min)
+        if iv.low - x_min >= room:
+            where, offset, ha = iv.low, -6, "right"
+        elif x_max - iv.high >= room:
+            where, offset, ha = iv.high, 6, "left"
+        else:
+            where, offset, ha = rate, 0, "center"
+        ax.annotate(f"{a.n_matched}/{a.n_units}", (where, i),
+                    xytext=(offset, 0 if ha != "center" else 8), textcoords="offset points",
+                    va="center", ha=ha, fontsize=8)
     for c in _criteria(summary, "match_lower_bound"):
         ax.axvline(c["at_least"], color="0.4", linestyle="--", linewidth=1)
         ax.annotate(f"{c['label']}: {c['arm']} lower end >= {c['at_least']:g}",
@@ -63,10 +75,9 @@ def match_forest(summary: "RunSummary", fig: Figure) -> None:
                     ha="right", fontsize=7, color="0.3")
     ax.set_yticks(range(len(arms)), [f"{a.name} ({a.role})" for a in arms])
     ax.set_ylim(-0.6, len(arms) - 0.3)
-    lows = [a.match_interval.low for a in arms] or [0.0]
-    ax.set_xlim(max(0.0, min(lows) - 0.06), 1.02)
+    ax.set_xlim(x_min, x_max)
     ax.set_xlabel(f"match rate per {arms[0].unit if arms else 'prompt'} "
-                  f"({summary.confidence_level * 100:g} % Wilson interval)")
+                  f"({summary.confidence_level * 100:g} % two-sided Wilson interval)")
     ax.set_title(f"Match ({summary.match_unit}, {summary.multi_pass} passes)")
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
@@ -187,17 +198,25 @@ def divergence_positions(summary: "RunSummary", fig: Figure) -> None:
 
 
 def running_over_time(summary: "RunSummary", fig: Figure) -> None:
-    """Running requests over time within each counted pass (engine metrics)."""
+    """Running requests over time within each counted pass (engine metrics): the batch of every
+    engine step where the engine recorded them (each drawn over the step it ended), else each
+    sample held until the next."""
     ax = fig.subplots()
     counted = {(p.arm, p.seq) for p in summary.passes if p.counted}
     seen: set[str] = set()
+    stepped = False
     for s in summary.metrics:
         if (s.arm, s.seq) not in counted:
             continue
         label = s.arm if s.arm not in seen else None
         seen.add(s.arm)
-        ax.step(s.t, s.running, where="post", color=_color(summary, s.arm), alpha=0.7,
-                linewidth=1, label=label)
+        if s.step_t:   # a step's batch stands for the time since the previous step ended
+            stepped = True
+            ax.step((0.0, *s.step_t), (s.step_batch[0], *s.step_batch), where="pre",
+                    color=_color(summary, s.arm), alpha=0.7, linewidth=1, label=label)
+        else:
+            ax.step(s.t, s.running, where="post", color=_color(summary, s.arm), alpha=0.7,
+                    linewidth=1, label=label)
     floor = summary.declaration.get("validity", {}).get("min_mean_running")
     if floor is not None:
         ax.axhline(floor, color="0.4", linestyle="--", linewidth=1,
@@ -208,7 +227,7 @@ def running_over_time(summary: "RunSummary", fig: Figure) -> None:
         ax.text(0.5, 0.5, "no engine metrics recorded", ha="center", va="center",
                 transform=ax.transAxes)
     ax.set_xlabel("seconds since pass start")
-    ax.set_ylabel("running requests")
+    ax.set_ylabel("requests per engine step" if stepped else "running requests")
     ax.set_ylim(bottom=0)
     ax.set_title("Batching: running requests in counted passes")
     ax.grid(alpha=0.3)

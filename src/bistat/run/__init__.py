@@ -1,5 +1,5 @@
 """Recording a run: the run loop with resume and GPU checks (``runner``), running a sealed
-registration from its path (``registered``), the prompts it sends (``workload``), the environment
+registration from its path (``registered``), the requests of each pass (``workload``), the environment
 fingerprint (``fingerprint``), the batching summary the runner writes and analysis recomputes
 with the same function (``batching``), and the bitwise needle-in-batch ``probe`` run on the
 engines with what it records (``probe_records``).

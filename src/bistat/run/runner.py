@@ -89,6 +89,7 @@ from bistat.store.format import ENGINE_LOGS_DIR, logprob_sha256, token_sha256
 from bistat.store.writer import RunWriter
 from bistat.store.compact import compact
 from bistat.store.readers import read_header, read_jsonl
+from bistat.core.failures import ErrorGroup, describe_groups, error_groups
 from bistat.core.schedule import Block, PlannedPass, plan_schedule
 from bistat.run.workload import Prompt, load_prompts, prompts_sha256, requests_for_pass
 
@@ -117,7 +118,7 @@ __all__ = [
 ]
 
 EngineFactory = Callable[["Experiment", "Arm"], Engine]
-RunCompletion = Literal["complete", "untested", "incomplete", "interrupted", "lost"]
+RunCompletion = Literal["complete", "untested", "incomplete", "interrupted", "lost", "stopped"]
 
 
 
@@ -132,10 +133,15 @@ class RunOutcome:
 
     ``status``: ``complete`` (the whole schedule ran), ``untested`` (an engine refused the
     setting or failed to start: the hypothesis could not be tested), ``incomplete`` (an engine
-    died mid-pass; resumable), ``interrupted`` (Ctrl-C; resumable), ``lost`` (the run directory
-    was removed or replaced while the run recorded: stopped before the next pass, its files
-    copied from the descriptors the run held into ``run_dir``, a new directory beside the old;
+    died mid-pass; resumable), ``interrupted`` (Ctrl-C; resumable), ``stopped`` (every request
+    of a pass failed: the pass is recorded ``failed``, the engines are stopped and the run ends
+    there; resumable, and the resume runs that pass again), ``lost`` (the run directory was
+    removed or replaced while the run recorded: stopped before the next pass, its files copied
+    from the descriptors the run held into ``run_dir``, a new directory beside the old;
     ``detail`` says what happened and where each file could be read).
+
+    ``errors``: the failed requests of this execution grouped by their error
+    (:func:`bistat.core.failures.error_groups`), in the order each first appeared.
     """
 
     run_dir: Path
@@ -144,6 +150,7 @@ class RunOutcome:
     failed_requests: int
     failed_passes: int
     detail: str | None = None
+    errors: tuple[ErrorGroup, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -390,6 +397,10 @@ def _schedule_record(planned: PlannedPass, event: str, **extra: Any) -> dict[str
 
 
 
+#: the ``stopped`` field of the ``end`` line of a pass the run stopped on
+ALL_FAILED = "every request failed"
+
+
 class _Untested(Exception):
     def __init__(self, detail: str) -> None:
         super().__init__(detail)
@@ -397,6 +408,14 @@ class _Untested(Exception):
 
 
 class _EngineDied(Exception):
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+class _AllFailed(Exception):
+    """Every request of a pass failed: the run stops on it (see :class:`RunOutcome`)."""
+
     def __init__(self, detail: str) -> None:
         super().__init__(detail)
         self.detail = detail
@@ -417,6 +436,7 @@ class _PassState:
     n_failed: int = 0
     output_tokens: int = 0
     prompt_tokens: int = 0
+    errors: list[str] = field(default_factory=list)   # the failed requests' errors, in order
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -480,6 +500,12 @@ class _Engines:
                 self.event(arm, "start_failed", f"{type(exc).__name__}: {exc}")
                 what = "could not be created" if engine is None else "failed to start"
                 failure = failure or _Untested(f"engine for arm {arm!r} {what}: {exc}")
+            elif engine is None and isinstance(exc, (ValueError, TypeError)):
+                # the adapter refused the declaration's arguments (a registration sealed before
+                # register checked them): a refusal, not a defect
+                self.event(arm, "refused", f"{type(exc).__name__}: {exc}")
+                failure = failure or _Untested(f"engine for arm {arm!r} could not be created "
+                                               f"from the declaration: {exc}")
             else:
                 failure = failure or exc
         if failure is not None:
@@ -579,6 +605,7 @@ class _PassEnd:
     n_failed: int
     output_tokens: int
     prompt_tokens: int
+    errors: tuple[str, ...] = ()
 
 
 class _Session:
@@ -601,6 +628,8 @@ class _Session:
         self.passes_run = 0
         self.failed_requests = 0
         self.failed_passes = 0
+        #: every failed request's error of this execution, in order
+        self.errors: list[str] = []
         #: samples this machine's GPUs while engines run on them (bistat.run.gpuload)
         self.gpu_monitor: GpuMonitor | None = None
 
@@ -618,6 +647,13 @@ class _Session:
         wall_s, host, gpu = self._drive(engine, requests, state)
         end = self._end_pass(requests, state)
         self._record_pass(planned, requests, started_utc, wall_s, host, gpu, end)
+        if requests and end.n_failed == len(requests):
+            (first, *_) = error_groups(end.errors)
+            raise _AllFailed(
+                f"every request of pass {planned.pass_index} of arm {planned.arm!r} "
+                f"({planned.kind}, schedule position {planned.seq}) failed: the pass is "
+                f"recorded failed and the engines are stopped. {first.count} of "
+                f"{len(requests)} requests failed with this error (numbers aside): {first.first}")
 
     def _requests(self, planned: PlannedPass) -> list[GenerationRequest]:
         """The pass's requests, in its shuffled order (:func:`bistat.run.workload.requests_for_pass`)."""
@@ -649,6 +685,7 @@ class _Session:
                 state.received.add(result.prompt_id)
                 if failed:
                     state.n_failed += 1
+                    state.errors.append(str(result.error))
                 else:
                     state.output_tokens += len(result.token_ids)
                     state.prompt_tokens += result.n_prompt_tokens or 0
@@ -708,14 +745,19 @@ class _Session:
         with state.lock:
             for request in requests:
                 if request.prompt_id not in state.received:
-                    self.writer.append("responses", _missing_record(planned, state.index_of[request.prompt_id], request))
+                    missing = _missing_record(planned, state.index_of[request.prompt_id], request)
+                    self.writer.append("responses", missing)
                     state.received.add(request.prompt_id)
                     state.n_failed += 1
+                    state.errors.append(missing["error"])
             status = "complete" if state.n_failed == 0 else "failed"
             end = _PassEnd(status, list(state.samples), state.n_failed, state.output_tokens,
-                           state.prompt_tokens)
+                           state.prompt_tokens, tuple(state.errors))
+            all_failed = bool(requests) and end.n_failed == len(requests)
             self.writer.sync()   # the pass's responses reach the disk before its "end" record
-            self.writer.append("schedule", _schedule_record(planned, "end", status=status, n_failed=end.n_failed))
+            self.writer.append("schedule", _schedule_record(
+                planned, "end", status=status, n_failed=end.n_failed,
+                **({"stopped": ALL_FAILED} if all_failed else {})))
         return end
 
     def _record_pass(self, planned: PlannedPass, requests: list[GenerationRequest],
@@ -748,6 +790,7 @@ class _Session:
         self.passes_run += 1
         self.failed_requests += end.n_failed
         self.failed_passes += int(end.n_failed > 0)
+        self.errors.extend(end.errors)
         self.reporter.pass_finished(
             PassReport(
                 planned=planned,
@@ -805,6 +848,9 @@ class _Session:
         except _EngineDied as exc:
             self.engines.stop_all()
             return self._outcome("incomplete", exc.detail)
+        except _AllFailed as exc:
+            self.engines.stop_all()
+            return self._outcome("stopped", exc.detail)
         except KeyboardInterrupt:
             self.engines.stop_all()
             return self._outcome("interrupted", "interrupted by the user (Ctrl-C)")
@@ -851,6 +897,7 @@ class _Session:
             failed_requests=self.failed_requests,
             failed_passes=self.failed_passes,
             detail=detail,
+            errors=error_groups(self.errors),
         )
 
 
@@ -891,6 +938,8 @@ class ResumeState:
     next_block: int
     next_pass_index: Mapping[str, int]
     open_passes: tuple[Mapping[str, Any], ...]  # start lines without an end line
+    #: the end lines of counted passes the run stopped on (every request failed): run again
+    stopped_on: tuple[Mapping[str, Any], ...] = ()
 
 
 def read_resume_state(run_dir: Path) -> ResumeState:
@@ -902,6 +951,7 @@ def read_resume_state(run_dir: Path) -> ResumeState:
     done: Counter[str] = Counter()
     next_pass: dict[str, int] = {}
     max_seq, max_block = -1, -1
+    last_end: dict[int, Mapping[str, Any]] = {}
     for rec in schedule:
         seq = int(rec["seq"])
         max_seq = max(max_seq, seq)
@@ -911,8 +961,15 @@ def read_resume_state(run_dir: Path) -> ResumeState:
             starts[seq] = rec
         elif rec["event"] == "end":
             ended.add(seq)
-            if rec["kind"] == "counted" and rec.get("status") in ("complete", "failed"):
-                done[rec["arm"]] += 1
+            last_end[seq] = rec   # a resume may end a pass again (superseding it): the last counts
+    stopped_on = []
+    for seq, rec in sorted(last_end.items()):
+        if rec["kind"] != "counted":
+            continue
+        if rec.get("status") == "failed" and rec.get("stopped") == ALL_FAILED:
+            stopped_on.append(rec)   # the run stopped on it: run again, not kept
+        elif rec.get("status") in ("complete", "failed"):
+            done[rec["arm"]] += 1
     for rec in environment:
         max_block = max(max_block, int(rec["block"]))
     open_passes = tuple(rec for seq, rec in sorted(starts.items()) if seq not in ended)
@@ -922,11 +979,26 @@ def read_resume_state(run_dir: Path) -> ResumeState:
         next_block=max_block + 1,
         next_pass_index=next_pass,
         open_passes=open_passes,
+        stopped_on=tuple(stopped_on),
     )
+
+
+def _supersede_stopped_passes(writer: RunWriter, state: ResumeState) -> None:
+    """End again, ``status = "interrupted"``, each counted pass the run stopped on because every
+    request of it failed: it no longer counts, and the resumed schedule runs it again in full
+    (under a new ``seq`` and ``pass_index``, as an interrupted pass)."""
+    for rec in state.stopped_on:
+        writer.append("schedule", {
+            "event": "end", "seq": rec["seq"], "arm": rec["arm"],
+            "pass_index": rec["pass_index"], "kind": rec["kind"], "block": rec["block"],
+            "time_utc": utc_now(), "status": "interrupted", "n_failed": rec.get("n_failed", 0),
+            "detail": "superseded on resume: every request of this pass failed and the run "
+                      "stopped on it; it is run again in full"})
 
 
 def _close_open_passes(writer: RunWriter, state: ResumeState) -> None:
     """End passes a killed process left open: ``status = "interrupted"`` with their failures so far."""
+    _supersede_stopped_passes(writer, state)
     if not state.open_passes:
         return
     responses, _ = read_jsonl(writer.run_dir / "responses.jsonl")

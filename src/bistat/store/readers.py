@@ -395,7 +395,9 @@ def read_table(run_dir: str | os.PathLike, table: str, columns: Sequence[str] | 
 def _outputs_fix(run_dir: Path, out_path: Path) -> str:
     if (run_dir / "responses.jsonl").exists():
         return f"re-create it with `bistat compact --slim {run_dir}`"
-    return (f"restore it from where the run is kept (e.g. `git checkout -- {out_path}`); without "
+    from bistat.store.restore import restore_hint
+
+    return (f"restore it {restore_hint(out_path, otherwise='from where the run is kept')}; without "
             f"responses.jsonl it cannot be rebuilt")
 
 

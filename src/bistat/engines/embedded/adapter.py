@@ -54,6 +54,18 @@ METRICS_INTERVAL_S = 1.0
 STEP_SOURCE = "embedded-step"
 
 
+#: the engine arguments that must be positive integers
+_POSITIVE_INTS = ("max_batch_size", "max_model_len", "prefill_chunk", "max_num_batched_tokens",
+                  "tensor_parallel_size")
+
+
+def _local_model(name: str) -> Any:
+    """``(config, tokenizer)`` of the model when it is on this machine, else None."""
+    from bistat.model.loader import local_config_and_tokenizer
+
+    return local_config_and_tokenizer(name)
+
+
 def _default_loader(name: str) -> Any:
     from bistat.model import load_model  # imported lazily: the model package reads the cache
 
@@ -113,10 +125,80 @@ class EmbeddedEngineAdapter:
                 modes = " or ".join(repr(m) for m in GEMM_MODES)
                 problems.append((f"{table}.gemm", f"unknown GEMM mode {args['gemm']!r}; expected "
                                  f"{modes}"))
+        for table, args in tables:
+            for key in _POSITIVE_INTS:
+                value = args.get(key)
+                if key in args and (isinstance(value, bool) or not isinstance(value, int)
+                                    or value < 1):
+                    problems.append((f"{table}.{key}", f"{value!r} is not a positive integer; "
+                                     f"write e.g. {key} = {_DEFAULTS.get(key, 256)}"))
+        for i, arm in enumerate(experiment.arms):
+            if arm.env:
+                problems.append((f"arms[{i}].env", f"the embedded engine runs inside the bistat "
+                                 f"process, so environment variables {sorted(arm.env)} cannot "
+                                 "apply to it; remove them or use a server engine kind"))
         problem = model_problem(str(experiment.engine.model))
         if problem is not None:
             problems.append(("engine.model", problem))
+            return problems
+        local = _local_model(str(experiment.engine.model))
+        if local is not None:
+            from bistat.engines.embedded.forward import model_dims, valid_tensor_parallel_sizes
+
+            valid = valid_tensor_parallel_sizes(model_dims(local[0]))
+            for table, args in tables:
+                tp = args.get("tensor_parallel_size")
+                if isinstance(tp, int) and not isinstance(tp, bool) and tp >= 1 and tp not in valid:
+                    problems.append((f"{table}.tensor_parallel_size", f"{tp} does not divide "
+                                     f"model {experiment.engine.model!r}'s heads and MLP; set it "
+                                     f"to one of {valid}, or remove it (default 1)"))
         return problems
+
+    @classmethod
+    def prompt_problems(cls, experiment: Any, prompts: Sequence[Any]) -> list[tuple[str, str]]:
+        """What the engine would refuse of every request of a pass: the longest prompt (with the
+        model's chat template, when the model is on this machine; else counted as 1 token) and
+        ``workload.max_tokens`` over an arm's ``max_model_len`` (default 2048), and a token id
+        outside the model's vocabulary."""
+        from bistat.engines.declared import context_problems
+
+        local = _local_model(str(experiment.engine.model))
+        lengths = None
+        problems: list[tuple[str, str]] = []
+        if local is not None and prompts:
+            config, tokenizer = local
+            longest, pid = 0, None
+            for p in prompts:
+                if isinstance(p.prompt, str):
+                    text = (tokenizer.apply_chat_template([{"role": "user", "content": p.prompt}])
+                            if p.chat else p.prompt)
+                    n = len(tokenizer.encode(text))
+                else:
+                    n = len(p.prompt)
+                    bad = [x for x in p.prompt if not 0 <= int(x) < config.vocab_size]
+                    if bad and not problems:
+                        problems.append(("workload.source", f"prompt {p.prompt_id} has token id "
+                                         f"{bad[0]}, outside model {experiment.engine.model!r}'s "
+                                         f"vocabulary [0, {config.vocab_size}); set the source's "
+                                         f"vocab to at most {config.vocab_size}"))
+                if n > longest:
+                    longest, pid = n, p.prompt_id
+            lengths = (longest, pid, True)
+        return problems + context_problems(experiment, "max_model_len", "the embedded engine",
+                                           prompts, lengths=lengths,
+                                           default=_DEFAULTS["max_model_len"])
+
+    @classmethod
+    def declaration_limits(cls, experiment: Any) -> list[str]:
+        """What registration cannot check: with the model not on this machine yet, the prompts'
+        lengths under its chat template and the tensor parallel size against its heads."""
+        name = str(experiment.engine.model)
+        if _local_model(name) is not None:
+            return []
+        return [f"engine 'embedded': model {name!r} is not on this machine yet, so the prompts' "
+                "lengths under its chat template (counted as 1 token against max_model_len) and "
+                "tensor_parallel_size against its heads are checked when the run loads it "
+                f"(`bistat model fetch {name}` before registering checks them here)"]
 
     def _table(self, key: str) -> str:
         """The declaration table an argument came from: the arm's ``args`` override

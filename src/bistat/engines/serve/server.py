@@ -236,8 +236,6 @@ class _Server:
         self.created = int(time.time())
         #: prompts handed to the engine and not yet answered; only touched on the event loop
         self.in_flight = 0
-        #: ignored request fields already logged (each name is logged once per server)
-        self.ignored_logged: set[str] = set()
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette):
@@ -318,20 +316,26 @@ class _Server:
             raise _validation_error(exc) from exc
         except RecursionError as exc:
             raise RequestError("the request body is JSON nested too deeply to validate") from exc
-        new = sorted(set(data) - set(model.model_fields) - self.ignored_logged)
-        if new:
-            self.ignored_logged.update(new)
-            log.warning("ignored request fields (each is logged once): %s", ", ".join(new))
+        unknown = sorted(set(data) - set(model.model_fields))
+        if unknown:
+            raise unknown_field(unknown[0], model.model_fields)
         self.check_model(parsed.model)
         return parsed
 
     def admit(self, n: int) -> None:
-        """Refuse ``n`` prompts that would take the prompts in flight past the bound."""
+        """Refuse ``n`` prompts that would take the prompts in flight past the bound: 413 when
+        they could never fit (more than one request may carry, or than may be in flight at
+        all), 429 with ``Retry-After`` when they fit once others are answered."""
         limits = self.limits
         if n > limits.max_prompts_per_request:
             raise RequestError(f"the request has {n} prompts; this server accepts at most "
                                f"{limits.max_prompts_per_request} per request (bistat serve "
                                f"--max-prompts-per-request)", status=413, param="prompt")
+        if n > limits.max_queued_prompts:
+            raise RequestError(f"the request has {n} prompts, more than this server ever holds "
+                               f"in flight ({limits.max_queued_prompts}, bistat serve "
+                               f"--max-queued-prompts): it can never be admitted; send fewer "
+                               f"prompts per request", status=413, param="prompt")
         if self.in_flight + n > limits.max_queued_prompts:
             raise RequestError(f"the server is busy: {self.in_flight} prompts are in flight and "
                                f"this request adds {n}, over the bound of "
@@ -446,11 +450,33 @@ class _Server:
             "max_model_len": self.max_model_len}]})
 
     async def version(self, request: Request) -> Response:
+        """bistat's version and what the server runs: the model, its context length and the
+        engine's settings (the embedded engine's GEMM mode and batch size), so that a client
+        (an ``openai`` arm) records what it measured."""
+        engine = {}
+        if isinstance(getattr(self.engine, "gemm", None), str):
+            engine = {"engine": "embedded", "gemm": self.engine.gemm,
+                      "max_batch_size": getattr(self.engine, "max_batch_size", None)}
         return JSONResponse({"version": __version__, "server": "bistat serve",
-                             **self.engine_description})
+                             "model": self.model_name, "max_model_len": self.max_model_len,
+                             **engine, **self.engine_description})
 
     async def metrics(self, request: Request) -> Response:
         return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def unknown_field(name: str, fields: Any) -> RequestError:
+    """The 400 for a request field this server does not know: it would otherwise be ignored
+    (a misspelt ``"temprature": 0`` samples at temperature 1), so it is refused, naming the
+    field and the closest field the server knows."""
+    import difflib
+
+    known = sorted(fields)
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return RequestError(f"unknown field {name!r}: bistat serve does not implement it, and "
+                        f"ignoring it would change what is measured; {hint}the fields it knows: "
+                        f"{', '.join(known)}", param=name)
 
 
 async def _disconnected(request: Request) -> None:
