@@ -104,6 +104,24 @@ def test_every_finding_lists_every_run_of_its_registration(workdir):
     assert (as_json["n_runs"], as_json["ledger_missing"]) == (2, ["runs/third"])
 
 
+def test_a_run_whose_ledger_stayed_on_another_machine_says_so(workdir):
+    """A run recorded on a lent GPU comes back as its data folder, without the registration's
+    run ledger: the finding lists what the folder knows and says the ledger is not there."""
+    _run("first")
+    _run("second")
+    Path("preregistrations/.fakerun.runs").unlink()
+    assert _invoke("analyze", "runs/second", "--out", "findings").exit_code == 0
+    section = (Path("findings/fakerun.md").read_text()
+               .split("## Runs of this registration\n\n")[1].split("\n\n")[0])
+    assert section == (
+        "2 runs were recorded under `preregistrations/fakerun.json` that this run's folder knows. "
+        "Its run ledger (`preregistrations/.fakerun.runs`, written by `bistat run` as each run "
+        "starts) is not here: the run was recorded on another machine, so a run recorded there "
+        "and not brought back cannot be listed. Every run of a registration is listed with its "
+        "verdict under this finding's rule, so that none can be left out for its result.")
+    assert "| `first` |" in Path("findings/fakerun.md").read_text()
+
+
 def test_a_run_stopped_early_is_listed_as_such_with_its_verdict(workdir):
     _run("whole")
     (workdir / "experiments" / "fakerun.toml").write_text(

@@ -363,6 +363,9 @@ class RunSummary:
     registration_runs: tuple[RegistrationRun, ...] = ()
     #: that registration's path, as run.json names it (or as displayed, for a sibling's)
     runs_registration: str | None = None
+    #: whether that registration's run ledger was there when the runs were listed (a run recorded
+    #: on another machine, its data folder committed, leaves its ledger there); None: not listed
+    runs_ledger_found: bool | None = None
 
     # What the fields above show, computed once when the summary is made (and made again by
     # ``dataclasses.replace``); the finding and ``bistat analyze --json`` read these.

@@ -98,7 +98,7 @@ from bistat.core.classify import (ActivationEvidence, ArmStats, PairedCounts, Ru
                                   ValidityCheck, classify)
 from bistat.declare.engine_version import EngineVersionReport, engine_version_report
 from bistat.declare.experiment import Experiment
-from bistat.declare.prereg import Registration, release_log_checks
+from bistat.declare.prereg import Registration, ledger_path, release_log_checks
 from bistat.engines.registry import capabilities
 from bistat.store.enginelog import (cudagraph_sizes, jit_compiles, kept_log_lines, kept_logs,
                                     logged_modes)
@@ -272,6 +272,7 @@ def analyze_run(run_dir: str | Path | RecordedRun,
                                         for control, treatment, *_ in pairs]),
         failed_requests=failed_requests(responses, arm_names), servers=servers,
         registration_runs=runs,
+        runs_ledger_found=ledger_path(recorded.path).exists() if list_runs else None,
         runs_registration=(display_path(recorded.path) if sibling_of is not None else
                            hdr_reg.get("path") if isinstance(hdr_reg, Mapping) else None))
 

@@ -282,11 +282,18 @@ def _registration_runs(s: RunSummary) -> list[str]:
              r.recorded, r.verdict, r.found_in) for r in s.registration_runs]
     n = len(rows)
     lead = ("This is the only run of" if n == 1 else f"{n} runs were recorded under")
+    if s.runs_ledger_found is False:
+        # the run was recorded elsewhere (a lent GPU) and only its data folder came back
+        known = (f"{lead} `{reg}` that this run's folder knows. Its run ledger (`{ledger}`, "
+                 "written by `bistat run` as each run starts) is not here: the run was recorded "
+                 "on another machine, so a run recorded there and not brought back cannot be "
+                 "listed.")
+    else:
+        known = (f"{lead} `{reg}` that its run ledger (`{ledger}`, written by `bistat run` as "
+                 "each run starts) and this run's folder know.")
     return ["## Runs of this registration", "",
-            f"{lead} `{reg}` that its run ledger (`{ledger}`, written by `bistat run` as each "
-            "run starts) and this run's folder know. Every run of a registration is listed "
-            "with its verdict under this finding's rule, so that none can be left out for its "
-            "result.", "",
+            known + " Every run of a registration is listed with its verdict under this "
+            "finding's rule, so that none can be left out for its result.", "",
             md_table(("run", "created (UTC)", "recorded", "verdict", "found in"), rows), ""]
 
 
