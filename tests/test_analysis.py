@@ -297,8 +297,10 @@ def test_cli_analyze_and_compact(tiny, monkeypatch):
                          "  Batch invariance is working by the registered rule."]
     # then the one-screen CI summary (bistat.report.gating.ci_summary)
     assert lines[3].startswith("bistat: tiny run run (registration ")
-    assert lines[4:7] == ["  arm ctl (control): matched 8/10 [0.4902, 0.9433]; 2 divergence(s)",
-                          "  arm trt (treatment): matched 10/10 [0.7225, 1.0000]; 0 divergence(s)",
+    assert lines[4:7] == ["  arm ctl (control): matched 8/10, two-sided 95 % Wilson [0.4902, 0.9433]; "
+                          "2 divergence(s)",
+                          "  arm trt (treatment): matched 10/10, two-sided 95 % Wilson "
+                          "[0.7225, 1.0000]; 0 divergence(s)",
                           "VERDICT trt vs ctl: WORKING"]
     assert lines[-1] == "exit 0: no --fail-on given: every verdict exits 0"
     assert sorted(p.name for p in (tmp / "out").iterdir()) == [

@@ -226,8 +226,9 @@ def test_a_503_s_retry_after_is_honoured_within_the_retries():
 def test_the_runner_records_the_429_retries_and_flags_requests_past_the_bound(tmp_path):
     """The control's server rate-limits each prompt's first attempt (Retry-After 0): every
     request succeeds on its second, counted. The treatment's always answers 429: its requests
-    fail past the bound like any other HTTP error, recorded with their counts, and its passes
-    are flagged ``failed``. A resume finds nothing left to run and keeps every record."""
+    fail past the bound like any other HTTP error, recorded with their counts, and its first
+    pass, in which every request failed, stops the run (recorded ``failed``). A resume runs that
+    pass again, stops on it again, and keeps every record."""
     polite_calls: collections.Counter = collections.Counter()
     hostile_calls: collections.Counter = collections.Counter()
     polite_app = limited_app(polite_calls, limited=1, retry_after=lambda n: "0", cycle=2)
@@ -245,8 +246,8 @@ def test_the_runner_records_the_429_retries_and_flags_requests_past_the_bound(tm
                "name": "fakerun"}
         outcome = start_run(exp, reg, tmp_path / "run", command=["bistat", "run"])
         responses, _ = read_jsonl(tmp_path / "run" / "responses.jsonl")
-        assert outcome.status == "complete"
-        assert (outcome.failed_requests, outcome.failed_passes) == (8, 2)
+        assert outcome.status == "stopped"
+        assert (outcome.failed_requests, outcome.failed_passes) == (4, 1)
         by_arm = collections.defaultdict(set)
         for r in responses:
             by_arm[r["arm"]].add((r["error"] is None, r["attempts"], r["rate_limited"],
@@ -258,11 +259,13 @@ def test_the_runner_records_the_429_retries_and_flags_requests_past_the_bound(tm
         assert all("gave up: the next wait" in r["error"] for r in responses
                    if r["arm"] == "invariant")
         passes, _ = read_jsonl(tmp_path / "run" / "passes.jsonl")
-        assert sorted((p["arm"], p["n_failed"]) for p in passes) == [
-            ("blas", 0), ("blas", 0), ("invariant", 4), ("invariant", 4)]
+        assert [(p["arm"], p["n_failed"], p["status"]) for p in passes
+                if "n_failed" in p] == [("blas", 0, "complete"), ("invariant", 4, "failed")]
         again = resume_run(exp, tmp_path / "run")
-    assert again.status == "complete"
-    assert read_jsonl(tmp_path / "run" / "responses.jsonl")[0] == responses
+    assert again.status == "stopped"
+    after = read_jsonl(tmp_path / "run" / "responses.jsonl")[0]
+    assert after[:len(responses)] == responses
+    assert [r["arm"] for r in after[len(responses):]] == ["invariant"] * 4
 
 
 def test_bistat_serve_s_own_429_beyond_its_queue_is_retried_until_answered():

@@ -103,7 +103,8 @@ def test_run_end_to_end_then_resume_has_nothing_left(workdir):
                             f"bistat: fakerun run r1 (registration {json.loads(path.read_text())['sha256'][:12]})"]
     # the one-screen CI summary of the run's analysis ends the output
     assert lines[14].startswith("  arm blas (control): matched ")
-    assert lines[15] == "  arm invariant (treatment): matched 12/12 [0.7575, 1.0000]; 0 divergence(s)"
+    assert lines[15] == ("  arm invariant (treatment): matched 12/12, two-sided 95 % Wilson "
+                         "[0.7575, 1.0000]; 0 divergence(s)")
     assert lines[16] == "VERDICT invariant vs blas: REPORTED AS OBSERVED"
     assert lines[-1] == "exit 0: no --fail-on given: every verdict exits 0"
     header = json.loads((workdir / "runs/r1/run.json").read_text())

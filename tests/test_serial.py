@@ -339,7 +339,7 @@ def test_a_hac_declaration_registers_and_verifies(tmp_path, monkeypatch):
     monkeypatch.setattr(prereg, "_utcnow",
                         lambda: dt.datetime(2026, 12, 5, 9, 0, tzinfo=dt.timezone.utc))
     text = declaration_template("serial")
-    text = text[:text.index("[rule.cost]")] + ('[rule.cost]\nmetric = "throughput"\n'
+    text = text[:text.index("\n[rule.cost]") + 1] + ('[rule.cost]\nmetric = "throughput"\n'
                                                'margin = 0.10\ninterval = "hac"\n'
                                                'hac_bandwidth = 3\n')
     decl = tmp_path / "experiments" / "serial.toml"
