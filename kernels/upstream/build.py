@@ -39,7 +39,6 @@ import json
 import math
 import re
 import sys
-import tomllib
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -48,10 +47,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "kernels"))
 
-from bistat_kernels import export_vllm, tables  # noqa: E402  (kernels/ is not installed here)
+from bistat_kernels import export_vllm, tables  # noqa: E402  (a script: kernels/ onto the path)
 
 SOURCES = "kernels/upstream/sources.toml"
 TABLE_OUT = "kernels/upstream/batch_invariant_configs_nvidia_h200.py"

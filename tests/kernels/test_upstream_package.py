@@ -17,7 +17,6 @@ import json
 import re
 import sys
 import tarfile
-import tomllib
 import types
 import zipfile
 from pathlib import Path
@@ -25,6 +24,11 @@ from pathlib import Path
 import pytest
 
 from bistat_kernels import export_vllm, tables
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 UPSTREAM = ROOT / "kernels/upstream"
