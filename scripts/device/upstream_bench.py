@@ -94,8 +94,8 @@ ARMS: dict[str, dict[str, str]] = {
 
 ENGINE = ("--model", MODEL, "--load-format", "dummy", "--dtype", "bfloat16",
           "--max-model-len", "512", "--gpu-memory-utilization", "0.85", "--seed", "0")
-#: ``vllm bench latency``: one batch of 8 x (128 prompt + 128 output) tokens, the batch-8 latency studies'
-#: workload; 5 warm-up and 30 timed iterations
+#: ``vllm bench latency``: one batch of 8 x (128 prompt + 128 output) tokens, the workload of
+#: the batch-8 latency studies; 5 warm-up and 30 timed iterations
 LATENCY = ("bench", "latency", *ENGINE, "--skip-tokenizer-init", "--disable-detokenize",
            "--input-len", "128", "--output-len", "128", "--batch-size", "8",
            "--num-iters-warmup", "5", "--num-iters", "30")
