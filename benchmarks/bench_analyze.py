@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark: analyse 100,000 prompts x 4 counted passes x 2 arms (800,000 responses).
 
-Target (issue 2): the analysis in under 5 s wall on a 2-core machine with peak memory under
+Target: the analysis in under 5 s wall on a 2-core machine with peak memory under
 2 GiB. The script prints figures; it is not a timed test::
 
     python benchmarks/bench_analyze.py                 # generate (once), compact, measure

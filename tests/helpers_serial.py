@@ -1,12 +1,13 @@
 """Serially correlated passes for the cost intervals' coverage checks (tests/test_serial*.py and
 benchmarks/bench_cost_interval_coverage.py), and their exact coverage, computed independently.
 
-The data model (the issue's simulation): each arm's log throughput in pass order is a drift
-shared by both arms -- a Gaussian random walk, step SD ``drift_sd`` -- plus the arm's own noise,
-stationary AR(1) with lag-1 autocorrelation ``rho`` and innovation SD ``noise_sd`` (independent
-from pass to pass at ``rho = 0``); the treatment adds ``log(ratio)``. Pass ``i`` of each arm is
-pair ``i``. At ``noise_sd = 0.02``, ``drift_sd = 0.01`` and 32 pairs this reproduces the issue's
-Welch coverage (0.993 independent, 0.867 at ``rho = 0.5``) within its simulation error.
+The data model (docs/COST-INTERVALS.md, "Coverage by simulation"): each arm's log throughput in
+pass order is a drift shared by both arms -- a Gaussian random walk, step SD ``drift_sd`` -- plus
+the arm's own noise, stationary AR(1) with lag-1 autocorrelation ``rho`` and innovation SD
+``noise_sd`` (independent from pass to pass at ``rho = 0``); the treatment adds ``log(ratio)``.
+Pass ``i`` of each arm is pair ``i``. At ``noise_sd = 0.02``, ``drift_sd = 0.01`` and 32 pairs
+this reproduces the reference Welch coverage (0.993 independent, 0.867 at ``rho = 0.5``) within
+its simulation error.
 
 The drift cancels in the pairs' log differences, which are AR(1) with the same ``rho`` and
 variance ``2 noise_sd**2 / (1 - rho**2)``. So the coverage of any interval of the form ``|mean|

@@ -118,7 +118,7 @@ def test_every_documented_name_imports_and_is_its_home():
     assert documented == [n for n in _sections_order() if n != "__version__"]
     assert set(documented) == set(bistat.__all__) - {"__version__"}
     assert len(documented) == len(set(documented))
-    # the operations and the statistics the issue asks for are among them
+    # the operations and the statistics a user needs are among them
     assert {"load", "register", "verify", "run", "resume", "analyze", "classify", "Rule",
             "Verdict", "Interval", "RunSummary", "Experiment", "Registration"} <= set(documented)
     assert set(core_stats.__all__) <= set(documented)

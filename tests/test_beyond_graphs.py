@@ -1,4 +1,4 @@
-"""Steps beyond the CUDA-graph sizes (issue 23): the logged sizes, the time share, the finding.
+"""Steps beyond the CUDA-graph sizes: the logged sizes, the time share, the finding.
 
 A step with more requests running than vLLM's ``max_cudagraph_capture_size`` runs without a CUDA
 graph, every kernel launched from the host: where a launcher's per-call cost shows. The recorded
@@ -68,7 +68,7 @@ def test_workload_i_on_vllm_025_spent_most_counted_time_beyond_the_graphs():
         assert b.seconds_total == pytest.approx(total, abs=1e-3)   # histograms kept to 1e-6 s
         assert b.seconds_beyond == pytest.approx(beyond, abs=1e-3)
     assert [round(b.share, 3) for b in found.values()] == [0.832, 0.846, 0.851]
-    # the tuned arm's extra time per pass fell where no graph ran (issue 23's eager path)
+    # the tuned arm's extra time per pass fell where no graph ran (the eager path)
     extra, extra_beyond = found["bi-tuned-gemm"].extra_over(found["default"])
     assert (round(extra, 3), round(extra_beyond, 3)) == (1.182, 1.150)
     data = summary_to_dict(summary)["beyond_graphs"]       # what `bistat analyze --json` gives

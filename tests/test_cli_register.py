@@ -174,7 +174,7 @@ def test_amend_and_the_refusals(cli, work):
         "Design analysis of 'minimal': 600 prompts,")
 
     # a run naming the registration with no response yet (its engine never started) does not
-    # block an amendment (issue 20 item 3); one recorded response does
+    # block an amendment; one recorded response does
     run = Path("runs/minimal-1")
     run.mkdir(parents=True)
     (run / "run.json").write_text(json.dumps({

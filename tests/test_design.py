@@ -227,7 +227,7 @@ def test_power_against_simulation(criterion, bound, true_ratio, n, cv, seed):
 
 
 def test_two_passes_at_ten_percent_cv_cannot_tell_090_from_100():
-    # Issue 2, item 4: two passes per arm at 10 % CV cannot tell 0.90 from 1.00.
+    # Two passes per arm at 10 % CV cannot tell 0.90 from 1.00.
     slower = power_ratio_interval_below(1.0, 0.90, passes_per_arm=2, cv=0.10)
     assert slower < 0.10
     # The interval is enormous: 0.90 would be reported as about 0.59 .. 1.38.

@@ -1,4 +1,4 @@
-"""The device scripts' payloads (issue 19): vLLM 0.25.0 (/tmp/site), and vLLM 0.34.0, the newest
+"""The device scripts' payloads: vLLM 0.25.0 (/tmp/site), and vLLM 0.34.0, the newest
 release (`latest`), or 0.33.0 (`0.33`), each with torch 2.14 carried (/tmp/site-latest). What can
 be checked without the GPU: the environment each payload gets, staging either payload's parts,
 re-splitting the latest one with a checksum per part, and that the pins build_payload.sh downloads

@@ -1,4 +1,4 @@
-"""The SGLang 0.5.23 payload for the lent H200 (issue 33), on the CPU: the environment it gets, the pins
+"""The SGLang 0.5.23 payload for the lent H200, on the CPU: the environment it gets, the pins
 build_payload.sh downloads and how they derive from the vLLM 0.34.0 recipe, and the import
 simulation that chose them (scripts/device/sglang_imports.py)."""
 

@@ -204,7 +204,7 @@ def test_divergences_past_one_kv_tile_point_at_the_attention_kernel(tmp_path):
 
 
 def test_a_kv_tile_break_names_the_backend_the_head_size_and_the_measured_remedies(tmp_path):
-    """Issue 22: the engine log's attention backend and the model's head size (bistat's model
+    """The engine log's attention backend and the model's head size (bistat's model
     table, src/bistat/data/attention_remedies.toml), then what bistat measured against it."""
     responses = []
     for i in range(20):

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from bistat.analysis.summary import analyze_run
 from bistat.cli import cli
-from issue20_support import declaration
+from faults_support import declaration
 
 pytestmark = pytest.mark.model
 

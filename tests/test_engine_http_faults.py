@@ -112,7 +112,7 @@ def test_each_fault_gives_the_right_outcome_and_attempt_count(scripted):
 
 def test_unreachable_server_mid_pass_fails_every_request_then_interrupts_the_pass(scripted):
     """Every request fails (each result delivered), then the pass raises EngineError because
-    the endpoint is dead (issue 20 item 2): the runner ends it *interrupted*, resumable."""
+    the endpoint is dead: the runner ends it *interrupted*, resumable."""
     srv, _ = scripted
     eng = OpenAIHTTPEngine(srv.url, retries=1, backoff_s=0.01, request_timeout_s=1)
     eng.start()
@@ -163,7 +163,7 @@ def test_server_killed_mid_pass_keeps_finished_results_fails_the_rest_and_interr
         reqs += [GenerationRequest(prompt_id=f"l{i}", prompt=[41, i], max_tokens=400)
                  for i in range(6)]
         t0 = time.monotonic()
-        with pytest.raises(EngineError, match="stopped answering: 6 request"):  # issue 20 item 2
+        with pytest.raises(EngineError, match="stopped answering: 6 request"):
             eng.run_pass(reqs, concurrency=11, on_result=on_result, on_metrics=lambda s: None)
         assert time.monotonic() - t0 < 20
     finally:

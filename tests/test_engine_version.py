@@ -1,4 +1,4 @@
-"""The version gap (issue 19): the newest release from the package index (mock transport, never
+"""The version gap: the newest release from the package index (mock transport, never
 the network), recorded at registration and at a run's start, set against the version each arm
 measured in the finding; the required version; each arm's compilation / CUDA-graph mode."""
 

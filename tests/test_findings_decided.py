@@ -1,4 +1,4 @@
-"""The number a finding shows is the number that decided (issue 18, item 7).
+"""The number a finding shows is the number that decided.
 
 Reads every committed finding (findings/*.md, findings/h200/*.md) as text and checks, for every
 criterion row of every verdict, that the value shown is the one the classifier computes from the

@@ -1,4 +1,4 @@
-"""prereg.git_evidence (issue 20 item 4): the first commit holding a registration's exact bytes,
+"""prereg.git_evidence: the first commit holding a registration's exact bytes,
 compared with the run's first record."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The H200 study data committed under data/h200/ (issue 6) and data/h200-tp/ (issue 7): sealed
+"""The H200 study data committed under data/h200/ and data/h200-tp/ (tensor parallelism): sealed
 before the data, analysed from the slim-compacted records, and the committed findings regenerate
 byte for byte."""
 
@@ -27,16 +27,16 @@ R2 = DATA / "h200-match-smollm2-r2"
 THR2 = DATA / "h200-cost-qwen3-8b-throughput-r2"
 B32 = DATA / "h200-cost-qwen3-8b-latency-b32"
 B8_17 = DATA / "h200-cost-qwen3-1_7b-latency-b8"
-#: issue 7's runs (tensor parallelism), beside issue 6's and outside its data budget
+#: the tensor-parallel runs, beside the H200 studies' and outside their data budget
 DATA_TP = ROOT / "data" / "h200-tp"
 TP1 = DATA_TP / "tp1-match"
-#: the re-runs on the newest vLLM (issues 19 and 22), in their own folder and budget
+#: the re-runs on the newest vLLM, in their own folder and budget
 DATA_V033 = ROOT / "data" / "h200-v033"
 V033_SMOL = DATA_V033 / "h200-v033-match-smollm2"
-#: issue 23's end-to-end latency runs (tuned GEMM vs default at batch 8)
+#: the tuned GEMM's end-to-end latency runs (tuned GEMM vs default at batch 8)
 I23_B8 = DATA_V033 / "h200-v033-i23-latency-qwen3-8b-b8"
 I23_B8_17 = DATA_V033 / "h200-v033-i23-latency-qwen3-17b-b8"
-#: issue 23's batch-8 latency goal on vLLM 0.34.0 (default, tuned breakable, tuned compiled)
+#: the tuned GEMM's batch-8 latency goal on vLLM 0.34.0 (default, tuned breakable, tuned compiled)
 DATA_V034 = ROOT / "data" / "h200-v034"
 I23_B8_V034 = DATA_V034 / "h200-v034-i23-latency-qwen3-8b-b8-compiled"
 #: the same three arms on vLLM 0.34.0 at batch 32 and on the Qwen3-1.7B shape at batch 8
@@ -85,8 +85,8 @@ FINDINGS = {
         I23_PAIRED_V034, "h200-v034-i23-throughput-qwen3-8b-paired"),
     "h200-v034-match-smollm2": (V034_SMOL, "h200-v034-match-smollm2"),
 }
-#: the default rule applied to every run as an exploratory analysis (registered after the data;
-#: issue 18): NAME-exploratory for each run's own registration NAME
+#: the default rule applied to every run as an exploratory analysis (registered after the data):
+#: NAME-exploratory for each run's own registration NAME
 FINDINGS.update({f"{run.name}-exploratory": (run, f"{run.name}-exploratory")
                  for run in (SMOL, B8, THR, SYNTH, KV128, R2, THR2, B32, B8_17, TP1)})
 #: the rule that decides each study's cost with the HAC interval, registered after the data
@@ -120,11 +120,11 @@ def _bytes(folder: Path) -> int:
 
 
 def test_the_committed_data_stays_within_its_budget_and_every_run_is_trimmed():
-    """Issue 6: its recorded data (data/h200/), compacted, under 20 MB in all; issue 7's runs
-    (data/h200-tp/: the TP=1 control now, TP=2 when the two-GPU machine is lent) under 8 MB. Each
-    run is slim-compacted and trimmed (`bistat compact --trim`: every output only as far as the
-    analysis reads it; the untrimmed files are in git history), for the unit of the registration
-    it was recorded under."""
+    """The H200 studies' recorded data (data/h200/), compacted, under 20 MB in all; the
+    tensor-parallel runs (data/h200-tp/: the TP=1 control now, TP=2 when the two-GPU machine is
+    lent) under 8 MB. Each run is slim-compacted and trimmed (`bistat compact --trim`: every output
+    only as far as the analysis reads it; the untrimmed files are in git history), for the unit of
+    the registration it was recorded under."""
     assert sorted(p.name for p in (ROOT / "data").iterdir()) == ["h200", "h200-tp", "h200-v033",
                                                                  "h200-v034"]
     assert _bytes(DATA) < 20_000_000, f"data/h200 holds {_bytes(DATA):,} bytes"
@@ -227,7 +227,7 @@ def test_throughput_first_attempt_lost_one_arm_and_kept_the_other_comparison():
 
 
 def test_each_cost_finding_shows_what_the_other_rule_concludes():
-    """Issue 6: at workload (i) the findings must show what each rule concludes and why."""
+    """At workload (i) the findings must show what each rule concludes and why."""
     published = (ROOT / "findings" / "h200" / "h200-cost-qwen3-8b-throughput.md").read_text()
     goal = (ROOT / "findings" / "h200" / "h200-cost-qwen3-8b-throughput-goal.md").read_text()
     assert ("| `h200-cost-qwen3-8b-throughput-goal` | confirmatory | bi-tuned-gemm vs default | "
@@ -236,7 +236,7 @@ def test_each_cost_finding_shows_what_the_other_rule_concludes():
             "0.9804)); the rule's 'otherwise' label applies |") in published
     assert ("| `h200-cost-qwen3-8b-throughput` | confirmatory | bi-tuned-gemm vs default | "
             "**working** | — | every criterion declared for 'working' was met |") in goal
-    # and the default rule's, applied after the data (issue 18): its cost stated on its own
+    # and the default rule's, applied after the data: its cost stated on its own
     for text in (published, goal):
         assert ("| `h200-cost-qwen3-8b-throughput-exploratory` | exploratory | bi-tuned-gemm vs "
                 "default | **reported as observed** | cost undecidable at 8 passes (ratio 0.88, "
@@ -436,7 +436,7 @@ def test_the_1_7b_studys_slow_tuned_pass_compiled_a_kernel():
         assert found and not any(j.in_counted_pass for j in found), run.name
 
 
-# --- Issue 7: the TP=1 control, eighth device session: GPU-bf57ff1d ------------------------------
+# --- The TP=1 control, eighth device session: GPU-bf57ff1d ---------------------------------------
 TP_GPU = "GPU-bf57ff1d-ab96-1f32-49ed-2deb089f99ee"
 
 
@@ -464,7 +464,7 @@ def test_tp1_control_reproduces_study_1b_on_one_gpu():
 
 
 def test_study_1a_on_the_newest_vllm_with_the_fa3_pin():
-    """Issues 19 and 22, session 9 (GPU-02aecaaf, vLLM 0.33.0): FlashAttention 3 still breaks
+    """Session 9 (GPU-02aecaaf, vLLM 0.33.0): FlashAttention 3 still breaks
     batch-invariant mode at head size 64; TRITON_ATTN and bistat's FA3 pin hold, working by the
     default rule; the kv-sweep probe flags the FA3 arm at every needle length by itself."""
     s = analyze_run(V033_SMOL, REG / "h200-v033-match-smollm2.json")
@@ -505,9 +505,9 @@ def test_study_1a_on_the_newest_vllm_with_the_fa3_pin():
                     200: (False, True), 300: (False, True), 640: (False, True)}
 
 
-#: Issue 23's workload (i) on vLLM 0.34.0, stopped short (each NOTES.md says why): the run, its
-#: counted passes per arm recorded and registered, the matched prompts per arm (default, tuned),
-#: the ratio with its Welch interval, the GPU, the notes' first words
+#: The tuned GEMM's workload (i) on vLLM 0.34.0, stopped short (each NOTES.md says why): the run,
+#: its counted passes per arm recorded and registered, the matched prompts per arm (default,
+#: tuned), the ratio with its Welch interval, the GPU, the notes' first words
 STOPPED_PILOTS = {
     # one engine resident at a time: 25 engine starts of about a minute each cannot fit a
     # session; stopped by the operator after 34 of 73 planned passes
@@ -578,7 +578,7 @@ def test_study_1a_on_vllm_0_34_holds_with_the_pin_triton_attn_and_the_plugin_not
 def test_the_paired_workload_i_run_imported_is_the_registered_study_with_its_numbers():
     """h200-v034-i23-throughput-qwen3-8b-paired, imported from ../shared/runs (its NOTES.md): all
     66 passes, tuned / default 0.954 on the paired interval (0.926-0.984) at 32 pairs, every
-    prompt of the tuned arm matched; issue 23's goal (>= 0.98) not met, the cost undecidable
+    prompt of the tuned arm matched; the goal (>= 0.98) not met, the cost undecidable
     against the 5 % margin."""
     s = analyze_run(I23_PAIRED_V034, REG / "h200-v034-i23-throughput-qwen3-8b-paired.json")
     assert {a.name: (len(a.counted_passes), a.n_matched, a.n_units) for a in s.arms} == {

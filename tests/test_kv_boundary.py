@@ -36,7 +36,7 @@ def test_the_fa3_fixture_diverges_only_past_one_128_key_tile(fa3):
     assert text.startswith("Every first divergence lies at a KV length of 129 or more in arm(s) "
                            "bi-flash-attn (all 197, 67 exactly at 129), although every output "
                            "began at 37-51 keys. 128 keys is one attention tile of 128")
-    # issue 22: the backend (engine log), the head size (bistat's model table) and what bistat
+    # the backend (engine log), the head size (bistat's model table) and what bistat
     # measured against it, with the finding that showed it
     advice = _kv_tile_boundary(fa3)[2:]
     assert advice[0] == ("What those arms ran and what bistat has measured against it "

@@ -1,4 +1,4 @@
-"""Optional SSH signatures of registrations (issue 20 item 4): ``register --sign KEY`` writes
+"""Optional SSH signatures of registrations: ``register --sign KEY`` writes
 NAME.json.sig (ssh-keygen -Y sign, namespace bistat); ``verify`` and ``analyze`` check it against
 an allowed-signers file (``--allowed-signers`` or git's gpg.ssh.allowedSignersFile). A tampered
 registration, a signature by another key or one made for another namespace fails, with a clear

@@ -1,4 +1,4 @@
-"""The probe's kv-sweep design (issue 22): needles of several lengths, fillers arriving while they
+"""The probe's kv-sweep design: needles of several lengths, fillers arriving while they
 decode, a verdict per needle; against a step-by-step fake whose outputs change only past a KV
 tile and only beside a prefill (FlashAttention 3 at head size 64), and on the embedded engine."""
 

@@ -1,7 +1,7 @@
 """The committed quickstart runs (examples/quickstart/) regenerate their committed findings byte for
 byte, and hold what the README says they hold: the first quickstart (`bash scripts/main.sh` on a
 fresh clone, 2-core CPU machine, published rule's improved form) and quickstart-r2 (the quickstart
-re-registered under the default rule, issue 18; its NOTES.md says the CPU was shared)."""
+re-registered under the default rule; its NOTES.md says the CPU was shared)."""
 
 from pathlib import Path
 

@@ -271,7 +271,7 @@ def test_pass_states_one_rule_for_kind_and_status():
 
 
 def test_a_same_size_edit_after_compaction_is_a_gap_and_the_jsonl_is_read(tmp_path):
-    """Issue 20 item 5: compaction records the JSONL's sha256; a same-size edit is caught."""
+    """Compaction records the JSONL's sha256; a same-size edit is caught."""
     import hashlib
 
     run = tmp_path / "r"
@@ -306,7 +306,7 @@ def _compacted(tmp_path, n: int):
 
 
 def test_a_same_size_edit_inside_the_parquet_fails_its_page_crc_and_the_jsonl_is_read(tmp_path):
-    """Issue 20 item 5: compaction writes page CRCs; a flipped byte inside a data page is found
+    """Compaction writes page CRCs; a flipped byte inside a data page is found
     on read (never read as data), the JSONL is read instead and the gap names the Parquet file;
     without the JSONL the read refuses with the file named."""
     run = _compacted(tmp_path, 40)

@@ -1,4 +1,4 @@
-"""What ``bistat register`` checks beyond the schema (issue 20 items 1 and 3):
+"""What ``bistat register`` checks beyond the schema:
 ``prereg.registration_problems``, the embedded adapter's ``declaration_problems`` and
 ``model.loader.model_problem``."""
 
@@ -65,7 +65,7 @@ def _vllm(kind, required=None, **engine_args):
 
 
 def test_vllm_argument_names_are_checked_against_the_recorded_releases(tmp_path):
-    """Issue 20 item 3: an engine-argument typo in a vLLM declaration is refused at registration,
+    """An engine-argument typo in a vLLM declaration is refused at registration,
     from the names recorded from each supported wheel (vLLM is not imported)."""
     ok = _vllm("vllm-server", max_num_seqs=64, enforce_eager=True, attention_backend="TRITON_ATTN",
                health_timeout_s=600, retries=2)

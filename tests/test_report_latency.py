@@ -1,4 +1,4 @@
-"""The batch-latency section of findings for one-batch-per-pass workloads (issue 6, workload ii)."""
+"""The batch-latency section of findings for one-batch-per-pass workloads (workload ii)."""
 
 from types import SimpleNamespace
 

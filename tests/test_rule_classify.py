@@ -38,7 +38,7 @@ def arm(name, role, k, n, passes, drifts=None):
 
 
 # ---- the published rule's examples (541 prompts; Wilson 541/541 -> [0.993, 1], 78/541 ->
-# [0.117, 0.176], the published values)
+# [0.117, 0.176], the published values)
 
 def test_published_working():
     v = classify(PUBLISHED, arm("off", "control", 78, 541, [100.0]),

@@ -1,4 +1,4 @@
-"""One resolver of a run's registration, with the seal checked (issue 21, item 2):
+"""One resolver of a run's registration, with the seal checked:
 ``bistat run --resume``, ``analyze``, ``inspect``, ``diagnose`` and ``replay`` find the same
 registration the same way and refuse one whose seal does not verify."""
 

@@ -141,7 +141,7 @@ def test_default_run_dir_and_untested_exit_code(workdir):
     events, _ = read_jsonl(run_dir / "events.jsonl")
     assert [e["event"] for e in events] == ["started", "refused", "stopped"]
     again = _invoke("run", str(path), "--no-progress", "--run-dir", "runs/second")
-    assert again.exit_code == 1  # an engine that refused: non-zero without --fail-on (issue 20 item 3)
+    assert again.exit_code == 1  # an engine that refused: non-zero without --fail-on
     assert "run untested: engine for arm 'invariant' refused the setting: mode off" in again.output
 
 

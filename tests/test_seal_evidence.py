@@ -1,4 +1,4 @@
-"""The finding's seal line (bistat.report.seal, issue 20 item 4): each form word for word, in a full
+"""The finding's seal line (bistat.report.seal): each form word for word, in a full
 clone, a shallow clone, a deepened one, outside git and uncommitted; and the regeneration
 comparison (tests/finding_seal.py) that accepts only the forms a clone can state."""
 

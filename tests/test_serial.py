@@ -2,7 +2,7 @@
 ``[rule.cost] interval = "hac"``, decided on by classify_cost and planned by bistat.core.design.
 
 - The statistics against statsmodels and against their published formulas, on fixed data, to 1e-9.
-- The registered paired workload-(i) run on vLLM 0.34.0 (32 pairs): the numbers issue 38 reports.
+- The registered paired workload-(i) run on vLLM 0.34.0 (32 pairs): the numbers its finding reports.
 - The rule: the HAC parameters sealed with ``interval = "hac"``, refused without it, and absent
   from every rule that does not use them (an existing registration verifies and resolves to its
   sealed declaration byte for byte).
@@ -172,7 +172,7 @@ def test_the_bias_correction_recovers_rho_on_average():
 
 
 # ------------------------------------------------------------------------------------------
-# The registered paired run (issue 38's numbers)
+# The registered paired run
 # ------------------------------------------------------------------------------------------
 
 
@@ -200,8 +200,8 @@ def test_the_registered_paired_run_reproduces_the_issue_numbers():
     assert diag.differences.lags == 6 and diag.significant == ()   # 6 lags dilute lag 1
     paired = stats.paired_ratio(t, c)
     assert (round(paired.interval.low, 3), round(paired.interval.high, 3)) == (0.926, 0.984)
-    # the issue's Newey-West interval: statsmodels' HAC standard error (Bartlett, 3 lags) with
-    # the paired t's critical value
+    # the Newey-West interval (docs/COST-INTERVALS.md): statsmodels' HAC standard error (Bartlett,
+    # 3 lags) with the paired t's critical value
     d = np.log(t) - np.log(c)
     nw = sm.OLS(d, np.ones(32)).fit(cov_type="HAC", cov_kwds={"maxlags": 3})
     q = sps.t.ppf(0.975, 31)

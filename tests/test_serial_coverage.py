@@ -1,6 +1,6 @@
-"""Coverage of the cost intervals when passes are serially correlated, by simulation (issue 38,
-"An interval that holds"; fast: fixed seeds, 1,000 runs per grid point; the full table with
-larger counts is benchmarks/bench_cost_interval_coverage.py's).
+"""Coverage of the cost intervals when passes are serially correlated, by simulation
+(fast: fixed seeds, 1,000 runs per grid point; the full table with larger counts is
+benchmarks/bench_cost_interval_coverage.py's).
 
 The data (tests/helpers_serial.py): each arm's log throughput is a shared random-walk drift plus
 its own noise, independent or AR(1) with rho in {0.3, 0.5, 0.7}; true ratio 0.95; 8, 16, 32 and 64

@@ -36,7 +36,7 @@ def test_docstring_examples():
 
 
 def test_wilson_published_protocol_values():
-    # The published rule's figures (issue 2, acceptance): 541/541 -> 99.3-100 %, 78/541 -> 11.7-17.6 %.
+    # The published rule's figures: 541/541 -> 99.3-100 %, 78/541 -> 11.7-17.6 %.
     ci = wilson_interval(541, 541)
     assert (round(ci.low * 100, 1), round(ci.high * 100, 1)) == (99.3, 100.0)
     assert ci.high == 1.0

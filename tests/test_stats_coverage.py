@@ -1,5 +1,5 @@
-"""Simulation coverage of bistat.core.stats' intervals (issue 2: "every interval's coverage within
-+-1.5 points of nominal over a documented grid (fixed seeds; fast enough for CI)").
+"""Simulation coverage of bistat.core.stats' intervals: every interval's coverage within +-1.5
+points of nominal over a documented grid (fixed seeds; fast enough for CI).
 
 Each test draws seeded samples at known parameters, computes the intervals with bistat.core.stats
 and counts how often they contain the truth. Two assertions per grid:
@@ -32,7 +32,7 @@ from scipy import stats as sps
 from bistat.core.stats import newcombe_difference, paired_ratio, throughput_ratio, wilson_interval
 
 BAND_FALSE_ALARM = 0.001  # family-wise false-alarm rate of the acceptance bands in a test
-TOLERANCE = 0.015  # +-1.5 percentage points (issue 2)
+TOLERANCE = 0.015  # +-1.5 percentage points
 
 
 def _wilson_closed_form(k: np.ndarray, n: int, z: float) -> tuple[np.ndarray, np.ndarray]:

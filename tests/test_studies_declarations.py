@@ -1,5 +1,5 @@
-"""The H200 study declarations (issue 6) and the tensor-parallel ones (issue 7) load, validate with
-the real schema, have the arms and environments the study design needs, and get a design analysis.
+"""The H200 study declarations and the tensor-parallel ones load, validate with the real schema,
+have the arms and environments the study design needs, and get a design analysis.
 
 Every declaration is loaded exactly as written, including ``builtin:token-ids?length=..&vocab=..``
 sources and ``workload.max_tokens_min`` (per-prompt output lengths uniform in [min, max],
@@ -66,11 +66,11 @@ FIXTURES = ["h200-fixture-smollm2", "h200-fixture-triton-attn"]
 PROBES = ["h200-plugin-probe-qwen3-8b-synth"]
 
 
-#: Registered tests of a mechanism (docs/STUDIES.md), beside the studies the issue asks for.
+#: Registered tests of a mechanism (docs/STUDIES.md), beside the studies.
 MECHANISM = ["h200-fa3-kv128-smollm2"]
 
 
-#: The default rule applied, after the data, to every committed H200 run (issue 18): exploratory.
+#: The default rule applied, after the data, to every committed H200 run: exploratory.
 EXPLORATORY = [f"{n}-exploratory" for n in (
     "h200-match-smollm2", "h200-cost-qwen3-8b-latency-b8", "h200-cost-qwen3-8b-throughput",
     "h200-match-qwen3-8b-synth", "h200-fa3-kv128-smollm2", "h200-match-smollm2-r2",
@@ -97,7 +97,7 @@ HAC = {f"{run}-hac": base for run, base in {
         "h200-v034-i23-throughput-qwen3-8b-paired", "h200-v034-match-smollm2")}}.items()}
 
 
-#: The re-runs on the newest vLLM (issues 19 and 22), registered under the default rule before
+#: The re-runs on the newest vLLM, registered under the default rule before
 #: their data, each with its vLLM 0.25.0 counterpart.
 NEWEST = {"h200-v033-match-smollm2": "h200-match-smollm2-r2",
           "h200-v033-match-qwen3-8b-synth": "h200-match-qwen3-8b-synth",
@@ -105,25 +105,27 @@ NEWEST = {"h200-v033-match-smollm2": "h200-match-smollm2-r2",
           "h200-v033-cost-qwen3-8b-throughput": "h200-cost-qwen3-8b-throughput-r2"}
 
 
-#: Issue 23's end-to-end goals on vLLM 0.33.0 (the tuned GEMM against the default; cost margin
-#: 0.05), each with the vLLM 0.33.0 Study 2 declaration it follows and what it changes.
-ISSUE23 = {"h200-v033-i23-latency-qwen3-8b-b8": ("h200-v033-cost-qwen3-8b-latency-b8", {}),
+#: The tuned GEMM's end-to-end goals on vLLM 0.33.0 (the ``-i23-`` studies: the tuned GEMM against
+#: the default; cost margin 0.05), each with the vLLM 0.33.0 Study 2 declaration it follows and
+#: what it changes.
+TUNED_GEMM_V033 = {"h200-v033-i23-latency-qwen3-8b-b8": ("h200-v033-cost-qwen3-8b-latency-b8", {}),
            "h200-v033-i23-latency-qwen3-8b-b32": ("h200-v033-cost-qwen3-8b-latency-b8",
                                                   {"n_prompts": 32, "concurrency": 32}),
            "h200-v033-i23-latency-qwen3-17b-b8": ("h200-v033-cost-qwen3-8b-latency-b8", {}),
            "h200-v033-i23-throughput-qwen3-8b-serial": ("h200-v033-cost-qwen3-8b-throughput",
                                                         {"passes": 16})}
-#: Issue 23's batch-8 latency goal with a third arm, the tuned GEMM with torch.compile forced on.
-ISSUE23_COMPILED = {"h200-v033-i23-latency-qwen3-8b-b8-compiled": (
+#: The tuned GEMM's batch-8 latency goal with a third arm, the tuned GEMM with torch.compile
+#: forced on.
+TUNED_GEMM_V033_COMPILED = {"h200-v033-i23-latency-qwen3-8b-b8-compiled": (
     "h200-v033-i23-latency-qwen3-8b-b8", {"passes": 90})}
 #: The same study on vLLM 0.34.0 (the newest release), on an H200 and, for a lent H100, its twin
 #: with the H200's table named in the tuned arms (BISTAT_GEMM_TABLE).
-ISSUE23_V034 = {"h200-v034-i23-latency-qwen3-8b-b8-compiled": {},
+TUNED_GEMM_V034 = {"h200-v034-i23-latency-qwen3-8b-b8-compiled": {},
                 "h100-v034-i23-latency-qwen3-8b-b8-compiled": {"BISTAT_GEMM_TABLE": "nvidia_h200"}}
-#: Issue 23's other goals on vLLM 0.34.0, registered after the batch-8 run for the next session:
+#: The tuned GEMM's other goals on vLLM 0.34.0, registered after the batch-8 run:
 #: the batch-8 study at batch 32 and on the Qwen3-1.7B shape (three arms each), and workload (i)
 #: with one engine resident at a time, the compiled tuned arm against the default.
-ISSUE23_V034_NEXT = {
+TUNED_GEMM_V034_NEXT = {
     "h200-v034-i23-latency-qwen3-8b-b32-compiled": (
         "h200-v034-i23-latency-qwen3-8b-b8-compiled", {"n_prompts": 32, "concurrency": 32}, None),
     "h200-v034-i23-latency-qwen3-17b-b8-compiled": (
@@ -132,18 +134,18 @@ ISSUE23_V034_NEXT = {
         "h200-v033-i23-throughput-qwen3-8b-serial", {"passes": 24}, None)}
 #: Workload (i) again after the serial run could not fit a session (its pilot): the engines up
 #: together, the passes and the time budget from the design analysis on the pilot.
-ISSUE23_V034_CONCURRENT = {"h200-v034-i23-throughput-qwen3-8b-concurrent-compiled":
+TUNED_GEMM_V034_CONCURRENT = {"h200-v034-i23-throughput-qwen3-8b-concurrent-compiled":
                            "h200-v034-i23-throughput-qwen3-8b-serial-compiled"}
 #: ... and again after that one could not fit beside the payload's staging (its pilot): 32 passes
 #: per arm, its cost interval paired by pass, planned from the pilot's pairs.
-ISSUE23_V034_PAIRED = {"h200-v034-i23-throughput-qwen3-8b-paired":
+TUNED_GEMM_V034_PAIRED = {"h200-v034-i23-throughput-qwen3-8b-paired":
                        "h200-v034-i23-throughput-qwen3-8b-concurrent-compiled"}
 
 
-#: Issue 33: the SGLang 0.5.23 studies and the vLLM twin each mirrors (its workload, match, validity
+#: The SGLang 0.5.23 studies and the vLLM twin each mirrors (its workload, match, validity
 #: and rule), with what differs on purpose. h200-v034-match-smollm2 (vLLM 0.34.0's Study 1(a)) is
 #: listed here as a twin; no other set holds it.
-ISSUE33_SGLANG = {
+SGLANG_STUDIES = {
     "h200-sglang-match-smollm2": ("h200-v034-match-smollm2", {}),
     "h200-sglang-match-qwen3-8b-synth": ("h200-match-qwen3-8b-synth", {}),
     "h200-sglang-latency-qwen3-8b-b8": ("h200-v034-i23-latency-qwen3-8b-b8-compiled",
@@ -152,10 +154,10 @@ ISSUE33_SGLANG = {
 }
 
 
-#: Issue 34: vLLM 0.34.0, the newest release, the whole picture. Study 1(a) (run 2026-12-04, a twin
+#: vLLM 0.34.0, the newest release, the whole picture. Study 1(a) (run 2026-12-04, a twin
 #: of SGLang's S1 above), Study 1(b), and the determinism tax as users meet it at four workloads:
 #: each with the twin whose engine, model, workload and validity it keeps, and what it changes.
-ISSUE34_V034 = {
+V034_STUDIES = {
     "h200-v034-match-qwen3-8b-synth": ("h200-v033-match-qwen3-8b-synth", {"passes": 8}),
     "h200-v034-tax-qwen3-8b-b8": ("h200-v034-i23-latency-qwen3-8b-b8-compiled", {"passes": 60}),
     "h200-v034-tax-qwen3-8b-b32": ("h200-v034-i23-latency-qwen3-8b-b32-compiled",
@@ -172,13 +174,13 @@ TAX_ARMS = {"default": {"VLLM_BATCH_INVARIANT": "0", "BISTAT_TUNED_GEMM": "0"},
                           "BISTAT_FA3_PIN": "1", "VLLM_USE_BREAKABLE_CUDAGRAPH": "0"}}
 
 
-@pytest.mark.parametrize("name", sorted(ISSUE34_V034))
-def test_each_issue34_study_requires_0_34_and_keeps_its_twin_but_for_its_arms_and_passes(name):
+@pytest.mark.parametrize("name", sorted(V034_STUDIES))
+def test_each_v034_study_requires_0_34_and_keeps_its_twin_but_for_its_arms_and_passes(name):
     """vLLM 0.34.0 required; the twin's engine kind, model, workload (but the passes), match unit
     and validity; the default rule's labels; the cost decided on the HAC interval; the tax studies'
     three arms exactly (the default, VLLM_BATCH_INVARIANT=1 alone, bistat's whole plugin); and a
     design analysis that runs from the twin's recorded data where it was recorded."""
-    twin_name, differs = ISSUE34_V034[name]
+    twin_name, differs = V034_STUDIES[name]
     d, twin = _raw(name), _raw(twin_name)
     assert d["engine"]["required_version"] == "0.34.0"
     assert {k: v for k, v in d["engine"].items() if k not in ("required_version", "args",
@@ -205,20 +207,21 @@ def test_the_declarations_are_the_whole_set():
     names = ({p.stem for p in EXP.glob("h[12]00-*.toml")}
              | {p.stem for p in EXP.glob("tp*-match*.toml")})
     assert names == (set(ALL) | set(FIXTURES) | set(PROBES) | set(MECHANISM) | set(EXPLORATORY)
-                     | set(NEWEST) | set(ISSUE23) | set(ISSUE23_COMPILED) | set(ISSUE23_V034)
-                     | set(ISSUE23_V034_NEXT) | set(ISSUE23_V034_CONCURRENT)
-                     | set(ISSUE23_V034_PAIRED) | set(ISSUE33_SGLANG) | set(HAC)
-                     | set(ISSUE34_V034)
-                     | {twin for twin, _ in ISSUE33_SGLANG.values()})
+                     | set(NEWEST) | set(TUNED_GEMM_V033) | set(TUNED_GEMM_V033_COMPILED)
+                     | set(TUNED_GEMM_V034) | set(TUNED_GEMM_V034_NEXT)
+                     | set(TUNED_GEMM_V034_CONCURRENT) | set(TUNED_GEMM_V034_PAIRED)
+                     | set(SGLANG_STUDIES) | set(HAC)
+                     | set(V034_STUDIES)
+                     | {twin for twin, _ in SGLANG_STUDIES.values()})
 
 
-@pytest.mark.parametrize("name", sorted(ISSUE33_SGLANG))
+@pytest.mark.parametrize("name", sorted(SGLANG_STUDIES))
 def test_each_sglang_study_mirrors_its_vllm_twin(name):
     """SGLang 0.5.23 required, one server per arm, the control SGLang's default, every treatment
     arm --enable-deterministic-inference on a named backend SGLang supports in that mode; the
     workload (but the listed differences), match and validity of the vLLM twin; the default
     decision rule; a design analysis planned from recorded data."""
-    twin_name, differs = ISSUE33_SGLANG[name]
+    twin_name, differs = SGLANG_STUDIES[name]
     d, twin = _raw(name), _raw(twin_name)
     assert (d["engine"]["kind"], d["engine"]["required_version"]) == ("sglang-server", "0.5.23")
     assert d["engine"]["model"] == twin["engine"]["model"]
@@ -243,15 +246,15 @@ def test_each_sglang_study_mirrors_its_vllm_twin(name):
         d["design"]["cv_from"] in report.cv_source, report.cv_source
 
 
-@pytest.mark.parametrize("name", sorted(ISSUE23))
-def test_each_issue23_study_is_its_study2_declaration_with_two_arms_and_a_five_percent_margin(
+@pytest.mark.parametrize("name", sorted(TUNED_GEMM_V033))
+def test_each_tuned_gemm_study_is_its_study2_declaration_with_two_arms_and_a_five_percent_margin(
         name):
     """The arms default and bi-tuned-gemm of the Study 2 declaration on 0.33.0, the same engine
-    arguments and rule but for the cost margin (0.05: issue 23's goals), the workload changed only
-    where the table says; registered before any data (its runs, if any, postdate it)."""
+    arguments and rule but for the cost margin (0.05: the tuned GEMM's goals), the workload changed
+    only where the table says; registered before any data (its runs, if any, postdate it)."""
     from bistat.declare.prereg import load_registration
 
-    base, workload_changes = ISSUE23[name]
+    base, workload_changes = TUNED_GEMM_V033[name]
     mine, theirs = load_experiment(EXP / f"{name}.toml"), load_experiment(EXP / f"{base}.toml")
     assert [(a.name, a.role, a.env) for a in mine.arms] == [
         (a.name, a.role, a.env) for a in theirs.arms if a.name in ("default", "bi-tuned-gemm")]
@@ -267,20 +270,20 @@ def test_each_issue23_study_is_its_study2_declaration_with_two_arms_and_a_five_p
     reg = load_registration(ROOT / "preregistrations" / f"{name}.json")
     assert reg.experiment().resolved() == mine.resolved()
     # sealed with the package-index check off (BISTAT_PACKAGE_INDEX=off): the seal says so; the
-    # newest release was checked later (test_each_issue23_release_was_checked_after_its_seal)
+    # newest release was checked later (test_each_tuned_gemm_release_was_checked_after_its_seal)
     release = reg.sealed["engine_release"]
     assert (release["package"], release["index"], release["newest"]) == ("vllm", "off", None)
     assert "BISTAT_PACKAGE_INDEX=off" in release["error"]
 
 
-@pytest.mark.parametrize("name", sorted(ISSUE23_COMPILED))
-def test_the_compiled_issue23_study_adds_one_arm_that_opts_out_of_breakable_graphs(name):
-    """Its issue-23 study with a third arm: bi-tuned-gemm's environment plus
+@pytest.mark.parametrize("name", sorted(TUNED_GEMM_V033_COMPILED))
+def test_the_compiled_tuned_gemm_study_adds_one_arm_that_opts_out_of_breakable_graphs(name):
+    """Its base study with a third arm: bi-tuned-gemm's environment plus
     VLLM_USE_BREAKABLE_CUDAGRAPH=0 (torch.compile, as the default arm); more passes (its design
     analysis at the prior CV); sealed with the newest release checked on PyPI."""
     from bistat.declare.prereg import load_registration
 
-    base, workload_changes = ISSUE23_COMPILED[name]
+    base, workload_changes = TUNED_GEMM_V033_COMPILED[name]
     mine, theirs = load_experiment(EXP / f"{name}.toml"), load_experiment(EXP / f"{base}.toml")
     tuned = next(a for a in theirs.arms if a.name == "bi-tuned-gemm")
     assert [(a.name, a.role, a.env) for a in mine.arms] == [
@@ -298,7 +301,7 @@ def test_the_compiled_issue23_study_adds_one_arm_that_opts_out_of_breakable_grap
     assert release["newest"] == "0.34.0"  # one release past the 0.33.0 the study requires
 
 
-@pytest.mark.parametrize("name", sorted(ISSUE23_V034))
+@pytest.mark.parametrize("name", sorted(TUNED_GEMM_V034))
 def test_the_034_studies_are_the_033_compiled_study_on_the_newest_release(name):
     """h200-v033-i23-latency-qwen3-8b-b8-compiled with only the required release changed to
     0.34.0 (and, in the H100 twin, the H200's table named in both tuned arms); sealed with PyPI
@@ -309,7 +312,7 @@ def test_the_034_studies_are_the_033_compiled_study_on_the_newest_release(name):
     theirs = load_experiment(EXP / "h200-v033-i23-latency-qwen3-8b-b8-compiled.toml")
     assert mine.engine.required_version == "0.34.0"
     assert mine.engine.model_dump() == {**theirs.engine.model_dump(), "required_version": "0.34.0"}
-    extra = ISSUE23_V034[name]
+    extra = TUNED_GEMM_V034[name]
     assert [(a.name, a.role, a.env) for a in mine.arms] == [
         (a.name, a.role, {**a.env, **(extra if a.env["BISTAT_TUNED_GEMM"] == "1" else {})})
         for a in theirs.arms]
@@ -321,14 +324,14 @@ def test_the_034_studies_are_the_033_compiled_study_on_the_newest_release(name):
     assert (release["package"], release["index"], release["error"], release["newest"]) == (
         "vllm", "https://pypi.org/pypi", None, "0.34.0")
 
-@pytest.mark.parametrize("name", sorted(ISSUE23_V034_NEXT))
+@pytest.mark.parametrize("name", sorted(TUNED_GEMM_V034_NEXT))
 def test_the_next_034_studies_change_their_base_only_where_stated(name):
     """Each is its base declaration on 0.34.0 with the workload (and model) changed only where the
     table says; the latency ones keep the batch-8 study's three arms, the throughput one the
     default against the compiled tuned arm; sealed with PyPI checked, the newest 0.34.0."""
     from bistat.declare.prereg import load_registration
 
-    base, workload_changes, model = ISSUE23_V034_NEXT[name]
+    base, workload_changes, model = TUNED_GEMM_V034_NEXT[name]
     mine, theirs = load_experiment(EXP / f"{name}.toml"), load_experiment(EXP / f"{base}.toml")
     assert mine.engine.model_dump() == {**theirs.engine.model_dump(), "required_version": "0.34.0",
                                         "model": model or theirs.engine.model}
@@ -345,7 +348,7 @@ def test_the_next_034_studies_change_their_base_only_where_stated(name):
     assert (release["index"], release["error"], release["newest"]) == (
         "https://pypi.org/pypi", None, "0.34.0")
 
-@pytest.mark.parametrize("name", sorted(ISSUE23_V034_CONCURRENT))
+@pytest.mark.parametrize("name", sorted(TUNED_GEMM_V034_CONCURRENT))
 def test_the_concurrent_workload_i_study_is_the_serial_one_with_its_engines_up_together(name):
     """Registered 2026-12-03 after the serial run (a pilot: 25 engine starts could not fit a
     session): the same engine, arms, workload and rule but the engines up together and 66 passes,
@@ -353,7 +356,7 @@ def test_the_concurrent_workload_i_study_is_the_serial_one_with_its_engines_up_t
     from bistat.declare.design_report import analyse_design
     from bistat.declare.prereg import load_registration
 
-    base = ISSUE23_V034_CONCURRENT[name]
+    base = TUNED_GEMM_V034_CONCURRENT[name]
     mine, theirs = load_experiment(EXP / f"{name}.toml"), load_experiment(EXP / f"{base}.toml")
     assert mine.engine.model_dump() == {**theirs.engine.model_dump(), "engines_concurrent": True}
     assert [(a.name, a.role, a.env) for a in mine.arms] == [
@@ -379,7 +382,7 @@ def test_the_concurrent_workload_i_study_is_the_serial_one_with_its_engines_up_t
     assert reg.sealed_utc < run["created_utc"] == "2026-12-03T15:30:59.080775Z"
 
 
-@pytest.mark.parametrize("name", sorted(ISSUE23_V034_PAIRED))
+@pytest.mark.parametrize("name", sorted(TUNED_GEMM_V034_PAIRED))
 def test_the_paired_workload_i_study_is_the_concurrent_one_sized_to_fit_with_its_passes_paired(
         name):
     """Registered 2026-12-03 after the concurrent run's pilot (110 of 134 passes in the time a
@@ -389,7 +392,7 @@ def test_the_paired_workload_i_study_is_the_concurrent_one_sized_to_fit_with_its
     from bistat.declare.design_report import analyse_design, paired_cv_from_run
     from bistat.declare.prereg import load_registration
 
-    base = ISSUE23_V034_PAIRED[name]
+    base = TUNED_GEMM_V034_PAIRED[name]
     mine, theirs = load_experiment(EXP / f"{name}.toml"), load_experiment(EXP / f"{base}.toml")
     assert mine.engine == theirs.engine and mine.match == theirs.match
     assert [(a.name, a.role, a.env) for a in mine.arms] == [
@@ -423,8 +426,8 @@ def test_the_paired_workload_i_study_is_the_concurrent_one_sized_to_fit_with_its
             if (ROOT / "data" / folder / name).exists()] == ["h200-v034"]
 
 
-@pytest.mark.parametrize("name", sorted(ISSUE23))
-def test_each_issue23_release_was_checked_after_its_seal(name):
+@pytest.mark.parametrize("name", sorted(TUNED_GEMM_V033))
+def test_each_tuned_gemm_release_was_checked_after_its_seal(name):
     """`bistat check-release` asked PyPI after the runs (the seal's check was off): one line in
     NAME.releases.jsonl beside the untouched seal, and each finding states that release with
     its time, after the run's first record, never as known at registration."""
@@ -790,7 +793,7 @@ def test_registration_warns_when_engines_would_restart_per_block():
 
 
 def test_the_qwen3_1_7b_latency_study_differs_from_the_8b_one_only_in_model_and_hypothesis():
-    """Issue 6's "Qwen3-1.7B shapes too": the same workload, arms, validity and rule as the
+    """The study plan's "Qwen3-1.7B shapes too": the same workload, arms, validity and rule as the
     registered batch-8 study, on the config `scripts/device/prepare.sh` writes (28 layers)."""
     small, big = _raw("h200-cost-qwen3-1_7b-latency-b8"), _raw("h200-cost-qwen3-8b-latency-b8")
     assert small["engine"].pop("model") == "/tmp/model/qwen3-1.7b-config"

@@ -1,4 +1,4 @@
-"""A mode that does nothing is never *working* (issue 18, item 6): by seeded simulation over the
+"""A mode that does nothing is never *working*: by seeded simulation over the
 classifier -- the default rule's false-*working* rate in A/A experiments at most its alpha over a
 grid of match rates, pass-to-pass CVs and pass counts, checked against a binomial acceptance band
 computed from the replication count -- and end to end on the embedded engine.

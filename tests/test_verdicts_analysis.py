@@ -1,5 +1,5 @@
-"""Issue 18 in the analysis and the CLI: exploratory analyses under a rule sealed after the data,
-``bistat classify`` on published numbers, one batching mean, one first-divergence function.
+"""The default rule in the analysis and the CLI: exploratory analyses under a rule sealed after the
+data, ``bistat classify`` on published numbers, one batching mean, one first-divergence function.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The design analysis of issue 18: the activation criteria's power and the cost rule's outcomes
-against brute force and seeded simulation, and its warnings about false verdicts -- seed 003's
-29.6 % reproduced from its pass-to-pass spread.
+"""The design analysis of the default rule: the activation criteria's power and the cost rule's
+outcomes against brute force and seeded simulation, and its warnings about false verdicts -- seed
+003's 29.6 % reproduced from its pass-to-pass spread.
 """
 
 from __future__ import annotations

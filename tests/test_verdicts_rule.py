@@ -1,4 +1,4 @@
-"""Issue 18's rule vocabulary and its classifier: activation criteria, the cost rule, the default
+"""The rule vocabulary and its classifier: activation criteria, the cost rule, the default
 rule, published summaries, one rounding, and the refusal of criteria a run could never evaluate.
 
 Expected values are computed here from their definitions (scipy's binomial, chi-square and
@@ -499,8 +499,9 @@ def test_bad_activation_criteria_fields_are_named():
 
 
 def test_a_sealed_rule_without_the_new_fields_still_resolves():
-    """Additive: registrations sealed before issue 18 lack rule.cost and the control's assumed
-    rate; the current schema fills in None and the default, and verifies them."""
+    """Additive: registrations sealed before the cost rule and the activation criteria existed
+    lack rule.cost and the control's assumed rate; the current schema fills in None and the
+    default, and verifies them."""
     from bistat.declare.prereg import load_registration
     reg = load_registration(ROOT / "preregistrations" / "quickstart.json")
     assert "cost" not in reg.declaration["rule"]

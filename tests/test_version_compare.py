@@ -1,4 +1,4 @@
-"""bistat compare: one study on two vLLM releases side by side (issue 19, item 4)."""
+"""bistat compare: one study on two vLLM releases side by side."""
 
 from __future__ import annotations
 

@@ -693,7 +693,7 @@ MAX_PLANS = 16384
 #
 # Triton's ``kernel[grid](...)`` binds and specialises every argument and hashes the result on
 # each call: 40-60 us of host time per call in triton 3.6 on the H200's host, about six times
-# torch.mm's (issue 23), paid on every eager GEMM in vLLM (steps beyond its CUDA-graph sizes).
+# torch.mm's, paid on every eager GEMM in vLLM (steps beyond its CUDA-graph sizes).
 # The first launch of each kind goes through it and keeps the compiled kernel it returns; later
 # launches of the same kind call that kernel's launcher directly, with the same arguments, as
 # ``JITFunction.run`` itself does after its cache lookup (triton 3.4-3.8 share that call).

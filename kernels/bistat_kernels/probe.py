@@ -8,7 +8,7 @@ extended to several row positions and to a batch size inside every M bucket of t
 Gate 2 (accuracy) compares against a higher-precision reference (float64 on the CPU, float32
 without TF32 on a GPU) and reports torch.mm's own error on the same inputs beside ours.
 
-Beyond the table's own shapes, :func:`edge_cases` lists the cases issue 23 asks both gates to
+Beyond the table's own shapes, :func:`edge_cases` lists the extra cases both gates must
 cover: K a power of two from 512 to 4096 (vLLM #55131 reports its persistent kernel not
 invariant there) and float32 inputs, whose products must be IEEE float32 (vLLM #55466: ``tl.dot``
 silently used TF32). The float32 tolerance, 1e-5 of max |reference|, sits between the two: a
@@ -87,7 +87,7 @@ def row_positions(m: int) -> tuple[int, ...]:
 
 def probe_m_values(entry: ShapeConfig | None, max_m: int,
                    base: Sequence[int] = PROBE_MS) -> tuple[int, ...]:
-    """The issue's batch sizes plus, for every bucket, its upper bound and the next size up.
+    """The base batch sizes (``base``) plus, for every bucket, its upper bound and the next size up.
 
     So every bucket of the entry is exercised at least once (capped at ``max_m``).
     """
@@ -180,7 +180,7 @@ class ProbeCase:
 def edge_cases(table_shapes: Iterable[tuple[int, int]], n: int | None = None,
                ks: Sequence[int] | None = None, dtype: str = "bfloat16",
                ) -> tuple[ProbeCase, ...]:
-    """Issue 23's extra cases: ``(n, k)`` for every ``k`` in ``ks`` in ``dtype`` and in float32,
+    """The extra cases: ``(n, k)`` for every ``k`` in ``ks`` in ``dtype`` and in float32,
     and every shape of ``table_shapes`` in float32; duplicates of an earlier case are dropped.
 
     ``n`` and ``ks`` default to :data:`EDGE_N` and :data:`POW2_KS`.

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any
 
-# Issue 5's goals: the targets of bench files that carry no ``summary.goal_targets`` (every bench
-# recorded before issue 23); newer files state their own (bench.GOAL_OVERALL, bench.GOAL_DECODE).
+# The earlier goals: the targets of bench files that carry no ``summary.goal_targets`` (recorded
+# before bench files stated their targets); newer files state their own (bench.GOAL_OVERALL,
+# bench.GOAL_DECODE).
 GOAL_OVERALL = 1.15
 GOAL_DECODE = 1.25
 SPEEDUP_GOAL = 2.5  # tuned over vLLM's fixed default at decode sizes (geometric mean)

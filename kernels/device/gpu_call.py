@@ -215,7 +215,7 @@ def _table_path(out: Path) -> Path:
 def stage_probe(out: Path, max_m: int) -> bool:
     table = tables.load_table(_table_path(out))
     tables.set_device_table(table)
-    # every table entry, then issue 23's edge cases: K a power of two (vLLM #55131) and float32
+    # every table entry, then the edge cases: K a power of two (vLLM #55131) and float32
     # in IEEE precision (vLLM #55466), each probed with its own table entry or the default
     cases = probe.with_edge_cases([probe.ProbeCase(n, k, dt)
                                    for (dt, n, k) in sorted(table.entries)])

@@ -3,7 +3,7 @@
 
 Measures
 --------
-Issue 5 claims that at small batch the batch-invariant "tax" of vLLM 0.25.0 *is* its persistent
+The claim: at small batch the batch-invariant "tax" of vLLM 0.25.0 *is* its persistent
 Triton GEMM (``matmul_kernel_persistent``), and that bistat's tuned GEMM plugin
 (``bistat_kernels.vllm_plugin``, ``BISTAT_TUNED_GEMM=1``) removes most of it while the model stays
 inside torch.compile and CUDA graphs. This script checks that with the torch profiler, per arm:

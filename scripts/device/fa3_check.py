@@ -1,4 +1,4 @@
-"""Device check of bistat's FlashAttention-3 pin (BISTAT_FA3_PIN, kernels/vllm_fa3.py), issue 22.
+"""Device check of bistat's FlashAttention-3 pin (BISTAT_FA3_PIN, kernels/vllm_fa3.py).
 
     python scripts/device/fa3_check.py kernel OUT.json     # FA3 itself, no engine (≈ 20 s)
     python scripts/device/fa3_check.py ARM OUT.json        # ARM: bi_fa3 | bi_fa3_pin | bi_triton

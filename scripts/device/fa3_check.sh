@@ -1,5 +1,5 @@
 #!/bin/bash
-# Device check of bistat's FlashAttention-3 pin (issue 22; scripts/device/fa3_check.py says what
+# Device check of bistat's FlashAttention-3 pin (scripts/device/fa3_check.py says what
 # each part does and expects), on the vLLM 0.33.0 install of shared/device-latest/README.md
 # (its env.sh; ENV_SH to override). The FA3 kernel check and the engine arms run at once on the
 # one GPU (0.2 of its memory and a 4 GiB KV cache per engine); each engine arm is its own process

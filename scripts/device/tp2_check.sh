@@ -1,5 +1,5 @@
 #!/bin/bash
-# First command on an nvidia-h200-x2 machine (issue 7): two GPUs visible, NCCL all-reduce works with
+# First command on an nvidia-h200-x2 machine: two GPUs visible, NCCL all-reduce works with
 # multicast off, before anything long runs. Then: stage/install as usual, prepare.sh, and
 # run_bg.sh tp1-match, then run_bg.sh tp2-match, on the same host (≈ 6 min each: two engines, 10
 # passes; scripts/device/README.md).

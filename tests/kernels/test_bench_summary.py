@@ -29,7 +29,7 @@ def _rows(tuned_ratio: float, vllm_ratio: float | None = 1.3, missing: tuple = (
     return rows
 
 
-def test_goals_are_issue_23s_at_their_boundaries():
+def test_goals_hold_at_their_boundaries():
     assert (bench.GOAL_OVERALL, bench.GOAL_DECODE, bench.HOST_GOAL_US) == (1.05, 1.00, 5.0)
     at = bench.summarize(_rows(1.05))
     assert at["geomean_tuned_over_mm"] == pytest.approx(1.05)
@@ -196,7 +196,7 @@ def test_results_page_without_vllm_has_no_vllm_column(tmp_path):
     assert "| qwen3-8b | o | 4096 | 4096 | 1 | 11.0 | 7.5 | 3.5 | 13.0 | 9.0 |" in page
 
 
-def test_a_bench_without_goal_targets_keeps_issue_5s():
+def test_a_bench_without_goal_targets_keeps_the_earlier_goals():
     old = json.loads((make_results.RESULTS_DIR / "history" / "bench_nvidia_h200_2026-11-29.json").read_text())
     g = results_model.bench(old, "b.json").goal
     assert (g.overall_target, g.decode_target, g.host_diff_us) == (1.15, 1.25, None)

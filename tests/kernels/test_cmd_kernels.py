@@ -73,7 +73,7 @@ def test_results_regenerates_the_committed_page_byte_for_byte(tmp_path):
 def test_probe_edge_cases_add_k_pow2_and_fp32_rows(tmp_path, monkeypatch):
     from bistat_kernels import probe
 
-    # issue 23's cases at interpreter size: N 64 instead of 4096, K 512 only
+    # the edge cases at interpreter size: N 64 instead of 4096, K 512 only
     monkeypatch.setattr(probe, "EDGE_N", 64)
     monkeypatch.setattr(probe, "POW2_KS", (512,))
     out = tmp_path / "probe.json"

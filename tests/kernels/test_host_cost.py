@@ -22,7 +22,7 @@ def test_runs_are_interleaved_and_the_order_rotates(monkeypatch):
 
 def test_the_median_of_the_repeats_is_reported(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    clock = iter([0.0, 1e-5, 2e-5,     # repeat 1: 10 us to issue 1 call, 20 us with the sync
+    clock = iter([0.0, 1e-5, 2e-5,     # repeat 1: 10 us to issue one call, 20 us with the sync
                   1.0, 1.0 + 3e-5, 1.0 + 3e-5,
                   2.0, 2.0 + 2e-5, 2.0 + 4e-5])
     monkeypatch.setattr(host_cost.time, "perf_counter", lambda: next(clock))

@@ -83,8 +83,8 @@ def test_status_credits_re_tuned_buckets_to_their_raw_file_not_the_fused_compari
                              "kernels/results/gone.json (x))` |") for line in lines)
 
 
-def _issue23_bench(geomean: float, decode: float) -> dict:
-    """A bench summary with issue 23's targets (<= 1.05, <= 1.00 at M <= 32)."""
+def _bench_with_targets(geomean: float, decode: float) -> dict:
+    """A bench summary that states its targets (the current goals: <= 1.05, <= 1.00 at M <= 32)."""
     bench = _bench(geomean, decode)
     bench["summary"]["goal_targets"] = {"overall": 1.05, "decode": 1.0}
     return bench
@@ -93,7 +93,7 @@ def _issue23_bench(geomean: float, decode: float) -> dict:
 def test_a_ratio_goal_is_met_only_if_every_repeat_of_the_bench_meets_it():
     repeat = _bench(1.049, 1.0006)
     lines = make_results._status_section(
-        _issue23_bench(1.0489, 0.9997),
+        _bench_with_targets(1.0489, 0.9997),
         {"passed": True, "provenance": _prov("GPU-b", "d2", "x")}, None, None, None, "h",
         repeats=(("results/k11/confirm3/", repeat),))
     assert lines[2] == ("Goal **not met**: geometric mean of tuned / torch.mm 1.049 (target <= "
@@ -103,7 +103,7 @@ def test_a_ratio_goal_is_met_only_if_every_repeat_of_the_bench_meets_it():
     assert "| `kernels/results/k11/confirm3/` | 1.0490 | 1.0006 |" in lines
     # the same repeat meeting both: met
     ok = make_results._status_section(
-        _issue23_bench(1.0489, 0.9997),
+        _bench_with_targets(1.0489, 0.9997),
         {"passed": True, "provenance": _prov("GPU-b", "d2", "x")}, None, None, None, "h",
         repeats=(("r/", _bench(1.0495, 0.9999)),))
     assert ok[2].startswith("Goal met:")
@@ -189,7 +189,7 @@ def test_fused_compare_variants_keep_the_reduction_layout():
     assert fc.parse_shapes("4096x12288, 2048x6144") == ((4096, 12288), (2048, 6144))
 
 
-# --- decode profile, plugin probe and sweep timing check (issue 5, device calls 9, 10, 14) ---
+# --- decode profile, plugin probe and sweep timing check (device calls 9, 10, 14) ---
 
 def _profile_arm(bi: str, tuned: str, median: float, total: float, cats: dict, share: float,
                  **extra) -> dict:
@@ -528,7 +528,7 @@ def test_committed_results_page_regenerates_byte_for_byte():
     assert make_results.render_results() == (KERNELS / "RESULTS.md").read_text(encoding="utf-8")
 
 
-def test_committed_issue5_device_files_carry_their_provenance():
+def test_committed_decode_profile_files_carry_their_provenance():
     results = KERNELS / "results"
     profile = json.loads((results / "profile_decode_nvidia_h200.json").read_text())
     sidecar = json.loads((results / "plugin_probe_nvidia_h200.provenance.json").read_text())

@@ -1,4 +1,4 @@
-"""Issue 23's extra gate cases under the interpreter: K a power of two, float32 in IEEE precision.
+"""The probe's extra gate cases under the interpreter: K a power of two, float32 in IEEE precision.
 
 vLLM #55131 reports upstream's persistent kernel not row-invariant at K a power of two, and vLLM
 #55466 that ``tl.dot`` silently used TF32 for float32 inputs. Both gates of the probe must hold at

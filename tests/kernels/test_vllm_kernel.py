@@ -132,7 +132,7 @@ def test_vllm_0_33_0_loads_with_its_own_hopper_table(vllm033):
     assert (vllm033.version, vllm033.commit) == ("0.33.0", "g4ba787ec9")
     assert vllm033.arch_family((9, 0)) == "hopper"
     hopper = vllm033.tuned_shapes("hopper")
-    # Qwen3-8B's and Qwen3-1.7B's shapes are in it (issue 23), SmolLM2's are not
+    # Qwen3-8B's and Qwen3-1.7B's shapes are in it, SmolLM2's are not
     assert {(6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (4096, 2048),
             (2048, 2048), (12288, 2048), (2048, 6144)} <= hopper
     assert (960, 576) not in hopper

@@ -1,4 +1,4 @@
-"""Classify published summary numbers by a registered rule (``bistat classify``; issue 18, item 9).
+"""Classify published summary numbers by a registered rule (``bistat classify``).
 
 A paper reports matched / compared prompts per arm and a throughput ratio, perhaps with its
 interval; it does not publish its passes. :func:`classify_summary` applies a declaration's (or a

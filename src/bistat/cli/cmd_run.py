@@ -217,9 +217,9 @@ def stoppable() -> Iterator[None]:
     the pass in flight as interrupted, keeps every response received and stops its engines).
 
     Also when the process started with SIGINT ignored, as a background job of a non-interactive
-    shell does (``cmd &``, the device's ``run_bg.sh``): Python then installs no handler, and on
-    2026-12-03 a SIGINT to such a run did nothing. And a plain ``kill`` (SIGTERM) would have
-    ended the process without stopping its engines. The previous handlers come back afterwards;
+    shell does (``cmd &``, the device's ``run_bg.sh``): Python then installs no handler, so
+    without this a SIGINT to such a run would do nothing. And a plain ``kill`` (SIGTERM) would
+    end the process without stopping its engines. The previous handlers come back afterwards;
     outside the main thread (where signals cannot be handled) nothing changes.
     """
     if threading.current_thread() is not threading.main_thread():

@@ -14,7 +14,7 @@ per arm, a match rate with no prompts, a large-drift cap when the summary has no
 says so in ``notes``.
 
 Activation criteria (``control_diverges``, ``treatment_beats_control``, ``probe_confirmed``,
-``engine_log``; issue 18) read the paired counts (:class:`PairedCounts`) and the activation
+``engine_log``) read the paired counts (:class:`PairedCounts`) and the activation
 evidence (:class:`ActivationEvidence`: the probe's outcome for the treatment arm, the engine
 log's markers). A label whose criteria are all met or not evaluable, with an *activation*
 criterion among the not evaluable (no probe report in the run directory, no engine log), does not

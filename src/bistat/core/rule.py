@@ -26,7 +26,7 @@ Every criterion model has a ``describe(rule)`` method giving the criterion in wo
 threshold as text; the classifier and the design analysis print these, so the wording of a
 criterion is defined once, here.
 
-Activation criteria (issue 18) are the evidence that the mode *acts*, instead of a slowdown:
+Activation criteria are the evidence that the mode *acts*, instead of a slowdown:
 
 - ``control_diverges`` -- the control arm, under the same load, diverges: its Wilson match
   interval's upper end is at most ``at_most`` (the load could reveal batch dependence);
@@ -370,7 +370,7 @@ CRITERION_NAMES = ("match_lower_bound", "match_upper_bound", "match_intervals_ov
                    "probe_confirmed", "engine_log")
 MATCH_CRITERIA = (MatchLowerBound, MatchUpperBound, MatchIntervalsOverlap)
 THROUGHPUT_CRITERIA = (ThroughputRatio, ThroughputSlower, ThroughputNotSlower)
-#: Evidence that the mode acts (issue 18); a label whose activation criterion cannot be
+#: Evidence that the mode acts; a label whose activation criterion cannot be
 #: evaluated makes the comparison *untested* rather than falling through to the next label.
 ACTIVATION_CRITERIA = (ControlDiverges, TreatmentBeatsControl, ProbeConfirmed, EngineLog)
 #: The activation criteria that can carry a label; ``engine_log`` is circumstantial only.

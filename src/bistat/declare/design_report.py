@@ -10,7 +10,7 @@ Composes the primitives of ``bistat.core.design`` for every criterion of the dec
   of true ratios (``design.true_ratios``), with the passes per arm that would reach the power
   target where the plan falls short.
 
-- activation criteria (issue 18): ``control_diverges`` -- the probability that the control's
+- activation criteria: ``control_diverges`` -- the probability that the control's
   upper bound is at most its threshold at the assumed control match rate
   (``design.assumed_control_match_rate``); ``treatment_beats_control`` -- the power of each
   declared test (McNemar, Newcombe) at the two assumed rates; the probe and the engine log have

@@ -339,10 +339,10 @@ class Experiment(_Model):
 
 
 def _unevaluable_criteria(exp: "Experiment") -> list[tuple[str, str]]:
-    """Criteria of the rule this declaration's run could never evaluate, each with the fix
-    (issue 18, "Bad input"): refused at registration instead of giving a verdict that could
-    not have been otherwise. What only the run can tell (a probe report in the run directory) is
-    left to the classifier, which then says *untested*."""
+    """Criteria of the rule this declaration's run could never evaluate, each with the fix:
+    refused at registration instead of giving a verdict that could not have been otherwise. What
+    only the run can tell (a probe report in the run directory) is left to the classifier, which
+    then says *untested*."""
     issues: list[tuple[str, str]] = []
     passes = exp.workload.passes
     kind = exp.engine.kind

@@ -8,7 +8,7 @@ pyperf's ``json.dump(data, fp, sort_keys=True)`` made canonical). The file layou
     {"schema": "bistat.registration/1",
      "sealed": {"name", "source", "declaration", "declaration_sha256", "registered_utc",
                 "sealed_utc", "bistat_version", "git", "design", "amendments",
-                "engine_release"},                # vLLM engines only (since issue 19)
+                "engine_release"},      # vLLM engines only; absent from older registrations
      "sha256": "<sha256 of canonical_json(sealed)>"}
 
 ``engine_release`` is the newest release of the engine's package that the package index knew as

@@ -1,6 +1,6 @@
 """The default decision rule and the commented declaration ``bistat new NAME`` writes.
 
-The default rule (issue 18) calls batch invariance *working* from evidence that the mode acts,
+The default rule calls batch invariance *working* from evidence that the mode acts,
 never from a slowdown, and states the cost as a verdict of its own:
 
 - **working**: the treatment is invariant (its one-sided 95 % Wilson lower bound of the match

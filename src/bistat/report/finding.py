@@ -993,8 +993,8 @@ def _batching(s: RunSummary, plot: str) -> list[str]:
 
 
 def _beyond_graphs(s: RunSummary) -> list[str]:
-    """Where the running batch outgrew the engine's CUDA graphs (issue 23: steps beyond the
-    CUDA-graph sizes launch every kernel from the host, where a launcher's per-call cost shows)."""
+    """Where the running batch outgrew the engine's CUDA graphs (steps beyond the CUDA-graph
+    sizes launch every kernel from the host, where a launcher's per-call cost shows)."""
     found = s.beyond_graphs
     if not found:
         return []

@@ -1,9 +1,9 @@
 """Batching evidence of one pass from the engine's metrics samples: the one batching summary.
 
 The runner writes it into ``passes.jsonl`` at the end of every pass, and the analysis recomputes
-it from ``metrics.jsonl`` with the same function (issue 18, item 7: the mean running batch the
-validity check ``min_mean_running`` reads is the one the runner recorded, time-weighted, not an
-unweighted mean of the samples). Pure: samples in, a dict out.
+it from ``metrics.jsonl`` with the same function, so the mean running batch the validity check
+``min_mean_running`` reads is the one the runner recorded (time-weighted, not an unweighted mean
+of the samples). Pure: samples in, a dict out.
 """
 
 from __future__ import annotations

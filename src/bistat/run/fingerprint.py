@@ -16,15 +16,15 @@ Format (a JSON object)::
      "code": {"bistat", "bistat_kernels"},                   # SHA-256 of each package's files
      "host": "hostname"}
 
-``code`` identifies the code that ran where ``git`` cannot: a copy of a checkout whose ``.git``
-is another commit's (the lent GPU machine's repository copy kept the session's first commit), or
-an install without git. Such a copy can also say which commit it is a copy of:
-``BISTAT_SOURCE_COMMIT="SHA clean"`` (or ``dirty``: tracked files differed from the commit),
-which ``scripts/device/travel.sh run`` writes to ``scripts/device/SOURCE_COMMIT`` and
+``code`` identifies the code that ran where ``git`` cannot: a copy of a checkout whose ``.git`` is
+another commit's (a copy of the working tree synced onto a GPU machine can keep the metadata of the
+commit it was first made from), or an install without git. Such a copy can also say which commit it
+is a copy of: ``BISTAT_SOURCE_COMMIT="SHA clean"`` (or ``dirty``: tracked files differed from the
+commit), which ``scripts/device/travel.sh run`` writes to ``scripts/device/SOURCE_COMMIT`` and
 ``scripts/device/env.sh`` exports. ``git`` then records that commit with ``"from":
-"BISTAT_SOURCE_COMMIT"`` and, where the copy's own git metadata names another commit, what it
-named under ``copy_git``; a malformed value is recorded as ``invalid`` beside the copy's own
-answer, never taken for a commit. Each digest covers the package's ``.py`` and ``.json`` files (relative
+"BISTAT_SOURCE_COMMIT"`` and, where the copy's own git metadata names another commit, what it named
+under ``copy_git``; a malformed value is recorded as ``invalid`` beside the copy's own answer,
+never taken for a commit. Each digest covers the package's ``.py`` and ``.json`` files (relative
 path and bytes, in path order; not the measurements under ``results/``), found with
 :func:`importlib.util.find_spec` without importing the package; null where it is not installed.
 

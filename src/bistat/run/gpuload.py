@@ -1,9 +1,8 @@
 """What the GPU was doing during a pass: SM clock, temperature, power, and why it slowed down.
 
-On 2026-12-03 the workload-(i) pilot on an H200 slowed from 7.9 s to 9.1 s a pass over its 110
-passes, in both arms alike, and nothing in the run said whether the GPU's clock had dropped
-(power or thermal limits) or something else had changed. A run of engines on this machine's GPU
-(``capabilities.local_gpu``) now samples every GPU with ``nvidia-smi`` once a second in a
+Passes can slow down over a run in both arms alike; the GPU's samples tell whether its clock
+dropped (power or thermal limits) or something else changed. A run of engines on this machine's
+GPU (``capabilities.local_gpu``) samples every GPU with ``nvidia-smi`` once a second in a
 background thread, and each pass record carries ``gpu``, the samples taken while it ran, of the
 GPUs its arm's engine used:
 

@@ -1,9 +1,10 @@
 """How busy the host was during a pass: machine-wide CPU time, CPU steal, bistat's own share.
 
 Pass-to-pass variation is large (FIELD-NOTES), and part of it can be the host rather than the
-engine: another job on the same machine, or a hypervisor taking CPU time from a shared VM (*steal*).
-On 2026-12-03 the quickstart's blas passes took 110 s against 37 s alone while a test suite shared
-its 2 cores, and nothing in the run said so. Each pass record now carries ``host``:
+engine: another job on the same machine, or a hypervisor taking CPU time from a shared VM
+(*steal*). An engine on the CPU slows down when other work shares its cores, and nothing else in
+a run would say so; each pass record therefore carries ``host``, what the machine's CPUs did
+while it ran:
 
 ``n_cpus``
     logical CPUs (``psutil.cpu_count()``);

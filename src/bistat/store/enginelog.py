@@ -197,7 +197,7 @@ class CudaGraphSizes:
         ``CUDAGraphMode`` name (``NONE``: no step replays a graph).
     max_capture_size : int or None
         ``max_cudagraph_capture_size``: a step of more tokens runs without a CUDA graph, every
-        kernel launched from the host (the path issue 23 calls eager).
+        kernel launched from the host (eager).
     max_decode_requests : int or None
         ``max_decode_cudagraph_capture_requests`` (vLLM 0.34): the largest decode batch captured
         as a full graph; None where the configuration has no such field.

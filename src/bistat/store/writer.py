@@ -5,7 +5,7 @@ tables (format: ``bistat.store.format``).
 ``write`` and flushed to the operating system at once, so a crash of the process loses at most
 the line in flight; ``os.fsync`` follows at most :data:`FSYNC_INTERVAL_S` later (and at
 :meth:`RunWriter.sync` / close), so a crash of the machine loses at most that much. (An fsync
-per line blocked the runner's event loop once per response.) A resumed writer closes off a line
+per line would block the runner's event loop once per response.) A resumed writer closes off a line
 cut by a crash, which readers then report as a gap.
 
 The writer holds every file of the run open (``run.json`` and each table, read-only besides the

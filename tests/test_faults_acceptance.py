@@ -1,18 +1,15 @@
-"""Acceptance tests of issue 20 ("Trustworthy under faults and tampering"), items 1-7 and the
-"also seen" / "small ones" points, written before the fixes.
+"""Acceptance tests of bistat under faults and tampering: no verdict from a partial run, a dying
+engine, what ``register`` checks, the seal, stored data checked by content, ``bistat serve``'s
+limits, a full disk, and smaller points.
 
-Each test states the behaviour the issue asks for. A test that fails on the code the issue was
-filed against is marked ``xfail(strict=True)`` with the item and what is missing: when a fix lands
-the test passes, the strict marker turns that into a failure, and the implementer removes the
-marker. Tests that already pass carry no marker.
+Each test states the behaviour bistat must have. Where the interface was open, the contract
+chosen is written in the test's docstring.
 
-bistat is driven only through its public surfaces (see ``issue20_support``): the CLI in a
+bistat is driven only through its public surfaces (see ``faults_support``): the CLI in a
 subprocess whose working directory is a fresh ``tmp_path`` holding ``experiments/``, ``bistat
 serve`` over HTTP, and the run directory's files (docs/RECORDS.md). The model is a 2-layer random
 LLaMA written to disk with SmolLM2's tokenizer, so a pass takes a fraction of a second; the tests
 skip when SmolLM2 is not cached.
-
-Where the issue leaves the interface open, the contract chosen is written in the test's docstring.
 """
 
 from __future__ import annotations
@@ -28,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-import issue20_support as s
+import faults_support as s
 
 httpx = pytest.importorskip("httpx")
 
@@ -75,7 +72,7 @@ def _counted_ends(run_dir: Path) -> dict[tuple[str, str], int]:
 
 
 # --------------------------------------------------------------------------------------------------
-# item 1: no verdict from a partial run
+# no verdict from a partial run
 
 
 def _truncate_to_first_passes(run_dir: Path) -> None:
@@ -95,7 +92,7 @@ def _truncate_to_first_passes(run_dir: Path) -> None:
         table.write_text("".join(kept))
 
 
-def test_item1_one_counted_pass_per_arm_is_untested(complete_run, tmp_path):
+def test_one_counted_pass_per_arm_is_untested(complete_run, tmp_path):
     """Contract: a comparison needs >= 2 counted passes per arm. With one, ``bistat analyze``
     prints the verdict UNTESTED (never WORKING), ``--fail-on untested`` exits 12, and the finding
     says ``Run status: not testable`` (the finding's existing wording for an untestable run;
@@ -115,7 +112,7 @@ def test_item1_one_counted_pass_per_arm_is_untested(complete_run, tmp_path):
     assert "counted pass" in finding[finding.index(status_line) - 2000:finding.index(status_line) + 500]
 
 
-def test_item1_a_prompt_missing_from_a_pass_is_not_compared(complete_run, tmp_path):
+def test_a_prompt_missing_from_a_pass_is_not_compared(complete_run, tmp_path):
     """Already holds: a prompt kept in just one counted pass of the invariant arm is not compared
     with nothing; that arm compares the 7 other prompts (``matched 7/7``, not 8/8)."""
     root = _copy_project(complete_run, tmp_path / "p")
@@ -135,7 +132,7 @@ def test_item1_a_prompt_missing_from_a_pass_is_not_compared(complete_run, tmp_pa
     assert re.search(r"arm invariant \(treatment\): matched 7/7, two-sided 95 % Wilson ", out), out
 
 
-def test_item1_register_refuses_fewer_than_two_passes(tmp_path, tiny_model):
+def test_register_refuses_fewer_than_two_passes(tmp_path, tiny_model):
     """Contract: ``passes = 1`` (no reference-arm mode exists) is refused: exit 1, a message
     naming the file and ``workload.passes``, and no registration written."""
     path = s.write_declaration(tmp_path, "onepass", s.declaration("onepass", tiny_model, passes=1))
@@ -147,10 +144,10 @@ def test_item1_register_refuses_fewer_than_two_passes(tmp_path, tiny_model):
 
 
 # --------------------------------------------------------------------------------------------------
-# item 2: an openai engine that dies mid-run interrupts the run, and --resume re-runs it
+# an openai engine that dies mid-run interrupts the run, and --resume re-runs it
 
 
-def test_item2_openai_server_killed_mid_run_is_interrupted_and_resumable(tmp_path, tiny_model):
+def test_openai_server_killed_mid_run_is_interrupted_and_resumable(tmp_path, tiny_model):
     """Contract: when every request of a pass fails because the endpoint is dead (connection
     refused/reset), that pass ends ``interrupted``, no later pass runs, ``bistat run`` exits 1
     and prints ``bistat run --resume RUN_DIR``; after the server is back, the resume completes
@@ -198,7 +195,7 @@ def test_item2_openai_server_killed_mid_run_is_interrupted_and_resumable(tmp_pat
 
 
 # --------------------------------------------------------------------------------------------------
-# item 3: what register could check, it checks
+# what register could check, it checks
 
 
 BAD_DECLARATIONS = {
@@ -212,7 +209,7 @@ BAD_DECLARATIONS = {
 
 
 @pytest.mark.parametrize("case", sorted(BAD_DECLARATIONS))
-def test_item3_register_validates_engine_arguments_model_and_prompts(tmp_path, tiny_model, case):
+def test_register_validates_engine_arguments_model_and_prompts(tmp_path, tiny_model, case):
     """Contract: ``bistat register`` exits 1 with ``experiments/NAME.toml: <field>: ...`` naming
     the offending field (and value), no traceback, and writes no registration."""
     old, new, named = BAD_DECLARATIONS[case]
@@ -229,7 +226,7 @@ def test_item3_register_validates_engine_arguments_model_and_prompts(tmp_path, t
     assert not (tmp_path / "preregistrations" / f"{case}.json").exists()
 
 
-def test_item3_a_run_that_could_not_start_exits_nonzero_and_amendment_proceeds(tmp_path, tiny_model):
+def test_a_run_that_could_not_start_exits_nonzero_and_amendment_proceeds(tmp_path, tiny_model):
     """The model folder exists at registration and is gone at run time, so the engine cannot
     start. Contract: ``bistat run`` exits non-zero (the outcome is *untested*), no response is
     recorded, and ``bistat register --amend`` is then allowed (exit 0) because no response
@@ -253,7 +250,7 @@ def test_item3_a_run_that_could_not_start_exits_nonzero_and_amendment_proceeds(t
 
 
 # --------------------------------------------------------------------------------------------------
-# item 4: a seal bound to evidence the user cannot rewrite
+# a seal bound to evidence the user cannot rewrite
 
 
 def _git(root: Path, *args: str) -> str:
@@ -300,7 +297,7 @@ def _forge(root: Path) -> None:
     header_path.write_text(json.dumps(header, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
 
 
-def test_item4_verify_reports_the_git_commit_that_first_holds_the_registration(git_project):
+def test_verify_reports_the_git_commit_that_first_holds_the_registration(git_project):
     """Contract for ``bistat verify REGISTRATION [RUN_DIR]``: besides the seal's integrity it
     prints which evidence of time holds. When the registration file is in a git repository and
     its current bytes are the blob of a commit, one line reads
@@ -318,7 +315,7 @@ def test_item4_verify_reports_the_git_commit_that_first_holds_the_registration(g
     assert f"git: first committed in {sha}" in (root / "findings" / "sealed.md").read_text()
 
 
-def test_item4_a_forged_registration_fails_verify_against_git(git_project):
+def test_a_forged_registration_fails_verify_against_git(git_project):
     """Contract: the registration's bytes differ from every blob git holds for its path, so
     ``bistat verify`` exits 1 and names the commit whose blob differs (``git: ... <sha>``) and
     says the file ``differs``; ``bistat analyze --registration`` with it exits 1 (it is not
@@ -336,7 +333,7 @@ def test_item4_a_forged_registration_fails_verify_against_git(git_project):
     assert rc == 1, out
 
 
-def test_item4_a_forgery_committed_after_the_run_fails_verify(git_project):
+def test_a_forgery_committed_after_the_run_fails_verify(git_project):
     """Contract: the first commit holding the registration's current blob must be older than
     the run's first record; a forgery committed after the run is refused (exit 1) with a line
     ``git: first committed in <sha> at <time>, after the run's first record``."""
@@ -350,7 +347,7 @@ def test_item4_a_forgery_committed_after_the_run_fails_verify(git_project):
     assert forged in line and "after the run's first record" in line, out
 
 
-def test_item4_outside_git_verify_says_there_is_no_git_evidence(complete_run, tmp_path):
+def test_outside_git_verify_says_there_is_no_git_evidence(complete_run, tmp_path):
     """Contract: outside a git repository the seal is still checked (exit 0 when intact) and
     verify prints ``no git evidence`` so the reader knows only integrity is shown."""
     root = _copy_project(complete_run, tmp_path / "p")
@@ -359,7 +356,7 @@ def test_item4_outside_git_verify_says_there_is_no_git_evidence(complete_run, tm
     assert "no git evidence" in out
 
 
-def test_item4_amendment_is_refused_when_data_lives_outside_runs(tmp_path, tiny_model):
+def test_amendment_is_refused_when_data_lives_outside_runs(tmp_path, tiny_model):
     """Contract: once ``bistat run`` has recorded a response for a registration, ``register
     --amend`` is refused (exit 1, "data has been recorded", naming the run directory) wherever
     the run was written; here ``--run-dir`` is outside the project and no ``--runs-dir`` is given."""
@@ -378,7 +375,7 @@ def test_item4_amendment_is_refused_when_data_lives_outside_runs(tmp_path, tiny_
     assert "data has been recorded" in out and "far-run" in out
 
 
-def test_item4_amendment_is_refused_when_data_is_under_runs(complete_run, tmp_path):
+def test_amendment_is_refused_when_data_is_under_runs(complete_run, tmp_path):
     """Already holds: data under the default runs/ blocks an amendment."""
     root = _copy_project(complete_run, tmp_path / "p")
     (root / "experiments" / "full.toml").write_text(
@@ -389,10 +386,10 @@ def test_item4_amendment_is_refused_when_data_is_under_runs(complete_run, tmp_pa
 
 
 # --------------------------------------------------------------------------------------------------
-# item 5: stored data checked by content
+# stored data checked by content
 
 
-def test_item5_a_same_size_edit_after_compaction_is_reported(complete_run, tmp_path):
+def test_a_same_size_edit_after_compaction_is_reported(complete_run, tmp_path):
     """Contract: compaction records the JSONL's content hash; a reader that finds the JSONL's
     bytes changed (same size) reports it under "Data gaps" in the finding, naming
     ``responses.jsonl`` and the content hash (``sha256``) mismatch."""
@@ -418,7 +415,7 @@ def test_item5_a_same_size_edit_after_compaction_is_reported(complete_run, tmp_p
 
 
 # --------------------------------------------------------------------------------------------------
-# item 6: bistat serve cancels work and bounds it
+# bistat serve cancels work and bounds it
 
 
 @pytest.fixture
@@ -443,7 +440,7 @@ def _drained(srv: s.Server, within_s: float) -> bool:
     return False
 
 
-def test_item6_a_disconnected_client_s_requests_are_cancelled(server, tiny_model):
+def test_a_disconnected_client_s_requests_are_cancelled(server, tiny_model):
     """Contract: within 3 s of the client closing its connection, the server's
     ``vllm:num_requests_running`` and ``vllm:num_requests_waiting`` are both 0. (64 prompts of
     400 tokens at batch 2 take far longer than that.)"""
@@ -452,7 +449,7 @@ def test_item6_a_disconnected_client_s_requests_are_cancelled(server, tiny_model
     assert _drained(server, 3.0), server.metrics()
 
 
-def test_item6_a_request_beyond_the_queue_bound_gets_429(server, tiny_model):
+def test_a_request_beyond_the_queue_bound_gets_429(server, tiny_model):
     """Contract: a request whose prompts would exceed the server's queue bound is answered at once
     with 429 (or 413, too large for one request) and an OpenAI-style JSON error; nothing of it
     is queued."""
@@ -466,7 +463,7 @@ def test_item6_a_request_beyond_the_queue_bound_gets_429(server, tiny_model):
     assert _drained(server, 1.0)
 
 
-def test_item6_an_oversized_body_gets_413(server, tiny_model):
+def test_an_oversized_body_gets_413(server, tiny_model):
     """Contract: the server bounds request bodies at 8 MiB or less; a 9 MiB body gets 413 with an
     OpenAI-style JSON error, before it is parsed or tokenized."""
     body = json.dumps({"model": tiny_model, "prompt": "x" * (9 * 2**20), "max_tokens": 1})
@@ -476,7 +473,7 @@ def test_item6_an_oversized_body_gets_413(server, tiny_model):
     assert r.json()["error"]["message"]
 
 
-def test_item6_deeply_nested_json_gets_400(server):
+def test_deeply_nested_json_gets_400(server):
     body = b'{"model": "x", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     r = httpx.post(server.url + "/v1/completions", content=body,
                    headers={"content-type": "application/json"}, timeout=30)
@@ -484,14 +481,14 @@ def test_item6_deeply_nested_json_gets_400(server):
     assert r.json()["error"]["type"] == "invalid_request_error"
 
 
-def test_item6_invalid_json_gets_400(server):
+def test_invalid_json_gets_400(server):
     """Already holds: malformed (not nested) JSON is a 400."""
     r = httpx.post(server.url + "/v1/completions", content=b'{"model": ',
                    headers={"content-type": "application/json"}, timeout=30)
     assert r.status_code == 400
 
 
-def test_item6_sigterm_stops_within_a_few_seconds(server, tiny_model):
+def test_sigterm_stops_within_a_few_seconds(server, tiny_model):
     """Contract: with a long request in flight, SIGTERM ends the process within 5 s."""
     import threading
 
@@ -517,10 +514,10 @@ def test_item6_sigterm_stops_within_a_few_seconds(server, tiny_model):
 
 
 # --------------------------------------------------------------------------------------------------
-# item 7: a full disk gets a message, not a traceback
+# a full disk gets a message, not a traceback
 
 
-def test_item7_disk_full_gives_a_message_and_the_run_resumes(tmp_path, tiny_model):
+def test_disk_full_gives_a_message_and_the_run_resumes(tmp_path, tiny_model):
     """Writes under the run directory fail with ENOSPC after 30 kB (injected with a
     ``sitecustomize`` on PYTHONPATH). Contract: ``bistat run`` exits 1 without a traceback and
     says, in its output, ``No space left`` / ``disk full``, ``kept N responses`` where N is the
@@ -551,7 +548,7 @@ def test_item7_disk_full_gives_a_message_and_the_run_resumes(tmp_path, tiny_mode
 
 
 # --------------------------------------------------------------------------------------------------
-# also seen
+# the CLI: what --help imports, what run advises, the declaration reference
 
 
 def test_help_does_not_import_scipy_or_statsmodels(tmp_path):
@@ -591,7 +588,7 @@ def test_a_declaration_reference_is_generated_and_linked():
 
 
 # --------------------------------------------------------------------------------------------------
-# small ones
+# smaller points
 
 
 def test_serve_port_0_prints_the_bound_port(tmp_path, tiny_model):

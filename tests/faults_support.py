@@ -1,8 +1,8 @@
-"""Support for the issue-20 acceptance tests and ``benchmarks/bench_faults.py``: bistat driven only
+"""Support for the fault acceptance tests and ``benchmarks/bench_faults.py``: bistat driven only
 through its public surfaces (the CLI as a subprocess, ``bistat serve`` over HTTP, files on disk).
 
-Nothing here imports ``bistat``: issue 21 moves its modules, and these checks must hold whatever
-they are called. Shared pieces:
+Nothing here imports ``bistat``: these checks must hold whatever its modules are called and
+wherever they move. Shared pieces:
 
 - `build_tiny_model`: a 2-layer, hidden-64 LLaMA model folder (the on-disk format `bistat model
   info` reads: ``manifest.json``, ``config.json``, ``tokenizer.json``, ``chat_template.jinja``,
@@ -196,7 +196,7 @@ def canonical_sha256(obj: object) -> str:
 
 
 def reseal(path: Path, edit) -> None:
-    """Forge a registration as issue 20 item 4 describes: ``edit(declaration)`` in place, then
+    """Forge a registration as a user could: ``edit(declaration)`` in place, then
     recompute ``declaration_sha256`` and the seal, keeping every time field."""
     data = json.loads(path.read_text())
     sealed = data["sealed"]
@@ -259,7 +259,7 @@ class Server:
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(timeout=3)   # today SIGTERM does not stop a busy server (item 6)
+                self.proc.wait(timeout=3)   # one that does not stop on SIGTERM is killed
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
