@@ -21,6 +21,7 @@ server (an HTTP 4xx, or a 500 for one request) stay per-request failures.
 
 from __future__ import annotations
 
+import abc
 import atexit
 import json
 import os
@@ -187,7 +188,7 @@ def group_pids(pgid: int) -> list[int]:
     return pids
 
 
-class LocalServerEngine:
+class LocalServerEngine(abc.ABC):
     """The process lifecycle of an adapter that starts one HTTP server per arm (see the module
     docstring). A subclass sets the class attributes, calls :meth:`_init_process` from its
     constructor and provides ``argv(port)``, ``child_env()`` and ``_connect(base_url)`` (a started
@@ -244,15 +245,18 @@ class LocalServerEngine:
         self.client: Any = None
         self._log_fh: Any = None
 
-    # -- to provide ----------------------------------------------------------------------------
+    # -- what each adapter provides -------------------------------------------------------------
+    @abc.abstractmethod
     def argv(self, port: int) -> list[str]:
-        raise NotImplementedError
+        """The server's command line, listening on ``port``."""
 
+    @abc.abstractmethod
     def child_env(self) -> dict[str, str]:
-        raise NotImplementedError
+        """The server process's whole environment."""
 
+    @abc.abstractmethod
     def _connect(self, base: str) -> Any:
-        raise NotImplementedError
+        """A started HTTP client of the server at ``base`` (with ``run_pass`` and ``base_url``)."""
 
     # -- the log ---------------------------------------------------------------------------------
     def log_text(self) -> str:
