@@ -36,7 +36,6 @@ from typing import Any, Mapping, Sequence
 from bistat.engines.base import EngineCapabilities, EngineInfo, EngineStartError, GenerationRequest
 from bistat.engines.openai_http import OpenAIHTTPEngine, workload_conflicts
 from bistat.engines.server_process import (
-    DEFAULT_METRICS_INTERVAL_S,
     FORCED_ENV,
     LocalServerEngine,
     inherited_env,
@@ -114,16 +113,13 @@ class CommandServerEngine(LocalServerEngine):
                  health_timeout_s: float = 600.0, stop_grace_s: float = 30.0,
                  log_path: str | os.PathLike | None = None,
                  http: Mapping[str, Any] | None = None) -> None:
-        self._init_process(host=host, port=port, health_timeout_s=health_timeout_s,
-                           stop_grace_s=stop_grace_s, log_path=log_path)
-        self.model = model
+        self._init_server(model, env=env, http=http, host=host, port=port,
+                          health_timeout_s=health_timeout_s, stop_grace_s=stop_grace_s,
+                          log_path=log_path)
         self.command = command if isinstance(command, str) else list(command)
         self.values = {str(k): v for k, v in (values or {}).items()}
-        self.arm_env = {str(k): str(v) for k, v in (env or {}).items()}
         self.ready_path = ready_path
-        self.http_kwargs = {"metrics_interval_s": DEFAULT_METRICS_INTERVAL_S, **dict(http or {})}
         self.client: OpenAIHTTPEngine | None = None
-        self.info: EngineInfo | None = None
         self._served: EngineInfo | None = None
 
     @classmethod

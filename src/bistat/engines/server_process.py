@@ -39,6 +39,7 @@ import httpx
 
 from bistat.engines.base import (
     EngineError,
+    EngineInfo,
     EngineRefused,
     EngineStartError,
     GenerationRequest,
@@ -190,7 +191,7 @@ def group_pids(pgid: int) -> list[int]:
 
 class LocalServerEngine(abc.ABC):
     """The process lifecycle of an adapter that starts one HTTP server per arm (see the module
-    docstring). A subclass sets the class attributes, calls :meth:`_init_process` from its
+    docstring). A subclass sets the class attributes, calls :meth:`_init_server` from its
     constructor and provides ``argv(port)``, ``child_env()`` and ``_connect(base_url)`` (a started
     HTTP client with ``run_pass`` and ``base_url``); :meth:`_start_server` then starts the process,
     waits until it is ready and connects."""
@@ -234,8 +235,18 @@ class LocalServerEngine(abc.ABC):
             own["command"] = tuple(own["command"])
         return args, own, http
 
-    def _init_process(self, *, host: str, port: int | None, health_timeout_s: float,
-                      stop_grace_s: float, log_path: str | os.PathLike | None) -> None:
+    def _init_server(self, model: str, *, env: Mapping[str, str] | None,
+                     http: Mapping[str, Any] | None, host: str, port: int | None,
+                     health_timeout_s: float, stop_grace_s: float,
+                     log_path: str | os.PathLike | None) -> None:
+        """What every adapter's server has: the model, the arm's environment, the HTTP client's
+        settings (``/metrics`` sampled every :data:`DEFAULT_METRICS_INTERVAL_S` unless declared:
+        a pass of a few seconds sampled once a second under-reads the running batch), and the
+        process's address, timeouts and log."""
+        self.model = model
+        self.arm_env = {str(k): str(v) for k, v in (env or {}).items()}
+        self.http_kwargs = {"metrics_interval_s": DEFAULT_METRICS_INTERVAL_S, **dict(http or {})}
+        self.info: EngineInfo | None = None
         self.host = host
         self.port = port
         self.health_timeout_s = health_timeout_s

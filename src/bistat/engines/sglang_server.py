@@ -79,7 +79,6 @@ from bistat.engines.base import (
 from bistat.engines.metrics import parse_sglang_metrics
 from bistat.engines.openai_http import OpenAIHTTPEngine, workload_conflicts
 from bistat.engines.server_process import (
-    DEFAULT_METRICS_INTERVAL_S,
     FORCED_ENV,
     REFUSAL_RE,
     LocalServerEngine,
@@ -412,17 +411,14 @@ class SGLangServerEngine(LocalServerEngine):
                  enable_prefix_caching: bool = False, health_timeout_s: float = 900.0,
                  stop_grace_s: float = 30.0, log_path: str | os.PathLike | None = None,
                  http: Mapping[str, Any] | None = None) -> None:
-        self._init_process(host=host, port=port, health_timeout_s=health_timeout_s,
-                           stop_grace_s=stop_grace_s, log_path=log_path)
-        self.model = model
+        self._init_server(model, env=env, http=http, host=host, port=port,
+                          health_timeout_s=health_timeout_s, stop_grace_s=stop_grace_s,
+                          log_path=log_path)
         self.args = dict(args or {})
-        self.arm_env = {str(k): str(v) for k, v in (env or {}).items()}
         self.python = python
         self.command = list(command) if command else [python, "-m", "sglang.launch_server"]
         self.enable_prefix_caching = enable_prefix_caching
-        self.http_kwargs = {"metrics_interval_s": DEFAULT_METRICS_INTERVAL_S, **dict(http or {})}
         self.client: SGLangHTTPClient | None = None
-        self.info: EngineInfo | None = None
         self.versions: dict[str, str | None] = {}
 
     @classmethod

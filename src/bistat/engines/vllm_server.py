@@ -42,7 +42,6 @@ from bistat.engines.base import (
 )
 from bistat.engines.openai_http import OpenAIHTTPEngine, workload_conflicts
 from bistat.engines.server_process import (  # noqa: F401 - re-exported: the vLLM adapters' names
-    DEFAULT_METRICS_INTERVAL_S,
     ERROR_LINE_MAX,
     ERROR_LINE_RE,
     FORCED_ENV,
@@ -127,21 +126,16 @@ class VLLMServerEngine(LocalServerEngine):
                  health_timeout_s: float = 900.0, stop_grace_s: float = 30.0,
                  log_path: str | os.PathLike | None = None,
                  http: Mapping[str, Any] | None = None) -> None:
-        self._init_process(host=host, port=port, health_timeout_s=health_timeout_s,
-                           stop_grace_s=stop_grace_s, log_path=log_path)
-        self.model = model
+        self._init_server(model, env=env, http=http, host=host, port=port,
+                          health_timeout_s=health_timeout_s, stop_grace_s=stop_grace_s,
+                          log_path=log_path)
         self.args = dict(args or {})
-        self.arm_env = {str(k): str(v) for k, v in (env or {}).items()}
         self.url = url
         self.command = list(command)
         self.python = python
         self.enable_prefix_caching = enable_prefix_caching
         self.tensor_parallel_size = tensor_parallel_size
-        # Sample /metrics every 0.25 s unless declared: a pass of a few seconds sampled once a
-        # second under-reads the running batch (the fixture run's lesson, docs/STUDIES.md).
-        self.http_kwargs = {"metrics_interval_s": DEFAULT_METRICS_INTERVAL_S, **dict(http or {})}
         self.client: OpenAIHTTPEngine | None = None
-        self.info: EngineInfo | None = None
         self._served: EngineInfo | None = None  # what the started server answered at start
 
     #: declaration keys that configure bistat's handling rather than ``vllm serve``
