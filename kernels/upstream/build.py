@@ -462,29 +462,20 @@ def render_table(sources: Sources, export: export_vllm.VllmExport, runs: dict[st
         lines.append("# Not exported (vLLM keeps its own entry, or its default, for these shapes):")
         for o in export.omitted:
             lines.append(f"#   ({o['n']}, {o['k']}) {', '.join(o['layers'])}: {o['reason']}")
-    lines += ["from vllm.model_executor.determinism.batch_invariant_configs import (",
-              "    _MatmulMConfig,", "    _MatmulShapeConfig,", ")", "",
-              f"{export_vllm.EXPORT_VARIABLE}: "
-              "dict[str, dict[tuple[int, int], _MatmulShapeConfig]] = {",
-              f'    "{export.arch_family}": {{']
-    for s in export.shapes:
-        shape_tags = tags[(s.n, s.k)]
+
+    def shape_comments(s: export_vllm.ExportedShape) -> list[str]:
         sweep = next((t for t, r in runs.items() if _same_run(
             r.provenance, s.provenance, ("gpu_uuid", "date_utc", "command"))), "?")
         replaces = ("replaces vLLM's own entry" if (s.n, s.k) in vllm_shapes
                     else "a shape vLLM's table does not have")
         score = f", score {s.selection_score}" if s.selection_score is not None else ""
-        lines += [f"        # {', '.join(s.layers)}: {replaces}; layout (block_k {s.block_k}) "
-                  f"from [{sweep}]{score};",
-                  f"        #   buckets measured in {', '.join(sorted(set(shape_tags)))}",
-                  f"        ({s.n}, {s.k}): _MatmulShapeConfig(",
-                  f"            block_k={s.block_k},", "            m_buckets=("]
-        for b, tag in zip(s.buckets, shape_tags):
-            lines.append(f"                ({b.m_max}, _MatmulMConfig({b.block_m}, {b.block_n}, "
-                         f"{b.num_warps}, {b.num_stages})),  # {_bucket_comment(b, tag)}")
-        lines += ["            ),", "        ),"]
-    lines += ["    },", "}", ""]
-    return "\n".join(lines)
+        return [f"        # {', '.join(s.layers)}: {replaces}; layout (block_k {s.block_k}) "
+                f"from [{sweep}]{score};",
+                f"        #   buckets measured in {', '.join(sorted(set(tags[(s.n, s.k)])))}"]
+
+    return export_vllm.python_table(
+        export, lines, shape_comments,
+        lambda s, i, b: _bucket_comment(b, tags[(s.n, s.k)][i]))
 
 
 def render_provenance(sources: Sources, table_sha: str, export: export_vllm.VllmExport,
