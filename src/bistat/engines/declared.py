@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
 
-__all__ = ["HTTP_NUMBERS", "arg_tables", "chosen_address_problems", "context_limits", "context_problems",
+__all__ = ["HTTP_NUMBERS", "DeclaredContext", "arg_tables", "chosen_address_problems", "context_limits", "context_problems",
            "declared_at", "merged_args", "number_problems", "prompt_lengths", "url_problem"]
 
 #: The HTTP client's numeric settings: key -> (integer?, least value, least allowed inclusive?)
@@ -197,3 +197,24 @@ def context_limits(experiment: Any, kind: str, key: str, engine: str) -> list[st
             f"is declared, so {engine} takes the model's own when it starts; declare "
             f"engine.args.{key} to have it checked at registration (a pass in which every "
             "request fails stops the run)"]
+
+
+class DeclaredContext:
+    """The context checks of an adapter whose context length is an engine argument
+    (``CONTEXT_ARG``, named ``CONTEXT_ENGINE``'s in messages): ``workload.max_tokens`` with the
+    longest prompt against a declared one (:func:`context_problems`), and, for the design report,
+    the arms that declare none (:func:`context_limits`)."""
+
+    kind: str
+    CONTEXT_ARG = "max_model_len"
+    CONTEXT_ENGINE = "vLLM"
+
+    @classmethod
+    def prompt_problems(cls, experiment: Any, prompts: Sequence[Any]) -> list[tuple[str, str]]:
+        """``workload.max_tokens`` with the longest prompt against a declared context length."""
+        return context_problems(experiment, cls.CONTEXT_ARG, cls.CONTEXT_ENGINE, prompts)
+
+    @classmethod
+    def declaration_limits(cls, experiment: Any) -> list[str]:
+        """What registration cannot check: the context of arms that declare none."""
+        return context_limits(experiment, cls.kind, cls.CONTEXT_ARG, cls.CONTEXT_ENGINE)

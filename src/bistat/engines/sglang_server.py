@@ -76,6 +76,7 @@ from bistat.engines.base import (
     GenerationResult,
     MetricsSample,
 )
+from bistat.engines.declared import DeclaredContext
 from bistat.engines.metrics import parse_sglang_metrics
 from bistat.engines.openai_http import OpenAIHTTPEngine, workload_conflicts
 from bistat.engines.server_process import (
@@ -360,7 +361,7 @@ class SGLangHTTPClient(OpenAIHTTPEngine):
         return resp.status_code == 200
 
 
-class SGLangServerEngine(LocalServerEngine):
+class SGLangServerEngine(DeclaredContext, LocalServerEngine):
     """Start an SGLang server for one arm and drive it over its native API (module docstring).
 
     Parameters
@@ -389,6 +390,8 @@ class SGLangServerEngine(LocalServerEngine):
     """
 
     kind = "sglang-server"
+    CONTEXT_ARG = "context_length"
+    CONTEXT_ENGINE = "SGLang"
     capabilities = EngineCapabilities(local_gpu=True, default_memory_fraction=0.9,
                                       memory_fraction_arg="mem_fraction_static", engine_log=True,
                                       prefix_cache_reset=True)
@@ -431,21 +434,6 @@ class SGLangServerEngine(LocalServerEngine):
                 + chosen_address_problems(experiment, cls.kind)
                 + number_problems(experiment, cls.ADAPTER_KEYS + cls.HTTP_KEYS)
                 + workload_conflicts(experiment, cls.kind))
-
-    @classmethod
-    def prompt_problems(cls, experiment: Any, prompts: Sequence[Any]) -> list[tuple[str, str]]:
-        """``workload.max_tokens`` with the longest prompt against a declared ``context_length``."""
-        from bistat.engines.declared import context_problems
-
-        return context_problems(experiment, "context_length", "SGLang", prompts)
-
-    @classmethod
-    def declaration_limits(cls, experiment: Any) -> list[str]:
-        """What registration cannot check: the context of arms that declare no
-        ``context_length``."""
-        from bistat.engines.declared import context_limits
-
-        return context_limits(experiment, cls.kind, "context_length", "SGLang")
 
     @classmethod
     def from_experiment(cls, experiment: Any, arm: Any) -> "SGLangServerEngine":

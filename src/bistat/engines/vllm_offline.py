@@ -42,6 +42,7 @@ from bistat.engines.base import (
     GenerationResult,
     MetricsSample,
 )
+from bistat.engines.declared import DeclaredContext
 from bistat.store.enginelog import engine_modes
 from bistat.engines.vllm_args import arg_problems
 from bistat.engines.vllm_server import (
@@ -57,7 +58,7 @@ from bistat.engines.vllm_server import (
 WORKER_MODULE = "bistat.engines.vllm_offline_worker"
 
 
-class VLLMOfflineEngine:
+class VLLMOfflineEngine(DeclaredContext):
     """``vllm.LLM(model, **engine_args)`` in a child process.
 
     Parameters
@@ -127,20 +128,6 @@ class VLLMOfflineEngine:
 
         return (arg_problems(experiment, "offline", cls.ADAPTER_KEYS)
                 + number_problems(experiment, cls.ADAPTER_KEYS))
-
-    @classmethod
-    def prompt_problems(cls, experiment: Any, prompts: Sequence[Any]) -> list[tuple[str, str]]:
-        """``workload.max_tokens`` with the longest prompt against a declared ``max_model_len``."""
-        from bistat.engines.declared import context_problems
-
-        return context_problems(experiment, "max_model_len", "vLLM", prompts)
-
-    @classmethod
-    def declaration_limits(cls, experiment: Any) -> list[str]:
-        """What registration cannot check: the context of arms that declare no ``max_model_len``."""
-        from bistat.engines.declared import context_limits
-
-        return context_limits(experiment, cls.kind, "max_model_len", "vLLM")
 
     @classmethod
     def from_experiment(cls, experiment: Any, arm: Any) -> "VLLMOfflineEngine":

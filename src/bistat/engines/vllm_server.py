@@ -40,6 +40,7 @@ from bistat.engines.base import (
     EngineStartError,
     GenerationRequest,
 )
+from bistat.engines.declared import DeclaredContext
 from bistat.engines.openai_http import OpenAIHTTPEngine, workload_conflicts
 from bistat.engines.server_process import (  # noqa: F401 - re-exported: the vLLM adapters' names
     ERROR_LINE_MAX,
@@ -78,7 +79,7 @@ VERSION_PROBE = ("import json, vllm\n"
                  "print(json.dumps({'version': vllm.__version__, 'commit': c}))")
 
 
-class VLLMServerEngine(LocalServerEngine):
+class VLLMServerEngine(DeclaredContext, LocalServerEngine):
     """Start ``vllm serve MODEL`` for one arm (or attach to ``url``) and drive it over HTTP.
 
     Parameters
@@ -159,20 +160,6 @@ class VLLMServerEngine(LocalServerEngine):
             if "url" in args and url_problem(args["url"]) is not None:
                 problems.append((declared_at(experiment, i, "url"), url_problem(args["url"])))
         return list(dict.fromkeys(problems))
-
-    @classmethod
-    def prompt_problems(cls, experiment: Any, prompts: Sequence[Any]) -> list[tuple[str, str]]:
-        """``workload.max_tokens`` with the longest prompt against a declared ``max_model_len``."""
-        from bistat.engines.declared import context_problems
-
-        return context_problems(experiment, "max_model_len", "vLLM", prompts)
-
-    @classmethod
-    def declaration_limits(cls, experiment: Any) -> list[str]:
-        """What registration cannot check: the context of arms that declare no ``max_model_len``."""
-        from bistat.engines.declared import context_limits
-
-        return context_limits(experiment, cls.kind, "max_model_len", "vLLM")
 
     @classmethod
     def from_experiment(cls, experiment: Any, arm: Any) -> "VLLMServerEngine":
