@@ -1,5 +1,6 @@
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -425,3 +426,18 @@ def test_a_summary_arm_the_registration_does_not_declare_is_refused_by_name(tmp_
         f"Error: {path}: arm 'bi-pluggin' of its Summary is not declared in "
         "preregistrations/h200-v034-match-smollm2.json; regenerate the finding with `bistat "
         "analyze` against that registration\n")
+
+
+def test_a_machine_s_local_findings_are_never_indexed(tmp_path):
+    """``bash scripts/main.sh`` writes findings/local/quickstart-r2.md: the index, and so the
+    README's results at a glance, read only the project's findings."""
+    from bistat.report.index import LOCAL_FINDINGS, read_findings
+
+    shutil.copy(ROOT / "findings" / "quickstart-r2.md", tmp_path / "quickstart-r2.md")
+    (tmp_path / LOCAL_FINDINGS).mkdir()
+    shutil.copy(ROOT / "findings" / "quickstart-r2.md", tmp_path / LOCAL_FINDINGS / "mine.md")
+    (tmp_path / "sub").mkdir()
+    shutil.copy(ROOT / "findings" / "quickstart-r2.md", tmp_path / "sub" / "local.md")
+    findings, _ = read_findings(tmp_path)
+    assert sorted(f.path.relative_to(tmp_path).as_posix() for f in findings) == [
+        "quickstart-r2.md", "sub/local.md"]

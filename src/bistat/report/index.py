@@ -813,13 +813,19 @@ def render_index(findings: list[IndexedFinding], base: Path,
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
+#: The folder below the findings where a machine's own runs write theirs (``bash scripts/main.sh``
+#: writes ``findings/local/quickstart-r2.md``; git ignores it): not the project's findings, so
+#: never indexed, and a checkout's index and README stay what its committed findings say.
+LOCAL_FINDINGS = "local"
+
+
 def read_findings(findings_dir: str | Path
                   ) -> tuple[list[IndexedFinding], list[tuple[Path, str]]]:
-    """Every ``*.md`` below ``findings_dir`` but its README: the findings, and the release
-    comparisons (path, title) apart."""
+    """Every ``*.md`` below ``findings_dir`` but its README and :data:`LOCAL_FINDINGS`: the
+    findings, and the release comparisons (path, title) apart."""
     comparisons, findings = [], []
     for p in sorted(Path(findings_dir).rglob("*.md")):
-        if p.name == "README.md":
+        if p.name == "README.md" or p.relative_to(findings_dir).parts[0] == LOCAL_FINDINGS:
             continue
         first = p.read_text(encoding="utf-8").split("\n", 1)[0]
         if first.startswith(RELEASE_COMPARISON_TITLE):
