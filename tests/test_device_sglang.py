@@ -5,8 +5,12 @@ simulation that chose them (scripts/device/sglang_imports.py)."""
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 import shutil
 import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -43,7 +47,8 @@ def test_the_sglang_pins_are_the_034_stack_with_sglang_instead_of_vllm():
     assert set(old) - set(new) == {"vllm"}
     added = set(new) - set(old)
     assert {"ipython", "soundfile", "zstandard", "uvloop", "nvidia-ml-py",
-            "nvidia-cutlass-dsl-libs-cu13"} <= added and len(added) == 26
+            "nvidia-cutlass-dsl-libs-cu13", "distro", "nvidia-cutlass-dsl-libs-core"} <= added
+    assert len(added) == 28
 
 
 def _env(payload: str, tmp_path: Path) -> dict[str, str]:
@@ -119,17 +124,222 @@ def test_the_import_simulation_sorts_required_conditional_and_optional(tmp_path)
                      "vllm": ("optional", "sglang.srt.server")}
 
 
-WHEEL = Path("/tmp/sglwheel")
+#: An unpacked SGLang payload site (every pinned wheel unzipped into one folder, as
+#: scripts/device/site_install.sh leaves it), named by this variable; the tests that read one run
+#: only when it is set, never because some path happens to exist.
+SITE_VAR = "BISTAT_SGLANG_SITE"
+#: The folder of the payload's downloaded wheels (build_payload.sh: $W/payload/whl), likewise.
+WHEELS_VAR = "BISTAT_SGLANG_WHEELS"
+
+
+def _named(var: str) -> Path:
+    value = os.environ.get(var)
+    if not value:
+        pytest.skip(f"{var} names no folder (set it to run this test on the real payload)")
+    path = Path(value)
+    assert path.is_dir(), f"{var}={value} is not a folder"
+    return path
 
 
 def test_the_simulation_on_the_wheel_finds_what_the_pins_carry():
-    """On SGLang 0.5.23's wheel (where this machine has it unpacked at /tmp/sglsrc): every
-    third-party module the launcher imports unconditionally at load comes from the image or the pins."""
-    site = Path("/tmp/sglsrc")
-    if not (site / "sglang" / "srt" / "server_args.py").is_file():
-        pytest.skip("SGLang 0.5.23's wheel is not unpacked at /tmp/sglsrc (pip download --no-deps "
-                    "sglang==0.5.23, then unzip)")
+    """On the SGLang 0.5.23 payload's site: every third-party module the launcher imports
+    unconditionally at load comes from the image or the pins."""
+    site = _named(SITE_VAR)
     found = _imports().closure(site, _imports().ENTRIES)
     required = {name for name, (kind, _) in found.items() if kind == "required"}
     assert {"torch", "sgl_kernel", "IPython", "zmq", "msgspec", "orjson", "uvloop"} <= required
     assert found["flashinfer"][0] == "conditional" and found["deep_gemm"][0] == "conditional"
+
+
+def test_the_payload_site_misses_no_import_on_the_load_and_model_path():
+    """The same site through every package (payload_check.py imports): nothing that the server
+    or its model's construction imports unconditionally is missing."""
+    site = _named(SITE_VAR)
+    done = subprocess.run([sys.executable, str(DEVICE / "payload_check.py"), "imports", str(site)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert done.stdout.strip().endswith("imports: 0 missing")
+
+
+def test_the_requires_snapshot_is_the_wheels_own_metadata():
+    wheels = _named(WHEELS_VAR)
+    check = _check()
+    snap = json.loads((DEVICE / "wheels-sglang-0.5.23.requires.json").read_text())
+    assert check.snapshot(wheels) == snap
+
+
+def _check():
+    spec = importlib.util.spec_from_file_location("payload_check", DEVICE / "payload_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+PINS = DEVICE / "wheels-sglang-0.5.23.txt"
+
+
+def test_every_pinned_wheels_own_requirements_are_met():
+    """Every Requires-Dist of every pinned wheel (markers for the device, the extras its
+    dependents ask for) is pinned at an admitted version, on the image, or left out with a reason."""
+    check = _check()
+    snap = json.loads((DEVICE / "wheels-sglang-0.5.23.requires.json").read_text())
+    pinned = check.pins(PINS)
+    # build_payload.sh adds platformdirs (bistat's own need) beside the pins
+    assert set(snap) == set(pinned) | {"platformdirs"}, "the snapshot and the pins differ"
+    assert check.unmet(pinned, snap, check.image_packages(), check.left_out(PINS),
+                       check.version_ok(PINS)) == []
+    assert {"distro", "nvidia-cutlass-dsl-libs-core"} <= set(pinned)
+    assert all(len(why.split()) >= 3 for why in check.left_out(PINS).values())  # a reason each
+
+
+def test_the_requirements_check_finds_what_the_old_pins_lacked():
+    """The pins as first committed (without distro and cutlass-dsl's libs-core) fail the check,
+    naming the wheel that needs each: openai imports distro at load, and libs-base needs libs-core
+    (which holds cutlass's Python package, cutlass.cute among it)."""
+    check = _check()
+    snap = json.loads((DEVICE / "wheels-sglang-0.5.23.requires.json").read_text())
+    pinned = {k: v for k, v in check.pins(PINS).items()
+              if k not in ("distro", "nvidia-cutlass-dsl-libs-core")}
+    problems = check.unmet(pinned, snap, check.image_packages(), check.left_out(PINS),
+                           check.version_ok(PINS))
+    assert [p.split(":")[0] for p in problems] == [
+        "nvidia-cutlass-dsl-libs-base needs nvidia-cutlass-dsl-libs-core==4.8.0",
+        "openai needs distro<2,>=1.7.0", "sglang needs distro"]
+
+
+def test_extras_asked_by_a_dependent_are_followed_and_markers_read_for_the_device():
+    check = _check()
+    from packaging.version import Version
+
+    pinned = {"app": Version("1"), "lib": Version("2.0"), "lib-cu13": Version("2.0")}
+    requires = {"app": ["lib[cu13]==2.0", "winonly; sys_platform == 'win32'",
+                        "old; python_version < '3.11'"],
+                "lib": ["lib-cu12==2.0", "lib-cu13==2.0; extra == 'cu13'",
+                        "qnx==2.0; extra == 'qnx'"],
+                "lib-cu13": ["numpy>=1"]}
+    assert check.unmet(pinned, requires, {"numpy"}, {}) == [
+        "lib needs lib-cu12==2.0: neither pinned nor on the device image (pin it, or add "
+        "'# left-out: lib-cu12 WHY' to the pins)"]
+    assert check.unmet(pinned, requires, {"numpy"}, {"lib-cu12": "the CUDA 12 build"}) == []
+    pinned["lib-cu13"] = Version("1.9")
+    assert check.unmet(pinned, requires, {"numpy"}, {"lib-cu12": "x"}) == [
+        "lib needs lib-cu13==2.0; extra == \"cu13\": pinned lib-cu13==1.9"]
+
+
+def _site(tmp_path: Path) -> Path:
+    """A site as a payload leaves it: an SGLang module that builds its model through a
+    function-level import, a dependency with a module-level import of its own, a .pth file that
+    adds a folder (as cutlass-dsl's does), guarded and fallback imports that must not count."""
+    site = tmp_path / "site"
+    files = {
+        "sglang/__init__.py": "",
+        "sglang/srt/__init__.py": "",
+        "sglang/srt/server.py": "import openai\nfrom sglang.srt import gemm\n",
+        "sglang/srt/gemm.py": "def build():\n    from sglang.kernels.dual import Dual\n",
+        "sglang/kernels/__init__.py": "",
+        "sglang/kernels/dual.py": "import cutlass.cute as cute\nclass Dual: pass\n",
+        "openai/__init__.py": "from . import _base\nfrom ._base import Client\n",
+        "openai/_base.py": ("import distro\nfrom contextlib import suppress\n"
+                            "with suppress(ImportError):\n    import fancy\n"
+                            "try:\n    import _thread\nexcept ImportError:\n    import _dummy\n"
+                            "class Client: pass\n"),
+        "dsl/__init__.py": "",
+        "dsl/packages/cutlass/__init__.py": "from .cute import x\n",
+        "ext/__init__.py": "from ext._lib._core import y\n",
+        "ext/_lib.cpython-312-x86_64-linux-gnu.so": "",
+        "dsl_packages.pth": ("import sys, os, dsl; sys.path.insert(0, os.path.join(dsl.__path__[0], "
+                             "'packages'))\n"),
+    }
+    for rel, text in files.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text(text)
+    return site
+
+
+def test_the_import_check_follows_dependencies_pth_folders_and_the_model_path(tmp_path):
+    site = _site(tmp_path)
+    check = _check()
+    entries = ["sglang.srt.server", "sglang.kernels.dual", "ext"]
+    # the old simulation follows only sglang: it sees neither distro nor cutlass.cute missing
+    old = _imports().closure(site, entries)
+    assert not getattr(old, "missing", {}) and set(old) == {"openai", "cutlass", "ext"}
+    missing = check.missing_imports(site, entries, set())
+    assert [m.split(" ")[0] for m in missing] == ["cutlass.cute", "distro"]
+    assert "openai._base <- openai <- sglang.srt.server" in missing[1]
+    (site / "distro.py").write_text("")
+    (site / "dsl/packages/cutlass/cute.py").write_text("x = 1\n")
+    assert check.missing_imports(site, entries, set()) == []
+    # a module on the image counts as present
+    (site / "distro.py").unlink()
+    assert check.missing_imports(site, entries, {"distro"}) == []
+
+
+def test_the_device_import_check_names_the_module_and_fails(tmp_path):
+    (tmp_path / "good.py").write_text("")
+    (tmp_path / "bad.py").write_text("import cutlass.cute\n")
+    done = subprocess.run([sys.executable, str(DEVICE / "sglang_imports.py"), "--import-check",
+                           "good", "bad"], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert done.returncode == 1
+    assert "[import-check] bad: ModuleNotFoundError: No module named 'cutlass'" in done.stdout
+    assert "1 of 2 modules import" in done.stdout
+
+
+def test_install_stops_on_an_import_failure_instead_of_going_on():
+    text = (DEVICE / "install.sh").read_text()
+    assert "SMOKE FAILED rc=$?\"; exit 6" in text and "IMPORT CHECK FAILED\"; exit 6" in text
+    assert 'echo "[install] SMOKE FAILED rc=$?"\n' not in text
+    assert "WARNING: Target directory" not in text  # no pip warning is filtered out
+
+
+def _wheel(folder: Path, name: str, files: dict[str, str]) -> Path:
+    """A minimal wheel (the dist-info pip reads, unhashed RECORD) holding ``files``."""
+    path = folder / f"{name}-1.0-py3-none-any.whl"
+    info = f"{name}-1.0.dist-info"
+    with zipfile.ZipFile(path, "w") as zf:
+        for rel, text in files.items():
+            zf.writestr(rel, text)
+        zf.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+        zf.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: "
+                    "true\nTag: py3-none-any\n")
+        zf.writestr(f"{info}/RECORD", "".join(f"{r},,\n" for r in [*files, f"{info}/METADATA",
+                                                                   f"{info}/WHEEL", f"{info}/RECORD"]))
+    return path
+
+
+def test_site_install_merges_wheels_that_share_a_top_level_folder(tmp_path):
+    """libs-base and libs-core both install into nvidia_cutlass_dsl/: a second wheel of a shared
+    folder installed later is merged, where pip --target alone skips it with a warning."""
+    base = _wheel(tmp_path, "libs_base", {"shared/base.py": "B = 1\n"})
+    core = _wheel(tmp_path, "libs_core", {"shared/dsl/cutlass/__init__.py": "C = 1\n"})
+    plain, merged = tmp_path / "plain", tmp_path / "merged"
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+           "--disable-pip-version-check"]
+    for w in (base, core):
+        subprocess.run(pip + ["--target", str(plain), str(w)], capture_output=True, check=True)
+    assert not (plain / "shared/dsl/cutlass/__init__.py").exists()  # what the old install did
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    for w in (base, core):
+        done = subprocess.run(["bash", str(DEVICE / "site_install.sh"), str(merged), str(w)],
+                              capture_output=True, text=True, env=env)
+        assert done.returncode == 0, done.stdout + done.stderr
+    assert (merged / "shared/base.py").read_text() == "B = 1\n"
+    assert (merged / "shared/dsl/cutlass/__init__.py").read_text() == "C = 1\n"
+    assert "merged into folders it had: shared" in done.stdout
+    assert not list(tmp_path.glob("merged.new.*"))  # the temporary folder is gone
+    done = subprocess.run(["bash", str(DEVICE / "site_install.sh"), str(merged),
+                           str(tmp_path / "missing.whl")], capture_output=True, text=True, env=env)
+    assert done.returncode == 1 and "[site-install] pip failed" in done.stdout
+
+
+def test_env_sets_cuda_home_for_sglang_jit(tmp_path):
+    cuda = tmp_path / "cuda"
+    (cuda / "bin").mkdir(parents=True)
+    (cuda / "bin" / "nvcc").write_text("#!/bin/sh\n")
+    (cuda / "bin" / "nvcc").chmod(0o755)
+    done = subprocess.run(["bash", "-c", f"export VLLM_PAYLOAD=sglang CUDA_HOME={cuda}; "
+                           f". {DEVICE / 'env.sh'} && echo $CUDA_HOME && echo $PATH"],
+                          capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path), "REPO": "/r"})
+    home, path = done.stdout.split()
+    assert home == str(cuda) and f":{cuda}/bin:" in f":{path}"

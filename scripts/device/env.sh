@@ -18,6 +18,16 @@ case "$VLLM_PAYLOAD" in
   0.25)   export SITE=/tmp/site ;;
   *) echo "env.sh: VLLM_PAYLOAD=$VLLM_PAYLOAD; expected 0.25, 0.33, latest or sglang" >&2; return 1 2>/dev/null || exit 1 ;;
 esac
+# SGLang compiles kernels at first use (load_jit("fused_rope") on every Llama/Qwen rotary call,
+# FlashInfer's JIT, DeepGEMM in the deterministic arms): nvcc and ninja are on the image, and the
+# CUDA toolkit's location is set here rather than guessed by each of them
+if [ "$VLLM_PAYLOAD" = sglang ]; then
+  _nvcc=$(command -v nvcc 2>/dev/null || true)
+  for _c in "${CUDA_HOME:-}" /usr/local/cuda "${_nvcc:+$(dirname "$(dirname "$(readlink -f "$_nvcc")")")}"; do
+    if [ -n "$_c" ] && [ -x "$_c/bin/nvcc" ]; then export CUDA_HOME=$_c; break; fi; done
+  [ -n "${CUDA_HOME:-}" ] && export CUDA_PATH=$CUDA_HOME PATH="$CUDA_HOME/bin:$PATH"
+  unset _nvcc _c
+fi
 # the carried torch (latest) shadows the image's: $SITE comes before the image's site-packages
 export PYTHONPATH="$REPO/src:$SITE${PYTHONPATH:+:$PYTHONPATH}"
 export PATH="$SITE/bin:$PATH"

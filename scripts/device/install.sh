@@ -43,8 +43,9 @@ if [ ! -f "$PL/.unpacked" ]; then
   echo "[install] payload $VLLM_PAYLOAD verified and unpacked after $((SECONDS - T0)) s"
 fi
 if [ ! -f "$SITE/.installed" ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" \
-    "$PL"/payload/whl/*.whl 2>&1 | grep -v "^WARNING: Target directory\|^WARNING: Running pip as" | tail -3
+  # into a fresh folder, then merged into $SITE: pip --target skips (with a warning) every top-level
+  # folder that $SITE already holds, and wheels share some (nvidia_cutlass_dsl: libs-base, libs-core)
+  bash "$REPO/scripts/device/site_install.sh" "$SITE" "$PL"/payload/whl/*.whl || exit 5
   if [ "$VLLM_PAYLOAD" = sglang ]; then
     # PYTHONPATH puts $SITE on sys.path but does not read its .pth files (cutlass-dsl's libraries
     # are found through one); a sitecustomize.py there does, before any user module is imported
@@ -60,8 +61,7 @@ if [ "$VLLM_PAYLOAD" = latest ]; then python3 "$REPO/scripts/device/vllm_patches
 echo "$VLLM_PAYLOAD" > /tmp/vllm-payload
 # bistat's dist-info (entry point of the tuned-GEMM plugin) in $SITE; its code comes from $REPO/src
 if ! python3 -c 'import importlib.metadata as m; m.version("bistat")' 2>/dev/null; then
-  python3 -m pip install -q --no-deps --no-build-isolation --no-index --target "$SITE" "$REPO" 2>&1 \
-    | grep -v "^WARNING: Target directory\|^WARNING: Running pip as" | tail -3 || true
+  bash "$REPO/scripts/device/site_install.sh" "$SITE" --no-build-isolation "$REPO" || exit 5
 fi
 export BISTAT_HOME=/tmp/bistat_home
 [ -f /tmp/model/smollm2/model.safetensors ] || {
@@ -81,7 +81,10 @@ import bistat.cli, bistat.engines.vllm_server  # noqa: F401 - bistat's core impo
 print("[install] bistat imports; core requirements missing:", missing or "none")
 sys.exit(1 if missing else 0)
 PY
+# an import that fails here fails every engine start later: stop now, with the module and its error
 if [ "$VLLM_PAYLOAD" = sglang ]; then
-  python3 -c "import torch, sglang.srt.entrypoints.http_server, sgl_kernel, flashinfer; print('[install] sglang imports with torch', torch.__version__)" || echo "[install] SMOKE FAILED rc=$?"
-elif [ "$VLLM_PAYLOAD" != 0.25 ]; then python3 "$REPO/scripts/device/smoke_stack.py" || echo "[install] SMOKE FAILED rc=$?"; fi
+  python3 "$REPO/scripts/device/sglang_imports.py" --import-check || { echo "[install] IMPORT CHECK FAILED"; exit 6; }
+elif [ "$VLLM_PAYLOAD" != 0.25 ]; then
+  python3 "$REPO/scripts/device/smoke_stack.py" || { echo "[install] SMOKE FAILED rc=$?"; exit 6; }
+fi
 echo "[install] done ($VLLM_PAYLOAD) after $((SECONDS - T0)) s"
