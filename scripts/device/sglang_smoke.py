@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -61,10 +62,17 @@ def main() -> int:
     args = ap.parse_args()
     out = Path(os.environ.get("OUT", "/tmp/out"))
     out.mkdir(parents=True, exist_ok=True)
-    records = [smoke(args.model, mode, args.timeout, out) for mode in MODES]
+    try:  # the card the smoke test ran on: name, UUID, serial, driver
+        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,uuid,serial,driver_version",
+                              "--format=csv,noheader"], capture_output=True, text=True,
+                             check=False).stdout.strip()
+    except OSError as exc:
+        gpu = f"nvidia-smi: {exc}"
+    print(f"[sglang-smoke] GPU: {gpu}", flush=True)
+    records = [{"gpu": gpu, **smoke(args.model, mode, args.timeout, out)} for mode in MODES]
     for r in records:
         print(f"[sglang-smoke] {r['mode']}: {'OK' if r['ok'] else 'FAILED'} "
-              + json.dumps({k: v for k, v in r.items() if k not in ("mode", "ok")})[:1500])
+              + json.dumps({k: v for k, v in r.items() if k not in ("mode", "ok", "gpu")})[:1500])
     (out / "sglang_smoke.json").write_text(json.dumps(records, indent=1) + "\n")
     return 0 if all(r["ok"] for r in records) else 1
 
