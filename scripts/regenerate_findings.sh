@@ -55,6 +55,8 @@ analyze data/h200-v034/h200-v034-i23-throughput-qwen3-8b-concurrent-compiled fin
 analyze data/h200-v034/h200-v034-i23-throughput-qwen3-8b-paired findings/h200 h200-v034-i23-throughput-qwen3-8b-paired h200-v034-i23-throughput-qwen3-8b-paired-hac
 # Study 1(a) on vLLM 0.34.0: the FA3 pin, TRITON_ATTN and bistat's whole plugin beside the shipped mode
 analyze data/h200-v034/h200-v034-match-smollm2 findings/h200 h200-v034-match-smollm2 h200-v034-match-smollm2-hac
+# S1, Study 1(a) on SGLang 0.5.23, on the H100 the device tool lent (the H100 twin)
+analyze data/h100-sglang/h100-sglang-match-smollm2 findings/h100 h100-sglang-match-smollm2
 # Study 1(a) on two releases, both runs under the default rule (r2's exploratory sibling)
 bistat compare data/h200/h200-match-smollm2-r2 data/h200-v033/h200-v033-match-smollm2 \
   --earlier-registration preregistrations/h200-match-smollm2-r2-exploratory.json \
@@ -70,6 +72,6 @@ bistat analyze examples/synthetic/run --registration examples/synthetic/syntheti
 echo "findings: findings/synthetic-example.md"
 
 if [ "${KEEP_PLOTS:-0}" = 1 ]; then
-  git diff --name-only -- 'findings/*.png' 'findings/h200/*.png' | xargs -r git checkout --
+  git diff --name-only -- 'findings/*.png' 'findings/h200/*.png' 'findings/h100/*.png' | xargs -r git checkout --
 fi
 bistat index findings --registrations preregistrations --reasons findings/not-run.toml --readme README.md

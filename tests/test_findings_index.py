@@ -285,8 +285,13 @@ def test_the_committed_index_opens_with_the_answers_newest_release_first(committ
     lines = text.splitlines()
     answers_part = text[:text.index("## Every run under every rule")]
     assert [line for line in lines if line.startswith("### ")] == [
+        "### SGLang 0.5.23 on NVIDIA H100 80GB HBM3",
         "### vLLM 0.34.0 on NVIDIA H200", "### vLLM 0.33.0 on NVIDIA H200",
         "### vLLM 0.25.0 on NVIDIA H200", "### embedded 0.1.0 on no GPU"]
+    # SGLang's deterministic mode is its batch-invariant switch: its rows name it
+    assert ("| SmolLM2-135M-Instruct | 64 | fa3, deterministic | `--enable-deterministic-inference` "
+            "+ `--attention-backend fa3` | 541 prompts, 64 at a time, ≤ 256 tokens | *working* | "
+            "541 / 541 |") in text
     assert "/tmp/" not in answers_part
     checked, where = _latest_vllm_check()
     assert ("vLLM 0.25.0 is 9 minor versions older than 0.34.0, the newest release (pypi.org, "
@@ -298,7 +303,8 @@ def test_the_committed_index_opens_with_the_answers_newest_release_first(committ
     # the full listing follows, as before
     listing = lines[lines.index("## Every run under every rule"):]
     assert [line for line in listing if line.startswith("## ")] == [
-        "## Every run under every rule", "## embedded 0.1.0 on no GPU",
+        "## Every run under every rule", "## SGLang 0.5.23 on NVIDIA H100 80GB HBM3",
+        "## embedded 0.1.0 on no GPU",
         "## vLLM 0.25.0 on NVIDIA H200", "## vLLM 0.33.0 on NVIDIA H200",
         "## vLLM 0.34.0 on NVIDIA H200", "## One study on two releases",
         "## Registered, no finding yet"]

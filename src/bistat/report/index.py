@@ -250,7 +250,8 @@ MODELS: dict[str, ModelName] = {
 #: Settings that switch a batch-invariant mode on (environment variable or engine argument, and
 #: its value). An arm's setting names them even where its control has them too (a study of two
 #: attention backends, both in batch-invariant mode), since without them nothing holds.
-MODE_SWITCHES = frozenset({("VLLM_BATCH_INVARIANT", "1"), ("gemm", "invariant")})
+MODE_SWITCHES = frozenset({("VLLM_BATCH_INVARIANT", "1"), ("gemm", "invariant"),
+                           ("enable_deterministic_inference", "True")})
 
 
 def model_words(model: str, engine_args: Mapping[str, Any]) -> tuple[str, int | None]:
@@ -603,8 +604,8 @@ def _outcome(cost: str) -> str:
     return cost.rsplit(" (", 1)[0]
 
 
-#: The README's results at a glance: at most this many rows.
-GLANCE_ROWS = 8
+#: The README's results at a glance: at most this many rows (room for each engine's newest release).
+GLANCE_ROWS = 10
 README_BEGIN = ("<!-- results at a glance: written by `bistat index --readme`, from the findings; "
                 "do not edit by hand -->")
 README_END = "<!-- end of the results at a glance -->"
