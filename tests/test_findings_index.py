@@ -367,7 +367,8 @@ def test_a_new_release_s_finding_is_picked_up_and_wins_at_a_glance(tmp_path, mon
     setting."""
     import shutil
 
-    from bistat.report.index import README_BEGIN, README_END, glance, readme_with_glance
+    from bistat.report.index import (GLANCE_ROWS, README_BEGIN, README_END, glance,
+                                     readme_with_glance)
 
     monkeypatch.chdir(ROOT)
     copy = tmp_path / "findings"
@@ -392,7 +393,7 @@ def test_a_new_release_s_finding_is_picked_up_and_wins_at_a_glance(tmp_path, mon
             and line.startswith("| vLLM")]
     assert [line.split(" | ")[0] for line in smol] == ["| vLLM 0.34.0"] * 4
     assert len([line for line in glance_rows if line.startswith("| ") and "---" not in line
-                and not line.startswith("| engine")]) == 8
+                and not line.startswith("| engine")]) == GLANCE_ROWS
     assert glance_rows[-1] == README_END and glance_rows[2] == README_BEGIN
     assert readme_with_glance(readme, [], copy / "README.md", {}).count("\n| ") == 1
     assert glance([]) == ([], 0)

@@ -88,13 +88,19 @@ def test_the_results_at_a_glance_are_current(text):
                            "findings/not-run.toml --readme README.md`")
 
 
-def test_the_results_at_a_glance_answer_in_at_most_eight_rows(text):
+def test_the_results_at_a_glance_answer_in_at_most_ten_rows(text):
+    from bistat.report.index import GLANCE_ROWS
+
     section = _section(text, "Results at a glance")
-    rows = [line for line in section.splitlines() if line.startswith("| ")][2:]
-    assert 1 <= len(rows) <= 8
+    rows = [line for line in section.splitlines()
+            if line.startswith("| ") and not line.startswith("| engine |")]
+    assert GLANCE_ROWS == 10 and 1 <= len(rows) <= GLANCE_ROWS
     assert "/tmp/" not in section
-    assert ("vLLM rows ran on 0.34.0 (the newest release) and 0.25.0 (9 minor versions older); "
-            "the newest release is 0.34.0") in section
+    assert "vLLM rows ran on 0.34.0 (the newest release); the newest release is 0.34.0" in section
+    assert "SGLang rows ran on 0.5.23 (the newest release)" in section
+    # each engine's newest release has its rows: SGLang's deterministic mode on all three backends
+    assert [r.split(" | ")[3] for r in rows if r.startswith("| SGLang 0.5.23")] == [
+        "64, fa3, deterministic", "64, flashinfer, deterministic", "64, triton, deterministic"]
     # Study 1(a) on the newest release replaced its 0.33.0 rows: TRITON_ATTN holds there
     assert ("| vLLM 0.34.0 | NVIDIA H200 | SmolLM2-135M-Instruct | 64, TRITON_ATTN | 541 prompts, "
             "64 at a time, ≤ 256 tokens | `VLLM_BATCH_INVARIANT=1` + `--attention-backend "
