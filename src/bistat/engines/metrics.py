@@ -34,12 +34,21 @@ sample name                                  type    meaning
 Its labels are ``model_name``, ``engine_type``, ``tp_rank``, ``pp_rank``, ``moe_ep_rank`` (the
 token counters add ``is_streaming``); with priority scheduling the gauges carry the total under
 ``priority=""`` and a breakdown under ``priority="N"``, which is left out here (it would count
-each request twice). SGLang updates its scheduler gauges once per ``--decode-log-interval``
-decode steps (40 by default), not at every scrape: a sample reads the last such update.
+each request twice). SGLang updates its scheduler gauges at every prefill batch, once per
+``--decode-log-interval`` decode steps (40 by default) and when it falls idle, not at every
+scrape: a sample reads the last such update. Its token counters grow when a request finishes
+(its one-token health checks are not counted; its start-up warm-up request is).
+
+SGLang's retraction counter is labelled, so its series exists only from the first retraction on
+(prometheus_client makes a labelled child at its first ``inc``: the scheduler's
+``increment_retracted_reqs``), and in SGLang's multiprocess registry the whole family is absent
+until then. :func:`parse_sglang_metrics` therefore reads the counter as 0 wherever the
+scheduler's own gauges are in the answer and the counter is not.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -113,14 +122,30 @@ def parse_sglang_metrics(
     """:func:`parse_vllm_metrics` for SGLang's names (:data:`SGLANG_SAMPLE_NAMES`); a gauge's
     per-priority breakdown (``priority="N"``) is left out.
 
+    No retraction yet reads 0, not NaN: ``sglang:num_retracted_requests_total`` is a labelled
+    counter whose series SGLang 0.5.23 creates at the first retraction
+    (sglang/srt/observability/metrics_collector.py, ``num_retracted_reqs_total``, incremented by
+    the scheduler only when it retracts), and its multiprocess registry leaves the whole family
+    out until then. Where the scheduler's running-requests gauge is in the answer (the scheduler
+    is reporting) and the counter is not, the counter is 0. Read as NaN, a pass without a
+    retraction could not be checked against ``max_preemptions = 0``, and a pass whose first
+    retraction starts the series at k would show an increase of k - k = 0.
+
     Examples
     --------
     >>> s = parse_sglang_metrics('sglang:num_running_reqs{model_name="m",tp_rank="0"} 7.0\\n'
     ...                          'sglang:num_queue_reqs{model_name="m",priority="1"} 2.0\\n', t=0.5)
-    >>> s.num_requests_running, math.isnan(s.num_requests_waiting)
-    (7.0, True)
+    >>> s.num_requests_running, math.isnan(s.num_requests_waiting), s.num_preemptions_total
+    (7.0, True, 0.0)
+    >>> math.isnan(parse_sglang_metrics('sglang:prompt_tokens_total 9.0\\n', t=0.0)
+    ...            .num_preemptions_total)
+    True
     """
-    return parse_prometheus(text, SGLANG_SAMPLE_NAMES, t=t, model_name=model_name, source=source)
+    sample = parse_prometheus(text, SGLANG_SAMPLE_NAMES, t=t, model_name=model_name,
+                              source=source)
+    if math.isnan(sample.num_preemptions_total) and not math.isnan(sample.num_requests_running):
+        return dataclasses.replace(sample, num_preemptions_total=0.0)
+    return sample
 
 
 def parse_prometheus(text: str, names: dict[str, str], *, t: float,
