@@ -4,8 +4,9 @@
 :class:`LocalServerEngine` starts the arm's server (``argv(port)``, ``child_env()``: the adapter
 says which) in its own process group on a free loopback port, with its output in a log file kept
 after the server stops; waits until ``GET ready_path`` answers 200 (the process exiting first is
-a refusal when its log's last lines say the setting is not supported, :class:`EngineRefused`,
-else a start failure, :class:`EngineStartError`; both make the arm *untested*); drives passes
+a refusal when what stopped it says the setting is not supported, :func:`refusal_line`,
+:class:`EngineRefused`, else a start failure, :class:`EngineStartError`; both make the arm
+*untested*); drives passes
 through an HTTP client the adapter connects (``_connect``: an
 :class:`~bistat.engines.openai_http.OpenAIHTTPEngine` or a subclass); and stops the server:
 ``stop_signal`` to the whole group, SIGKILL after a grace period, then a wait until no process of
@@ -49,7 +50,7 @@ from bistat.engines.base import (
 
 __all__ = ["FORCED_ENV", "NOT_INHERITED_ENV", "DEFAULT_METRICS_INTERVAL_S", "REFUSAL_RE",
            "LocalServerEngine", "cli_args", "free_port", "gone_error", "group_pids",
-           "inherited_env", "last_error_line", "read_log"]
+           "inherited_env", "last_error_line", "read_log", "refusal_line"]
 
 #: Always in a GPU server's environment: NVLink multicast stays off (see ../shared/device/).
 FORCED_ENV = {
@@ -82,6 +83,8 @@ WRAPPER_ERROR_RE = re.compile(r"EngineDeadError|EngineGenerateError|BrokenPipeEr
                               r"Engine core initialization failed|KeyboardInterrupt")
 #: Longest error line quoted in an error message.
 ERROR_LINE_MAX = 400
+#: The line argparse prints before it exits with status 2 ("PROG: error: MESSAGE").
+ARGPARSE_ERROR_RE = re.compile(r"^\S[^:]*: error: ")
 
 
 def last_error_line(log_text: str, tail: int = 400) -> str | None:
@@ -105,6 +108,35 @@ def last_error_line(log_text: str, tail: int = 400) -> str | None:
     causes = [line for line in errors if not WRAPPER_ERROR_RE.search(line)]
     line = (causes or errors)[-1]
     return line if len(line) <= ERROR_LINE_MAX else line[:ERROR_LINE_MAX] + "..."
+
+
+def refusal_line(log_text: str, refusal_re: re.Pattern[str] = REFUSAL_RE) -> str | None:
+    """The line saying why a server that exited before it was ready refused its setting, or None
+    when it did not refuse (it crashed).
+
+    Only what stopped the server can be a refusal: its root-cause error line
+    (:func:`last_error_line`) or the error line argparse prints before it exits (``PROG: error:
+    ...``), when ``refusal_re`` matches it. A warning or an informational line never is, whatever
+    it says: SGLang 0.5.23 logs "Currently radix cache is not compatible with flashinfer attention
+    backend for deterministic inference" as a warning and goes on starting, so a crash after it
+    (a module missing in the scheduler) is a start failure, not a refused setting.
+
+    Examples
+    --------
+    >>> refusal_line("[2026-12-07 10:00:00] Currently radix cache is not compatible with "
+    ...              "flashinfer attention backend\\nModuleNotFoundError: No module named 'x'") is None
+    True
+    >>> refusal_line("ValueError: VLLM_BATCH_INVARIANT is not supported on this platform")
+    'ValueError: VLLM_BATCH_INVARIANT is not supported on this platform'
+    >>> refusal_line("usage: launch_server.py [-h]\\nlaunch_server.py: error: unrecognized "
+    ...              "arguments: --no-such-flag")
+    'launch_server.py: error: unrecognized arguments: --no-such-flag'
+    """
+    cause = last_error_line(log_text)
+    candidates = ([cause] if cause is not None else []) + [
+        line.strip() for line in reversed(log_text.splitlines()[-400:])
+        if ARGPARSE_ERROR_RE.search(line)]
+    return next((line for line in candidates if refusal_re.search(line)), None)
 
 
 def read_log(log_path: Path | None) -> str:
@@ -205,6 +237,9 @@ class LocalServerEngine(abc.ABC):
     ready_path = "/health"
     #: the path asked after a pass with failed requests: does the server still answer?
     health_path = "/health"
+    #: seconds one ``ready_path`` probe, and one ``health_path`` probe, may take to be answered
+    ready_probe_timeout_s = 5.0
+    health_probe_timeout_s = 10.0
     #: the signal that asks the server's process group to shut down
     stop_signal: int = signal.SIGINT
     #: the refusal lines of this server's log (:data:`REFUSAL_RE`)
@@ -310,7 +345,7 @@ class LocalServerEngine(abc.ABC):
 
     def _wait_ready(self, base: str) -> None:
         deadline = time.monotonic() + self.health_timeout_s
-        with httpx.Client(timeout=5.0) as client:
+        with httpx.Client(timeout=self.ready_probe_timeout_s) as client:
             while True:
                 code = self.proc.poll()
                 if code is not None:
@@ -328,14 +363,15 @@ class LocalServerEngine(abc.ABC):
                 time.sleep(0.25)
 
     def _raise_exited(self, code: int) -> None:
-        tail = self.log_text().splitlines()[-20:]
-        refusal = [line for line in tail if self.refusal_re.search(line)]
-        if refusal:
+        text = self.log_text()
+        refusal = refusal_line(text, self.refusal_re)
+        if refusal is not None:
             raise EngineRefused(f"the server refused the setting (exit code {code}): "
-                                f"{refusal[-1].strip()} (log: {self.log_path})")
-        last = tail[-1].strip() if tail else "no output"
+                                f"{refusal} (log: {self.log_path})")
+        tail = text.splitlines()[-20:]
+        cause = last_error_line(text) or (tail[-1].strip() if tail else "no output")
         raise EngineStartError(f"the server exited with code {code} before it was healthy: "
-                               f"{last} (log: {self.log_path})")
+                               f"{cause} (log: {self.log_path})")
 
     def run_pass(self, requests: Sequence[GenerationRequest], *, concurrency: int,
                  on_result: Callable[[GenerationResult], None],
@@ -380,7 +416,8 @@ class LocalServerEngine(abc.ABC):
     def _health_problem(self) -> str | None:
         """None when ``GET health_path`` answers 200, else what went wrong, in words."""
         try:
-            resp = httpx.get(self.client.base_url.rstrip("/") + self.health_path, timeout=10.0)
+            resp = httpx.get(self.client.base_url.rstrip("/") + self.health_path,
+                             timeout=self.health_probe_timeout_s)
         except httpx.HTTPError as exc:
             return f"does not answer {self.health_path} ({type(exc).__name__}: {exc})"
         if resp.status_code != 200:
