@@ -109,7 +109,10 @@ class EngineCapabilities:
     memory_fraction_arg: str = "gpu_memory_utilization"
     #: the arms' engines may start at the same time. vLLM sizes its KV cache by profiling the GPU
     #: memory free at start-up, so two vLLM engines starting together on one GPU each count the
-    #: other's allocations and fail ("No available memory for the cache blocks").
+    #: other's allocations and fail ("No available memory for the cache blocks"); SGLang sizes its
+    #: static memory from the memory free at its start, and servers started beside others were
+    #: refused ("Loaded weights leave no GPU memory for the KV cache") on an H100 at settings
+    #: that started alone.
     parallel_start: bool = False
     #: requests pass through an HTTP front end in the engine's process (vllm-offline has none)
     front_end: bool = True

@@ -4,8 +4,9 @@
 :class:`LocalServerEngine` starts the arm's server (``argv(port)``, ``child_env()``: the adapter
 says which) in its own process group on a free loopback port, with its output in a log file kept
 after the server stops; waits until ``GET ready_path`` answers 200 (the process exiting first is
-a refusal when its log's last lines say the setting is not supported, :class:`EngineRefused`,
-else a start failure, :class:`EngineStartError`; both make the arm *untested*); drives passes
+a refusal when what stopped it says the setting is not supported, :func:`refusal_line`,
+:class:`EngineRefused`, else a start failure, :class:`EngineStartError`; both make the arm
+*untested*); drives passes
 through an HTTP client the adapter connects (``_connect``: an
 :class:`~bistat.engines.openai_http.OpenAIHTTPEngine` or a subclass); and stops the server:
 ``stop_signal`` to the whole group, SIGKILL after a grace period, then a wait until no process of

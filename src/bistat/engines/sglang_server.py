@@ -5,18 +5,28 @@ Start-up (:class:`~bistat.engines.server_process.LocalServerEngine`): the server
 arm's environment and arguments in its own process group on a free loopback port, as
 ``python -m sglang.launch_server --model-path MODEL --host 127.0.0.1 --port PORT --enable-metrics``
 plus ``--disable-radix-cache`` unless the declaration turns prefix caching on (as the vLLM adapter
-turns vLLM's off), with NVLink multicast forced off. It is ready when ``GET /health_generate``
-answers 200: SGLang 0.5.23 answers 503 while starting and then runs a one-token generation through
-its scheduler (sglang/srt/entrypoints/http_server.py, ``health_generate``), so a 200 means a model
-that generates (its ``/health`` answers 200 without generating unless
-``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION`` is set). Then ``GET /model_info`` gives the served
-model's name and ``GET /server_info`` the server's resolved arguments (0.5.23 still serves the
-deprecated ``/get_model_info`` and ``/get_server_info``; either is read). A server that exits
-before it is ready with a refusal in its log's last lines (an argument argparse rejects, a backend
-the deterministic mode does not support: "Currently only [...] attention backends are supported
-for deterministic inference") is *refused*, the arm *untested*, naming the setting. Stop: SIGTERM
-to the whole group (the HTTP server turns it into a graceful stop, as uvicorn does:
-sglang/srt/entrypoints/http_server.py), SIGKILL after the grace period. Its log is kept like vLLM's (``engine_log``).
+turns vLLM's off), with NVLink multicast forced off. SGLang's engines start one at a time
+(``capabilities.parallel_start`` false): each sizes its KV cache from the GPU memory free when it
+starts (sglang/srt/mem_cache/kv_cache_configurator.py, ``_profile_available_bytes``), so servers
+starting together on one GPU count each other's allocations and are refused. It is ready when
+``GET /health_generate`` answers 200: SGLang 0.5.23 answers 503 until its own warm-up request is
+done, then runs a one-token generation through its scheduler per probe and answers once any
+output came back, after a second at least and 503 after ``SGLANG_HEALTH_CHECK_TIMEOUT`` seconds
+(20 by default; sglang/srt/entrypoints/http_server.py, ``health_generate``), so a 200 means a
+model that generates. Its ``/health`` is the same generation
+(``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION`` is true by default), so both probes, at start and
+after a pass with failed requests, wait that timeout and more (:func:`health_probe_timeout_s`).
+Then ``GET /model_info`` gives the served model's name and ``GET /server_info`` the server's
+resolved arguments (0.5.23 still serves the deprecated ``/get_model_info`` and
+``/get_server_info``; either is read). A server that exits before it is ready is *refused*, the arm *untested*, naming the setting, when
+what stopped it (its root-cause error line, or argparse's error) is a refusal: an argument
+argparse rejects, a backend the deterministic mode does not support ("ValueError: Currently only
+[...] attention backends are supported for deterministic inference"). A warning is never a
+refusal: the flashinfer deterministic arm logs "Currently radix cache is not compatible with
+flashinfer attention backend for deterministic inference" and starts. Stop: SIGTERM to the whole
+group; SGLang's scheduler and detokenizer processes die of it at once, and the main process's
+subprocess watchdog then SIGQUITs it, which kills the tree (itself by SIGKILL); SIGKILL to the
+group after the grace period. Its log is kept like vLLM's (``engine_log``).
 
 Requests use the native ``POST /generate`` rather than the OpenAI endpoints, because it alone
 carries both exactly (sglang/srt/managers/io_struct.py ``GenerateReqInput``;
@@ -30,10 +40,14 @@ sglang/api/v1/api_types.py):
   ``[logprob, token_id, text]`` triple per output token: the chosen token's logprob as the
   sampler's float32 value, unrounded, with its id, which must equal ``output_ids`` (a
   disagreement is a malformed answer); ``meta_info.output_top_logprobs`` the alternatives
-  (``top_logprobs_num``). The OpenAI ``/v1/completions`` logprobs name tokens by their text,
+  (``top_logprobs_num``), one row per output token, ``null`` where SGLang had none for that
+  position (read as no alternatives). The OpenAI ``/v1/completions`` logprobs name tokens by their text,
   which does not identify a token id.
 - ``sampling_params`` states ``temperature``, ``top_p``, ``top_k`` (-1 is SGLang's "off" too),
-  ``max_new_tokens``, ``ignore_eos`` and ``sampling_seed`` explicitly. ``seed`` on
+  ``max_new_tokens``, ``ignore_eos`` and ``sampling_seed`` explicitly, each as the JSON type
+  SGLang's schema wants: ``/generate`` refuses (HTTP 400) a key ``SamplingParams`` does not
+  define, and an integer field sent as ``1.0`` or ``true`` ("invalid type: floating point
+  `1.0`, expected i64": sglang/api/v1/api_types.py, ``decode_SamplingParams``). ``seed`` on
   ``/v1/completions`` is ignored (sgl-project/sglang#15481); ``sampling_seed`` is the native
   field, and SGLang 0.5.23 reads it only under ``--enable-deterministic-inference`` (elsewhere
   sampling draws from torch's generator: sglang/srt/sampling/sampling_batch_info.py).
@@ -42,8 +56,12 @@ Batching evidence: ``/metrics`` (``--enable-metrics``) sampled as the vLLM adapt
 SGLang's names mapped onto the same fields (:data:`bistat.engines.metrics.SGLANG_SAMPLE_NAMES`):
 running and queued requests feed ``min_mean_running``; SGLang's *retractions* (decode requests
 sent back to the queue when the KV cache is full) stand for vLLM's preemptions in
-``max_preemptions``. SGLang refreshes its scheduler gauges once per ``--decode-log-interval``
-decode steps (40 by default), so a sample reads the last refresh, not the instant.
+``max_preemptions`` (absent until the first retraction, read as 0:
+:func:`~bistat.engines.metrics.parse_sglang_metrics`). SGLang refreshes its scheduler gauges at
+each prefill batch, once per ``--decode-log-interval`` decode steps (40 by default) and when it
+falls idle, so a sample reads the last refresh, not the instant. Its token counters include its
+start-up warm-up request (8 tokens), not its health checks. ``meta_info.num_retractions`` (per
+request) is not recorded: the result records carry no such field.
 
 Fingerprint: the versions of sglang, sglang-kernel (import name ``sgl_kernel``), flashinfer-python
 and torch in the arm's environment, read from package metadata by ``python -c`` without importing
@@ -106,6 +124,11 @@ SERVER_INFO_KEYS = ("attention_backend", "decode_attention_backend", "prefill_at
                     "enable_deterministic_inference", "sampling_backend", "disable_radix_cache",
                     "tp_size", "dtype", "mem_fraction_static", "max_running_requests",
                     "chunked_prefill_size", "page_size", "kv_cache_dtype", "random_seed")
+#: SGLang 0.5.23's wait for its health check's generation when the environment does not set
+#: ``SGLANG_HEALTH_CHECK_TIMEOUT`` (sglang/srt/entrypoints/http_server.py, HEALTH_CHECK_TIMEOUT).
+HEALTH_CHECK_TIMEOUT_S = 20
+#: Seconds a health probe waits beyond the server's own health-check timeout for its answer.
+HEALTH_PROBE_MARGIN_S = 10
 #: The distributions whose versions are recorded (``sgl_kernel`` is sglang-kernel's import name).
 VERSIONED = ("sglang", "sglang-kernel", "flashinfer-python", "torch")
 
@@ -133,6 +156,23 @@ if spec is not None and spec.submodule_search_locations:
         pass
 print(json.dumps({"versions": out, "commit": commit}))
 """ % (VERSIONED,)
+
+
+def health_probe_timeout_s(env: Mapping[str, str]) -> float:
+    """How long one ``/health`` or ``/health_generate`` probe of a server with environment
+    ``env`` may take: SGLang's own health-check timeout (``SGLANG_HEALTH_CHECK_TIMEOUT``, else
+    :data:`HEALTH_CHECK_TIMEOUT_S`), after which it answers 503 itself, plus
+    :data:`HEALTH_PROBE_MARGIN_S`.
+
+    >>> health_probe_timeout_s({}), health_probe_timeout_s({"SGLANG_HEALTH_CHECK_TIMEOUT": "60"})
+    (30.0, 70.0)
+    """
+    value = env.get("SGLANG_HEALTH_CHECK_TIMEOUT")
+    try:
+        seconds = int(value) if value is not None else HEALTH_CHECK_TIMEOUT_S
+    except ValueError:  # SGLang itself would not start with it
+        seconds = HEALTH_CHECK_TIMEOUT_S
+    return float(seconds + HEALTH_PROBE_MARGIN_S)
 
 
 def sglang_cli_args(args: Mapping[str, Any]) -> list[str]:
@@ -280,12 +320,13 @@ class SGLangHTTPClient(OpenAIHTTPEngine):
 
     def request_body(self, req: GenerationRequest) -> dict[str, Any]:
         """The ``/generate`` body for ``req`` (sampling parameters always explicit)."""
-        body: dict[str, Any] = {
+        body: dict[str, Any] = {   # each value as the JSON type SGLang's schema wants
             "sampling_params": {
-                "max_new_tokens": req.max_tokens, "temperature": req.temperature,
-                "top_p": req.top_p, "top_k": req.top_k, "ignore_eos": req.ignore_eos,
-                "sampling_seed": req.seed},
-            "return_logprob": True, "top_logprobs_num": max(1, req.logprobs),
+                "max_new_tokens": int(req.max_tokens), "temperature": float(req.temperature),
+                "top_p": float(req.top_p), "top_k": int(req.top_k),
+                "ignore_eos": bool(req.ignore_eos),
+                "sampling_seed": None if req.seed is None else int(req.seed)},
+            "return_logprob": True, "top_logprobs_num": max(1, int(req.logprobs)),
             "stream": False,
         }
         if req.chat:
@@ -392,9 +433,11 @@ class SGLangServerEngine(DeclaredContext, LocalServerEngine):
     kind = "sglang-server"
     CONTEXT_ARG = "context_length"
     CONTEXT_ENGINE = "SGLang"
+    #: one server starts at a time (see the module docstring: SGLang sizes its KV cache from the
+    #: GPU memory free at its start)
     capabilities = EngineCapabilities(local_gpu=True, default_memory_fraction=0.9,
                                       memory_fraction_arg="mem_fraction_static", engine_log=True,
-                                      prefix_cache_reset=True)
+                                      prefix_cache_reset=True, parallel_start=False)
     engine_name = "SGLang"
     install_hint = "install SGLang (pip install 'bistat[sglang]') or set the engine's command"
     ready_path = "/health_generate"
@@ -418,6 +461,8 @@ class SGLangServerEngine(DeclaredContext, LocalServerEngine):
                           health_timeout_s=health_timeout_s, stop_grace_s=stop_grace_s,
                           log_path=log_path)
         self.args = dict(args or {})
+        self.ready_probe_timeout_s = self.health_probe_timeout_s = health_probe_timeout_s(
+            self.child_env())
         self.python = python
         self.command = list(command) if command else [python, "-m", "sglang.launch_server"]
         self.enable_prefix_caching = enable_prefix_caching

@@ -5,8 +5,10 @@ port, with ``--no-enable-prefix-caching`` unless the declaration turns prefix ca
 NVLink multicast forced off (``NCCL_NVLS_ENABLE=0``, ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``,
 ``NVSHMEM_DISABLE_NVLS=1``). bistat waits for ``GET /health`` up to a timeout, keeps the server's
 log in a file and scans it for batch-invariance and attention-backend lines. A server that exits
-before it is healthy is *refused* (``EngineRefused``) when its log says the setting is not
-supported, otherwise a start failure (``EngineStartError``); both make the arm *untested*.
+before it is healthy is *refused* (``EngineRefused``) when what stopped it, its log's root-cause
+error line or argparse's error line, says the setting is not supported (a warning never makes a
+refusal), otherwise a start failure (``EngineStartError``) naming that root-cause line; both
+make the arm *untested*.
 
 A server that dies during a pass (its process exits: vLLM's API server shuts down when its
 engine core dies, e.g. of ``torch.OutOfMemoryError``) or no longer answers ``/health`` after a pass
