@@ -547,9 +547,13 @@ def test_the_recorder_reads_fields_cli_names_aliases_and_added_flags(tmp_path):
 # -- SGLang's own parser, where a site with SGLang (and a torch) is at hand -------------------------
 
 def _sglang_site() -> str | None:
-    site = os.environ.get("SGLANG_SITE", "/tmp/sglsite")
-    if not Path(site, "sglang", "srt", "server_args.py").is_file():
+    """The site that ``SGLANG_SITE`` names, if SGLang's parser imports from it; never a path
+    that merely happens to exist on this machine."""
+    site = os.environ.get("SGLANG_SITE")
+    if not site:
         return None
+    assert Path(site, "sglang", "srt", "server_args.py").is_file(), (
+        f"SGLANG_SITE={site} holds no sglang/srt/server_args.py")
     probe = subprocess.run([sys.executable, "-c", "import sglang.srt.server_args"],
                            env={**os.environ, "PYTHONPATH": site}, capture_output=True, timeout=300)
     return site if probe.returncode == 0 else None
@@ -558,7 +562,7 @@ def _sglang_site() -> str | None:
 def test_every_sglang_declaration_parses_with_sglangs_own_parser():
     site = _sglang_site()
     if site is None:
-        pytest.skip("no SGLang 0.5.23 site importable here (SGLANG_SITE or /tmp/sglsite: pip "
+        pytest.skip("SGLANG_SITE names no site where SGLang 0.5.23 imports (pip "
                     "install --no-deps --target SITE sglang==0.5.23 orjson pybase64 msgspec "
                     "aiohttp ... and a torch; scripts/device/check_sglang_args.py says which)")
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "device" / "check_sglang_args.py"),
