@@ -191,7 +191,8 @@ def test_the_device_bench_stage_takes_a_selection_an_order_and_an_emptied_cache(
     monkeypatch.setattr(bench, "copy_bandwidth", lambda: {"bytes": 2**30, "median_ms": 1.0,
                                                           "gb_per_s": 1000.0})
     monkeypatch.setattr("bistat_kernels.provenance.gpu_provenance", lambda *a: {"gpu": "test"})
-    monkeypatch.setattr(tables, "resolve_device_table", lambda name: None)
+    monkeypatch.setattr(tables, "resolve_device_table", lambda device: None)
+    monkeypatch.setattr("bistat_kernels.resolution.cuda_device_facts", lambda index: None)
     monkeypatch.setattr(bench.torch.cuda, "get_device_name", lambda *a: "test")
     picked = gpu_call._selected_shapes([(151936, 4096), (4096, 12288)], "--bench-shapes")
     try:

@@ -202,8 +202,12 @@ def test_missing_table_warns_and_uses_defaults(monkeypatch, caplog):
             assert tables.resolve_device_table("Imaginary GPU 9000") is None
             cfg = tables.lookup_config(8, 4096, 4096, "bfloat16", "Imaginary GPU 9000")
         assert cfg == tables.DEFAULT_CONFIGS["bfloat16"]
-        assert caplog.records[0].getMessage().startswith(
-            "bistat_kernels: no tuned GEMM table for device 'Imaginary GPU 9000' in ")
+        assert [r.getMessage() for r in caplog.records] == [
+            "bistat_kernels: batch-invariant GEMM table for Imaginary GPU 9000: none (no table "
+            "for Imaginary GPU 9000; make one with `bistat kernels tune`); shapes without an "
+            "entry: vLLM's fixed configuration (vLLM is not installed)",
+            "bistat_kernels: batch-invariant GEMM bfloat16 N=4096 K=4096 served by vLLM's fixed "
+            f"configuration, on bistat's kernel {tables.DEFAULT_CONFIGS['bfloat16']}"]
     finally:
         tables.reset_device_table()
 

@@ -84,14 +84,16 @@ def probe_command(table_path: Path | None, models: tuple[str, ...], shapes: tupl
     from bistat_kernels import probe, tables
     from bistat_kernels.shapes import shapes_for
 
+    from bistat_kernels.resolution import DeviceFacts, cuda_device_facts
+
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    device_name = torch.cuda.get_device_name(0) if device == "cuda" else None
     try:
         if table_path is not None:
             table = tables.load_table(table_path)
             tables.set_device_table(table)
         else:
-            table = tables.resolve_device_table(device_name)
+            table = tables.resolve_device_table(
+                cuda_device_facts(0) if device == "cuda" else DeviceFacts(None))
     except tables.TableError as exc:
         raise click.ClickException(str(exc)) from exc
     wanted = [(s.n, s.k) for s in shapes_for(models)] + [_parse_shape(s) for s in shapes]
