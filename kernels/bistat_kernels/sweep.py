@@ -148,6 +148,8 @@ _ALT_BLOCK_K_TILES: dict[str, tuple[tuple[int, int, int, int, int], ...]] = {
     "mid": ((16, 64, 4, 4, 1), (32, 64, 4, 4, 1), (32, 64, 4, 3, 2), (64, 64, 4, 3, 1)),
     "large": _PREFILL_ALT_TILES, "prefill": _PREFILL_ALT_TILES}
 SLOW_FIRST_LAUNCH_S = 0.25  # a first launch slower than this compiled in the timed process
+#: the clock budgets and deadlines are kept by (seconds; tests replace it by a fake one)
+CLOCK: Callable[[], float] = time.monotonic
 
 
 def _bucket_class(m: int) -> str:
@@ -343,34 +345,76 @@ def _warm_tma(cfg: tables.GemmConfig, dtype: torch.dtype, ws_dtype: torch.dtype)
 _WORKER_NUM_SMS = int(os.environ.get("BISTAT_PRECOMPILE_NUM_SMS", "0") or 0)
 
 
+PRECOMPILE_CHUNK = 4  # configs per task: a budget stops the precompile within one chunk's time
+
+
 def precompile(configs: Sequence[tables.GemmConfig], dtype: torch.dtype, num_sms: int,
-               workers: int) -> list[str]:
+               workers: int, budget_s: float | None = None) -> list[str]:
     """Compile ``configs`` in ``workers`` processes into Triton's on-disk cache.
 
     The timed process then loads them from the cache instead of compiling one after another.
     Returns the per-config failures (out-of-resources configs fail here and are skipped later).
+    With ``budget_s``, chunks not started when it runs out are cancelled (the chunks running then
+    finish) and listed among the failures as not precompiled: those configs compile when first
+    timed, which the raw records' ``first_launch_s`` shows.
     """
     os.environ["BISTAT_PRECOMPILE_NUM_SMS"] = str(num_sms)
     raw = [tuple(asdict(c).values()) for c in configs]
-    chunks = [raw[i::workers] for i in range(workers)]
+    # in order, so that a budget cut leaves the last shapes' configs, not every shape's last ones
+    chunks = [raw[i:i + PRECOMPILE_CHUNK] for i in range(0, len(raw), PRECOMPILE_CHUNK)]
     name = mp.dtype_name(dtype)
     import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, wait
 
     ctx = multiprocessing.get_context("spawn")
     errors: list[str] = []
+    start = CLOCK()
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        for chunk_errors in pool.map(_compile_worker, [(name, c) for c in chunks if c]):
-            errors.extend(chunk_errors)
+        pending = {pool.submit(_compile_worker, (name, c)): len(c) for c in chunks}
+        while pending:
+            left = None if budget_s is None else budget_s - (CLOCK() - start)
+            if left is not None and left <= 0:
+                skipped = sum(n for f, n in pending.items() if f.cancel())
+                if skipped:
+                    errors.append(f"{skipped} configs not precompiled: the precompile's budget "
+                                  f"of {budget_s:.0f}s ran out")
+                for future in [f for f in pending if not f.cancelled()]:
+                    errors.extend(future.result())  # the chunks already running
+                break
+            done, _ = wait(pending, timeout=left, return_when=FIRST_COMPLETED)
+            for future in done:
+                del pending[future]
+                errors.extend(future.result())
     return errors
 
 
 def time_ms(calls: Sequence[Callable[[], Any]], what: tuple[Any, ...] = ()) -> float:
-    """Median GPU time per call in ms (:func:`bistat_kernels.timing.graph_time_ms`).
+    """Median GPU time per call in ms (:func:`bistat_kernels.timing.graph_time_ms`); under the
+    Triton interpreter the host clock (:func:`bistat_kernels.timing.wall_time_ms`), so that a
+    tune runs end to end on the CPU (its times rank nothing a GPU would).
 
     ``what`` names the measurement (kind, M, config); CPU tests replace this function by a
     deterministic fake clock that reads it.
     """
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return timing.wall_time_ms(calls)
     return timing.graph_time_ms(calls)
+
+
+class BudgetExceeded(RuntimeError):
+    """The sweep's deadline passed inside a shape: the shape is left for a later run."""
+
+
+def _measure_all(st: "_ShapeState", m: int, configs: Sequence[tables.GemmConfig],
+                 layout: tuple[int, int], deadline: float | None) -> list[dict[str, Any]]:
+    """:func:`_measure_candidate` for each of ``configs`` in order, checking ``deadline``
+    (:data:`CLOCK`) before each: past it, :class:`BudgetExceeded`."""
+    records = []
+    for cfg in configs:
+        if deadline is not None and CLOCK() > deadline:
+            raise BudgetExceeded(f"sweep: deadline passed at N={st.shape.n} K={st.shape.k} M={m}")
+        records.append(_measure_candidate(st, m, cfg, layout))
+    return records
 
 
 @dataclass
@@ -450,8 +494,13 @@ def _best(records: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 def sweep_shape(shape: GemmShape, dtype: torch.dtype, num_sms: int, provenance: dict[str, Any],
                 seed: int = 0, device: str = "cuda", tma: bool = False,
+                deadline: float | None = None,
                 ) -> tuple[tables.ShapeConfig, dict[str, Any]]:
-    """Tune one weight shape; returns its table entry and the raw measurements."""
+    """Tune one weight shape; returns its table entry and the raw measurements.
+
+    Past ``deadline`` (:data:`CLOCK`), checked before every candidate, it raises
+    :class:`BudgetExceeded` and the shape's measurements are dropped (a later run tunes it).
+    """
     t0 = time.monotonic()
     gen = torch.Generator(device=device).manual_seed(seed)
     w = torch.randn(shape.n, shape.k, device=device, dtype=dtype, generator=gen) * 0.02  # [N, K]
@@ -467,8 +516,8 @@ def sweep_shape(shape: GemmShape, dtype: torch.dtype, num_sms: int, provenance: 
         _ensure_ref(st, m)
         for layout in layouts:
             _ensure_alone(st, layout)
-            recs = [_measure_candidate(st, m, cfg, layout)
-                    for cfg in launch_candidates(m, shape.n, *layout, tma, shape.k)]
+            recs = _measure_all(st, m, launch_candidates(m, shape.n, *layout, tma, shape.k),
+                                layout, deadline)
             for r in recs:
                 r["phase"] = "layout"
             records.extend(recs)
@@ -493,8 +542,8 @@ def sweep_shape(shape: GemmShape, dtype: torch.dtype, num_sms: int, provenance: 
     for m in BUCKETS:
         if (chosen, m) not in best:
             _ensure_ref(st, m)
-            recs = [_measure_candidate(st, m, cfg, chosen)
-                    for cfg in launch_candidates(m, shape.n, *chosen, tma, shape.k)]
+            recs = _measure_all(st, m, launch_candidates(m, shape.n, *chosen, tma, shape.k),
+                                chosen, deadline)
             for r in recs:
                 r["phase"] = "bucket"
             records.extend(recs)
@@ -624,22 +673,39 @@ def _write_json(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
+INTERPRETER_DEVICE = "Triton interpreter (CPU)"  # the device name of a sweep on the CPU
+
+
 def run_sweep(shapes: Sequence[GemmShape], out_dir: Path, *, dtype: torch.dtype = torch.bfloat16,
               resume_table: Path | None = None, resume_raw: Path | None = None,
               budget_s: float = 480.0, precompile_workers: int = 0,
+              precompile_budget_s: float | None = None,
               command: list[str] | None = None,
               progress: Callable[[str], None] = print) -> dict[str, Any]:
     """Sweep ``shapes`` not yet in ``resume_table``; write ``<device>.json`` and the raw file.
 
-    Returns a summary: shapes done now, shapes still missing, the paths written.
+    The budget is kept: no shape starts whose expected time (the longest so far) would cross
+    ``budget_s`` from the start, and a shape still running at that moment is dropped before its
+    next candidate (:class:`BudgetExceeded`; a later run tunes it). ``precompile_budget_s``
+    bounds the precompile (:func:`precompile`). On the CPU (``TRITON_INTERPRET=1``, no CUDA) the
+    sweep runs the interpreter, for tests, under the device name :data:`INTERPRETER_DEVICE`.
+
+    Returns a summary: shapes done now, shapes still missing, the paths written, the seconds
+    used and whether a shape was dropped at the deadline.
     """
     from bistat_kernels.provenance import gpu_provenance
 
-    t_start = time.monotonic()
+    t_start = CLOCK()
+    deadline = t_start + budget_s
     toolchain = pin_triton_toolchain()
-    device_name = torch.cuda.get_device_name(0)
-    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    on_gpu = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
     provenance = gpu_provenance(0, command)
+    if on_gpu:
+        device_name = torch.cuda.get_device_name(0)
+        num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    else:
+        device_name, num_sms = INTERPRETER_DEVICE, mp._INTERPRETER_NUM_PROGRAMS
+        provenance["gpu_name"] = device_name
     out_dir.mkdir(parents=True, exist_ok=True)
     table_path = tables.table_path_for(device_name, out_dir)
     raw_path = out_dir / f"sweep_raw_{tables.device_slug(device_name)}.json"
@@ -664,23 +730,32 @@ def run_sweep(shapes: Sequence[GemmShape], out_dir: Path, *, dtype: torch.dtype 
         progress(f"sweep: plan {plan['configs']} configs, at most {plan['measurements_max']} "
                  f"measurements; Triton cache {toolchain['TRITON_CACHE_DIR']}, ptxas "
                  f"{toolchain['TRITON_PTXAS_PATH']}")
-    if todo and precompile_workers > 0:
-        t0 = time.monotonic()
+    if todo and precompile_workers > 0 and on_gpu:
+        t0 = CLOCK()
         errs = precompile(all_sweep_configs(todo, num_sms, tma), dtype, num_sms,
-                          precompile_workers)
-        progress(f"sweep: precompiled in {time.monotonic() - t0:.1f}s, {len(errs)} config(s) "
-                 f"failed to compile (skipped when timed)")
+                          precompile_workers, budget_s=precompile_budget_s)
+        progress(f"sweep: precompiled in {CLOCK() - t0:.1f}s, {len(errs)} config(s) "
+                 f"failed to compile (skipped when timed)"
+                 + "".join(f"; {e}" for e in errs if "not precompiled" in e))
     done: list[str] = []
     per_shape_s: list[float] = []
+    dropped = None
     for shape in todo:
-        elapsed = time.monotonic() - t_start
-        estimate = max(per_shape_s) if per_shape_s else 20.0
+        elapsed = CLOCK() - t_start
+        estimate = max(per_shape_s) if per_shape_s else (20.0 if on_gpu else 0.0)
         if elapsed + estimate > budget_s:
             progress(f"sweep: budget {budget_s:.0f}s reached after {elapsed:.0f}s; resume later")
             break
-        t0 = time.monotonic()
-        entry, raw = sweep_shape(shape, dtype, num_sms, provenance, tma=tma)
-        per_shape_s.append(time.monotonic() - t0)
+        t0 = CLOCK()
+        try:
+            entry, raw = sweep_shape(shape, dtype, num_sms, provenance, tma=tma,
+                                     device="cuda" if on_gpu else "cpu", deadline=deadline)
+        except BudgetExceeded:
+            dropped = f"{shape.model}/{shape.layer}"
+            progress(f"sweep: budget {budget_s:.0f}s reached inside {dropped} after "
+                     f"{CLOCK() - t_start:.0f}s; it is left for a later run")
+            break
+        per_shape_s.append(CLOCK() - t0)
         entries[(name, shape.n, shape.k)] = entry
         raw_shapes = [r for r in raw_shapes if (r["n"], r["k"], r["dtype"]) !=
                       (shape.n, shape.k, name)] + [raw]
@@ -696,7 +771,9 @@ def run_sweep(shapes: Sequence[GemmShape], out_dir: Path, *, dtype: torch.dtype 
                  f"tuned/torch.mm {ratios}")
         done.append(f"{shape.model}/{shape.layer}")
     missing = [f"{s.model}/{s.layer}" for s in shapes if (name, s.n, s.k) not in entries]
-    return {"done": done, "missing": missing, "table": str(table_path), "raw": str(raw_path)}
+    return {"done": done, "missing": missing, "table": str(table_path), "raw": str(raw_path),
+            "device_name": device_name, "elapsed_s": round(CLOCK() - t_start, 1),
+            "dropped_at_deadline": dropped}
 
 
 def run_retune_buckets(shapes: Sequence[GemmShape], table_path: Path, out_dir: Path, *,

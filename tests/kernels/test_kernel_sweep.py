@@ -6,7 +6,7 @@ import math
 import os
 
 import pytest
-from helpers_kernels import torch
+from helpers_kernels import torch, use_tiny_sweep
 
 from bistat_kernels import matmul_persistent as mp  # noqa: E402
 from bistat_kernels import sweep, tables  # noqa: E402
@@ -23,25 +23,7 @@ def test_candidates_cap_block_n_and_try_split_k_only_for_narrow_n():
 
 @pytest.fixture
 def tiny_sweep(monkeypatch):
-    monkeypatch.setattr(sweep, "BUCKETS", (1, 8, 32))
-    monkeypatch.setattr(sweep, "SCORE_MS", (1, 32))
-    monkeypatch.setattr(sweep, "SCORE_WEIGHTS", {1: 2.0, 32: 1.0})
-    monkeypatch.setattr(sweep, "_LAUNCH_CANDIDATES", {
-        "decode": ((16, 16, 4, 2, 1), (16, 32, 4, 2, 1)),
-        "small": ((16, 16, 4, 2, 1), (32, 32, 4, 2, 2)),
-    })
-
-    def fake_clock(calls, what):
-        kind, m, cfg = what
-        if cfg is None:
-            return 1.0  # torch.mm
-        # BLOCK_K 32 is faster; then wider BLOCK_N; programs_per_sm 2 helps
-        return (1.0 if cfg.block_k == 32 else 1.5) + 1.0 / cfg.block_n - 0.01 * cfg.programs_per_sm
-
-    monkeypatch.setattr(sweep, "time_ms", fake_clock)
-    monkeypatch.setattr(sweep, "reduction_candidates", lambda n, k, num_sms: [(16, 1), (32, 1)])
-    # the layouts' own BLOCK_K only (the free_block_k tests below cover the others)
-    monkeypatch.setattr(sweep, "FREE_BLOCK_K_CLASSES", ())
+    use_tiny_sweep(monkeypatch)
 
 
 def test_sweep_picks_the_layout_by_score_and_the_fastest_gated_candidate(tiny_sweep):
