@@ -37,7 +37,9 @@ from bistat_kernels.shapes import GemmShape
 
 REPORT_SCHEMA = "bistat_kernels.tune/1"
 STATE_DIR = "tune-state"
-PROBE_S_PER_SHAPE = 4.0  # reserved per shape on a GPU (15 entries + edge cases took 43 s, k12)
+# reserved per probe case: twice what the H200 took (34 cases, the 15 entries and the edge
+# cases, in 43 s: kernels/results/k12/log.txt)
+PROBE_S_PER_SHAPE = 2.5
 PRECOMPILE_SHARE = 0.2  # of the budget, at most, for compiling candidates in parallel
 
 
@@ -59,8 +61,8 @@ class TuneBudget:
         """The probe's reserve (:data:`PROBE_S_PER_SHAPE` per case, at most half the budget),
         the rest for the sweep, whose precompile takes at most :data:`PRECOMPILE_SHARE`.
 
-        >>> TuneBudget.split(330, 34).describe()
-        'budget 330 s: precompile at most 66 s, sweep until 195 s, probe until 330 s'
+        >>> TuneBudget.split(375, 34).describe()
+        'budget 375 s: precompile at most 75 s, sweep until 290 s, probe until 375 s'
         """
         probe_s = min(total_s / 2, PROBE_S_PER_SHAPE * probe_cases)
         return cls(total_s, PRECOMPILE_SHARE * total_s, total_s - probe_s, probe_s)

@@ -189,9 +189,11 @@ def test_the_override_may_name_a_shipped_table(monkeypatch):
     monkeypatch.setenv(tables.TABLE_ENV, "nvidia_h300")
     with pytest.raises(tables.TableError) as err:
         tables.resolve_device_table("NVIDIA H100 80GB HBM3")
+    shipped = sorted(p.stem for p in tables.TABLES_DIR.glob("*.json"))
+    assert "nvidia_h200" in shipped
     assert str(err.value) == (
         f"BISTAT_GEMM_TABLE=nvidia_h300: no table of that name in {tables.TABLES_DIR} (shipped: "
-        "nvidia_h200); give a table name or a path to a table file")
+        f"{', '.join(shipped)}); give a table name or a path to a table file")
     tables.reset_device_table()
 
 def test_missing_table_warns_and_uses_defaults(monkeypatch, caplog):

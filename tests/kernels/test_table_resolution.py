@@ -267,3 +267,17 @@ def test_vllm_0_34_0s_own_loader_picks_what_the_fallback_launches(tmp_path, monk
                 "BLOCK_SIZE_M": c.block_m, "BLOCK_SIZE_N": c.block_n, "BLOCK_SIZE_K": c.block_k,
                 "GROUP_SIZE_M": c.group_m, "num_warps": c.num_warps,
                 "num_stages": c.num_stages}, (n, k, m)
+
+
+def test_every_shipped_table_says_which_architecture_it_was_measured_on():
+    """The resolution by architecture reads each entry's compute capability and multiprocessor
+    count; a table shipped without them would match no other GPU, silently."""
+    shipped = sorted(tables.TABLES_DIR.glob("*.json"))
+    assert shipped
+    for path in shipped:
+        table = tables.load_table(path)
+        cap, sms = resolution._architecture(table)
+        assert cap is not None and sms is not None, path.name
+        assert table.device_name == table.entries[next(iter(table.entries))].provenance.get(
+            "torch_device_name", table.device_name), path.name
+        assert tables.table_path_for(table.device_name) == path  # found by its own GPU's name

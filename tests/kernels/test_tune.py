@@ -41,7 +41,7 @@ def _report(tmp_path) -> dict:
 
 def test_the_budget_is_split_before_anything_runs():
     b = tune.TuneBudget.split(40, 2)
-    assert (b.total_s, b.precompile_s, b.sweep_s, b.probe_s) == (40, 8.0, 32.0, 8.0)
+    assert (b.total_s, b.precompile_s, b.sweep_s, b.probe_s) == (40, 8.0, 35.0, 5.0)
     assert tune.TuneBudget.split(10, 30).probe_s == 5  # at most half for the probe
 
 
@@ -54,7 +54,7 @@ def test_a_tune_writes_the_probed_table_that_resolution_finds_for_the_gpu(tmp_pa
         "time: 38 s of a 100 s budget"]
     assert result.output.splitlines()[0] == (
         f"tune: {sweep.INTERPRETER_DEVICE}, 2 shape(s); budget 100 s: precompile at most 20 s, "
-        f"sweep until 92 s, probe until 100 s; state in {tmp_path / 'tune-state' / SLUG}")
+        f"sweep until 95 s, probe until 100 s; state in {tmp_path / 'tune-state' / SLUG}")
     table = tables.load_table(table_path)
     assert table.device_name == sweep.INTERPRETER_DEVICE
     assert sorted(table.entries) == [("float32", 37, 100), ("float32", 40, 72)]
@@ -82,21 +82,21 @@ def test_a_tune_writes_the_probed_table_that_resolution_finds_for_the_gpu(tmp_pa
 
 
 def test_a_tune_stopped_by_its_budget_keeps_it_and_resumes_where_it_stopped(tmp_path, clock):
-    # 12 s for the sweep: the first shape (19 s) is dropped at its deadline, nothing is written
+    # 15 s for the sweep: the first shape (19 s) is dropped at its deadline, nothing is written
     first = _tune(tmp_path, "--budget-s", "20")
     assert first.exit_code == 0, first.output
-    assert "sweep: budget 12s reached inside shape/40x72 after 13s; it is left for a later run" \
+    assert "sweep: budget 15s reached inside shape/40x72 after 16s; it is left for a later run" \
         in first.output
     assert first.output.splitlines()[-2:] == [
-        "time: 13 s of a 20 s budget",
+        "time: 16 s of a 20 s budget",
         "not yet tuned (run again to resume): shape/40x72, shape/37x100"]
     assert "table: none written (no entry has passed both gates yet)" in first.output
     assert not (tmp_path / f"{SLUG}.json").exists()
     assert _report(tmp_path)["budget_kept"] is True
-    # 30 s for the sweep: one shape fits, the second would not start (its estimate: 19 s)
+    # 33 s for the sweep: one shape fits, the second would not start (its estimate: 19 s)
     clock[0] = 0.0
     second = _tune(tmp_path, "--budget-s", "38")
-    assert "sweep: budget 30s reached after 19s; resume later" in second.output
+    assert "sweep: budget 33s reached after 19s; resume later" in second.output
     assert second.output.splitlines()[-2:] == [
         "time: 19 s of a 38 s budget", "not yet tuned (run again to resume): shape/37x100"]
     assert list(tables.load_table(tmp_path / f"{SLUG}.json").entries) == [("float32", 40, 72)]

@@ -50,6 +50,12 @@ def _parse_shape(text: str) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
+#: the sweep's and the tune's parallel precompile
+_WORKERS = click.option("--workers", default=8, show_default=True, type=click.IntRange(0),
+                        help="Processes that precompile the candidates (0: compile when first "
+                             "timed).")
+
+
 @click.group("kernels")
 def kernels() -> None:
     """The tuned batch-invariant Triton GEMM: tune, probe, sweep, bench, results, vLLM export."""
@@ -136,8 +142,7 @@ def probe_command(table_path: Path | None, models: tuple[str, ...], shapes: tupl
               help="Skip shapes already in the table in --out-dir, or tune all again.")
 @click.option("--budget-s", default=480.0, show_default=True, type=click.FloatRange(1),
               help="Stop at a shape boundary before this many seconds.")
-@click.option("--workers", default=8, show_default=True, type=click.IntRange(0),
-              help="Processes that precompile the candidates (0: compile when first timed).")
+@_WORKERS
 def sweep_command(models: tuple[str, ...], out_dir: Path, resume: bool, budget_s: float,
                   workers: int) -> None:
     """Tune the GEMM table on this GPU (chunked, resumable).
@@ -172,8 +177,7 @@ def sweep_command(models: tuple[str, ...], out_dir: Path, resume: bool, budget_s
                    "$BISTAT_HOME/gemm_tables, where the plugin looks for this GPU's table).")
 @click.option("--resume/--retune", default=True, show_default=True,
               help="Continue an earlier tune of this GPU, or start again.")
-@click.option("--workers", default=8, show_default=True, type=click.IntRange(0),
-              help="Processes that precompile the candidates (0: compile when first timed).")
+@_WORKERS
 @click.option("--max-m", default=4096, show_default=True, type=click.IntRange(1),
               help="Largest batch size the probe checks.")
 @click.option("--edge-cases", is_flag=True,
