@@ -270,3 +270,11 @@ def test_the_tuned_gemms_table_and_each_shapes_source_come_from_its_log_lines():
         ("tuned GEMM shapes by table (engine log)", "—",
          "bistat table nvidia_h200.json: 2, vLLM's fixed configuration: 1", "—")]
     assert _gemm_table_rows(types.SimpleNamespace(activation=acts[:1]), ["default"]) == []
+    from bistat.analysis.activation import logged_gemm_tables
+
+    assert logged_gemm_tables([
+        "bistat_kernels: batch-invariant GEMM bfloat16 N=4096 K=2048 served by vLLM 0.34.0's "
+        "hopper table, on vLLM's own kernel",
+        "bistat_kernels: batch-invariant GEMM bfloat16 N=2048 K=2048 served by vLLM (version "
+        "unknown)'s hopper table, on vLLM's own kernel"]) == (
+        (), (("vLLM 0.34.0's hopper table", 1), ("vLLM (version unknown)'s hopper table", 1)))

@@ -255,3 +255,23 @@ def test_doctor_says_which_gemm_table_serves_the_gpu_and_how(tmp_path, monkeypat
     rep = doctor(find_spec=lambda m: object() if m in found else None, which=lambda c: None,
                  gpus=list, release_check=lambda p: None)
     assert rep.gemm_table is None and "tuned GEMM" not in render_doctor(rep)
+
+
+@pytest.mark.parametrize("error,detail", [
+    (RuntimeError("No CUDA GPUs are available"),
+     "torch sees no CUDA GPU (RuntimeError: No CUDA GPUs are available)"),
+    (ImportError("libcudart.so.13: cannot open shared object file"),
+     "torch cannot be imported (ImportError: libcudart.so.13: cannot open shared object file)"),
+])
+def test_doctor_says_why_it_cannot_tell_the_gemm_table(tmp_path, monkeypatch, error, detail):
+    monkeypatch.setenv("BISTAT_HOME", str(tmp_path))
+
+    def device():
+        raise error
+
+    rep = doctor(find_spec=lambda m: object() if m in {"numpy", "httpx", "torch", "triton"}
+                 else None, which=lambda c: None, release_check=lambda p: None,
+                 gpus=lambda: [{"name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-1"}],
+                 gemm_device=device)
+    assert rep.gemm_table == {"detail": detail}
+    assert f"tuned GEMM table (BISTAT_TUNED_GEMM=1): {detail}\n" in render_doctor(rep)

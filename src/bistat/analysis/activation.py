@@ -42,7 +42,7 @@ _TUNED = re.compile(r"bistat_kernels: tuned GEMM installed")
 #: it (``bistat_kernels.tables.note_shape``): bistat's, vLLM's own or vLLM's fixed configuration
 _GEMM_TABLE = re.compile(r"bistat_kernels: batch-invariant GEMM table for [^:]+: (.+?)\s*$")
 _GEMM_SHAPE = re.compile(r"bistat_kernels: batch-invariant GEMM (\w+) N=(\d+) K=(\d+) served by "
-                         r"(bistat table \S+|vLLM's fixed configuration|vLLM \S+'s \w+ table)")
+                         r"(bistat table \S+|vLLM's fixed configuration|vLLM .+?'s \w+ table)")
 _BACKENDS = (
     (re.compile(r"Using FlashAttention version (\d)"), lambda m: f"FLASH_ATTN (FA{m.group(1)})"),
     (re.compile(r"Using (?:AttentionBackendEnum\.)?([A-Z][A-Z0-9_]+) (?:attention )?backend"),

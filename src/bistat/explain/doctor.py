@@ -162,6 +162,8 @@ def gemm_table(find_spec: Callable[[str], Any] = importlib.util.find_spec,
         facts = device()
     except (RuntimeError, AssertionError) as exc:  # torch's answers when it sees no CUDA GPU
         return {"detail": f"torch sees no CUDA GPU ({type(exc).__name__}: {exc})"}
+    except (ImportError, OSError) as exc:  # a torch that is installed but does not load
+        return {"detail": f"torch cannot be imported ({type(exc).__name__}: {exc})"}
     try:
         found = resolve(facts)
     except tables.TableError as exc:
