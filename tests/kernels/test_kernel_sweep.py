@@ -252,3 +252,17 @@ def test_retune_buckets_between_min_m_and_max_m_only(free_block_k, monkeypatch):
     assert {r["m"] for r in raw["records"]} == {256} and raw["max_m"] == 256
     assert new.buckets[0] is b1 and new.buckets[2] is b512
     assert new.buckets[1].block_k == 16            # the BLOCK_K-16 candidate won at M = 256
+
+
+def test_a_precompile_out_of_budget_cancels_the_chunks_not_started():
+    """With no time left the precompile starts nothing more: the chunks already handed to the
+    worker finish, the others are cancelled and counted as not precompiled (they compile when
+    first timed)."""
+    configs = sweep.launch_candidates(1, 4096, 64, 1) * 3  # 48 configs: 12 chunks of 4
+    errors = sweep.precompile(configs, torch.float32, 4, workers=1, budget_s=0.0)
+    (note,) = [e for e in errors if "not precompiled" in e]
+    skipped = int(note.split()[0])
+    assert note == f"{skipped} configs not precompiled: the precompile's budget of 0s ran out"
+    # one worker: at most the chunk it runs and the one queued for it were not cancellable
+    assert len(configs) - 2 * sweep.PRECOMPILE_CHUNK <= skipped <= len(configs)
+    assert skipped % sweep.PRECOMPILE_CHUNK == 0
