@@ -49,7 +49,6 @@ import math
 import os
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -61,6 +60,7 @@ from triton.runtime.errors import OutOfResources
 from bistat_kernels import matmul_persistent as mp
 from bistat_kernels import tables
 from bistat_kernels import timing
+from bistat_kernels.precompile import pin_triton_toolchain, precompile
 from bistat_kernels.probe import ACCURACY_TOLERANCE, reference_mm, row_positions
 from bistat_kernels.shapes import GemmShape
 
@@ -275,117 +275,6 @@ def tma_available(dtype: torch.dtype) -> bool:
     if os.environ.get(TMA_ENV, "1").strip() == "0" or dtype == torch.float32:
         return False
     return torch.cuda.is_available() and torch.cuda.get_device_capability(0)[0] >= 9
-
-
-def pin_triton_toolchain() -> dict[str, str]:
-    """Fix Triton's cache folder and ptxas for this process and every process it starts.
-
-    Sets ``TRITON_CACHE_DIR`` and ``TRITON_PTXAS_PATH`` to what Triton resolves now, unless they
-    are set already, and returns both. Call it before anything compiles: Inductor sets the two
-    variables only where they are unset, so a later ``torch.compile`` in the same process can no
-    longer point the precompile workers at another ptxas than the one the timed process keyed its
-    kernels with (see the module docstring).
-    """
-    from triton import knobs  # triton >= 3.4 (the H200 image has 3.6.0)
-
-    if not os.environ.get("TRITON_CACHE_DIR"):
-        os.environ["TRITON_CACHE_DIR"] = knobs.cache.dir
-    if not os.environ.get("TRITON_PTXAS_PATH"):
-        os.environ["TRITON_PTXAS_PATH"] = knobs.nvidia.ptxas.path  # resolves Triton's bundled one
-    return {key: os.environ[key] for key in ("TRITON_CACHE_DIR", "TRITON_PTXAS_PATH")}
-
-
-def _compile_worker(args: tuple[str, list[tuple[int, ...]]]) -> list[str]:
-    dtype_name, raw = args
-    dtype = getattr(torch, dtype_name)
-    errors = []
-    for fields in raw:
-        cfg = tables.GemmConfig(*fields)
-        try:
-            # the workspace is float32 only in parallel split-K; otherwise the launcher passes c
-            ws_dtype = torch.float32 if cfg.split_k > 1 and not cfg.fuse_splits else dtype
-            if cfg.tma:
-                _warm_tma(cfg, dtype, ws_dtype)
-                continue
-            mp._matmul_persistent_kernel.warmup(
-                dtype, dtype, dtype, ws_dtype, None, torch.int32,
-                64, 64, 64, 64, 1, 1, 64, 64, 1,
-                BLOCK_SIZE_M=cfg.block_m, BLOCK_SIZE_N=cfg.block_n, BLOCK_SIZE_K=cfg.block_k,
-                GROUP_SIZE_M=cfg.group_m, SPLIT_K=cfg.split_k,
-                NUM_PROGRAMS=_WORKER_NUM_SMS * cfg.programs_per_sm,
-                A_LARGE=False, B_LARGE=False, C_LARGE=False, HAS_BIAS=False,
-                IEEE=dtype == torch.float32, FUSE_SPLITS=cfg.fuse_splits,
-                FLAT_SPLITS=cfg.flat_splits, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                grid=(1,))
-        except Exception as exc:  # noqa: BLE001 - reported per config; the real launch re-raises
-            errors.append(f"{cfg}: {type(exc).__name__}: {str(exc)[:200]}")
-    return errors
-
-
-def _warm_tma(cfg: tables.GemmConfig, dtype: torch.dtype, ws_dtype: torch.dtype) -> None:
-    """Compile the descriptor-load kernel for ``cfg`` (descriptors need real CUDA tensors)."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    a = torch.zeros(64, 64, device="cuda", dtype=dtype)  # [M, K]
-    w = torch.zeros(64, 64, device="cuda", dtype=dtype)  # [N, K]
-    c = torch.empty(64, 64, device="cuda", dtype=dtype)
-    ws = torch.empty(1, device="cuda", dtype=ws_dtype)
-    locks = torch.zeros(1, device="cuda", dtype=torch.int32)
-    mp._matmul_persistent_tma_kernel.warmup(
-        TensorDescriptor(a, [64, 64], [64, 1], [cfg.block_m, cfg.block_k]),
-        TensorDescriptor(w, [64, 64], [64, 1], [cfg.block_n, cfg.block_k]),
-        c, ws, None, locks, 64, 64, 64, 64, 1,
-        BLOCK_SIZE_M=cfg.block_m, BLOCK_SIZE_N=cfg.block_n, BLOCK_SIZE_K=cfg.block_k,
-        GROUP_SIZE_M=cfg.group_m, SPLIT_K=cfg.split_k,
-        NUM_PROGRAMS=_WORKER_NUM_SMS * cfg.programs_per_sm, C_LARGE=False, HAS_BIAS=False,
-        FUSE_SPLITS=cfg.fuse_splits, FLAT_SPLITS=cfg.flat_splits, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, grid=(1,))
-
-
-_WORKER_NUM_SMS = int(os.environ.get("BISTAT_PRECOMPILE_NUM_SMS", "0") or 0)
-
-
-PRECOMPILE_CHUNK = 4  # configs per task: a budget stops the precompile within one chunk's time
-
-
-def precompile(configs: Sequence[tables.GemmConfig], dtype: torch.dtype, num_sms: int,
-               workers: int, budget_s: float | None = None) -> list[str]:
-    """Compile ``configs`` in ``workers`` processes into Triton's on-disk cache.
-
-    The timed process then loads them from the cache instead of compiling one after another.
-    Returns the per-config failures (out-of-resources configs fail here and are skipped later).
-    With ``budget_s``, chunks not started when it runs out are cancelled (the chunks running then
-    finish) and listed among the failures as not precompiled: those configs compile when first
-    timed, which the raw records' ``first_launch_s`` shows.
-    """
-    os.environ["BISTAT_PRECOMPILE_NUM_SMS"] = str(num_sms)
-    raw = [tuple(asdict(c).values()) for c in configs]
-    # in order, so that a budget cut leaves the last shapes' configs, not every shape's last ones
-    chunks = [raw[i:i + PRECOMPILE_CHUNK] for i in range(0, len(raw), PRECOMPILE_CHUNK)]
-    name = mp.dtype_name(dtype)
-    import multiprocessing
-    from concurrent.futures import FIRST_COMPLETED, wait
-
-    ctx = multiprocessing.get_context("spawn")
-    errors: list[str] = []
-    start = CLOCK()
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        pending = {pool.submit(_compile_worker, (name, c)): len(c) for c in chunks}
-        while pending:
-            left = None if budget_s is None else budget_s - (CLOCK() - start)
-            if left is not None and left <= 0:
-                skipped = sum(n for f, n in pending.items() if f.cancel())
-                if skipped:
-                    errors.append(f"{skipped} configs not precompiled: the precompile's budget "
-                                  f"of {budget_s:.0f}s ran out")
-                for future in [f for f in pending if not f.cancelled()]:
-                    errors.extend(future.result())  # the chunks already running
-                break
-            done, _ = wait(pending, timeout=left, return_when=FIRST_COMPLETED)
-            for future in done:
-                del pending[future]
-                errors.extend(future.result())
-    return errors
 
 
 def time_ms(calls: Sequence[Callable[[], Any]], what: tuple[Any, ...] = ()) -> float:
@@ -733,7 +622,7 @@ def run_sweep(shapes: Sequence[GemmShape], out_dir: Path, *, dtype: torch.dtype 
     if todo and precompile_workers > 0 and on_gpu:
         t0 = CLOCK()
         errs = precompile(all_sweep_configs(todo, num_sms, tma), dtype, num_sms,
-                          precompile_workers, budget_s=precompile_budget_s)
+                          precompile_workers, budget_s=precompile_budget_s, clock=CLOCK)
         progress(f"sweep: precompiled in {CLOCK() - t0:.1f}s, {len(errs)} config(s) "
                  f"failed to compile (skipped when timed)"
                  + "".join(f"; {e}" for e in errs if "not precompiled" in e))

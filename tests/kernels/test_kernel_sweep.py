@@ -9,7 +9,7 @@ import pytest
 from helpers_kernels import torch, use_tiny_sweep
 
 from bistat_kernels import matmul_persistent as mp  # noqa: E402
-from bistat_kernels import sweep, tables  # noqa: E402
+from bistat_kernels import precompile, sweep, tables  # noqa: E402
 from bistat_kernels.shapes import GemmShape  # noqa: E402
 
 
@@ -105,12 +105,12 @@ def test_the_full_three_model_plan_has_the_stated_size():
 def test_pin_triton_toolchain_sets_unset_variables_and_keeps_set_ones(monkeypatch, tmp_path):
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
     monkeypatch.delenv("TRITON_PTXAS_PATH", raising=False)
-    pinned = sweep.pin_triton_toolchain()
+    pinned = precompile.pin_triton_toolchain()
     assert pinned["TRITON_CACHE_DIR"] == os.environ["TRITON_CACHE_DIR"] != ""
     assert os.path.basename(pinned["TRITON_PTXAS_PATH"]).startswith("ptxas")
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("TRITON_PTXAS_PATH", "/opt/other/ptxas")
-    assert sweep.pin_triton_toolchain() == {"TRITON_CACHE_DIR": str(tmp_path),
+    assert precompile.pin_triton_toolchain() == {"TRITON_CACHE_DIR": str(tmp_path),
                                             "TRITON_PTXAS_PATH": "/opt/other/ptxas"}
 
 
@@ -259,10 +259,10 @@ def test_a_precompile_out_of_budget_cancels_the_chunks_not_started():
     worker finish, the others are cancelled and counted as not precompiled (they compile when
     first timed)."""
     configs = sweep.launch_candidates(1, 4096, 64, 1) * 3  # 48 configs: 12 chunks of 4
-    errors = sweep.precompile(configs, torch.float32, 4, workers=1, budget_s=0.0)
+    errors = precompile.precompile(configs, torch.float32, 4, workers=1, budget_s=0.0)
     (note,) = [e for e in errors if "not precompiled" in e]
     skipped = int(note.split()[0])
     assert note == f"{skipped} configs not precompiled: the precompile's budget of 0s ran out"
     # one worker: at most the chunk it runs and the one queued for it were not cancellable
-    assert len(configs) - 2 * sweep.PRECOMPILE_CHUNK <= skipped <= len(configs)
-    assert skipped % sweep.PRECOMPILE_CHUNK == 0
+    assert len(configs) - 2 * precompile.PRECOMPILE_CHUNK <= skipped <= len(configs)
+    assert skipped % precompile.PRECOMPILE_CHUNK == 0
