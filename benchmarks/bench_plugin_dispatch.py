@@ -76,8 +76,8 @@ def main() -> int:
     def before(a, b, bias):
         M, K = a.shape
         N = b.shape[1]
-        _, device_name = mp._device_facts(a.device)
-        cfg = tables.lookup_config(M, N, K, mp.dtype_name(a.dtype), device_name)
+        _, facts = mp._device_facts(a.device)
+        cfg = tables.lookup_config(M, N, K, mp.dtype_name(a.dtype), facts)
         key = (N, K, cfg.block_m, cfg.block_n, cfg.block_k, cfg.split_k)
         vllm_plugin.CALLS[key] = vllm_plugin.CALLS.get(key, 0) + 1
         return mp.matmul_persistent(a, b, bias, config=cfg)

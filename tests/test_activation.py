@@ -236,3 +236,45 @@ def test_the_finding_says_which_run_chose_the_probes_needle(tmp_path):
     md = render_markdown(analyze_run(run, reg))
     assert ("Probe (needle `p`, chosen from run `study` where it first diverged earliest (token 5, "
             "arm default, pass 2), 3 trial(s) among 32-128 fillers") in md
+
+
+def test_the_tuned_gemms_table_and_each_shapes_source_come_from_its_log_lines():
+    """What bistat_kernels logs once per process (the table and how it was chosen) and once per
+    shape (which table served it), as a vLLM worker prints them, reaches the finding's
+    environment; an arm whose log has no such line shows a dash."""
+    import types
+
+    from bistat.report.finding import _gemm_table_rows
+
+    table = ("nvidia_h200.json, by architecture (no table for NVIDIA H100 80GB HBM3; NVIDIA "
+             "H200's was measured with the same compute capability 9.0 and 132 multiprocessors); "
+             "shapes without an entry: vLLM 0.34.0's hopper table (13 shapes), else vLLM's fixed "
+             "configuration")
+    lines = [f"(Worker pid=7) bistat_kernels: batch-invariant GEMM table for NVIDIA H100 80GB "
+             f"HBM3 (compute capability 9.0, 132 multiprocessors): {table}",
+             "(Worker pid=7) bistat_kernels: batch-invariant GEMM bfloat16 N=4096 K=2048 served "
+             "by bistat table nvidia_h200.json",
+             "(Worker pid=7) bistat_kernels: batch-invariant GEMM bfloat16 N=6144 K=4096 served "
+             "by bistat table nvidia_h200.json",
+             "(Worker pid=7) bistat_kernels: batch-invariant GEMM bfloat16 N=960 K=576 served by "
+             "vLLM's fixed configuration, on vLLM's own kernel",
+             "(Worker pid=7) bistat_kernels: batch-invariant GEMM bfloat16 N=4096 K=2048 served "
+             "by bistat table nvidia_h200.json"]  # a second engine start: the same shape
+    acts = arm_activation(ARMS, {"default": [], "bi": lines})
+    assert (acts[1].gemm_table, acts[1].gemm_shapes) == (
+        (table,), (("bistat table nvidia_h200.json", 2), ("vLLM's fixed configuration", 1)))
+    assert (acts[0].gemm_table, acts[2].gemm_table) == ((), ())
+    summary = types.SimpleNamespace(activation=acts)
+    assert _gemm_table_rows(summary, ["default", "bi", "bi-triton"]) == [
+        ("tuned GEMM table (engine log)", "—", table, "—"),
+        ("tuned GEMM shapes by table (engine log)", "—",
+         "bistat table nvidia_h200.json: 2, vLLM's fixed configuration: 1", "—")]
+    assert _gemm_table_rows(types.SimpleNamespace(activation=acts[:1]), ["default"]) == []
+    from bistat.analysis.activation import logged_gemm_tables
+
+    assert logged_gemm_tables([
+        "bistat_kernels: batch-invariant GEMM bfloat16 N=4096 K=2048 served by vLLM 0.34.0's "
+        "hopper table, on vLLM's own kernel",
+        "bistat_kernels: batch-invariant GEMM bfloat16 N=2048 K=2048 served by vLLM (version "
+        "unknown)'s hopper table, on vLLM's own kernel"]) == (
+        (), (("vLLM 0.34.0's hopper table", 1), ("vLLM (version unknown)'s hopper table", 1)))

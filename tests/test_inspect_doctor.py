@@ -215,3 +215,63 @@ def test_doctor_cli_never_imports_vllm(cli):
     assert result.exit_code == 0
     validate(json.loads(result.output), "doctor.schema.json")
     assert "vllm" not in sys.modules
+
+
+def test_doctor_says_which_gemm_table_serves_the_gpu_and_how(tmp_path, monkeypatch):
+    """An H100 with the H200's table shipped and none of its own: by architecture, and the
+    shapes without an entry go to vLLM's table (here: no vLLM, its fixed configuration)."""
+    import shutil
+
+    from bistat_kernels import tables
+    from bistat_kernels.resolution import DeviceFacts
+
+    monkeypatch.setenv("BISTAT_HOME", str(tmp_path))
+    monkeypatch.delenv("BISTAT_GEMM_TABLE", raising=False)
+    monkeypatch.delenv("BISTAT_GEMM_TABLE_DIR", raising=False)
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    shutil.copy(tables.TABLES_DIR / "nvidia_h200.json", shipped)
+    monkeypatch.setattr(tables, "TABLES_DIR", shipped)
+    monkeypatch.setattr("bistat_kernels.resolution.configs_path", lambda: None)
+    found = {"numpy", "httpx", "torch", "triton"}
+    h100 = [{"name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-1", "serial": None, "driver": "580.1"}]
+    rep = doctor(find_spec=lambda m: object() if m in found else None, which=lambda c: None,
+                 gpus=lambda: h100, release_check=lambda p: None,
+                 gemm_device=lambda: DeviceFacts("NVIDIA H100 80GB HBM3", "9.0", 132))
+    assert (rep.gemm_table["how"], rep.gemm_table["table"]) == (
+        "architecture", str(shipped / "nvidia_h200.json"))
+    assert ("tuned GEMM table (BISTAT_TUNED_GEMM=1): NVIDIA H100 80GB HBM3 (compute capability "
+            "9.0, 132 multiprocessors): nvidia_h200.json, by architecture (no table for NVIDIA "
+            "H100 80GB HBM3; NVIDIA H200's was measured with the same compute capability 9.0 and "
+            "132 multiprocessors); shapes without an entry: vLLM's fixed configuration (vLLM is "
+            "not installed)\n") in render_doctor(rep)
+    validate(rep.to_dict(), "doctor.schema.json")
+    # without torch it cannot tell; without a GPU it says nothing
+    rep = doctor(find_spec=lambda m: object() if m in {"numpy", "httpx"} else None,
+                 which=lambda c: None, gpus=lambda: h100, release_check=lambda p: None)
+    assert rep.gemm_table == {"detail": "torch and triton are not installed, so the tuned GEMM "
+                                        "cannot run: pip install 'bistat[kernels]'"}
+    validate(rep.to_dict(), "doctor.schema.json")
+    rep = doctor(find_spec=lambda m: object() if m in found else None, which=lambda c: None,
+                 gpus=list, release_check=lambda p: None)
+    assert rep.gemm_table is None and "tuned GEMM" not in render_doctor(rep)
+
+
+@pytest.mark.parametrize("error,detail", [
+    (RuntimeError("No CUDA GPUs are available"),
+     "torch sees no CUDA GPU (RuntimeError: No CUDA GPUs are available)"),
+    (ImportError("libcudart.so.13: cannot open shared object file"),
+     "torch cannot be imported (ImportError: libcudart.so.13: cannot open shared object file)"),
+])
+def test_doctor_says_why_it_cannot_tell_the_gemm_table(tmp_path, monkeypatch, error, detail):
+    monkeypatch.setenv("BISTAT_HOME", str(tmp_path))
+
+    def device():
+        raise error
+
+    rep = doctor(find_spec=lambda m: object() if m in {"numpy", "httpx", "torch", "triton"}
+                 else None, which=lambda c: None, release_check=lambda p: None,
+                 gpus=lambda: [{"name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-1"}],
+                 gemm_device=device)
+    assert rep.gemm_table == {"detail": detail}
+    assert f"tuned GEMM table (BISTAT_TUNED_GEMM=1): {detail}\n" in render_doctor(rep)

@@ -326,8 +326,10 @@ def run_bench(shapes: Sequence[GemmShape], ms: Sequence[int] = BENCH_MS,
     from bistat_kernels import tables
     from bistat_kernels.provenance import gpu_provenance
 
+    from bistat_kernels.resolution import cuda_device_facts
+
     provenance = gpu_provenance(0, command)
-    table = tables.resolve_device_table(torch.cuda.get_device_name(0))
+    table = tables.resolve_device_table(cuda_device_facts(0))
     copy = copy_bandwidth()
     progress(f"bench: device-to-device copy {copy['gb_per_s']:.0f} GB/s "
              f"({copy['bytes'] / 2**30:.0f} GiB, read + write)")
@@ -360,6 +362,11 @@ def run_bench(shapes: Sequence[GemmShape], ms: Sequence[int] = BENCH_MS,
     doc: dict[str, Any] = {
         "schema": SCHEMA, "provenance": provenance, "dtype": mp.dtype_name(dtype),
         "table": table.source if table is not None else None,
+        # which table served each shape's tuned column (bistat's, vLLM's, the fixed default)
+        "served_by": {f"{s.n}x{s.k}": tables.shape_source(mp.dtype_name(dtype), s.n, s.k)
+                      for s in shapes},
+        "table_resolution": (tables.resolution().to_dict() if tables.resolution() is not None
+                             else "set by the caller (--table)"),
         "timing": "CUDA-graph replays of back-to-back calls over weight copies exceeding "
                   f"{timing.L2_MULTIPLE}x the L2 cache, median per call; order {order}",
         "rows": [r.to_dict(with_vllm) for r in rows],

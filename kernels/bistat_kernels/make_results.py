@@ -1,5 +1,6 @@
 """Regenerate ``kernels/RESULTS.md`` from the recorded JSON (tables, bench, probe, check, fused,
-the decode profile and the plugin probe in compiled vLLM, the sweep timing check).
+the decode profile and the plugin probe in compiled vLLM, the sweep timing check, and the tables
+measured on other cards: ``results/cards/<card>/``, :mod:`bistat_kernels.results_cards`).
 
 Nothing here measures; every number comes from a file written on the GPU, and the page says which
 file and which command. This module finds and loads the files; :mod:`bistat_kernels.results_model`
@@ -21,6 +22,7 @@ from typing import Any
 
 import jinja2
 
+from bistat_kernels import results_cards
 from bistat_kernels import results_model as model
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -301,6 +303,9 @@ def render_results(results_dir: Path = RESULTS_DIR, tables_dir: Path = TABLES_DI
             _load(check_dir / "device_output.json"),
             f"kernels/results/sweep_timing_check/sweep_raw_{device_slug}.json",
             f"results/call4_retune_partial/sweep_raw_{device_slug}.json"))
+    cards = results_cards.load_cards(results_dir)
+    if cards:
+        sections.append(_render("cards", cards))
     history = _history_section(results_dir)
     if history:
         sections.append(history)

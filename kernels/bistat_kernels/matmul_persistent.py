@@ -50,14 +50,16 @@ import triton
 import triton.language as tl
 
 from bistat_kernels import tables
+from bistat_kernels.resolution import DeviceFacts
 
 _TORCH_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16",
                       torch.float32: "float32"}
 
-# Resolved once per process (first launch): the multiprocessor count and the device's name.
-# Plain module values, not functools.lru_cache (torch.compile's tracer rejects lru_cache).
+# Resolved once per process (first launch): the multiprocessor count and what table resolution
+# needs of the device (name, compute capability, multiprocessors). Plain module values, not
+# functools.lru_cache (torch.compile's tracer rejects lru_cache).
 _NUM_SMS = 0
-_DEVICE_NAME: str | None = None
+_DEVICE_FACTS = DeviceFacts(None)
 _INTERPRETER_NUM_PROGRAMS = 4  # TRITON_INTERPRET=1 runs programs one after another on the CPU
 
 
@@ -380,18 +382,20 @@ def _matmul_persistent_tma_kernel(
                                        stride_cm, stride_cn, SPLIT_K, HAS_BIAS)
 
 
-def _device_facts(device: torch.device) -> tuple[int, str | None]:
-    """(programs to launch at most, device name), read once per process."""
-    global _NUM_SMS, _DEVICE_NAME
+def _device_facts(device: torch.device) -> tuple[int, DeviceFacts]:
+    """(programs to launch at most, the device's facts for table resolution), read once per
+    process; on the CPU (the Triton interpreter) a fixed program count and no device."""
+    global _NUM_SMS, _DEVICE_FACTS
     if _NUM_SMS == 0:
         if device.type == "cuda":
             props = torch.cuda.get_device_properties(device)
             _NUM_SMS = props.multi_processor_count
-            _DEVICE_NAME = props.name
+            _DEVICE_FACTS = DeviceFacts(props.name, f"{props.major}.{props.minor}",
+                                        props.multi_processor_count)
         else:
             _NUM_SMS = _INTERPRETER_NUM_PROGRAMS
-            _DEVICE_NAME = None
-    return _NUM_SMS, _DEVICE_NAME
+            _DEVICE_FACTS = DeviceFacts(None)
+    return _NUM_SMS, _DEVICE_FACTS
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -430,7 +434,8 @@ def matmul_persistent(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | Non
     (no float32 workspace, no counters) with the same bits as the parallel mode;
     ``config.tma`` loads the operand tiles through tensor descriptors where the operands allow it
     (16-byte aligned, unit inner stride; otherwise pointer loads, with the same bits). Shapes
-    without an entry use vLLM 0.25.0's fixed configuration, which is logged once per shape. On a
+    without an entry use vLLM's own table's entry where the installed vLLM has one for the GPU,
+    else vLLM's fixed configuration; which one is logged once per shape. On a
     GPU, every launch after the first of its kind goes straight to the compiled kernel
     (:func:`_launch`).
     """
@@ -454,9 +459,9 @@ def matmul_persistent(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | Non
     M, K = a.shape
     N = b.shape[1]
     dtype = a.dtype
-    num_sms, device_name = _device_facts(a.device)
+    num_sms, facts = _device_facts(a.device)
     if config is None:
-        config = tables.lookup_config(M, N, K, dtype_name(dtype), device_name)
+        config = tables.lookup_config(M, N, K, dtype_name(dtype), facts)
     c = torch.empty((M, N), device=a.device, dtype=dtype)  # [M, N]
     if M == 0 or N == 0:
         return c

@@ -49,7 +49,6 @@ import math
 import os
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -61,6 +60,7 @@ from triton.runtime.errors import OutOfResources
 from bistat_kernels import matmul_persistent as mp
 from bistat_kernels import tables
 from bistat_kernels import timing
+from bistat_kernels.precompile import pin_triton_toolchain, precompile
 from bistat_kernels.probe import ACCURACY_TOLERANCE, reference_mm, row_positions
 from bistat_kernels.shapes import GemmShape
 
@@ -148,6 +148,8 @@ _ALT_BLOCK_K_TILES: dict[str, tuple[tuple[int, int, int, int, int], ...]] = {
     "mid": ((16, 64, 4, 4, 1), (32, 64, 4, 4, 1), (32, 64, 4, 3, 2), (64, 64, 4, 3, 1)),
     "large": _PREFILL_ALT_TILES, "prefill": _PREFILL_ALT_TILES}
 SLOW_FIRST_LAUNCH_S = 0.25  # a first launch slower than this compiled in the timed process
+#: the clock budgets and deadlines are kept by (seconds; tests replace it by a fake one)
+CLOCK: Callable[[], float] = time.monotonic
 
 
 def _bucket_class(m: int) -> str:
@@ -275,102 +277,33 @@ def tma_available(dtype: torch.dtype) -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability(0)[0] >= 9
 
 
-def pin_triton_toolchain() -> dict[str, str]:
-    """Fix Triton's cache folder and ptxas for this process and every process it starts.
-
-    Sets ``TRITON_CACHE_DIR`` and ``TRITON_PTXAS_PATH`` to what Triton resolves now, unless they
-    are set already, and returns both. Call it before anything compiles: Inductor sets the two
-    variables only where they are unset, so a later ``torch.compile`` in the same process can no
-    longer point the precompile workers at another ptxas than the one the timed process keyed its
-    kernels with (see the module docstring).
-    """
-    from triton import knobs  # triton >= 3.4 (the H200 image has 3.6.0)
-
-    if not os.environ.get("TRITON_CACHE_DIR"):
-        os.environ["TRITON_CACHE_DIR"] = knobs.cache.dir
-    if not os.environ.get("TRITON_PTXAS_PATH"):
-        os.environ["TRITON_PTXAS_PATH"] = knobs.nvidia.ptxas.path  # resolves Triton's bundled one
-    return {key: os.environ[key] for key in ("TRITON_CACHE_DIR", "TRITON_PTXAS_PATH")}
-
-
-def _compile_worker(args: tuple[str, list[tuple[int, ...]]]) -> list[str]:
-    dtype_name, raw = args
-    dtype = getattr(torch, dtype_name)
-    errors = []
-    for fields in raw:
-        cfg = tables.GemmConfig(*fields)
-        try:
-            # the workspace is float32 only in parallel split-K; otherwise the launcher passes c
-            ws_dtype = torch.float32 if cfg.split_k > 1 and not cfg.fuse_splits else dtype
-            if cfg.tma:
-                _warm_tma(cfg, dtype, ws_dtype)
-                continue
-            mp._matmul_persistent_kernel.warmup(
-                dtype, dtype, dtype, ws_dtype, None, torch.int32,
-                64, 64, 64, 64, 1, 1, 64, 64, 1,
-                BLOCK_SIZE_M=cfg.block_m, BLOCK_SIZE_N=cfg.block_n, BLOCK_SIZE_K=cfg.block_k,
-                GROUP_SIZE_M=cfg.group_m, SPLIT_K=cfg.split_k,
-                NUM_PROGRAMS=_WORKER_NUM_SMS * cfg.programs_per_sm,
-                A_LARGE=False, B_LARGE=False, C_LARGE=False, HAS_BIAS=False,
-                IEEE=dtype == torch.float32, FUSE_SPLITS=cfg.fuse_splits,
-                FLAT_SPLITS=cfg.flat_splits, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                grid=(1,))
-        except Exception as exc:  # noqa: BLE001 - reported per config; the real launch re-raises
-            errors.append(f"{cfg}: {type(exc).__name__}: {str(exc)[:200]}")
-    return errors
-
-
-def _warm_tma(cfg: tables.GemmConfig, dtype: torch.dtype, ws_dtype: torch.dtype) -> None:
-    """Compile the descriptor-load kernel for ``cfg`` (descriptors need real CUDA tensors)."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    a = torch.zeros(64, 64, device="cuda", dtype=dtype)  # [M, K]
-    w = torch.zeros(64, 64, device="cuda", dtype=dtype)  # [N, K]
-    c = torch.empty(64, 64, device="cuda", dtype=dtype)
-    ws = torch.empty(1, device="cuda", dtype=ws_dtype)
-    locks = torch.zeros(1, device="cuda", dtype=torch.int32)
-    mp._matmul_persistent_tma_kernel.warmup(
-        TensorDescriptor(a, [64, 64], [64, 1], [cfg.block_m, cfg.block_k]),
-        TensorDescriptor(w, [64, 64], [64, 1], [cfg.block_n, cfg.block_k]),
-        c, ws, None, locks, 64, 64, 64, 64, 1,
-        BLOCK_SIZE_M=cfg.block_m, BLOCK_SIZE_N=cfg.block_n, BLOCK_SIZE_K=cfg.block_k,
-        GROUP_SIZE_M=cfg.group_m, SPLIT_K=cfg.split_k,
-        NUM_PROGRAMS=_WORKER_NUM_SMS * cfg.programs_per_sm, C_LARGE=False, HAS_BIAS=False,
-        FUSE_SPLITS=cfg.fuse_splits, FLAT_SPLITS=cfg.flat_splits, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, grid=(1,))
-
-
-_WORKER_NUM_SMS = int(os.environ.get("BISTAT_PRECOMPILE_NUM_SMS", "0") or 0)
-
-
-def precompile(configs: Sequence[tables.GemmConfig], dtype: torch.dtype, num_sms: int,
-               workers: int) -> list[str]:
-    """Compile ``configs`` in ``workers`` processes into Triton's on-disk cache.
-
-    The timed process then loads them from the cache instead of compiling one after another.
-    Returns the per-config failures (out-of-resources configs fail here and are skipped later).
-    """
-    os.environ["BISTAT_PRECOMPILE_NUM_SMS"] = str(num_sms)
-    raw = [tuple(asdict(c).values()) for c in configs]
-    chunks = [raw[i::workers] for i in range(workers)]
-    name = mp.dtype_name(dtype)
-    import multiprocessing
-
-    ctx = multiprocessing.get_context("spawn")
-    errors: list[str] = []
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        for chunk_errors in pool.map(_compile_worker, [(name, c) for c in chunks if c]):
-            errors.extend(chunk_errors)
-    return errors
-
-
 def time_ms(calls: Sequence[Callable[[], Any]], what: tuple[Any, ...] = ()) -> float:
-    """Median GPU time per call in ms (:func:`bistat_kernels.timing.graph_time_ms`).
+    """Median GPU time per call in ms (:func:`bistat_kernels.timing.graph_time_ms`); under the
+    Triton interpreter the host clock (:func:`bistat_kernels.timing.wall_time_ms`), so that a
+    tune runs end to end on the CPU (its times rank nothing a GPU would).
 
     ``what`` names the measurement (kind, M, config); CPU tests replace this function by a
     deterministic fake clock that reads it.
     """
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return timing.wall_time_ms(calls)
     return timing.graph_time_ms(calls)
+
+
+class BudgetExceeded(RuntimeError):
+    """The sweep's deadline passed inside a shape: the shape is left for a later run."""
+
+
+def _measure_all(st: "_ShapeState", m: int, configs: Sequence[tables.GemmConfig],
+                 layout: tuple[int, int], deadline: float | None) -> list[dict[str, Any]]:
+    """:func:`_measure_candidate` for each of ``configs`` in order, checking ``deadline``
+    (:data:`CLOCK`) before each: past it, :class:`BudgetExceeded`."""
+    records = []
+    for cfg in configs:
+        if deadline is not None and CLOCK() > deadline:
+            raise BudgetExceeded(f"sweep: deadline passed at N={st.shape.n} K={st.shape.k} M={m}")
+        records.append(_measure_candidate(st, m, cfg, layout))
+    return records
 
 
 @dataclass
@@ -450,8 +383,13 @@ def _best(records: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 def sweep_shape(shape: GemmShape, dtype: torch.dtype, num_sms: int, provenance: dict[str, Any],
                 seed: int = 0, device: str = "cuda", tma: bool = False,
+                deadline: float | None = None,
                 ) -> tuple[tables.ShapeConfig, dict[str, Any]]:
-    """Tune one weight shape; returns its table entry and the raw measurements."""
+    """Tune one weight shape; returns its table entry and the raw measurements.
+
+    Past ``deadline`` (:data:`CLOCK`), checked before every candidate, it raises
+    :class:`BudgetExceeded` and the shape's measurements are dropped (a later run tunes it).
+    """
     t0 = time.monotonic()
     gen = torch.Generator(device=device).manual_seed(seed)
     w = torch.randn(shape.n, shape.k, device=device, dtype=dtype, generator=gen) * 0.02  # [N, K]
@@ -467,8 +405,8 @@ def sweep_shape(shape: GemmShape, dtype: torch.dtype, num_sms: int, provenance: 
         _ensure_ref(st, m)
         for layout in layouts:
             _ensure_alone(st, layout)
-            recs = [_measure_candidate(st, m, cfg, layout)
-                    for cfg in launch_candidates(m, shape.n, *layout, tma, shape.k)]
+            recs = _measure_all(st, m, launch_candidates(m, shape.n, *layout, tma, shape.k),
+                                layout, deadline)
             for r in recs:
                 r["phase"] = "layout"
             records.extend(recs)
@@ -493,8 +431,8 @@ def sweep_shape(shape: GemmShape, dtype: torch.dtype, num_sms: int, provenance: 
     for m in BUCKETS:
         if (chosen, m) not in best:
             _ensure_ref(st, m)
-            recs = [_measure_candidate(st, m, cfg, chosen)
-                    for cfg in launch_candidates(m, shape.n, *chosen, tma, shape.k)]
+            recs = _measure_all(st, m, launch_candidates(m, shape.n, *chosen, tma, shape.k),
+                                chosen, deadline)
             for r in recs:
                 r["phase"] = "bucket"
             records.extend(recs)
@@ -624,22 +562,39 @@ def _write_json(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
+INTERPRETER_DEVICE = "Triton interpreter (CPU)"  # the device name of a sweep on the CPU
+
+
 def run_sweep(shapes: Sequence[GemmShape], out_dir: Path, *, dtype: torch.dtype = torch.bfloat16,
               resume_table: Path | None = None, resume_raw: Path | None = None,
               budget_s: float = 480.0, precompile_workers: int = 0,
+              precompile_budget_s: float | None = None,
               command: list[str] | None = None,
               progress: Callable[[str], None] = print) -> dict[str, Any]:
     """Sweep ``shapes`` not yet in ``resume_table``; write ``<device>.json`` and the raw file.
 
-    Returns a summary: shapes done now, shapes still missing, the paths written.
+    The budget is kept: no shape starts whose expected time (the longest so far) would cross
+    ``budget_s`` from the start, and a shape still running at that moment is dropped before its
+    next candidate (:class:`BudgetExceeded`; a later run tunes it). ``precompile_budget_s``
+    bounds the precompile (:func:`precompile`). On the CPU (``TRITON_INTERPRET=1``, no CUDA) the
+    sweep runs the interpreter, for tests, under the device name :data:`INTERPRETER_DEVICE`.
+
+    Returns a summary: shapes done now, shapes still missing, the paths written, the seconds
+    used and whether a shape was dropped at the deadline.
     """
     from bistat_kernels.provenance import gpu_provenance
 
-    t_start = time.monotonic()
+    t_start = CLOCK()
+    deadline = t_start + budget_s
     toolchain = pin_triton_toolchain()
-    device_name = torch.cuda.get_device_name(0)
-    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    on_gpu = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
     provenance = gpu_provenance(0, command)
+    if on_gpu:
+        device_name = torch.cuda.get_device_name(0)
+        num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    else:
+        device_name, num_sms = INTERPRETER_DEVICE, mp._INTERPRETER_NUM_PROGRAMS
+        provenance["gpu_name"] = device_name
     out_dir.mkdir(parents=True, exist_ok=True)
     table_path = tables.table_path_for(device_name, out_dir)
     raw_path = out_dir / f"sweep_raw_{tables.device_slug(device_name)}.json"
@@ -664,23 +619,32 @@ def run_sweep(shapes: Sequence[GemmShape], out_dir: Path, *, dtype: torch.dtype 
         progress(f"sweep: plan {plan['configs']} configs, at most {plan['measurements_max']} "
                  f"measurements; Triton cache {toolchain['TRITON_CACHE_DIR']}, ptxas "
                  f"{toolchain['TRITON_PTXAS_PATH']}")
-    if todo and precompile_workers > 0:
-        t0 = time.monotonic()
+    if todo and precompile_workers > 0 and on_gpu:
+        t0 = CLOCK()
         errs = precompile(all_sweep_configs(todo, num_sms, tma), dtype, num_sms,
-                          precompile_workers)
-        progress(f"sweep: precompiled in {time.monotonic() - t0:.1f}s, {len(errs)} config(s) "
-                 f"failed to compile (skipped when timed)")
+                          precompile_workers, budget_s=precompile_budget_s, clock=CLOCK)
+        progress(f"sweep: precompiled in {CLOCK() - t0:.1f}s, {len(errs)} config(s) "
+                 f"failed to compile (skipped when timed)"
+                 + "".join(f"; {e}" for e in errs if "not precompiled" in e))
     done: list[str] = []
     per_shape_s: list[float] = []
+    dropped = None
     for shape in todo:
-        elapsed = time.monotonic() - t_start
-        estimate = max(per_shape_s) if per_shape_s else 20.0
+        elapsed = CLOCK() - t_start
+        estimate = max(per_shape_s) if per_shape_s else (20.0 if on_gpu else 0.0)
         if elapsed + estimate > budget_s:
             progress(f"sweep: budget {budget_s:.0f}s reached after {elapsed:.0f}s; resume later")
             break
-        t0 = time.monotonic()
-        entry, raw = sweep_shape(shape, dtype, num_sms, provenance, tma=tma)
-        per_shape_s.append(time.monotonic() - t0)
+        t0 = CLOCK()
+        try:
+            entry, raw = sweep_shape(shape, dtype, num_sms, provenance, tma=tma,
+                                     device="cuda" if on_gpu else "cpu", deadline=deadline)
+        except BudgetExceeded:
+            dropped = f"{shape.model}/{shape.layer}"
+            progress(f"sweep: budget {budget_s:.0f}s reached inside {dropped} after "
+                     f"{CLOCK() - t_start:.0f}s; it is left for a later run")
+            break
+        per_shape_s.append(CLOCK() - t0)
         entries[(name, shape.n, shape.k)] = entry
         raw_shapes = [r for r in raw_shapes if (r["n"], r["k"], r["dtype"]) !=
                       (shape.n, shape.k, name)] + [raw]
@@ -696,7 +660,9 @@ def run_sweep(shapes: Sequence[GemmShape], out_dir: Path, *, dtype: torch.dtype 
                  f"tuned/torch.mm {ratios}")
         done.append(f"{shape.model}/{shape.layer}")
     missing = [f"{s.model}/{s.layer}" for s in shapes if (name, s.n, s.k) not in entries]
-    return {"done": done, "missing": missing, "table": str(table_path), "raw": str(raw_path)}
+    return {"done": done, "missing": missing, "table": str(table_path), "raw": str(raw_path),
+            "device_name": device_name, "elapsed_s": round(CLOCK() - t_start, 1),
+            "dropped_at_deadline": dropped}
 
 
 def run_retune_buckets(shapes: Sequence[GemmShape], table_path: Path, out_dir: Path, *,

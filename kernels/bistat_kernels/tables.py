@@ -24,9 +24,11 @@ BLOCK_K bitwise against the layout's canonical launch, and the probe compares ea
 rows with the M = 1 bucket's. ``split_k`` never varies per bucket.
 
 The launcher resolves the table of the device it runs on once, into the module-level value
-``_DEVICE_TABLE``, and picks the M bucket by a linear scan over a short sorted tuple: no
-``functools.lru_cache`` and no ``bisect(..., key=)`` on the hot path, because torch.compile's
-tracer rejected both in vLLM (FIELD-NOTES, "Correctness traps").
+``_DEVICE_TABLE`` (:mod:`bistat_kernels.resolution` chooses it: the user's or the shipped table of
+the device's name, else one of the same compute capability and multiprocessor count), with vLLM's
+own table for the shapes it lacks (``_FALLBACK``), and picks the M bucket by a linear scan over a
+short sorted tuple: no ``functools.lru_cache`` and no ``bisect(..., key=)`` on the hot path,
+because torch.compile's tracer rejected both in vLLM (FIELD-NOTES, "Correctness traps").
 
 The schema is validated by hand rather than with pydantic: this module is imported inside vLLM
 workers and on GPU machines whose images may not carry pydantic, and it must not need anything
@@ -403,6 +405,10 @@ def table_path_for(device_name: str, tables_dir: Path = TABLES_DIR) -> Path:
 
 _DEVICE_TABLE: GemmTable | None = None
 _DEVICE_TABLE_RESOLVED = False
+#: vLLM's own table for the device's architecture family (bistat_kernels.vllm_table): what serves
+#: a shape without an entry in _DEVICE_TABLE; None: vLLM's fixed configuration (DEFAULT_CONFIGS)
+_FALLBACK: GemmTable | None = None
+_RESOLUTION: Any = None  # the resolution.TableResolution that set the two above, if any
 _WARNED_SHAPES: set[tuple[str, int, int]] = set()
 _GENERATION = 0  # counts changes of the resolved table: launch plans made under another are stale
 
@@ -429,39 +435,51 @@ def override_path(value: str, tables_dir: Path = TABLES_DIR) -> Path:
     return path
 
 
-def resolve_device_table(device_name: str | None) -> GemmTable | None:
-    """Load the table for ``device_name`` (or ``$BISTAT_GEMM_TABLE``) into the module value, once.
+def resolve_device_table(device: Any) -> GemmTable | None:
+    """Resolve the table of ``device`` into the module value, once, and say so in the log.
 
-    Returns ``None`` when no table exists for the device; the launcher then uses
-    :data:`DEFAULT_CONFIGS` and logs that once per shape.
+    ``device`` is a :class:`bistat_kernels.resolution.DeviceFacts` (name, compute capability,
+    multiprocessors), a device name alone (no match by architecture then), or None (no GPU).
+    The order (``$BISTAT_GEMM_TABLE``, the user's table, the shipped table of the device's name,
+    one of its architecture) is :mod:`bistat_kernels.resolution`'s. Returns ``None`` when none
+    resolves; shapes without an entry then go to vLLM's own table where the installed vLLM has
+    one, else to :data:`DEFAULT_CONFIGS` (:func:`lookup_config`).
     """
-    global _DEVICE_TABLE, _DEVICE_TABLE_RESOLVED
     if _DEVICE_TABLE_RESOLVED:
         return _DEVICE_TABLE
-    override = os.environ.get(TABLE_ENV)
-    table: GemmTable | None = None
-    if override:
-        table = load_table(override_path(override))
-    elif device_name is not None:
-        path = table_path_for(device_name)
-        if path.is_file():
-            table = load_table(path)
-    if table is None:
-        _log.warning("bistat_kernels: no tuned GEMM table for device %r in %s; every shape uses "
-                     "the default configuration", device_name, TABLES_DIR)
-    else:
-        _log.info("bistat_kernels: GEMM table %s (%d shapes) for %s", table.source,
-                  len(table.entries), table.device_name)
-    _DEVICE_TABLE = table
+    from bistat_kernels import resolution
+
+    facts = device if isinstance(device, resolution.DeviceFacts) else resolution.DeviceFacts(device)
+    found = resolution.resolve(facts)
+    # one line, at warning level so that it reaches a vLLM worker's log (no handler is set up for
+    # this logger there); a finding's environment quotes it (bistat.analysis.activation)
+    _log.warning("bistat_kernels: batch-invariant GEMM table for %s: %s", facts.describe(),
+                 found.describe())
+    install_resolution(found)
+    return found.table
+
+
+def install_resolution(found: Any) -> None:
+    """Make ``found`` (a :class:`bistat_kernels.resolution.TableResolution`) the resolved table
+    and fallback of this process."""
+    global _DEVICE_TABLE, _DEVICE_TABLE_RESOLVED, _FALLBACK, _RESOLUTION
+    _DEVICE_TABLE, _FALLBACK, _RESOLUTION = found.table, found.vllm.table, found
     _DEVICE_TABLE_RESOLVED = True
+    _WARNED_SHAPES.clear()
     _bump()
-    return table
 
 
-def set_device_table(table: GemmTable | None) -> None:
-    """Install ``table`` as the resolved table (sweeps, probes and tests choose their own)."""
-    global _DEVICE_TABLE, _DEVICE_TABLE_RESOLVED
-    _DEVICE_TABLE = table
+def resolution() -> Any:
+    """The :class:`bistat_kernels.resolution.TableResolution` in force (None: none resolved
+    yet, or a table set by :func:`set_device_table`)."""
+    return _RESOLUTION
+
+
+def set_device_table(table: GemmTable | None, fallback: GemmTable | None = None) -> None:
+    """Install ``table`` as the resolved table (sweeps, probes and tests choose their own);
+    shapes it lacks use ``fallback``'s entries (e.g. vLLM's table), else :data:`DEFAULT_CONFIGS`."""
+    global _DEVICE_TABLE, _DEVICE_TABLE_RESOLVED, _FALLBACK, _RESOLUTION
+    _DEVICE_TABLE, _FALLBACK, _RESOLUTION = table, fallback, None
     _DEVICE_TABLE_RESOLVED = True
     _WARNED_SHAPES.clear()
     _bump()
@@ -469,8 +487,8 @@ def set_device_table(table: GemmTable | None) -> None:
 
 def reset_device_table() -> None:
     """Forget the resolved table so that the next lookup resolves it again."""
-    global _DEVICE_TABLE, _DEVICE_TABLE_RESOLVED
-    _DEVICE_TABLE = None
+    global _DEVICE_TABLE, _DEVICE_TABLE_RESOLVED, _FALLBACK, _RESOLUTION
+    _DEVICE_TABLE, _FALLBACK, _RESOLUTION = None, None, None
     _DEVICE_TABLE_RESOLVED = False
     _WARNED_SHAPES.clear()
     _bump()
@@ -481,15 +499,38 @@ def _bump() -> None:
     _GENERATION += 1
 
 
-def lookup_config(m: int, n: int, k: int, dtype: str, device_name: str | None) -> GemmConfig:
-    """The launch configuration for one GEMM; falls back to the default, logging it once."""
-    table = _DEVICE_TABLE if _DEVICE_TABLE_RESOLVED else resolve_device_table(device_name)
-    entry = table.lookup(dtype, n, k) if table is not None else None
-    if entry is not None:
-        return entry.config_for(m)
+def shape_source(dtype: str, n: int, k: int, *, vllm_kernel: bool = False) -> str:
+    """Which table serves ``(dtype, N, K)`` under the table in force (see
+    :meth:`bistat_kernels.resolution.TableResolution.shape_source`)."""
+    if _RESOLUTION is not None:
+        return _RESOLUTION.shape_source(dtype, n, k, vllm_kernel=vllm_kernel)
+    if _DEVICE_TABLE is not None and _DEVICE_TABLE.lookup(dtype, n, k) is not None:
+        return f"bistat table {Path(_DEVICE_TABLE.source).name}"
+    kernel = ", on vLLM's own kernel" if vllm_kernel else ", on bistat's kernel"
+    if _FALLBACK is not None and _FALLBACK.lookup(dtype, n, k) is not None:
+        return _FALLBACK.device_name + kernel
+    return "vLLM's fixed configuration" + kernel
+
+
+def note_shape(dtype: str, n: int, k: int, source: str) -> None:
+    """Log once per process and shape which table serves it (``source``: :func:`shape_source`)."""
     key = (dtype, n, k)
     if key not in _WARNED_SHAPES:
         _WARNED_SHAPES.add(key)
-        _log.warning("bistat_kernels: no tuned entry for dtype=%s N=%d K=%d; using the default "
-                     "configuration %s", dtype, n, k, DEFAULT_CONFIGS[dtype])
-    return DEFAULT_CONFIGS[dtype]
+        _log.warning("bistat_kernels: batch-invariant GEMM %s N=%d K=%d served by %s", dtype, n,
+                     k, source)
+
+
+def lookup_config(m: int, n: int, k: int, dtype: str, device: Any) -> GemmConfig:
+    """The launch configuration for one GEMM: the table's entry, else vLLM's table's, else the
+    fixed default; a shape without an entry of the table is logged once (:func:`note_shape`).
+
+    ``device`` is what :func:`resolve_device_table` takes, used only at the first call."""
+    table = _DEVICE_TABLE if _DEVICE_TABLE_RESOLVED else resolve_device_table(device)
+    entry = table.lookup(dtype, n, k) if table is not None else None
+    if entry is not None:
+        return entry.config_for(m)
+    entry = _FALLBACK.lookup(dtype, n, k) if _FALLBACK is not None else None
+    note_shape(dtype, n, k, shape_source(dtype, n, k) + (
+        "" if entry is not None else f" {DEFAULT_CONFIGS[dtype]}"))
+    return entry.config_for(m) if entry is not None else DEFAULT_CONFIGS[dtype]

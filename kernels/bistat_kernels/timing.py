@@ -59,3 +59,20 @@ def graph_time_ms(calls: Sequence[Callable[[], Any]], max_replays: int = 10) -> 
         times.append(start.elapsed_time(end))
     del graph
     return statistics.median(times) / len(calls)
+
+
+def wall_time_ms(calls: Sequence[Callable[[], Any]], repeats: int = 3) -> float:
+    """Median host time per call, ms, of ``calls`` run back to back ``repeats`` times: for the
+    Triton interpreter on the CPU, where there is no GPU to time (such times rank nothing a GPU
+    would; they let the tuner's path run in tests)."""
+    import time
+
+    for call in calls:
+        call()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for call in calls:
+            call()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times) / len(calls)

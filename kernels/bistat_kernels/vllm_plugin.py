@@ -48,6 +48,14 @@ launch configuration of each (M, N, K) is looked up once and kept, and the first
 weight shape compiles every bucket of its table entry (:func:`_precompile`; off with
 ``BISTAT_GEMM_PRECOMPILE=0``), so that no batch size first seen during a measured pass pays a
 Triton compilation there.
+
+Which table serves the GPU is resolved at the first call (:mod:`bistat_kernels.resolution`: the
+user's or the shipped table of the GPU's name, else one measured on a GPU of the same compute
+capability and multiprocessor count) and logged once; a shape that table has no entry for (every
+shape, where no table resolves) is handed to vLLM's own ``matmul_persistent``, which serves it from
+vLLM's own table where that has the shape and from its fixed configuration otherwise: such shapes
+run as vLLM ships them. Each shape's source is logged once (``... served by ...``), and a finding's
+environment quotes both lines (:mod:`bistat.analysis.activation`).
 """
 
 import importlib
@@ -89,16 +97,43 @@ _log = logging.getLogger("bistat_kernels.vllm_plugin")
 # SPLIT_K): eager calls and CUDA-graph captures (a graph replay runs no Python, so it is not
 # counted). The vLLM check script reads this to prove the tuned kernel ran.
 CALLS: dict[tuple[int, ...], int] = {}
+#: the same for the calls handed to vLLM's own ``matmul_persistent``, per (N, K): shapes bistat's
+#: table has no entry for (vLLM's own table or its fixed configuration serves them)
+VLLM_CALLS: Counter = Counter()
 _OP: Any = None
 _LIB: Any = None  # the torch.library.Library defining the op; kept alive with the process
-# (M, N, K, dtype, device name) -> (the table it was looked up in, its launch configuration)
+# (M, N, K, dtype, device) -> (the table it was looked up in, its launch configuration, or None
+# where vLLM's own kernel serves the shape)
 _CONFIGS: dict[tuple[Any, ...], tuple[Any, Any]] = {}
+#: vLLM's own ``matmul_persistent``, kept by :func:`install`: the shapes bistat's table lacks go
+#: to it, so that they run as vLLM ships them (its own table where it has the shape)
+_VLLM_OWN: Any = None
 
 
 def enabled(environ: Optional[Union["os._Environ[str]", dict]] = None) -> bool:
     """Whether ``BISTAT_TUNED_GEMM`` asks for the plugin (``1``, ``true``, ``yes`` or ``on``)."""
     env = os.environ if environ is None else environ
     return env.get(ENABLE_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _launch_for(M: int, N: int, K: int, a: Any, b: Any, bias: Any, facts: Any) -> Any:
+    """The launch configuration of one call shape, or None for vLLM's own kernel (a shape
+    without an entry in bistat's table, once install() has kept vLLM's function); the table is
+    resolved at the first call (logged once), and each shape's source is logged once."""
+    from bistat_kernels import matmul_persistent as mp
+    from bistat_kernels import tables
+
+    table = tables.resolve_device_table(facts)
+    dtype = mp.dtype_name(a.dtype)
+    entry = table.lookup(dtype, N, K) if table is not None else None
+    if entry is None and _VLLM_OWN is not None:
+        tables.note_shape(dtype, N, K, tables.shape_source(dtype, N, K, vllm_kernel=True))
+        return None
+    if entry is not None:
+        tables.note_shape(dtype, N, K, tables.shape_source(dtype, N, K))
+        if PRECOMPILE:
+            _precompile(a, b, bias, table, dtype, N, K)
+    return tables.lookup_config(M, N, K, dtype, facts)
 
 
 def tuned_matmul_op() -> Any:
@@ -114,17 +149,18 @@ def tuned_matmul_op() -> Any:
     def _matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         M, K = a.shape
         N = b.shape[1]
-        _, device_name = mp._device_facts(a.device)
-        table = tables.resolve_device_table(device_name)
-        where = (M, N, K, a.dtype, device_name)
+        _, facts = mp._device_facts(a.device)
+        table = tables.resolve_device_table(facts)
+        where = (M, N, K, a.dtype, facts)
         known = _CONFIGS.get(where)
         if known is not None and known[0] is table:  # a table set since is looked up afresh
             cfg = known[1]
         else:
-            cfg = tables.lookup_config(M, N, K, mp.dtype_name(a.dtype), device_name)
+            cfg = _launch_for(M, N, K, a, b, bias, facts)
             _CONFIGS[where] = (table, cfg)
-            if PRECOMPILE and table is not None:
-                _precompile(a, b, bias, table, mp.dtype_name(a.dtype), N, K)
+        if cfg is None:
+            VLLM_CALLS[(N, K)] += 1
+            return _VLLM_OWN(a, b, bias)
         key = (N, K, cfg.block_m, cfg.block_n, cfg.block_k, cfg.split_k)
         CALLS[key] = CALLS.get(key, 0) + 1
         return mp.matmul_persistent(a, b, bias, config=cfg)
@@ -317,10 +353,12 @@ def _note_passed_through(out_dtype: Any, more: Mapping[str, Any]) -> None:
 
 def install(module: ModuleType) -> bool:
     """Replace ``module.matmul_persistent`` by the tuned op; idempotent. True if it installed."""
+    global _VLLM_OWN
     if getattr(module, "_bistat_tuned_gemm", False):
         return False
     original = module.matmul_persistent
     op = tuned_matmul_op()
+    _VLLM_OWN = original
 
     def matmul_persistent(a: Any, b: Any, bias: Any = None, out_dtype: Any = None,
                           **more: Any) -> Any:

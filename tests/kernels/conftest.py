@@ -9,6 +9,8 @@ modules beside it. On a GPU machine, ``BISTAT_KERNELS_GPU=1 pytest tests/kernels
 
 import os
 
+import pytest
+
 if os.environ.get("BISTAT_KERNELS_GPU") != "1":
     os.environ["TRITON_INTERPRET"] = "1"
 
@@ -25,3 +27,10 @@ if os.environ.get("TRITON_INTERPRET") == "1":
         from interpreter_dot import install
 
         install()
+
+
+@pytest.fixture(autouse=True)
+def _own_user_tables(tmp_path_factory, monkeypatch):
+    """Every test sees an empty folder of user GEMM tables, never the machine's own
+    (``bistat kernels tune`` writes there, and table resolution reads it)."""
+    monkeypatch.setenv("BISTAT_GEMM_TABLE_DIR", str(tmp_path_factory.mktemp("gemm_tables")))

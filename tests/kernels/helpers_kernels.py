@@ -51,3 +51,37 @@ def assert_verbose_allclose(actual, expected, rtol: float, atol: float) -> None:
                    f"expected {expected[tuple(i)].item()!r}" for i in bad]
         raise AssertionError(f"{int((~close).sum())} mismatched elements; first: "
                              + "; ".join(details))
+
+
+def use_tiny_sweep(monkeypatch, clock: list[float] | None = None) -> None:
+    """Shrink the sweep for the interpreter: buckets 1, 8, 32 (scored at 1 and 32), two launch
+    candidates per bucket class, layouts BLOCK_K 16 and 32 with one split, and a deterministic fake
+    clock for the candidates' times (BLOCK_K 32 faster, then wider BLOCK_N, then two programs per
+    SM). With ``clock`` (a one-element list of seconds), every timed measurement also moves
+    ``sweep.CLOCK`` on by one second, so that budgets are kept and spent deterministically."""
+    from bistat_kernels import sweep
+
+    monkeypatch.setattr(sweep, "BUCKETS", (1, 8, 32))
+    monkeypatch.setattr(sweep, "SCORE_MS", (1, 32))
+    monkeypatch.setattr(sweep, "SCORE_WEIGHTS", {1: 2.0, 32: 1.0})
+    monkeypatch.setattr(sweep, "_LAUNCH_CANDIDATES", {
+        "decode": ((16, 16, 4, 2, 1), (16, 32, 4, 2, 1)),
+        "small": ((16, 16, 4, 2, 1), (32, 32, 4, 2, 2)),
+    })
+
+    def fake_time_ms(calls, what):
+        kind, m, cfg = what
+        if clock is not None:
+            clock[0] += 1.0
+        if cfg is None:
+            return 1.0  # torch.mm
+        # BLOCK_K 32 is faster; then wider BLOCK_N; programs_per_sm 2 helps
+        return (1.0 if cfg.block_k == 32 else 1.5) + 1.0 / cfg.block_n - 0.01 * cfg.programs_per_sm
+
+    monkeypatch.setattr(sweep, "time_ms", fake_time_ms)
+    monkeypatch.setattr(sweep, "reduction_candidates", lambda n, k, num_sms: [(16, 1), (32, 1)])
+    # the layouts' own BLOCK_K only (test_kernel_sweep's free_block_k tests cover the others)
+    monkeypatch.setattr(sweep, "FREE_BLOCK_K_CLASSES", ())
+    if clock is not None:
+        monkeypatch.setattr(sweep, "CLOCK", lambda: clock[0])
+

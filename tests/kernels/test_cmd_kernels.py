@@ -19,20 +19,21 @@ def _run(args, **kw):
     return CliRunner().invoke(cli, ["kernels", *args], **kw)
 
 
-def test_help_lists_the_five_commands():
+def test_help_lists_the_six_commands():
     result = _run(["--help"], catch_exceptions=False)
     assert result.exit_code == 0
     assert result.output == (
         "Usage: cli kernels [OPTIONS] COMMAND [ARGS]...\n\n"
-        "  The tuned batch-invariant Triton GEMM: probe, sweep, bench, results, vLLM\n"
-        "  export.\n\n"
+        "  The tuned batch-invariant Triton GEMM: tune, probe, sweep, bench, results,\n"
+        "  vLLM export.\n\n"
         "Options:\n  -h, --help  Show this message and exit.\n\n"
         "Commands:\n"
         "  bench        Time tuned, torch.mm and the fixed default per shape and M.\n"
         "  export-vllm  Write the table in vLLM 0.33.0's tuned-table format.\n"
         "  probe        Check both gates: bitwise row invariance and accuracy.\n"
         "  results      Regenerate RESULTS.md from the recorded JSON.\n"
-        "  sweep        Tune the GEMM table on this GPU (chunked, resumable).\n")
+        "  sweep        Tune the GEMM table on this GPU (chunked, resumable).\n"
+        "  tune         Make this GPU's table: sweep, probe, write.\n")
 
 
 def test_sweep_and_bench_refuse_without_a_gpu():
@@ -191,7 +192,8 @@ def test_the_device_bench_stage_takes_a_selection_an_order_and_an_emptied_cache(
     monkeypatch.setattr(bench, "copy_bandwidth", lambda: {"bytes": 2**30, "median_ms": 1.0,
                                                           "gb_per_s": 1000.0})
     monkeypatch.setattr("bistat_kernels.provenance.gpu_provenance", lambda *a: {"gpu": "test"})
-    monkeypatch.setattr(tables, "resolve_device_table", lambda name: None)
+    monkeypatch.setattr(tables, "resolve_device_table", lambda device: None)
+    monkeypatch.setattr("bistat_kernels.resolution.cuda_device_facts", lambda index: None)
     monkeypatch.setattr(bench.torch.cuda, "get_device_name", lambda *a: "test")
     picked = gpu_call._selected_shapes([(151936, 4096), (4096, 12288)], "--bench-shapes")
     try:

@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 import types
 import zipfile
 from pathlib import Path
-from typing import NamedTuple
 
 import pytest
 from click.testing import CliRunner
 
 from bistat.cli import cli
 from bistat_kernels import export_vllm, tables
+from vllm_wheels import load_vllm_configs_module
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLE = ROOT / "kernels/bistat_kernels/tables/nvidia_h200.json"
@@ -225,35 +224,8 @@ def test_the_schema_check_names_what_breaks_it(edit, message):
         export_vllm.parse_vllm_source(edit(text))
 
 
-class _DeviceCapability(NamedTuple):  # vllm/platforms/interface.py's, fields only
-    major: int
-    minor: int
-
-
 def _load_vllm_configs_module(monkeypatch, version: str) -> types.ModuleType:
-    """vLLM VERSION's batch_invariant_configs.py, from the wheel, with vllm.platforms stubbed."""
-    wheel = WHEELS[version]
-    if not wheel.is_file():
-        pytest.skip(f"{wheel} is not on this machine (pip download vllm=={version} --no-deps -d "
-                    f"{wheel.parent})")
-    torch = pytest.importorskip("torch")
-    del torch
-    source = zipfile.ZipFile(wheel).read(CONFIGS_IN_WHEEL).decode()
-    platform = types.SimpleNamespace(is_cuda=lambda: True,
-                                     get_device_capability=lambda: _DeviceCapability(9, 0))
-    stubs = {"vllm": types.ModuleType("vllm"),
-             "vllm.platforms": types.ModuleType("vllm.platforms"),
-             "vllm.platforms.interface": types.ModuleType("vllm.platforms.interface"),
-             "vllm.model_executor": types.ModuleType("vllm.model_executor"),
-             "vllm.model_executor.determinism": types.ModuleType("vllm.model_executor.determinism")}
-    stubs["vllm.platforms"].current_platform = platform
-    stubs["vllm.platforms.interface"].DeviceCapability = _DeviceCapability
-    module = types.ModuleType(export_vllm.VLLM_CONFIGS_MODULE)
-    module.__file__ = f"{wheel}/{CONFIGS_IN_WHEEL}"
-    for name, stub in {**stubs, export_vllm.VLLM_CONFIGS_MODULE: module}.items():
-        monkeypatch.setitem(sys.modules, name, stub)
-    exec(compile(source, module.__file__, "exec"), module.__dict__)
-    return module
+    return load_vllm_configs_module(monkeypatch, WHEELS[version])
 
 
 def test_vllm_0_34_0_kept_0_33_0s_tuned_table_file_byte_for_byte():

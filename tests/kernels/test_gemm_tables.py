@@ -189,9 +189,11 @@ def test_the_override_may_name_a_shipped_table(monkeypatch):
     monkeypatch.setenv(tables.TABLE_ENV, "nvidia_h300")
     with pytest.raises(tables.TableError) as err:
         tables.resolve_device_table("NVIDIA H100 80GB HBM3")
+    shipped = sorted(p.stem for p in tables.TABLES_DIR.glob("*.json"))
+    assert "nvidia_h200" in shipped
     assert str(err.value) == (
         f"BISTAT_GEMM_TABLE=nvidia_h300: no table of that name in {tables.TABLES_DIR} (shipped: "
-        "nvidia_h200); give a table name or a path to a table file")
+        f"{', '.join(shipped)}); give a table name or a path to a table file")
     tables.reset_device_table()
 
 def test_missing_table_warns_and_uses_defaults(monkeypatch, caplog):
@@ -202,8 +204,12 @@ def test_missing_table_warns_and_uses_defaults(monkeypatch, caplog):
             assert tables.resolve_device_table("Imaginary GPU 9000") is None
             cfg = tables.lookup_config(8, 4096, 4096, "bfloat16", "Imaginary GPU 9000")
         assert cfg == tables.DEFAULT_CONFIGS["bfloat16"]
-        assert caplog.records[0].getMessage().startswith(
-            "bistat_kernels: no tuned GEMM table for device 'Imaginary GPU 9000' in ")
+        assert [r.getMessage() for r in caplog.records] == [
+            "bistat_kernels: batch-invariant GEMM table for Imaginary GPU 9000: none (no table "
+            "for Imaginary GPU 9000; make one with `bistat kernels tune`); shapes without an "
+            "entry: vLLM's fixed configuration (vLLM is not installed)",
+            "bistat_kernels: batch-invariant GEMM bfloat16 N=4096 K=4096 served by vLLM's fixed "
+            f"configuration, on bistat's kernel {tables.DEFAULT_CONFIGS['bfloat16']}"]
     finally:
         tables.reset_device_table()
 

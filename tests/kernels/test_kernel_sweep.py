@@ -6,10 +6,10 @@ import math
 import os
 
 import pytest
-from helpers_kernels import torch
+from helpers_kernels import torch, use_tiny_sweep
 
 from bistat_kernels import matmul_persistent as mp  # noqa: E402
-from bistat_kernels import sweep, tables  # noqa: E402
+from bistat_kernels import precompile, sweep, tables  # noqa: E402
 from bistat_kernels.shapes import GemmShape  # noqa: E402
 
 
@@ -23,25 +23,7 @@ def test_candidates_cap_block_n_and_try_split_k_only_for_narrow_n():
 
 @pytest.fixture
 def tiny_sweep(monkeypatch):
-    monkeypatch.setattr(sweep, "BUCKETS", (1, 8, 32))
-    monkeypatch.setattr(sweep, "SCORE_MS", (1, 32))
-    monkeypatch.setattr(sweep, "SCORE_WEIGHTS", {1: 2.0, 32: 1.0})
-    monkeypatch.setattr(sweep, "_LAUNCH_CANDIDATES", {
-        "decode": ((16, 16, 4, 2, 1), (16, 32, 4, 2, 1)),
-        "small": ((16, 16, 4, 2, 1), (32, 32, 4, 2, 2)),
-    })
-
-    def fake_clock(calls, what):
-        kind, m, cfg = what
-        if cfg is None:
-            return 1.0  # torch.mm
-        # BLOCK_K 32 is faster; then wider BLOCK_N; programs_per_sm 2 helps
-        return (1.0 if cfg.block_k == 32 else 1.5) + 1.0 / cfg.block_n - 0.01 * cfg.programs_per_sm
-
-    monkeypatch.setattr(sweep, "time_ms", fake_clock)
-    monkeypatch.setattr(sweep, "reduction_candidates", lambda n, k, num_sms: [(16, 1), (32, 1)])
-    # the layouts' own BLOCK_K only (the free_block_k tests below cover the others)
-    monkeypatch.setattr(sweep, "FREE_BLOCK_K_CLASSES", ())
+    use_tiny_sweep(monkeypatch)
 
 
 def test_sweep_picks_the_layout_by_score_and_the_fastest_gated_candidate(tiny_sweep):
@@ -123,12 +105,12 @@ def test_the_full_three_model_plan_has_the_stated_size():
 def test_pin_triton_toolchain_sets_unset_variables_and_keeps_set_ones(monkeypatch, tmp_path):
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
     monkeypatch.delenv("TRITON_PTXAS_PATH", raising=False)
-    pinned = sweep.pin_triton_toolchain()
+    pinned = precompile.pin_triton_toolchain()
     assert pinned["TRITON_CACHE_DIR"] == os.environ["TRITON_CACHE_DIR"] != ""
     assert os.path.basename(pinned["TRITON_PTXAS_PATH"]).startswith("ptxas")
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("TRITON_PTXAS_PATH", "/opt/other/ptxas")
-    assert sweep.pin_triton_toolchain() == {"TRITON_CACHE_DIR": str(tmp_path),
+    assert precompile.pin_triton_toolchain() == {"TRITON_CACHE_DIR": str(tmp_path),
                                             "TRITON_PTXAS_PATH": "/opt/other/ptxas"}
 
 
@@ -270,3 +252,17 @@ def test_retune_buckets_between_min_m_and_max_m_only(free_block_k, monkeypatch):
     assert {r["m"] for r in raw["records"]} == {256} and raw["max_m"] == 256
     assert new.buckets[0] is b1 and new.buckets[2] is b512
     assert new.buckets[1].block_k == 16            # the BLOCK_K-16 candidate won at M = 256
+
+
+def test_a_precompile_out_of_budget_cancels_the_chunks_not_started():
+    """With no time left the precompile starts nothing more: the chunks already handed to the
+    worker finish, the others are cancelled and counted as not precompiled (they compile when
+    first timed)."""
+    configs = sweep.launch_candidates(1, 4096, 64, 1) * 3  # 48 configs: 12 chunks of 4
+    errors = precompile.precompile(configs, torch.float32, 4, workers=1, budget_s=0.0)
+    (note,) = [e for e in errors if "not precompiled" in e]
+    skipped = int(note.split()[0])
+    assert note == f"{skipped} configs not precompiled: the precompile's budget of 0s ran out"
+    # one worker: at most the chunk it runs and the one queued for it were not cancellable
+    assert len(configs) - 2 * precompile.PRECOMPILE_CHUNK <= skipped <= len(configs)
+    assert skipped % precompile.PRECOMPILE_CHUNK == 0

@@ -122,8 +122,9 @@ def test_unknown_shape_falls_back_and_says_so_once(caplog):
             for _ in range(3):
                 mp.matmul_persistent(torch.randn(2, 8), torch.randn(8, 4))
         messages = [r.getMessage() for r in caplog.records]
-        assert messages == ["bistat_kernels: no tuned entry for dtype=float32 N=4 K=8; using the "
-                            "default configuration GemmConfig(block_m=128, block_n=128, "
+        assert messages == ["bistat_kernels: batch-invariant GEMM float32 N=4 K=8 served by "
+                            "vLLM's fixed configuration, on bistat's kernel "
+                            "GemmConfig(block_m=128, block_n=128, "
                             "block_k=32, group_m=8, num_warps=8, num_stages=3, split_k=1, "
                             "programs_per_sm=1, fuse_splits=False, tma=False, "
                             "flat_splits=False)"]

@@ -14,6 +14,17 @@ from bistat_kernels import matmul_persistent as mp  # noqa: E402
 from bistat_kernels import tables, vllm_plugin  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _fresh_plugin_state(monkeypatch):
+    """No table, no vLLM function kept and no looked-up launch carried over from another test."""
+    monkeypatch.setattr(vllm_plugin, "_VLLM_OWN", None)
+    monkeypatch.setattr(vllm_plugin, "_CONFIGS", {})
+    monkeypatch.setattr(vllm_plugin, "VLLM_CALLS", vllm_plugin.Counter())
+    tables.reset_device_table()
+    yield
+    tables.reset_device_table()
+
+
 @pytest.mark.parametrize("value,expected", [("1", True), ("true", True), (" ON ", True),
                                             ("yes", True), ("0", False), ("", False),
                                             ("no", False)])
@@ -112,13 +123,40 @@ def test_register_replaces_vllms_matmul_persistent_once(monkeypatch, layout):
     assert module.matmul_persistent is replaced
 
     vllm_plugin.CALLS.clear()
-    a = torch.randn(3, 24, generator=torch.Generator().manual_seed(0))
-    w = torch.randn(10, 24, generator=torch.Generator().manual_seed(1))
+    tables.set_device_table(tables.parse_table(small_table_dict()))  # it has (N, K) = (40, 72)
+    a = torch.randn(3, 72, generator=torch.Generator().manual_seed(0))
+    w = torch.randn(40, 72, generator=torch.Generator().manual_seed(1))
     out = module.linear_batch_invariant(a, w)  # the linear layers' call
     assert torch.equal(out, mp.matmul_persistent(a, w.t()))
     assert sum(vllm_plugin.CALLS.values()) == 1
     (key,) = vllm_plugin.CALLS
-    assert key[:2] == (10, 24)
+    assert key[:2] == (40, 72)
+
+
+def test_a_shape_without_an_entry_runs_on_vllms_own_kernel_and_says_so(monkeypatch, caplog):
+    """The table lacks (10, 24): the op hands it to vLLM's own matmul_persistent (its own table or
+    its fixed configuration, as vLLM ships it), and the log says which table served each shape."""
+    source = LAYOUTS["0.33.0"][1].replace(
+        """raise AssertionError("vLLM's tuned-table kernel must not run once the plugin is in")""",
+        "return a.new_full((a.shape[0], b.shape[1]), 7.0)  # vLLM's own kernel, recognisably")
+    module, original = _fake_vllm(monkeypatch, "0.33.0", source)
+    monkeypatch.setenv(vllm_plugin.ENABLE_ENV, "1")
+    vllm_plugin.register()
+    tables.set_device_table(tables.parse_table(small_table_dict(), "tables/test.json"))
+    vllm_plugin.CALLS.clear()
+    a = torch.randn(3, 72, generator=torch.Generator().manual_seed(0))
+    w = torch.randn(40, 72, generator=torch.Generator().manual_seed(1))
+    with caplog.at_level(logging.WARNING, logger="bistat_kernels"):
+        for _ in range(2):
+            assert torch.equal(module.linear_batch_invariant(a[:, :24], w[:10, :24]),
+                               torch.full((3, 10), 7.0))
+        assert torch.equal(module.linear_batch_invariant(a, w), mp.matmul_persistent(a, w.t()))
+    assert vllm_plugin.VLLM_CALLS == {(10, 24): 2}
+    assert sum(vllm_plugin.CALLS.values()) == 1
+    assert [r.getMessage() for r in caplog.records if "served by" in r.getMessage()] == [
+        "bistat_kernels: batch-invariant GEMM float32 N=10 K=24 served by vLLM's fixed "
+        "configuration, on vLLM's own kernel",
+        "bistat_kernels: batch-invariant GEMM float32 N=40 K=72 served by bistat table test.json"]
 
 
 
@@ -130,8 +168,9 @@ def test_vllm_034s_out_dtype_stays_tuned_for_the_inputs_dtype_and_passes_fp32_ou
     monkeypatch.setenv(vllm_plugin.ENABLE_ENV, "1")
     monkeypatch.setattr(vllm_plugin, "PASSED_THROUGH", vllm_plugin.Counter())
     vllm_plugin.register()
-    a = torch.randn(3, 24, generator=torch.Generator().manual_seed(0))
-    w = torch.randn(10, 24, generator=torch.Generator().manual_seed(1))
+    tables.set_device_table(tables.parse_table(small_table_dict()))  # it has (N, K) = (40, 72)
+    a = torch.randn(3, 72, generator=torch.Generator().manual_seed(0))
+    w = torch.randn(40, 72, generator=torch.Generator().manual_seed(1))
     vllm_plugin.CALLS.clear()
     same = module.matmul_persistent(a, w.t(), None, out_dtype=torch.float32)  # a is float32
     assert torch.equal(same, mp.matmul_persistent(a, w.t()))

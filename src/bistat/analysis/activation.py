@@ -8,7 +8,8 @@ circumstantial and worth stating beside the verdict: the batch-invariant kernels
 themselves (vLLM 0.25.0 registers aten overrides from
 ``vllm/model_executor/layers/batch_invariant.py``, which torch reports as "new kernel: registered
 at .../batch_invariant.py"), bistat's tuned GEMM installing itself (``bistat_kernels: tuned GEMM
-installed``), and the attention backend chosen ("Using FLASH_ATTN attention backend",
+installed``) and the table it resolved for the GPU and each shape (:func:`logged_gemm_tables`),
+and the attention backend chosen ("Using FLASH_ATTN attention backend",
 "Using FlashAttention version 3", "Using AttentionBackendEnum.TRITON_ATTN backend"). The runner
 keeps those lines per engine start (``environment.jsonl``, ``log_findings``; see
 :data:`bistat.engines.vllm_server.LOG_FINDING_RE`).
@@ -36,6 +37,12 @@ _BI_REGISTERED = re.compile(r"batch_invariant\.py|batch[ _-]invariant (mode|kern
                             r"(on|enabled|active)|VLLM_BATCH_INVARIANT=1: auto-enabling"
                             r"|preferred_blas_library is an experimental feature", re.I)
 _TUNED = re.compile(r"bistat_kernels: tuned GEMM installed")
+#: bistat's tuned GEMM says once per process which table it resolved for the GPU and how
+#: (``bistat_kernels.tables.resolve_device_table``), and once per weight shape which table served
+#: it (``bistat_kernels.tables.note_shape``): bistat's, vLLM's own or vLLM's fixed configuration
+_GEMM_TABLE = re.compile(r"bistat_kernels: batch-invariant GEMM table for [^:]+: (.+?)\s*$")
+_GEMM_SHAPE = re.compile(r"bistat_kernels: batch-invariant GEMM (\w+) N=(\d+) K=(\d+) served by "
+                         r"(bistat table \S+|vLLM's fixed configuration|vLLM .+?'s \w+ table)")
 _BACKENDS = (
     (re.compile(r"Using FlashAttention version (\d)"), lambda m: f"FLASH_ATTN (FA{m.group(1)})"),
     (re.compile(r"Using (?:AttentionBackendEnum\.)?([A-Z][A-Z0-9_]+) (?:attention )?backend"),
@@ -81,6 +88,10 @@ class ArmActivation:
     #: what the arm's server declared (``bistat serve 0.1.0: gemm=invariant``), for engines that
     #: drive a server bistat knows by its own declaration (bistat.analysis.servers); None otherwise
     server: str | None = None
+    #: the GEMM table bistat's tuned GEMM logged it resolved, and how (one per distinct line)
+    gemm_table: tuple[str, ...] = ()
+    #: which table served how many weight shapes, as logged (``(source, shapes)``)
+    gemm_shapes: tuple[tuple[str, int], ...] = ()
 
 
 def log_markers(lines: Iterable[str]) -> dict[str, Any]:
@@ -103,6 +114,33 @@ def log_markers(lines: Iterable[str]) -> dict[str, Any]:
     if "FLASH_ATTN" in attention and any(a.startswith("FLASH_ATTN (") for a in attention):
         del attention["FLASH_ATTN"]
     return {"bi_kernels": bi, "tuned_gemm": tuned, "attention": tuple(attention)}
+
+
+def logged_gemm_tables(lines: Iterable[str]) -> tuple[tuple[str, ...], tuple[tuple[str, int], ...]]:
+    """The tuned GEMM's table lines (distinct, in order) and the number of distinct weight shapes
+    each source served, from engine-log lines.
+
+    >>> logged_gemm_tables([
+    ...     "bistat_kernels: batch-invariant GEMM table for NVIDIA H100 (x): t.json, by "
+    ...     "architecture; shapes without an entry: vLLM's fixed configuration",
+    ...     "bistat_kernels: batch-invariant GEMM bfloat16 N=8 K=4 served by bistat table t.json",
+    ...     "bistat_kernels: batch-invariant GEMM bfloat16 N=2 K=4 served by vLLM's fixed "
+    ...     "configuration, on vLLM's own kernel"])
+    (("t.json, by architecture; shapes without an entry: vLLM's fixed configuration",), (('bistat table t.json', 1), ("vLLM's fixed configuration", 1)))
+    """
+    found: dict[str, None] = {}
+    shapes: dict[tuple[str, str, str], str] = {}
+    for line in lines:
+        m = _GEMM_TABLE.search(line)
+        if m:
+            found.setdefault(m.group(1))
+        m = _GEMM_SHAPE.search(line)
+        if m:
+            shapes.setdefault(m.group(1, 2, 3), m.group(4))
+    counts: dict[str, int] = {}
+    for source in shapes.values():
+        counts[source] = counts.get(source, 0) + 1
+    return tuple(found), tuple(counts.items())
 
 
 def _probe_outcome(entry: Mapping[str, Any] | None, entries: Iterable[Mapping[str, Any]],
@@ -246,6 +284,7 @@ def arm_activation(arms: Sequence[Mapping[str, Any]],
         if report is not None and report.setting("enable_deterministic_inference") == "true":
             attention += ("deterministic",)
         probe = _probe_outcome(probed.get(name), probed.values(), overall)
+        gemm_table, gemm_shapes = logged_gemm_tables(lines or ())
         out.append(ArmActivation(
             arm=name, role=role, requested=requested, bi_requested=bi,
             bi_kernels_logged=None if marks is None else marks["bi_kernels"],
@@ -254,5 +293,6 @@ def arm_activation(arms: Sequence[Mapping[str, Any]],
             status=_status(role, bi, requested, None if marks is None else marks["bi_kernels"],
                            probe, (diverged or {}).get(name), unknown),
             server=None if report is None or not compare_servers else (report.describe() + (
-                f": {report.settings_text()}" if report.reported and report.settings else ""))))
+                f": {report.settings_text()}" if report.reported and report.settings else "")),
+            gemm_table=gemm_table, gemm_shapes=gemm_shapes))
     return tuple(out)

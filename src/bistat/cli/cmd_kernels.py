@@ -1,4 +1,4 @@
-"""``bistat kernels probe | sweep | bench | results``: the tuned batch-invariant GEMM.
+"""``bistat kernels tune | probe | sweep | bench | results``: the tuned batch-invariant GEMM.
 
 Thin commands over :mod:`bistat_kernels` (the package ``kernels/bistat_kernels``). torch and triton
 are imported only inside the commands that need them, so ``bistat`` works without the
@@ -50,9 +50,15 @@ def _parse_shape(text: str) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
+#: the sweep's and the tune's parallel precompile
+_WORKERS = click.option("--workers", default=8, show_default=True, type=click.IntRange(0),
+                        help="Processes that precompile the candidates (0: compile when first "
+                             "timed).")
+
+
 @click.group("kernels")
 def kernels() -> None:
-    """The tuned batch-invariant Triton GEMM: probe, sweep, bench, results, vLLM export."""
+    """The tuned batch-invariant Triton GEMM: tune, probe, sweep, bench, results, vLLM export."""
 
 
 @kernels.command("probe")
@@ -84,14 +90,16 @@ def probe_command(table_path: Path | None, models: tuple[str, ...], shapes: tupl
     from bistat_kernels import probe, tables
     from bistat_kernels.shapes import shapes_for
 
+    from bistat_kernels.resolution import DeviceFacts, cuda_device_facts
+
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    device_name = torch.cuda.get_device_name(0) if device == "cuda" else None
     try:
         if table_path is not None:
             table = tables.load_table(table_path)
             tables.set_device_table(table)
         else:
-            table = tables.resolve_device_table(device_name)
+            table = tables.resolve_device_table(
+                cuda_device_facts(0) if device == "cuda" else DeviceFacts(None))
     except tables.TableError as exc:
         raise click.ClickException(str(exc)) from exc
     wanted = [(s.n, s.k) for s in shapes_for(models)] + [_parse_shape(s) for s in shapes]
@@ -134,8 +142,7 @@ def probe_command(table_path: Path | None, models: tuple[str, ...], shapes: tupl
               help="Skip shapes already in the table in --out-dir, or tune all again.")
 @click.option("--budget-s", default=480.0, show_default=True, type=click.FloatRange(1),
               help="Stop at a shape boundary before this many seconds.")
-@click.option("--workers", default=8, show_default=True, type=click.IntRange(0),
-              help="Processes that precompile the candidates (0: compile when first timed).")
+@_WORKERS
 def sweep_command(models: tuple[str, ...], out_dir: Path, resume: bool, budget_s: float,
                   workers: int) -> None:
     """Tune the GEMM table on this GPU (chunked, resumable).
@@ -156,6 +163,66 @@ def sweep_command(models: tuple[str, ...], out_dir: Path, resume: bool, budget_s
     click.echo(f"table: {res['table']}")
     if res["missing"]:
         click.echo(f"not yet tuned (run again to resume): {', '.join(res['missing'])}")
+
+
+@kernels.command("tune")
+@click.option("--model", "models", multiple=True, type=click.Choice(_MODELS),
+              help="Tune this model's shapes (repeatable; default: all three, unless --shape).")
+@click.option("--shape", "shapes", multiple=True,
+              help="Tune the weight shape NxK (N out, K in; repeatable).")
+@click.option("--budget-s", default=600.0, show_default=True, type=click.FloatRange(1),
+              help="Seconds for the whole tune (precompile, sweep and probe), kept.")
+@click.option("--tables-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Where the table goes (default: $BISTAT_GEMM_TABLE_DIR, else "
+                   "$BISTAT_HOME/gemm_tables, where the plugin looks for this GPU's table).")
+@click.option("--resume/--retune", default=True, show_default=True,
+              help="Continue an earlier tune of this GPU, or start again.")
+@_WORKERS
+@click.option("--max-m", default=4096, show_default=True, type=click.IntRange(1),
+              help="Largest batch size the probe checks.")
+@click.option("--edge-cases", is_flag=True,
+              help="Also probe K = 512-4096 at N 4096 and float32 in IEEE precision (as "
+                   "`probe --edge-cases`); written to the probe file only.")
+@click.option("--dtype", default="bfloat16", show_default=True, type=click.Choice(_DTYPES),
+              help="The weights' dtype (vLLM's batch-invariant GEMM runs bfloat16; the CPU "
+                   "interpreter, float32 only).")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the tune's report (JSON) here too.")
+def tune_command(models: tuple[str, ...], shapes: tuple[str, ...], budget_s: float,
+                 tables_dir: Path | None, resume: bool, workers: int, max_m: int,
+                 edge_cases: bool, dtype: str, report_path: Path | None) -> None:
+    """Make this GPU's table: sweep, probe, write.
+
+    The sweep, the probe and the writing of the table keep to --budget-s. Every candidate passes both gates (bitwise row invariance, accuracy) before it is timed, and
+    every entry is probed again before it is written; the plugin then uses the table for this
+    GPU. Stopped by its budget, a tune resumes where it stopped when run again. Exit code 1 if
+    an entry failed the probe (it is left out of the table).
+    """
+    torch = _require_torch("tune", allow_interpreter=True)
+    from bistat_kernels import tune
+    from bistat_kernels.resolution import user_tables_dir
+    from bistat_kernels.shapes import GemmShape, shapes_for
+
+    wanted = shapes_for(models or (() if shapes else _MODELS))
+    wanted += [GemmShape("shape", f"{n}x{k}", n, k) for n, k in map(_parse_shape, shapes)]
+    report = tune.run_tune(wanted, tables_dir or user_tables_dir(), budget_s=budget_s,
+                           retune=not resume, workers=workers, max_m=max_m,
+                           edge_cases=edge_cases, dtype=getattr(torch, dtype),
+                           command=sys.argv, progress=click.echo)
+    if report_path is not None:
+        report_path.write_text(json.dumps(report.to_dict(), indent=1) + "\n", encoding="utf-8")
+    asked = len({(s.n, s.k) for s in wanted})
+    click.echo(f"table: {report.table} ({len(report.in_table)} of the {asked} shapes asked for, "
+               "each through both gates)" if Path(report.table).is_file() else
+               "table: none written (no entry has passed both gates yet)")
+    click.echo(f"time: {report.elapsed_s:.0f} s of a {budget_s:.0f} s budget")
+    for what, names in (("not yet tuned (run again to resume)", report.not_swept),
+                        ("not yet probed (run again to resume)", report.not_probed),
+                        ("FAILED the probe (left out of the table)", report.failed_probe)):
+        if names:
+            click.echo(f"{what}: {', '.join(names)}")
+    if report.failed_probe:
+        sys.exit(1)
 
 
 @kernels.command("bench")

@@ -1,9 +1,12 @@
-"""``bistat doctor``: which engines are usable here, the GPU and driver, versions, cache, models.
+"""``bistat doctor``: which engines are usable here, the GPU and driver, versions, cache, models,
+and which table bistat's tuned GEMM would use on this GPU.
 
 Nothing heavy is imported: optional engines are looked up with ``importlib.util.find_spec``
 (neither vLLM nor SGLang is imported), versions come from package metadata, the GPU from ``nvidia-smi``
 (``bistat.run.fingerprint.gpu_info``), and a model counts as cached when its cache folder holds a
-manifest (``bistat model fetch`` writes it last).
+manifest (``bistat model fetch`` writes it last). Only where ``nvidia-smi`` found a GPU and torch
+is installed is torch imported, for the compute capability and multiprocessor count the GEMM
+table's resolution needs (:func:`gemm_table`).
 """
 
 from __future__ import annotations
@@ -51,6 +54,9 @@ class DoctorReport:
     vllm_release: dict[str, Any] | None = None
     #: the same for SGLang (package ``sglang``); None when SGLang is not installed
     sglang_release: dict[str, Any] | None = None
+    #: which table bistat's tuned GEMM would use on GPU 0 and how it was chosen
+    #: (:func:`gemm_table`); None without an NVIDIA GPU
+    gemm_table: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": DOCTOR_SCHEMA,
@@ -60,7 +66,8 @@ class DoctorReport:
                 "versions": dict(self.versions), "cache_dir": self.cache_dir,
                 "models": [{"name": m.name, "cached": m.cached, "path": m.path}
                            for m in self.models],
-                "vllm_release": self.vllm_release, "sglang_release": self.sglang_release}
+                "vllm_release": self.vllm_release, "sglang_release": self.sglang_release,
+                "gemm_table": self.gemm_table}
 
 
 def _has(module: str, find_spec: Callable[[str], Any]) -> bool:
@@ -131,13 +138,49 @@ def sglang_versions() -> dict[str, str | None]:
             if k != "python"}
 
 
+def _torch_device_facts() -> Any:
+    """GPU 0's facts for the table resolution, from torch (imported only here)."""
+    from bistat_kernels.resolution import cuda_device_facts
+
+    return cuda_device_facts(0)
+
+
+def gemm_table(find_spec: Callable[[str], Any] = importlib.util.find_spec,
+               device: Callable[[], Any] = _torch_device_facts) -> dict[str, Any]:
+    """Which table the tuned GEMM (``BISTAT_TUNED_GEMM=1``) would use on GPU 0, and how it was
+    chosen (:func:`bistat_kernels.resolution.resolve`: the user's or shipped table of the GPU's
+    name, else one of its architecture), with what serves the shapes it lacks. Needs torch and
+    triton (the ``[kernels]`` extra) to read the GPU's compute capability and multiprocessor
+    count; ``detail`` says why when it cannot tell."""
+    if not (_has("torch", find_spec) and _has("triton", find_spec)):
+        return {"detail": "torch and triton are not installed, so the tuned GEMM cannot run: "
+                          "pip install 'bistat[kernels]'"}
+    from bistat_kernels import tables
+    from bistat_kernels.resolution import resolve
+
+    try:
+        facts = device()
+    except (RuntimeError, AssertionError) as exc:  # torch's answers when it sees no CUDA GPU
+        return {"detail": f"torch sees no CUDA GPU ({type(exc).__name__}: {exc})"}
+    except (ImportError, OSError) as exc:  # a torch that is installed but does not load
+        return {"detail": f"torch cannot be imported ({type(exc).__name__}: {exc})"}
+    try:
+        found = resolve(facts)
+    except tables.TableError as exc:
+        return {"device": facts.name, "detail": f"a GEMM table cannot be read: {exc}"}
+    return dict(found.to_dict(), detail=f"{facts.describe()}: {found.describe()}")
+
+
 def doctor(*, find_spec: Callable[[str], Any] = importlib.util.find_spec,
            which: Callable[[str], str | None] = shutil.which,
            gpus: Callable[[], list[dict[str, Any]]] = gpu_info,
-           release_check: Callable[[str], Any] | None = None) -> DoctorReport:
+           release_check: Callable[[str], Any] | None = None,
+           gemm_device: Callable[[], Any] = _torch_device_facts) -> DoctorReport:
     """Check this machine. The lookups are parameters so tests can fake a GPU host;
     ``release_check`` asks the package index for vLLM's newest release
-    (:func:`bistat.declare.releases.check_newest_release` by default)."""
+    (:func:`bistat.declare.releases.check_newest_release` by default); ``gemm_device`` gives GPU
+    0's facts for the GEMM table's resolution (:func:`gemm_table`; asked only where a GPU was
+    found)."""
     from bistat.declare.releases import check_newest_release
 
     from bistat.model.cache import cache_root, model_dir
@@ -187,7 +230,8 @@ def doctor(*, find_spec: Callable[[str], Any] = importlib.util.find_spec,
                         sglang_release=vllm_release(
                             versions.get("sglang") if has_sglang else None,
                             package_commit("sglang", find_spec) if has_sglang else None,
-                            check, package="sglang"))
+                            check, package="sglang"),
+                        gemm_table=gemm_table(find_spec, gemm_device) if found else None)
 
 
 def render_doctor(rep: DoctorReport) -> str:
@@ -214,6 +258,8 @@ def render_doctor(rep: DoctorReport) -> str:
                    "incomparable": f"not comparable with the newest release, {r['newest']}"}
             lines.append(f"{label}: {how[r['comparison']]} ({r['index']}, "
                          f"checked {r['checked_utc']})")
+    if rep.gemm_table is not None:
+        lines.append(f"tuned GEMM table (BISTAT_TUNED_GEMM=1): {rep.gemm_table['detail']}")
     lines.append(f"cache: {rep.cache_dir}")
     lines += [f"  model {m.name}: {'cached' if m.cached else 'not cached'} ({m.path})"
               for m in rep.models]

@@ -351,7 +351,22 @@ def _environment(s: RunSummary) -> list[str]:
     arm_env = {a["name"]: a.get("env") or {} for a in s.declaration.get("arms", [])}
     rows.append(("declared env", *[", ".join(f"`{k}={v}`" for k, v in sorted(
         arm_env.get(a, {}).items())) or "—" for a in names]))
+    rows += _gemm_table_rows(s, names)
     return out + [md_table(("", *names), rows), ""]
+
+
+def _gemm_table_rows(s: RunSummary, names: Sequence[str]) -> list[tuple[str, ...]]:
+    """The tuned GEMM's table per arm and which table served how many shapes, as its engine log
+    says (bistat.analysis.activation.logged_gemm_tables); no rows where no arm logged one."""
+    acts = {a.arm: a for a in s.activation}
+    if not any(a.gemm_table for a in acts.values()):
+        return []
+    return [("tuned GEMM table (engine log)",
+             *["; ".join(acts[a].gemm_table) if a in acts and acts[a].gemm_table else "—"
+               for a in names]),
+            ("tuned GEMM shapes by table (engine log)",
+             *[", ".join(f"{src}: {n}" for src, n in acts[a].gemm_shapes)
+               if a in acts and acts[a].gemm_shapes else "—" for a in names])]
 
 
 def _engine_rows(s: RunSummary, names: Sequence[str]) -> list[tuple[str, ...]]:
