@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from external import vllm_wheel
 
 ROOT = Path(__file__).resolve().parents[1]
 DEVICE = ROOT / "scripts" / "device"
@@ -174,25 +175,18 @@ def _vllm_patches():
     return module
 
 
-WHEEL_034 = Path("/tmp/vllmwheels/vllm-0.34.0-cp38-abi3-manylinux_2_28_x86_64.whl")
-
-
 def test_the_034_patch_applies_to_the_stock_file_only_and_once(tmp_path):
-    """The stock file (from the 0.34.0 wheel where this machine has it, else a stand-in with the
-    recorded digest checked against nothing) is replaced by the no-op; a second run reports it
-    applied; a file with other bytes is refused and left as it was."""
+    """The stock file (from the 0.34.0 wheel in BISTAT_VLLM_WHEELS) is replaced by the no-op; a
+    second run reports it applied; a file with other bytes is refused and left as it was."""
     import zipfile
 
     vp = _vllm_patches()
     (rel, (stock, text)), = vp.PATCHES.items()
     target = tmp_path / "site" / rel
     target.parent.mkdir(parents=True)
-    if WHEEL_034.is_file():
-        with zipfile.ZipFile(WHEEL_034) as wheel:
-            target.write_bytes(wheel.read(rel))
-        assert vp._sha256(target) == stock  # the recorded digest is the wheel's file
-    else:
-        pytest.skip(f"{WHEEL_034} is not on this machine (pip download vllm==0.34.0 --no-deps)")
+    with zipfile.ZipFile(vllm_wheel("0.34.0")) as wheel:
+        target.write_bytes(wheel.read(rel))
+    assert vp._sha256(target) == stock  # the recorded digest is the wheel's file
     (target.parent / "__pycache__").mkdir()
     pyc = target.parent / "__pycache__" / "minimax_m3_msa_warmup.cpython-312.pyc"
     pyc.write_bytes(b"stale")
