@@ -89,3 +89,5 @@ if [ "${KEEP_PLOTS:-0}" = 1 ]; then
   git diff --name-only -- 'findings/*.png' 'findings/h200/*.png' | xargs -r git checkout --
 fi
 bistat index findings --registrations preregistrations --reasons findings/not-run.toml --readme README.md
+# the studies index (experiments/README.md): each study with its readings, twins, runs and findings
+python scripts/studies_index.py
