@@ -234,3 +234,28 @@ def test_install_redoes_a_shared_site_that_holds_another_payload(tmp_path, found
         f"[install] {pl}/.unpacked is payload '{found}', not 'latest': removing {pl} and {site}",
         f"[install] no {tmp_path / 'no-stage'}: stage the parts first"]
     assert not pl.exists() and not site.exists()
+
+
+def test_the_device_readme_is_a_runbook_and_every_script_it_names_exists():
+    """scripts/device/README.md holds the steps (per payload: build, stage, install, smoke, run,
+    pack, import) in at most 150 lines; the sessions' accounts live in the data folders'
+    READMEs it names."""
+    import re
+
+    text = (DEVICE / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 150
+    assert [line[3:] for line in text.splitlines() if line.startswith("## ")] == [
+        "The machine", "Rules", "Payloads", "The steps", "One session (device calls, back to back)",
+        "Per payload", "The next sessions"]
+    steps = re.findall(r"^\s*\d+\. \*\*(\w+)\*\*", text, flags=re.M)
+    assert steps == ["Build", "Stage", "Install", "Smoke", "Run", "Snapshots", "Stop", "Probe",
+                     "Pack", "Import"]
+    assert "**SGLang 0.5.23**" in text and "sglang_smoke.py" in text
+    assert "as it went" not in text
+    for folder in ("data/h200/", "data/h200-v033/", "data/h200-v034/"):
+        assert f"`{folder}`" in text
+        assert "## The device sess" in (ROOT / folder / "README.md").read_text(encoding="utf-8")
+    named = set(re.findall(r"\b([\w-]+\.(?:sh|py))\b", text))
+    missing = sorted(n for n in named if not (DEVICE / n).is_file()
+                     and not list(ROOT.glob(f"*/**/{n}")))
+    assert missing == ["sitecustomize.py"]       # the one install.sh writes into the site
