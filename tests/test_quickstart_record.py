@@ -68,7 +68,7 @@ def test_a_run_recorded_here_again_never_enters_the_committed_finding(tmp_path, 
     from click.testing import CliRunner
 
     import bistat.analysis.summary as summary_module
-    import bistat.declare.prereg as prereg
+    import bistat.declare.run_ledger as run_ledger
     from bistat.cli import cli
     from finding_seal import assert_same_finding
 
@@ -76,7 +76,7 @@ def test_a_run_recorded_here_again_never_enters_the_committed_finding(tmp_path, 
     shutil.copytree(RUN_R2, local)
     ledger = tmp_path / ".quickstart-r2.runs"
     ledger.write_text(f"{local}\n")
-    monkeypatch.setattr(prereg, "ledger_path", lambda reg_path: ledger)
+    monkeypatch.setattr(run_ledger, "ledger_path", lambda reg_path: ledger)
     monkeypatch.setattr(summary_module, "ledger_path", lambda reg_path: ledger)
 
     read = analyze_run(RUN_R2.relative_to(ROOT))

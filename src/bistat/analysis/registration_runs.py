@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from bistat.analysis.results import AnalysisError, RegistrationRun
-from bistat.declare.prereg import (Registration, RegistrationError, find_recorded_runs,
-                                   ledger_entries)
+from bistat.declare.registration import Registration, RegistrationError
+from bistat.declare.run_ledger import find_recorded_runs, ledger_entries
 from bistat.store.format import RecordsError
 
 if TYPE_CHECKING:  # pragma: no cover

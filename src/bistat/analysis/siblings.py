@@ -15,7 +15,8 @@ from typing import Any, Mapping
 
 from bistat.analysis.results import AnalysisError
 from bistat.declare.experiment import DeclarationError, Experiment
-from bistat.declare.prereg import Registration, git_evidence, load_registration
+from bistat.declare.git_evidence import git_evidence
+from bistat.declare.registration import Registration, load_registration
 from bistat.declare.run_registration import run_registration
 from bistat.store.format import parse_time
 from bistat.store.run_dir import RecordedRun

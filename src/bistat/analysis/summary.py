@@ -98,7 +98,8 @@ from bistat.core.classify import (ActivationEvidence, ArmStats, PairedCounts, Ru
                                   ValidityCheck, classify)
 from bistat.declare.engine_version import EngineVersionReport, engine_version_report
 from bistat.declare.experiment import Experiment
-from bistat.declare.prereg import Registration, ledger_path, release_log_checks
+from bistat.declare.prereg import Registration, release_log_checks
+from bistat.declare.run_ledger import ledger_path
 from bistat.engines.registry import capabilities
 from bistat.store.enginelog import (cudagraph_sizes, jit_compiles, kept_log_lines, kept_logs,
                                     logged_modes)
