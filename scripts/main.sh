@@ -11,6 +11,8 @@ bistat model fetch smollm2-135m
 [ -f preregistrations/quickstart-r2.json ] || bistat register experiments/quickstart-r2.toml
 bistat verify preregistrations/quickstart-r2.json
 run_dir="runs/quickstart-r2-$(date -u +%Y%m%dT%H%M%SZ)"
+# the run ends with its verdicts (the analysis's summary); the finding written from the same records
+# then says only where it is, so that each result is printed once
 bistat run preregistrations/quickstart-r2.json --run-dir "$run_dir"
-bistat analyze "$run_dir" --out findings/local
+bistat analyze "$run_dir" --out findings/local > /dev/null
 echo "finding: findings/local/quickstart-r2.md"

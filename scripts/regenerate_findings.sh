@@ -2,6 +2,9 @@
 # Regenerate every committed finding from its recorded data with the real commands, then the
 # index (findings/README.md) and the README's results at a glance. Run from the repository root
 # with bistat installed (. .venv/bin/activate).
+# Every analysis reads committed files alone (--no-run-ledger): a registration's run ledger
+# (preregistrations/.NAME.runs) is this machine's, so a run recorded here again under a committed
+# registration (scripts/main.sh runs quickstart-r2) never enters a committed finding.
 # The tests check the results byte for byte (tests/test_h200_studies.py, tests/test_vllm_fixture.py,
 # tests/test_quickstart_record.py, tests/test_report_golden.py, tests/test_findings_decided.py).
 #
@@ -10,6 +13,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Committed runs alone: a file git does not track in a folder of runs read here (a run recorded or
+# unpacked here) stops the script before anything is written. Stage what is to be committed first
+# (git add), then regenerate.
+untracked=$(git ls-files --others -- data tests/data examples)
+if [ -n "$untracked" ]; then
+  echo "regenerate_findings: files git does not track in the run folders; a committed finding" \
+       "regenerates from committed files alone: move them out, or git add them first:" >&2
+  echo "$untracked" | head -n 20 >&2
+  exit 1
+fi
+
 # run directory -> the registrations analysed against (the first is the one it was recorded under;
 # NAME-exploratory: the default rule applied after the data; NAME-hac: the rule that decides the
 # study's cost with the interval that allows for serial correlation, after the data,
@@ -17,7 +31,8 @@ cd "$(dirname "$0")/.."
 analyze() {
   local run="$1" out="$2"; shift 2
   for reg in "$@"; do
-    bistat analyze "$run" --registration "preregistrations/$reg.json" --out "$out" > /dev/null
+    bistat analyze "$run" --registration "preregistrations/$reg.json" --out "$out" --no-run-ledger \
+      > /dev/null
     echo "findings: $out/$reg.md"
   done
 }
@@ -68,10 +83,13 @@ analyze examples/quickstart/quickstart-20261129T113548Z findings quickstart
 for run in examples/quickstart/quickstart-r2-*; do
   [ -d "$run" ] && analyze "$run" findings quickstart-r2
 done
-bistat analyze examples/synthetic/run --registration examples/synthetic/synthetic-example.json --out findings > /dev/null
+bistat analyze examples/synthetic/run --registration examples/synthetic/synthetic-example.json \
+  --out findings --no-run-ledger > /dev/null
 echo "findings: findings/synthetic-example.md"
 
 if [ "${KEEP_PLOTS:-0}" = 1 ]; then
   git diff --name-only -- 'findings/*.png' 'findings/h200/*.png' 'findings/h100/*.png' | xargs -r git checkout --
 fi
 bistat index findings --registrations preregistrations --reasons findings/not-run.toml --readme README.md
+# the studies index (experiments/README.md): each study with its readings, twins, runs and findings
+python scripts/studies_index.py

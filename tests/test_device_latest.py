@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from external import vllm_wheel
 
 ROOT = Path(__file__).resolve().parents[1]
 DEVICE = ROOT / "scripts" / "device"
@@ -174,25 +175,18 @@ def _vllm_patches():
     return module
 
 
-WHEEL_034 = Path("/tmp/vllmwheels/vllm-0.34.0-cp38-abi3-manylinux_2_28_x86_64.whl")
-
-
 def test_the_034_patch_applies_to_the_stock_file_only_and_once(tmp_path):
-    """The stock file (from the 0.34.0 wheel where this machine has it, else a stand-in with the
-    recorded digest checked against nothing) is replaced by the no-op; a second run reports it
-    applied; a file with other bytes is refused and left as it was."""
+    """The stock file (from the 0.34.0 wheel in BISTAT_VLLM_WHEELS) is replaced by the no-op; a
+    second run reports it applied; a file with other bytes is refused and left as it was."""
     import zipfile
 
     vp = _vllm_patches()
     (rel, (stock, text)), = vp.PATCHES.items()
     target = tmp_path / "site" / rel
     target.parent.mkdir(parents=True)
-    if WHEEL_034.is_file():
-        with zipfile.ZipFile(WHEEL_034) as wheel:
-            target.write_bytes(wheel.read(rel))
-        assert vp._sha256(target) == stock  # the recorded digest is the wheel's file
-    else:
-        pytest.skip(f"{WHEEL_034} is not on this machine (pip download vllm==0.34.0 --no-deps)")
+    with zipfile.ZipFile(vllm_wheel("0.34.0")) as wheel:
+        target.write_bytes(wheel.read(rel))
+    assert vp._sha256(target) == stock  # the recorded digest is the wheel's file
     (target.parent / "__pycache__").mkdir()
     pyc = target.parent / "__pycache__" / "minimax_m3_msa_warmup.cpython-312.pyc"
     pyc.write_bytes(b"stale")
@@ -240,3 +234,28 @@ def test_install_redoes_a_shared_site_that_holds_another_payload(tmp_path, found
         f"[install] {pl}/.unpacked is payload '{found}', not 'latest': removing {pl} and {site}",
         f"[install] no {tmp_path / 'no-stage'}: stage the parts first"]
     assert not pl.exists() and not site.exists()
+
+
+def test_the_device_readme_is_a_runbook_and_every_script_it_names_exists():
+    """scripts/device/README.md holds the steps (per payload: build, stage, install, smoke, run,
+    pack, import) in at most 150 lines; the sessions' accounts live in the data folders'
+    READMEs it names."""
+    import re
+
+    text = (DEVICE / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 150
+    assert [line[3:] for line in text.splitlines() if line.startswith("## ")] == [
+        "The machine", "Rules", "Payloads", "The steps", "One session (device calls, back to back)",
+        "Per payload", "The next sessions"]
+    steps = re.findall(r"^\s*\d+\. \*\*(\w+)\*\*", text, flags=re.M)
+    assert steps == ["Build", "Stage", "Install", "Smoke", "Run", "Snapshots", "Stop", "Probe",
+                     "Pack", "Import"]
+    assert "**SGLang 0.5.23**" in text and "sglang_smoke.py" in text
+    assert "as it went" not in text
+    for folder in ("data/h200/", "data/h200-v033/", "data/h200-v034/"):
+        assert f"`{folder}`" in text
+        assert "## The device sess" in (ROOT / folder / "README.md").read_text(encoding="utf-8")
+    named = set(re.findall(r"\b([\w-]+\.(?:sh|py))\b", text))
+    missing = sorted(n for n in named if not (DEVICE / n).is_file()
+                     and not list(ROOT.glob(f"*/**/{n}")))
+    assert missing == ["sitecustomize.py"]       # the one install.sh writes into the site

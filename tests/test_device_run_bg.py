@@ -30,15 +30,23 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None or shutil.which("pgrep") is None
                                 or sys.platform != "linux", reason="needs bash, pgrep and Linux")
 
-# A stand-in `bistat run`: prints a pass line a second and appends it to passes.jsonl; on SIGINT
-# (KeyboardInterrupt) it records the pass in flight as interrupted, as bistat's runner does, and
-# exits 130. Options in the registration: --ignore-sigint; --rewrite-run-json (run.json rewritten
-# in place each pass, as no bistat file is: snapshots must send it whole); --blob (a 500 KB
-# incompressible file at the start: snapshots in several parts); --finish-after-3 (three passes,
-# then exit 0).
+# A stand-in `bistat run`: records a pass (appends it to passes.jsonl), then prints its line; pass 1
+# at once, each later pass only once the test allows it (`_allow`: the file passes.allowed holds the
+# highest pass it may record), so what a call sees depends on what the test did, never on how fast
+# this machine is. On SIGINT (KeyboardInterrupt) it records the pass in flight as interrupted, as
+# bistat's runner does, and exits 130. Options in the registration: --ignore-sigint;
+# --rewrite-run-json (run.json rewritten in place each pass, as no bistat file is: snapshots must
+# send it whole); --blob (a 500 KB incompressible file at the start: snapshots in several parts);
+# --finish-after-3 (three passes, then exit 0).
 FAKE_CLI = '''
 import os, sys, time
 from pathlib import Path
+
+def allowed():
+    try:
+        return int(Path("passes.allowed").read_text())
+    except (FileNotFoundError, ValueError):
+        return 1
 
 def main():
     run_dir = Path(sys.argv[sys.argv.index("--run-dir") + 1])
@@ -55,12 +63,13 @@ def main():
         last = 3
     try:
         for i in range(last):
-            print(f"pass {i + 1}/{last} counted", flush=True)
+            while allowed() < i + 1:
+                time.sleep(0.05)
             with open(run_dir / "passes.jsonl", "a") as f:
                 f.write('{"status": "complete", "pass": %d}\\n' % (i + 1))
             if "--rewrite-run-json" in options:
                 (run_dir / "run.json").write_text('{"passes": %d}' % (i + 1))
-            time.sleep(1)
+            print(f"pass {i + 1}/{last} counted", flush=True)
     except KeyboardInterrupt:
         with open(run_dir / "passes.jsonl", "a") as f:
             f.write('{"status": "interrupted"}\\n')
@@ -70,9 +79,8 @@ def main():
 '''
 
 
-@pytest.fixture
-def repo(tmp_path):
-    r = tmp_path / "repo"
+def _make_repo(r: Path) -> Path:
+    """A throw-away copy at ``r``: the scripts, and a stand-in ``bistat`` with one registration."""
     (r / "scripts" / "device").mkdir(parents=True)
     for name in ("run_bg.sh", "env.sh", "snap.py"):
         shutil.copy(ROOT / "scripts" / "device" / name, r / "scripts" / "device" / name)
@@ -81,6 +89,12 @@ def repo(tmp_path):
     (r / "src" / "bistat" / "cli.py").write_text(FAKE_CLI)
     (r / "preregistrations").mkdir()
     (r / "preregistrations" / "fake.json").write_text("{}")
+    return r
+
+
+@pytest.fixture
+def repo(tmp_path):
+    r = _make_repo(tmp_path / "repo")
     yield r
     pid = r / "runs" / "fake.pid"          # a test that failed before its --stop: end its run
     if pid.is_file():
@@ -90,11 +104,13 @@ def repo(tmp_path):
             pass
 
 
-def _run_bg(repo: Path, *args: str, timeout: float = 60, out: str = "out",
+def _run_bg(repo: Path, *args: str, timeout: float = 120, out: str = "out",
             **env_extra: str) -> subprocess.CompletedProcess:
     """One call of run_bg.sh; ``out`` is its $OUT under ``repo`` (the device empties $OUT before
     each call: give each call its own to keep what each brought back). No snapshot reserve unless
-    SNAP_RESERVE_S is given: a call of 2 s then watches 2 s."""
+    SNAP_RESERVE_S is given: a call of 2 s then watches 2 s. A call that is to come back with
+    the run still going waits on an event, WATCH_UNTIL (a line of the log), within a budget far
+    beyond it (`_watch`): what it brings back does not depend on how busy the machine is."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("REPO", "PYTHONPATH", "OUT") and not k.startswith("SNAP_")}
     env.update(OUT=str(repo / out), VLLM_PAYLOAD="0.25", SITE_LATEST=str(repo / "site"),
@@ -133,7 +149,19 @@ def _tree(root: Path, name: str = "fake") -> dict[str, bytes]:
     return files
 
 
-def _wait_for(path: Path, text: str, seconds: float = 20) -> None:
+def _watch(repo: Path, until: str, out: str, **env_extra: str) -> subprocess.CompletedProcess:
+    """A watching call that comes back once the log says ``until`` (the run still going)."""
+    return _run_bg(repo, "fake", "100", out=out, WATCH_UNTIL=until, **env_extra)
+
+
+def _allow(repo: Path, last_pass: int) -> None:
+    """Let the stand-in run record its passes up to ``last_pass`` (written whole, then renamed)."""
+    tmp = repo / "passes.allowed.tmp"
+    tmp.write_text(str(last_pass))
+    tmp.rename(repo / "passes.allowed")
+
+
+def _wait_for(path: Path, text: str, seconds: float = 60) -> None:
     t0 = time.monotonic()
     while time.monotonic() - t0 < seconds:
         if path.is_file() and text in path.read_text():
@@ -143,10 +171,11 @@ def _wait_for(path: Path, text: str, seconds: float = 20) -> None:
 
 
 def test_stop_interrupts_bistat_run_keeps_its_data_and_leaves_nothing_running(repo):
-    started = _run_bg(repo, "fake", "2", out="out1")
+    started = _watch(repo, "pass 1/600", out="out1")
     assert started.returncode == 3, started.stdout + started.stderr   # still running
     assert "[bg] starting" in started.stdout and "pass 1/600" in started.stdout
     log = repo / "runs" / "fake.log"
+    _allow(repo, 3)
     _wait_for(log, "pass 3/600")
     group = int((repo / "runs" / "fake.pid").read_text())
 
@@ -157,7 +186,7 @@ def test_stop_interrupts_bistat_run_keeps_its_data_and_leaves_nothing_running(re
     assert '"status": 130' in stopped.stdout                           # the wrapper's record
     assert "did not stop" not in stopped.stdout
     passes = (repo / "runs" / "fake" / "passes.jsonl").read_text().splitlines()
-    assert passes[-1] == '{"status": "interrupted"}' and len(passes) >= 4
+    assert passes[-1] == '{"status": "interrupted"}' and len(passes) == 4
     # the stopped run's snapshot, its second, holds the passes since the first, the interrupted
     # one last; the two rebuild every pass
     assert "[bg] snapshot 2: $OUT/fake.snap-002.tgz.* (1 part(s)," in stopped.stdout
@@ -172,9 +201,34 @@ def test_stop_interrupts_bistat_run_keeps_its_data_and_leaves_nothing_running(re
     assert again.returncode == 0 and "is not running" in again.stdout
 
 
+def test_a_run_alive_without_its_pid_file_gets_no_twin_and_another_copy_is_not_it(repo, tmp_path):
+    """A run of this copy whose pid file was lost (its runs/ wiped between calls) is found by its
+    command line and no second run is started into its path; a run of another copy of the
+    repository (another session's, on the same machine) does not stop this one's start."""
+    assert _watch(repo, "pass 1/600", out="c1").returncode == 3
+    pid_file = repo / "runs" / "fake.pid"
+    group = pid_file.read_text()
+    pid_file.unlink()
+    refused = _run_bg(repo, "fake", "5", out="c2")
+    assert refused.returncode == 1
+    assert refused.stdout.startswith("run_bg: not starting fake: a bistat run is alive (FORCE=1 "
+                                     "starts anyway):\n")
+    assert f" {repo}/runs/fake " in refused.stdout
+    other = _make_repo(tmp_path / "other")
+    try:
+        started = _watch(other, "pass 1/600", out="c3")
+        assert started.returncode == 3, started.stdout + started.stderr
+        assert "[bg] starting" in started.stdout
+    finally:
+        assert _run_bg(other, "--stop", "fake", "20", out="c4").returncode == 0
+    pid_file.write_text(group)
+    assert _run_bg(repo, "--stop", "fake", "20", out="c5").returncode == 0
+
+
 def test_stop_kills_the_process_group_when_sigint_is_ignored(repo):
     (repo / "preregistrations" / "fake.json").write_text('{"x": "--ignore-sigint"}')
-    assert _run_bg(repo, "fake", "1").returncode == 3
+    assert _watch(repo, "pass 1/600", out="c1").returncode == 3
+    _allow(repo, 2)
     _wait_for(repo / "runs" / "fake.log", "pass 2/600")
     group = int((repo / "runs" / "fake.pid").read_text())
     stopped = _run_bg(repo, "--stop", "fake", "2")
@@ -183,11 +237,12 @@ def test_stop_kills_the_process_group_when_sigint_is_ignored(repo):
     assert "no status (killed)" in stopped.stdout
     with pytest.raises(ProcessLookupError):
         os.killpg(group, 0)
-    assert (repo / "runs" / "fake" / "passes.jsonl").read_text().count("complete") >= 2
+    assert (repo / "runs" / "fake" / "passes.jsonl").read_text().count("complete") == 2
 
 
 def test_snapshots_carry_only_new_bytes_and_unsnap_rebuilds_the_run_byte_for_byte(repo):
-    first = _run_bg(repo, "fake", "3", out="c1")
+    _allow(repo, 2)
+    first = _watch(repo, "pass 2/600", out="c1")
     assert first.returncode == 3, first.stdout + first.stderr
     assert "[bg] snapshot 1: $OUT/fake.snap-001.tgz.* (1 part(s)," in first.stdout
     assert sorted(p.name for p in (repo / "c1").iterdir()) == ["fake.snap-001.tgz.00",
@@ -198,10 +253,11 @@ def test_snapshots_carry_only_new_bytes_and_unsnap_rebuilds_the_run_byte_for_byt
     assert set(e1) == {"fake/run.json", "fake/passes.jsonl", "fake.log"}
     assert all(e["mode"] == "whole" and e["offset"] == 0 for e in e1.values())
     passes1 = d1["fake/passes.jsonl"]
-    assert len(passes1.splitlines()) >= 2 and e1["fake/passes.jsonl"]["length"] == len(passes1)
+    assert len(passes1.splitlines()) == 2 and e1["fake/passes.jsonl"]["length"] == len(passes1)
     assert f"new bytes {m1['new_bytes']} of {m1['recorded_bytes']} recorded" in first.stdout
 
-    second = _run_bg(repo, "fake", "3", out="c2")
+    _allow(repo, 4)
+    second = _watch(repo, "pass 4/600", out="c2")
     assert second.returncode == 3, second.stdout + second.stderr
     m2, d2, _ = _snapshot(repo / "c2")
     e2 = _entries(m2)
@@ -212,8 +268,7 @@ def test_snapshots_carry_only_new_bytes_and_unsnap_rebuilds_the_run_byte_for_byt
     new = d2["fake/passes.jsonl"].decode().splitlines()
     assert new and e2["fake/passes.jsonl"]["length"] == len(d2["fake/passes.jsonl"])
     before = {json.loads(line)["pass"] for line in passes1.decode().splitlines()}
-    assert {json.loads(line)["pass"] for line in new}.isdisjoint(before)
-    assert min(json.loads(line)["pass"] for line in new) == max(before) + 1
+    assert [json.loads(line)["pass"] for line in new] == [3, 4] and before == {1, 2}
     # run.json unchanged: listed with its hash, no bytes sent
     assert e2["fake/run.json"] == {**e1["fake/run.json"], "mode": "append", "offset": 2,
                                    "length": 0}
@@ -246,11 +301,12 @@ def test_a_run_that_finished_between_calls_still_sends_what_it_recorded_since(re
     """The run ends after the first call's snapshot and before the next call: the next call
     finds it finished, and its snapshot carries the passes since; nothing is started again."""
     (repo / "preregistrations" / "fake.json").write_text('{"options": "--finish-after-3"}')
-    first = _run_bg(repo, "fake", "1", out="c1")
+    first = _watch(repo, "pass 1/3", out="c1")
     assert first.returncode == 3, first.stdout + first.stderr
     m1, d1, _ = _snapshot(repo / "c1")
+    assert len(d1["fake/passes.jsonl"].splitlines()) == 1
+    _allow(repo, 3)
     _wait_for(repo / "runs" / "fake.status", '"status": 0')
-    assert len(d1["fake/passes.jsonl"].splitlines()) < 3
     second = _run_bg(repo, "fake", "5", out="c2")
     assert second.returncode == 0, second.stdout + second.stderr
     assert "[bg] fake already finished" in second.stdout and "run complete" in second.stdout
@@ -267,10 +323,12 @@ def test_a_run_that_finished_between_calls_still_sends_what_it_recorded_since(re
 
 def test_a_rewritten_file_goes_whole_and_is_rebuilt_right(repo):
     (repo / "preregistrations" / "fake.json").write_text('{"x": "--rewrite-run-json"}')
-    assert _run_bg(repo, "fake", "2", out="c1").returncode == 3
+    assert _watch(repo, "pass 1/600", out="c1").returncode == 3
     run_json = repo / "runs" / "fake" / "run.json"
     m1, d1, _ = _snapshot(repo / "c1")
-    _wait_for(run_json, f'"passes": {len(d1["fake/passes.jsonl"].splitlines()) + 1}')
+    assert d1["fake/run.json"] == b'{"passes": 1}'
+    _allow(repo, 2)
+    _wait_for(run_json, '"passes": 2')
     assert _run_bg(repo, "--stop", "fake", "20", out="c2").returncode == 0
     m2, d2, _ = _snapshot(repo / "c2")
     e = _entries(m2)["fake/run.json"]
@@ -282,7 +340,7 @@ def test_a_rewritten_file_goes_whole_and_is_rebuilt_right(repo):
 
 def test_a_large_snapshot_comes_in_parts_and_is_rebuilt_from_them(repo):
     (repo / "preregistrations" / "fake.json").write_text('{"x": "--blob"}')
-    first = _run_bg(repo, "fake", "3", out="c1", SNAP_PART_BYTES="200000")
+    first = _watch(repo, "pass 1/600", out="c1", SNAP_PART_BYTES="200000")
     assert first.returncode == 3, first.stdout + first.stderr
     assert "[bg] snapshot 1: $OUT/fake.snap-001.tgz.* (3 part(s)," in first.stdout
     parts = sorted((repo / "c1").glob("fake.snap-001.tgz.[0-9][0-9]"))
@@ -299,7 +357,7 @@ def test_a_large_snapshot_comes_in_parts_and_is_rebuilt_from_them(repo):
 
 def test_parts_beyond_what_a_call_brings_back_are_resent(repo):
     (repo / "preregistrations" / "fake.json").write_text('{"x": "--blob"}')
-    first = _run_bg(repo, "fake", "3", out="c1", SNAP_PART_BYTES="90000")
+    first = _watch(repo, "pass 1/600", out="c1", SNAP_PART_BYTES="90000")
     assert first.returncode == 3, first.stdout + first.stderr
     assert "(6 part(s)," in first.stdout
     assert "$OUT has parts 00-03; get the rest, 4 a call, with: bash scripts/device/run_bg.sh" \
@@ -389,9 +447,10 @@ def test_unsnap_refuses_an_append_at_the_wrong_offset(three_snapshots):
 
 
 def test_a_snapshot_cut_short_loses_nothing(repo):
-    assert _run_bg(repo, "fake", "2", out="c1").returncode == 3
+    assert _watch(repo, "pass 1/600", out="c1").returncode == 3
     m1, d1, _ = _snapshot(repo / "c1")
-    cut = _run_bg(repo, "fake", "2", out="c2", SNAP_TEST_DIE_BEFORE_STATE="1")
+    _allow(repo, 2)
+    cut = _watch(repo, "pass 2/600", out="c2", SNAP_TEST_DIE_BEFORE_STATE="1")
     assert cut.returncode == 3, cut.stdout + cut.stderr
     assert ("[bg] snapshot of fake failed (the next one carries its data); the run goes on"
             in cut.stdout)
@@ -409,12 +468,15 @@ def test_a_snapshot_cut_short_loses_nothing(repo):
 
 
 def test_the_snapshot_reserve_shortens_the_watch(repo):
+    """A call of 600 s with 598 s kept for its snapshot watches 2 s: without the reserve it would
+    run into the test's limit of 120 s. (Its snapshot may be empty: the run need not have begun
+    recording within 2 s on a busy machine.)"""
     t0 = time.monotonic()
-    call = _run_bg(repo, "fake", "6", out="c1", SNAP_RESERVE_S="4")
+    call = _run_bg(repo, "fake", "600", out="c1", SNAP_RESERVE_S="598")
     elapsed = time.monotonic() - t0
     assert call.returncode == 3, call.stdout + call.stderr
-    assert "[bg] snapshot 1:" in call.stdout
-    assert 1 <= elapsed < 4.5                             # watched about 6 - 4 s, then snapshot
+    assert "still running after this call's 600 s" in call.stdout
+    assert elapsed >= 1
     assert _run_bg(repo, "--stop", "fake", "20", out="c2").returncode == 0
 
 
@@ -434,7 +496,7 @@ def test_a_wrapper_left_as_a_zombie_counts_as_ended(repo):
         os.kill(zombie.pid, 0)                            # what kill -0 alone would call alive
         stop = _run_bg(repo, "--stop", "fake", "2", out="c1")
         assert stop.returncode == 0 and "[bg] fake is not running" in stop.stdout, stop.stdout
-        watched = _run_bg(repo, "fake", "1", out="c2")
+        watched = _watch(repo, "pass 1/600", out="c2")
         assert watched.returncode == 3, watched.stdout + watched.stderr
         assert "[bg] starting" in watched.stdout          # a new run, not a watch of the dead one
         assert int((repo / "runs" / "fake.pid").read_text()) != zombie.pid

@@ -14,6 +14,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from external import SGLANG_PAYLOAD_SITE_VAR, SGLANG_WHEELS_VAR, named_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 DEVICE = ROOT / "scripts" / "device"
@@ -124,27 +125,18 @@ def test_the_import_simulation_sorts_required_conditional_and_optional(tmp_path)
                      "vllm": ("optional", "sglang.srt.server")}
 
 
-#: An unpacked SGLang payload site (every pinned wheel unzipped into one folder, as
-#: scripts/device/site_install.sh leaves it), named by this variable; the tests that read one run
-#: only when it is set, never because some path happens to exist.
-SITE_VAR = "BISTAT_SGLANG_SITE"
-#: The folder of the payload's downloaded wheels (build_payload.sh: $W/payload/whl), likewise.
-WHEELS_VAR = "BISTAT_SGLANG_WHEELS"
-
-
 def _named(var: str) -> Path:
-    value = os.environ.get(var)
-    if not value:
-        pytest.skip(f"{var} names no folder (set it to run this test on the real payload)")
-    path = Path(value)
-    assert path.is_dir(), f"{var}={value} is not a folder"
+    """The folder ``var`` names (tests/external.py); the test skips where it is unset."""
+    path = named_folder(var, "bash scripts/device/build_payload.sh with PAYLOAD=sglang, then "
+                             "unzip every wheel of $W/payload/whl into one folder")
+    assert path.is_dir(), f"{var}={path} is not a folder"
     return path
 
 
 def test_the_simulation_on_the_wheel_finds_what_the_pins_carry():
     """On the SGLang 0.5.23 payload's site: every third-party module the launcher imports
     unconditionally at load comes from the image or the pins."""
-    site = _named(SITE_VAR)
+    site = _named(SGLANG_PAYLOAD_SITE_VAR)
     found = _imports().closure(site, _imports().ENTRIES)
     required = {name for name, (kind, _) in found.items() if kind == "required"}
     assert {"torch", "sgl_kernel", "IPython", "zmq", "msgspec", "orjson", "uvloop"} <= required
@@ -154,7 +146,7 @@ def test_the_simulation_on_the_wheel_finds_what_the_pins_carry():
 def test_the_payload_site_misses_no_import_on_the_load_and_model_path():
     """The same site through every package (payload_check.py imports): nothing that the server
     or its model's construction imports unconditionally is missing."""
-    site = _named(SITE_VAR)
+    site = _named(SGLANG_PAYLOAD_SITE_VAR)
     done = subprocess.run([sys.executable, str(DEVICE / "payload_check.py"), "imports", str(site)],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
@@ -162,7 +154,7 @@ def test_the_payload_site_misses_no_import_on_the_load_and_model_path():
 
 
 def test_the_requires_snapshot_is_the_wheels_own_metadata():
-    wheels = _named(WHEELS_VAR)
+    wheels = _named(SGLANG_WHEELS_VAR)
     check = _check()
     snap = json.loads((DEVICE / "wheels-sglang-0.5.23.requires.json").read_text())
     assert check.snapshot(wheels) == snap

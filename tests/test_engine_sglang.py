@@ -21,6 +21,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from external import SGLANG_SITE_VAR, named_folder
 from fakes import failing_passes
 
 from bistat.engines.base import (
@@ -544,27 +545,16 @@ def test_the_recorder_reads_fields_cli_names_aliases_and_added_flags(tmp_path):
                                    "tp_size"]
 
 
-# -- SGLang's own parser, where a site with SGLang (and a torch) is at hand -------------------------
-
-def _sglang_site() -> str | None:
-    """The site that ``SGLANG_SITE`` names, if SGLang's parser imports from it; never a path
-    that merely happens to exist on this machine."""
-    site = os.environ.get("SGLANG_SITE")
-    if not site:
-        return None
-    assert Path(site, "sglang", "srt", "server_args.py").is_file(), (
-        f"SGLANG_SITE={site} holds no sglang/srt/server_args.py")
-    probe = subprocess.run([sys.executable, "-c", "import sglang.srt.server_args"],
-                           env={**os.environ, "PYTHONPATH": site}, capture_output=True, timeout=300)
-    return site if probe.returncode == 0 else None
-
+# -- SGLang's own parser, where SGLANG_SITE names a site with SGLang (and a torch) -----------------
 
 def test_every_sglang_declaration_parses_with_sglangs_own_parser():
-    site = _sglang_site()
-    if site is None:
-        pytest.skip("SGLANG_SITE names no site where SGLang 0.5.23 imports (pip "
-                    "install --no-deps --target SITE sglang==0.5.23 orjson pybase64 msgspec "
-                    "aiohttp ... and a torch; scripts/device/check_sglang_args.py says which)")
+    site = str(named_folder(SGLANG_SITE_VAR, "pip install --no-deps --target SITE sglang==0.5.23 "
+                                             "orjson pybase64 msgspec aiohttp ... and a torch; "
+                                             "scripts/device/check_sglang_args.py says which"))
+    probe = subprocess.run([sys.executable, "-c", "import sglang.srt.server_args"],
+                           env={**os.environ, "PYTHONPATH": site}, capture_output=True, text=True,
+                           timeout=300)
+    assert probe.returncode == 0, f"{SGLANG_SITE_VAR}={site}: {probe.stderr}"
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "device" / "check_sglang_args.py"),
                            "--names"], env={**os.environ, "PYTHONPATH": site},
                           capture_output=True, text=True, timeout=600)

@@ -52,6 +52,18 @@ def test_the_first_two_commands_are_the_main_job_and_the_tests(text):
     assert "findings/local/quickstart-r2.md" in text and "findings/local" in main
 
 
+def test_the_main_job_prints_each_result_once():
+    """``bistat run`` ends with the analysis's summary (the verdicts); the ``bistat analyze`` that
+    writes the finding from the same records prints nothing then (its summary would repeat it),
+    and the script names the finding."""
+    main = (ROOT / "scripts" / "main.sh").read_text()
+    commands = [line for line in main.splitlines() if line.startswith("bistat ")]
+    assert [c.split()[1] for c in commands] == ["model", "verify", "run", "analyze"]
+    run, analyze = commands[2], commands[3]
+    assert ">" not in run and analyze.endswith(" > /dev/null")
+    assert main.rstrip().endswith('echo "finding: findings/local/quickstart-r2.md"')
+
+
 def test_what_the_quickstart_must_reproduce_is_what_the_committed_run_shows(text):
     """The invariant arm's 288/288 and *working* must reproduce; the BLAS arm and the cost are
     the machine's (the committed run's numbers, quoted from its finding)."""

@@ -10,6 +10,11 @@
 #                                                  then snapshots. Exit 0 when the run has
 #                                                  finished (its status line is printed), 3 while
 #                                                  it is still running
+#   WATCH_UNTIL=TEXT bash scripts/device/run_bg.sh NAME [SECONDS]
+#                                                  the same, but the watch also ends as soon as
+#                                                  the run's log has a line containing TEXT (a
+#                                                  fixed string: "pass 1/" comes back once the
+#                                                  first pass is recorded)
 #   bash scripts/device/run_bg.sh --check          1st call: leave a marker process; 2nd: report it
 #   bash scripts/device/run_bg.sh --stop NAME [GRACE]
 #                                                  stop the run cleanly when the session's time
@@ -91,10 +96,12 @@ if ! alive; then
     snapshot; exit 0                                       # comes back all the same
   fi
   rm -f "$STATUS"
-  # Never a twin: a run left running without its pid file (session 5: the repo copy's runs/ was
-  # wiped between calls) would otherwise get a second one writing into the same path. (A GPU
-  # held by other processes is refused by `bistat run` itself; --allow-busy-gpu overrides.)
-  others=$(pgrep -af "bistat.cli import main.*(run|--resume)" | grep -v "^$$ " || true)
+  # Never a twin: a run of this repo copy left running without its pid file (session 5: the repo
+  # copy's runs/ was wiped between calls) would otherwise get a second one writing into the same
+  # path; a run recording under another copy's runs/ is not this one's. (A GPU held by other
+  # processes is refused by `bistat run` itself; --allow-busy-gpu overrides.)
+  others=$(pgrep -af "bistat.cli import main.*(run|--resume)" | grep -v "^$$ " \
+           | grep -F -- " $REPO/runs/" || true)
   if [ -n "$others" ] && [ "${FORCE:-0}" != 1 ]; then
     echo "run_bg: not starting $NAME: a bistat run is alive (FORCE=1 starts anyway):"
     echo "$others"
@@ -106,10 +113,13 @@ if ! alive; then
     echo "{\"status\": $rc}" > "'"$STATUS"'"' _ "${what[@]}" >> "$LOG" 2>&1 < /dev/null &
   echo $! > "$PIDF"
 fi
+until_seen() { [ -n "${WATCH_UNTIL:-}" ] && grep -qF -- "$WATCH_UNTIL" "$LOG" 2>/dev/null; }
 seen=0
-while alive && [ "$SECONDS" -lt "$WATCH" ]; do
+while alive && [ "$SECONDS" -lt "$WATCH" ] && ! until_seen; do
   n=$(wc -l < "$LOG"); [ "$n" -gt "$seen" ] && { sed -n "$((seen + 1)),${n}p" "$LOG"; seen=$n; }
-  left=$((WATCH - SECONDS)); [ "$left" -gt 0 ] && sleep $((left < 5 ? left : 5))
+  left=$((WATCH - SECONDS))
+  if [ -n "${WATCH_UNTIL:-}" ]; then sleep 0.2      # the text is looked for five times a second
+  elif [ "$left" -gt 0 ]; then sleep $((left < 5 ? left : 5)); fi
 done
 n=$(wc -l < "$LOG"); [ "$n" -gt "$seen" ] && sed -n "$((seen + 1)),${n}p" "$LOG"
 snapshot

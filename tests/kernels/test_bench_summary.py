@@ -248,21 +248,24 @@ def test_probe_page_shows_dtype_and_case_when_edge_cases_were_probed(tmp_path):
 @pytest.mark.gpu
 def test_gpu_run_bench_with_vllm_on_one_small_shape(tmp_path):
     """On a GPU (BISTAT_KERNELS_GPU=1): the whole bench path, vLLM column included when the
-    0.33.0 wheel is at /tmp/vllmwheels, on SmolLM2's o projection at M 1 and 16."""
+    folder BISTAT_VLLM_WHEELS names is given (it must then hold the 0.33.0 wheel), on SmolLM2's o
+    projection at M 1 and 16."""
     from helpers_kernels import INTERPRETING
 
     if INTERPRETING or not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU and BISTAT_KERNELS_GPU=1")
+    import os
     import zipfile
     from pathlib import Path
+
+    from external import WHEELS_VAR, vllm_wheel_name
 
     from bistat_kernels import tables, vllm_kernel
     from bistat_kernels.shapes import MODEL_SHAPES
 
-    wheel = Path("/tmp/vllmwheels/vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl")
     kernel = None
-    if wheel.is_file():
-        with zipfile.ZipFile(wheel) as z:
+    if os.environ.get(WHEELS_VAR):
+        with zipfile.ZipFile(Path(os.environ[WHEELS_VAR]) / vllm_wheel_name("0.33.0")) as z:
             for name in ("vllm/_version.py", "vllm/model_executor/determinism/batch_invariant.py",
                          "vllm/model_executor/determinism/batch_invariant_configs.py"):
                 z.extract(name, tmp_path)

@@ -1,8 +1,8 @@
 """``bistat kernels export-vllm``: the H200 table in vLLM 0.33.0's tuned-table format.
 
 The exported file is loaded by vLLM 0.33.0's own loader code (``batch_invariant_configs.py`` read
-from the wheel, with ``vllm.platforms`` stubbed to report a compute capability) where the wheel is
-on this machine (``/tmp/vllmwheels``, as test_hook_manifest.py; CI may not have it). Everywhere,
+from the wheel, with ``vllm.platforms`` stubbed to report a compute capability) where
+BISTAT_VLLM_WHEELS names a folder with the wheel (tests/external.py; CI may not have it). Everywhere,
 the file is checked against the format's schema as that module declares it
 (``export_vllm.parse_vllm_source``, with ``ast``) and against the table it came from.
 """
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from external import vllm_wheel
 
 from bistat.cli import cli
 from bistat_kernels import export_vllm, tables
@@ -25,8 +26,7 @@ from vllm_wheels import load_vllm_configs_module
 ROOT = Path(__file__).resolve().parents[2]
 TABLE = ROOT / "kernels/bistat_kernels/tables/nvidia_h200.json"
 EXPORTED = ROOT / "kernels/results/vllm_tuned_configs_nvidia_h200.py"
-WHEELS = {v: Path(f"/tmp/vllmwheels/vllm-{v}-cp38-abi3-manylinux_2_28_x86_64.whl")
-          for v in ("0.33.0", "0.34.0")}
+VERSIONS = ("0.33.0", "0.34.0")
 CONFIGS_IN_WHEEL = "vllm/model_executor/determinism/batch_invariant_configs.py"
 PROV = {"gpu_name": "NVIDIA H200", "gpu_uuid": "GPU-test", "driver": "1.0",
         "compute_capability": "9.0", "torch": "2.11.0", "triton": "3.6.0",
@@ -225,18 +225,19 @@ def test_the_schema_check_names_what_breaks_it(edit, message):
 
 
 def _load_vllm_configs_module(monkeypatch, version: str) -> types.ModuleType:
-    return load_vllm_configs_module(monkeypatch, WHEELS[version])
+    """vLLM VERSION's batch_invariant_configs.py, from the wheel BISTAT_VLLM_WHEELS names, with
+    vllm.platforms stubbed."""
+    pytest.importorskip("torch")
+    return load_vllm_configs_module(monkeypatch, vllm_wheel(version))
 
 
 def test_vllm_0_34_0_kept_0_33_0s_tuned_table_file_byte_for_byte():
     """So the export, written for 0.33.0's format, is 0.34.0's format too."""
-    if not all(w.is_file() for w in WHEELS.values()):
-        pytest.skip(f"needs both wheels in {WHEELS['0.33.0'].parent}")
-    old, new = (zipfile.ZipFile(WHEELS[v]).read(CONFIGS_IN_WHEEL) for v in ("0.33.0", "0.34.0"))
+    old, new = (zipfile.ZipFile(vllm_wheel(v)).read(CONFIGS_IN_WHEEL) for v in VERSIONS)
     assert old == new and b"_BATCH_INVARIANT_MATMUL_TUNED_CONFIGS" in new
 
 
-@pytest.mark.parametrize("version", sorted(WHEELS))
+@pytest.mark.parametrize("version", VERSIONS)
 def test_vllms_own_loader_reads_the_export(monkeypatch, version):
     """vLLM 0.33.0's and 0.34.0's loader code reads the exported table as ours."""
     import torch

@@ -17,6 +17,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from external import vllm_wheel
 
 SCRIPT = Path(__file__).resolve().parents[2] / "kernels" / "device" / "profile_decode.py"
 
@@ -301,23 +302,17 @@ def test_plugin_calls_names_the_launch_of_each_tuned_gemm():
          "calls": 36}]
 
 
-WHEELS = Path("/tmp/vllmwheels")
-
-
 @pytest.mark.parametrize("version", ["0.25.0", "0.34.0"])
 def test_the_worker_calls_only_what_the_vllm_release_accepts(version):
     """The worker's vLLM calls, checked against the release's own source without a GPU: each
     keyword it gives LLM(...) and SamplingParams(...) is a parameter there (LLM's **kwargs go to
     EngineArgs, whose fields they must then be), and each name it imports exists. It had run on
     0.25.0 only; the next device session profiles on 0.34.0 (skipped where the wheel is not on
-    this machine: pip download vllm==VERSION --no-deps -d /tmp/vllmwheels)."""
+    BISTAT_VLLM_WHEELS names no folder with the wheel: tests/external.py)."""
     import ast
     import zipfile
 
-    wheel = WHEELS / f"vllm-{version}-cp38-abi3-manylinux_2_28_x86_64.whl"
-    if not wheel.is_file():
-        pytest.skip(f"{wheel} is not on this machine")
-    with zipfile.ZipFile(wheel) as zf:
+    with zipfile.ZipFile(vllm_wheel(version)) as zf:
         def source(rel: str) -> ast.Module:
             return ast.parse(zf.read(rel).decode())
 

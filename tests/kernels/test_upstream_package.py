@@ -4,8 +4,8 @@ The package regenerates byte for byte from the raw files sources.toml lists; its
 in vLLM's format and matches the table the plugin ships; every bucket names a run with full
 provenance; the device script's ``vllm bench`` flags exist in vLLM 0.34.0; the determinism listing
 is vLLM 0.34.0's suite test for test; and the build refuses device folders that are missing,
-incomplete, from two GPUs or contradicted by their own logs. The wheel and sdist checks skip where
-those files are not on the machine (``/tmp/vllmwheels``, ``/tmp/vllmsdist``).
+incomplete, from two GPUs or contradicted by their own logs. The wheel and sdist checks run where
+BISTAT_VLLM_WHEELS and BISTAT_VLLM_SDISTS name folders holding them (tests/external.py).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from external import vllm_sdist, vllm_wheel
 
 from bistat_kernels import export_vllm, tables
 
@@ -32,8 +33,6 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 ROOT = Path(__file__).resolve().parents[2]
 UPSTREAM = ROOT / "kernels/upstream"
-WHEEL = Path("/tmp/vllmwheels/vllm-0.34.0-cp38-abi3-manylinux_2_28_x86_64.whl")
-SDIST = Path("/tmp/vllmsdist/vllm-0.34.0.tar.gz")
 
 
 def _module(name: str, path: Path) -> types.ModuleType:
@@ -142,9 +141,7 @@ def test_every_bucket_names_a_run_with_its_full_provenance():
 
 
 def _wheel() -> zipfile.ZipFile:
-    if not WHEEL.is_file():
-        pytest.skip(f"{WHEEL} is not on this machine (pip download vllm==0.34.0 --no-deps)")
-    return zipfile.ZipFile(WHEEL)
+    return zipfile.ZipFile(vllm_wheel("0.34.0"))
 
 
 def test_the_format_is_the_wheels_and_vllms_loader_reads_the_merged_table(monkeypatch):
@@ -258,11 +255,9 @@ def test_the_determinism_listing_agrees_with_the_device_selection():
 
 
 def _sdist() -> tarfile.TarFile:
-    if not SDIST.is_file():
-        pytest.skip(f"{SDIST} is not on this machine (its URL: "
-                    f"{DETERMINISM['source']['url']})")
-    assert hashlib.sha256(SDIST.read_bytes()).hexdigest() == DETERMINISM["source"]["sha256"]
-    return tarfile.open(SDIST)
+    sdist = vllm_sdist("0.34.0")     # its URL: DETERMINISM["source"]["url"]
+    assert hashlib.sha256(sdist.read_bytes()).hexdigest() == DETERMINISM["source"]["sha256"]
+    return tarfile.open(sdist)
 
 
 def test_the_listing_is_vllm_0_34_0s_suite_test_for_test():

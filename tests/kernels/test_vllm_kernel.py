@@ -1,8 +1,8 @@
 """Loading vLLM 0.33.0's batch-invariant GEMM for the bench (``--vllm-kernel PATH``).
 
 The loader's errors name PATH and what is wrong; a vLLM-shaped module loads with the stand-ins and
-leaves ``sys.modules`` as it was. Where the 0.33.0 wheel is on this machine (``/tmp/vllmwheels``,
-as test_hook_manifest.py), vLLM's own kernel runs under the interpreter: its rows are bitwise
+leaves ``sys.modules`` as it was. Where BISTAT_VLLM_WHEELS names a folder with the 0.33.0 wheel
+(tests/external.py), vLLM's own kernel runs under the interpreter: its rows are bitwise
 invariant at K 512, and its float32 GEMM fails the float32 gate because its ``tl.dot`` takes the
 default TF32 precision (vLLM #55466; conftest's dot rounds to TF32 where a GPU would).
 """
@@ -15,12 +15,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from external import vllm_wheel
 from helpers_kernels import torch
 
 from bistat.cli import cli
 from bistat_kernels import probe, vllm_kernel  # noqa: E402
-
-WHEEL = Path("/tmp/vllmwheels/vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl")
 
 _FAKE_MODULE = '''
 from vllm.model_executor.determinism.batch_invariant_configs import _get_matmul_config
@@ -117,11 +116,9 @@ def test_bench_reports_a_bad_vllm_kernel_path_before_the_missing_gpu(tmp_path):
 
 @pytest.fixture(scope="module")
 def vllm033(tmp_path_factory) -> vllm_kernel.VllmKernel:
-    if not WHEEL.is_file():
-        pytest.skip(f"{WHEEL} is not on this machine (pip download vllm==0.33.0 --no-deps -d "
-                    f"{WHEEL.parent})")
+    wheel_path = vllm_wheel("0.33.0")
     root = tmp_path_factory.mktemp("vllm033")
-    with zipfile.ZipFile(WHEEL) as wheel:
+    with zipfile.ZipFile(wheel_path) as wheel:
         for name in ("vllm/_version.py", "vllm/model_executor/determinism/batch_invariant.py",
                      "vllm/model_executor/determinism/batch_invariant_configs.py"):
             wheel.extract(name, root)

@@ -1,7 +1,6 @@
-"""vLLM's wheels on this machine, for the tests that read vLLM's own code (none needs torch).
-
-The wheels are fetched by hand, never by the tests: ``pip download --no-deps vllm==VERSION -d
-/tmp/vllmwheels``; where one is absent, a test that needs it skips and says so.
+"""vLLM's own batch-invariant table module, executed from a wheel, for the tests that read vLLM's
+code (none needs vLLM installed). The wheel comes from the folder ``BISTAT_VLLM_WHEELS`` names
+(tests/external.py), never from a fixed path: unset, a test that needs it skips and says so.
 """
 
 from __future__ import annotations
@@ -12,15 +11,11 @@ import zipfile
 from pathlib import Path
 from typing import NamedTuple
 
-import pytest
 
+
+from external import vllm_wheel  # noqa: F401 - the wheel BISTAT_VLLM_WHEELS names
 
 CONFIGS_IN_WHEEL = "vllm/model_executor/determinism/batch_invariant_configs.py"
-VLLM_WHEELS = Path("/tmp/vllmwheels")  # pip download --no-deps vllm==VERSION -d /tmp/vllmwheels
-
-
-def vllm_wheel(version: str) -> Path:
-    return VLLM_WHEELS / f"vllm-{version}-cp38-abi3-manylinux_2_28_x86_64.whl"
 
 
 class _DeviceCapability(NamedTuple):  # vllm/platforms/interface.py's, fields only
@@ -31,10 +26,7 @@ class _DeviceCapability(NamedTuple):  # vllm/platforms/interface.py's, fields on
 def load_vllm_configs_module(monkeypatch, wheel: Path,
                              capability: tuple[int, int] = (9, 0)) -> types.ModuleType:
     """vLLM's batch_invariant_configs.py from ``wheel``, executed with vllm.platforms stubbed to
-    report ``capability``; skips the test where the wheel is not on this machine."""
-    if not wheel.is_file():
-        pytest.skip(f"{wheel} is not on this machine (pip download vllm==VERSION --no-deps -d "
-                    f"{wheel.parent})")
+    report ``capability``."""
     source = zipfile.ZipFile(wheel).read(CONFIGS_IN_WHEEL).decode()
     platform = types.SimpleNamespace(is_cuda=lambda: True,
                                      get_device_capability=lambda: _DeviceCapability(*capability))

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from bistat.analysis.results import AnalysisError, RegistrationRun
-from bistat.declare.prereg import (Registration, RegistrationError, find_recorded_runs,
-                                   ledger_entries)
+from bistat.declare.registration import Registration, RegistrationError
+from bistat.declare.run_ledger import find_recorded_runs, ledger_entries
 from bistat.store.format import RecordsError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -63,11 +63,13 @@ def _engine_failures(run_dir: Path) -> list[str]:
 def registration_runs(run_dir: Path, run_id: str, created_utc: str | None,
                       recorded: Registration, exp: "Experiment",
                       this_state: tuple[str, bool], this_verdict: str,
-                      analyse: Callable[[Path], Any]) -> tuple[RegistrationRun, ...]:
+                      analyse: Callable[[Path], Any], *,
+                      run_ledger: bool = True) -> tuple[RegistrationRun, ...]:
     """The runs of ``recorded`` (the registration ``run_dir`` was recorded under) that its run
     ledger and ``run_dir``'s folder know, ``run_dir`` included (with ``this_state`` and
     ``this_verdict``), ordered by creation time; ``analyse(path)`` gives another run's summary
-    under the finding's rule (its failure is stated as the verdict)."""
+    under the finding's rule (its failure is stated as the verdict). ``run_ledger=False``: the
+    folder's alone, the ledger (a file of this machine's) unread."""
     from bistat.declare.errors import DeclarationError
     from bistat.store.passes import counted_passes
     from bistat.store.run_dir import RecordedRun
@@ -78,7 +80,7 @@ def registration_runs(run_dir: Path, run_id: str, created_utc: str | None,
         if d.resolve() != run_dir.parent.resolve():
             found.setdefault(d.resolve(), (d, set()))[1].add("its folder")
     gone: list[RegistrationRun] = []
-    for d, still in ledger_entries(recorded):
+    for d, still in (ledger_entries(recorded) if run_ledger else ()):
         if still:
             found.setdefault(d.resolve(), (d, set()))[1].add("the run ledger")
         elif d.resolve() not in found:

@@ -22,7 +22,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from bistat.core import design, serial
+from bistat.core import design_coverage, design_rho, serial
 from bistat.core.classify import ArmStats, paired_passes
 from bistat.core.rule import Rule
 
@@ -36,7 +36,7 @@ SERIAL_ALPHA = 0.05
 MIN_SERIES = 3
 
 #: Pairs the coverage check needs (:data:`bistat.core.design.MIN_PAIRS_TO_CHECK`).
-MIN_PAIRS_CHECKED = design.MIN_PAIRS_TO_CHECK
+MIN_PAIRS_CHECKED = design_rho.MIN_PAIRS_TO_CHECK
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class PairSerial:
     passes: tuple[int, ...]
     log_differences: tuple[float, ...]
     differences: serial.SerialCorrelation | None
-    check: design.AssumptionCheck | None
+    check: design_coverage.AssumptionCheck | None
     hac: serial.HacRatioResult | None = None
 
     @property
@@ -200,10 +200,10 @@ def serial_passes(rule: Rule, comparisons: Sequence[tuple[ArmStats, ArmStats]]
         diffs = serial.paired_serial_correlation(pt, pc) if ok else None
         check = None
         if ok and len(pt) >= MIN_PAIRS_CHECKED:
-            estimate = design.estimate_serial_correlation(pt, pc, SERIAL_ALPHA)
+            estimate = design_rho.estimate_serial_correlation(pt, pc, SERIAL_ALPHA)
             n = (min(arms[treatment.name].n, arms[control.name].n) if interval == "welch"
                  else len(pt))
-            check = design.check_interval_assumptions(interval, n, estimate, cl, hac)
+            check = design_coverage.check_interval_assumptions(interval, n, estimate, cl, hac)
         ratio = (serial.hac_ratio(pt, pc, cl, hac)
                  if interval == "hac" and positive and len(pt) >= 2 else None)
         pairs.append(PairSerial(treatment.name, control.name, keys, logs, diffs, check, ratio))

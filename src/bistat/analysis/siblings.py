@@ -15,13 +15,14 @@ from typing import Any, Mapping
 
 from bistat.analysis.results import AnalysisError
 from bistat.declare.experiment import DeclarationError, Experiment
-from bistat.declare.prereg import Registration, git_evidence, load_registration
+from bistat.declare.git_evidence import git_evidence
+from bistat.declare.registration import Registration, load_registration
 from bistat.declare.run_registration import run_registration
 from bistat.store.format import parse_time
 from bistat.store.run_dir import RecordedRun
 
-__all__ = ["Registered", "display_path", "registered", "sealed_after_data",
-           "sibling_registrations"]
+__all__ = ["Registered", "declaration_without_name_and_rule", "display_path", "registered",
+           "sealed_after_data", "sibling_registrations"]
 
 
 @dataclass(frozen=True)
@@ -95,10 +96,10 @@ def _sibling_registration(hdr_reg: Mapping[str, Any], reg: Registration) -> Regi
         return None
     # Compare as the current schema resolves them: a registration sealed before a field was
     # added lacks it, with its default meant.
-    return recorded if _strip_name_and_rule(recorded) == _strip_name_and_rule(reg) else None
+    return recorded if declaration_without_name_and_rule(recorded) == declaration_without_name_and_rule(reg) else None
 
 
-def _strip_name_and_rule(reg: Registration) -> dict[str, Any]:
+def declaration_without_name_and_rule(reg: Registration) -> dict[str, Any]:
     """The declaration as the current schema resolves it, without ``name`` and ``rule``."""
     return {k: v for k, v in reg.experiment().resolved().items() if k not in ("name", "rule")}
 
@@ -109,7 +110,7 @@ def sibling_registrations(reg: Registration) -> list[Registration]:
     Files that are not readable registrations are skipped."""
     here = Path(reg.path)
     try:
-        mine = _strip_name_and_rule(reg)
+        mine = declaration_without_name_and_rule(reg)
     except (ValueError, DeclarationError):
         return []
     found = []
@@ -118,7 +119,7 @@ def sibling_registrations(reg: Registration) -> list[Registration]:
             continue
         try:
             other = load_registration(path)
-            if (other.sha256 != reg.sha256 and _strip_name_and_rule(other) == mine
+            if (other.sha256 != reg.sha256 and declaration_without_name_and_rule(other) == mine
                     and git_evidence(path).status != "differs"):   # a forged one is no sibling
                 found.append(other)
         except (OSError, ValueError, DeclarationError):

@@ -98,7 +98,8 @@ from bistat.core.classify import (ActivationEvidence, ArmStats, PairedCounts, Ru
                                   ValidityCheck, classify)
 from bistat.declare.engine_version import EngineVersionReport, engine_version_report
 from bistat.declare.experiment import Experiment
-from bistat.declare.prereg import Registration, ledger_path, release_log_checks
+from bistat.declare.prereg import Registration, release_log_checks
+from bistat.declare.run_ledger import ledger_path
 from bistat.engines.registry import capabilities
 from bistat.store.enginelog import (cudagraph_sizes, jit_compiles, kept_log_lines, kept_logs,
                                     logged_modes)
@@ -133,7 +134,7 @@ __all__ = [
 
 def analyze_run(run_dir: str | Path | RecordedRun,
                 registration: str | Path | Registration | None = None, *,
-                list_runs: bool = True) -> RunSummary:
+                list_runs: bool = True, run_ledger: bool = True) -> RunSummary:
     """Analyse a recorded run against its sealed registration.
 
     In phases: the registration (:func:`bistat.analysis.siblings.registered`) and the tables
@@ -158,6 +159,12 @@ def analyze_run(run_dir: str | Path | RecordedRun,
         Also find every other run of the registration the run was recorded under (its run
         ledger and the run's folder: :mod:`bistat.analysis.registration_runs`) and analyse each
         for its verdict (``RunSummary.registration_runs``).
+    run_ledger : bool
+        Read that registration's run ledger (``preregistrations/.NAME.runs``, a file of the
+        machine that ran it, never committed) to find them. False: only the run's folder is
+        searched, and the finding says the ledger is not here, as on a machine that recorded
+        none of its runs: a committed finding regenerates from committed files so, whatever
+        this machine has run again under the registration.
 
     Returns
     -------
@@ -234,7 +241,7 @@ def analyze_run(run_dir: str | Path | RecordedRun,
                                 for a, e, _ in bad_events])
         runs = registration_runs(
             run_dir, run.run_id, created, recorded, exp, state, verdict_text(comparisons),
-            lambda d: analyze_run(d, reg, list_runs=False))
+            lambda d: analyze_run(d, reg, list_runs=False), run_ledger=run_ledger)
     deviations.extend(engine_version.deviations)
     passes_df = tables.passes
     return RunSummary(
@@ -272,7 +279,8 @@ def analyze_run(run_dir: str | Path | RecordedRun,
                                         for control, treatment, *_ in pairs]),
         failed_requests=failed_requests(responses, arm_names), servers=servers,
         registration_runs=runs,
-        runs_ledger_found=ledger_path(recorded.path).exists() if list_runs else None,
+        runs_ledger_found=(run_ledger and ledger_path(recorded.path).exists()) if list_runs
+        else None,
         runs_registration=(display_path(recorded.path) if sibling_of is not None else
                            hdr_reg.get("path") if isinstance(hdr_reg, Mapping) else None))
 

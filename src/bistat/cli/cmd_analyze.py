@@ -58,8 +58,15 @@ def register(group: click.Group) -> None:
     @click.option("--force", is_flag=True,
                   help="Replace OUT/NAME.md although it is the finding of another run of the "
                        "registration (refused without it).")
+    @click.option("--no-run-ledger", "no_run_ledger", is_flag=True,
+                  help="List only the runs of the registration that RUN_DIR's folder holds, not "
+                       "those its run ledger (preregistrations/.NAME.runs, this machine's, never "
+                       "committed) lists: a committed finding regenerates so "
+                       "(scripts/regenerate_findings.sh), whatever this machine has run again "
+                       "under the registration.")
     def analyze(run_dir: Path, registration: Path | None, out_dir: Path, as_json: bool,
-                fail_on: tuple[str, ...], allowed_signers: Path | None, force: bool) -> None:
+                fail_on: tuple[str, ...], allowed_signers: Path | None, force: bool,
+                no_run_ledger: bool) -> None:
         """Analyse the recorded run RUN_DIR and write the finding OUT/NAME.md with its plots.
 
         Every number is recomputed from the records; regenerating from the same data gives
@@ -82,7 +89,7 @@ def register(group: click.Group) -> None:
 
         labels = fail_on_labels(fail_on)
         try:
-            summary = analyze_run(run_dir, registration)
+            summary = analyze_run(run_dir, registration, run_ledger=not no_run_ledger)
             seal = run_seal_evidence(run_dir, registration, summary.created_utc,
                                      allowed_signers=allowed_signers)
             refuted = seal.refutations()

@@ -34,8 +34,8 @@ import numpy as np
 
 from bistat.core.lazy import lazy_function, lazy_module
 from bistat.core.rule import BANDWIDTH_RULES, HAC_KERNELS, HacSpec
-from bistat.core.stats import (Interval, RatioResult, _confidence_level, _int_at_least,
-                               _positive_sample)
+from bistat.core.stat_results import Interval, RatioResult
+from bistat.core.validation import _confidence_level, _int_at_least, _positive_sample
 
 _sps = lazy_module("scipy.stats")
 _dct = lazy_function("scipy.fft", "dct")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bistat.core import design, stats
+from bistat.core import design_rho, stats
 from bistat.declare.errors import DesignError
 from bistat.store.format import RecordsError
 from bistat.store.readers import iter_jsonl_strict
@@ -146,13 +146,13 @@ def paired_cv_from_run(run_dir: str | Path) -> tuple[float, str] | None:
                 f"differences {sd:.4f} over sqrt(2), as a CV: {cv:.4f}")
 
 
-def serial_from_run(run_dir: str | Path) -> tuple[design.SerialEstimate, RunPairs] | None:
+def serial_from_run(run_dir: str | Path) -> tuple[design_rho.SerialEstimate, RunPairs] | None:
     """The serial correlation of an earlier run's pairs of passes, to plan a cost interval at
     (:func:`bistat.core.design.estimate_serial_correlation` of :func:`pairs_from_run`'s pairs:
     each arm's lag-1 autocorrelation and the pairs' log differences', bias-corrected). None when
     the run has no pairs (:func:`pairs_from_run`) or fewer than
     :data:`bistat.core.design.MIN_PAIRS_TO_CHECK`, too few to estimate it from."""
     pairs = pairs_from_run(run_dir)
-    if pairs is None or pairs.n < design.MIN_PAIRS_TO_CHECK:
+    if pairs is None or pairs.n < design_rho.MIN_PAIRS_TO_CHECK:
         return None
-    return design.estimate_serial_correlation(pairs.first, pairs.second), pairs
+    return design_rho.estimate_serial_correlation(pairs.first, pairs.second), pairs

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from bistat.core import design
+from bistat.core import design_match, design_ratio
 from bistat.core.lazy import lazy_module
 from bistat.core.rule import (
     ControlDiverges,
@@ -86,7 +86,7 @@ def _k_bounds(n: int, crits: list[Any], role: str, rule: Rule) -> tuple[int, int
     lo, hi = 0, n
     for c in crits:
         if isinstance(c, MatchLowerBound) and c.arm == role:
-            tol = design.max_mismatches_tolerated(n, c.at_least, cl, lower_alt(rule))
+            tol = design_match.max_mismatches_tolerated(n, c.at_least, cl, lower_alt(rule))
             if tol < 0:
                 return None
             lo = max(lo, n - tol)
@@ -129,7 +129,7 @@ def _throughput_prob_at_one(crits: list[Any], passes: int, cv: float, rule: Rule
     if passes < 2:
         # one pass per arm: the point estimate still has its planning-model spread (log ratio
         # ~ N(0, 2 sigma^2)); a criterion on an interval cannot be evaluated, hence never met
-        sigma = design.log_sd_from_cv(cv)
+        sigma = design_ratio.log_sd_from_cv(cv)
         probs = []
         for c in through:
             if isinstance(c, ThroughputRatio) and c.statistic == "point":
@@ -151,10 +151,10 @@ def _pair_bound(crits: list[Any], n: int, rate: float, rule: Rule) -> float:
         if isinstance(c, TreatmentBeatsControl):
             probs = []
             if c.newcombe_at_least is not None:
-                probs.append(design.power_newcombe(n, rate, rate, c.newcombe_at_least,
-                                                   rule.confidence_level))
+                probs.append(design_match.power_newcombe(n, rate, rate, c.newcombe_at_least,
+                                                         rule.confidence_level))
             if c.mcnemar_below is not None:
-                probs.append(design.power_mcnemar(n, rate, rate, c.mcnemar_below))
+                probs.append(design_match.power_mcnemar(n, rate, rate, c.mcnemar_below))
             bound = min(bound, min(probs) if c.require == "both" else min(1.0, sum(probs)))
     return bound
 
@@ -235,13 +235,13 @@ def _prompts_under_alpha(prob: Callable[[int], float], start: int, alpha: float)
         lo, hi = hi, hi * 2
         if hi > MAX_PROMPTS_FOR_ALPHA:
             return None
-    return design.bisect_power(lambda k: 1.0 if prob(k) <= alpha else 0.0, 0.5, lo, hi,
-                               divisor=100)
+    return design_ratio.bisect_power(lambda k: 1.0 if prob(k) <= alpha else 0.0, 0.5, lo, hi,
+                                     divisor=100)
 
 
 def _passes_fix(prob: Callable[[int], float], alpha: float) -> str:
     """The passes per arm at which ``prob(passes) <= alpha``, in words."""
-    need = design.min_passes_for_power(lambda k: 1.0 if prob(k) <= alpha else 0.0, 0.5)
+    need = design_ratio.min_passes_for_power(lambda k: 1.0 if prob(k) <= alpha else 0.0, 0.5)
     if need is None:
         return "no number of passes up to 200 brings it under alpha"
     return f"{need} passes per arm bring it under alpha (set workload.passes >= {need})"

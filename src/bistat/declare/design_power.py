@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from bistat.core import design
+from bistat.core import design_coverage, design_match, design_ratio, design_rho
 from bistat.core.serial import cosine_terms
 from bistat.core.rule import (
     ControlDiverges,
@@ -156,11 +156,11 @@ class CostDesign:
     rho: float = 0.0
     #: the earlier run's serial correlation (``design.cv_from``; None: no run of two arms named),
     #: the run, and its two arms (the estimate's ``treatment`` and ``control``, in that order)
-    serial: design.SerialEstimate | None = None
+    serial: design_rho.SerialEstimate | None = None
     serial_from: str | None = None
     serial_arms: tuple[str, ...] = ()
     #: what it does to the declared interval (its coverage there; contradicted, at risk)
-    check: design.AssumptionCheck | None = None
+    check: design_coverage.AssumptionCheck | None = None
 
 
 def no_design_reason(crit: Any) -> str:
@@ -192,8 +192,8 @@ def activation_design(label, field, crit, description, threshold, n, rule: Rule,
     cl = rule.confidence_level
     if isinstance(crit, ControlDiverges):
         def prob(k: int) -> float:
-            return design.prob_upper_bound_at_most(k, control_rate, crit.at_most, cl,
-                                                   upper_alt(rule))
+            return design_match.prob_upper_bound_at_most(k, control_rate, crit.at_most, cl,
+                                                         upper_alt(rule))
         p = prob(n)
         need = None
         note = None
@@ -210,11 +210,11 @@ def activation_design(label, field, crit, description, threshold, n, rule: Rule,
     def combined(k: int) -> tuple[float, list[tuple[str, float]]]:
         got = []
         if crit.newcombe_at_least is not None:
-            got.append(("newcombe", design.power_newcombe(k, rate, control_rate,
-                                                          crit.newcombe_at_least, cl)))
+            got.append(("newcombe", design_match.power_newcombe(k, rate, control_rate,
+                                                                crit.newcombe_at_least, cl)))
         if crit.mcnemar_below is not None:
-            got.append(("mcnemar", design.power_mcnemar(k, rate, control_rate,
-                                                        crit.mcnemar_below)))
+            got.append(("mcnemar", design_match.power_mcnemar(k, rate, control_rate,
+                                                              crit.mcnemar_below)))
         probs = [q for _, q in got]
         return (min(probs) if crit.require == "both" else min(1.0, sum(probs))), got
 
@@ -249,23 +249,23 @@ def activation_warnings(ad: ActivationDesign, where: str, target: float) -> list
 
 
 def cost_design(cost: CostRule, passes: int, cv: float, ratios, target: float, *,
-                rho: float = 0.0, serial: design.SerialEstimate | None = None,
+                rho: float = 0.0, serial: design_rho.SerialEstimate | None = None,
                 serial_from: str | None = None, serial_arms: tuple[str, ...] = (),
-                check: design.AssumptionCheck | None = None) -> CostDesign:
+                check: design_coverage.AssumptionCheck | None = None) -> CostDesign:
     """The cost rule's figures for the interval it declares: Welch's, the paired one (for
     independent pairs) or the HAC one (at the pairs' lag-1 autocorrelation ``rho``)."""
     grid = tuple(dict.fromkeys((1.0, *ratios)))
     paired, hac = cost.interval == "paired", cost.hac
     rho = rho if hac is not None else 0.0
-    factor = (design.expected_ratio_interval_factor(passes, cv, cost.confidence_level, paired,
-                                                    hac=hac)
+    factor = (design_ratio.expected_ratio_interval_factor(passes, cv, cost.confidence_level, paired,
+                                                          hac=hac)
               if passes >= 2 else None)
-    outcomes = tuple((r, design.cost_outcome_probabilities(
+    outcomes = tuple((r, design_ratio.cost_outcome_probabilities(
         cost.margin, r, passes, cv, cost.confidence_level, cost.metric, paired, hac=hac,
         rho=rho)) for r in grid) if passes >= 2 else ()
-    decide = tuple((r, design.passes_to_decide(cost.margin, r, cv, cost.confidence_level,
-                                               cost.metric, target, paired=paired, hac=hac,
-                                               rho=rho))
+    decide = tuple((r, design_ratio.passes_to_decide(cost.margin, r, cv, cost.confidence_level,
+                                                     cost.metric, target, paired=paired, hac=hac,
+                                                     rho=rho))
                    for r in grid)
     terms = cosine_terms(passes, hac.bandwidth) if hac is not None and passes >= 2 else None
     return CostDesign(cost.describe(), cost.metric, cost.margin, cost.confidence_level, passes,
@@ -287,9 +287,9 @@ def cost_warnings(cd: CostDesign, target: float) -> list[str]:
 
 
 def match_design(label, field, crit, description, threshold, n, cl, alt, rate) -> MatchDesign:
-    min_n = design.min_prompts_for_threshold(crit.at_least, cl, alt)
-    tolerated = design.max_mismatches_tolerated(n, crit.at_least, cl, alt)
-    prob = design.prob_lower_bound_at_least(n, rate, crit.at_least, cl, alt)
+    min_n = design_match.min_prompts_for_threshold(crit.at_least, cl, alt)
+    tolerated = design_match.max_mismatches_tolerated(n, crit.at_least, cl, alt)
+    prob = design_match.prob_lower_bound_at_least(n, rate, crit.at_least, cl, alt)
     return MatchDesign(label, field, crit.criterion, description, threshold, n, min_n, tolerated,
                        rate, prob)
 
@@ -306,7 +306,7 @@ def match_warnings(md: MatchDesign, where: str, crit: MatchLowerBound, cl: float
             fix = (f"at an assumed match rate of {rate:g}, at or below the threshold, no number "
                    "of prompts reaches it; check design.assumed_match_rate or the threshold")
         else:
-            needed = _prompts_for_power(lambda k: design.prob_lower_bound_at_least(
+            needed = _prompts_for_power(lambda k: design_match.prob_lower_bound_at_least(
                 k, rate, crit.at_least, cl, alt), md.n_prompts, target)
             fix = (f"about {needed} prompts would give {target:.0%} (set workload.n_prompts)"
                    if needed is not None else
@@ -325,7 +325,7 @@ def _prompts_for_power(power: Callable[[int], float], start: int, target: float)
         lo, hi = hi, hi * 2
         if hi > MAX_PROMPTS_SEARCHED:
             return None
-    return design.bisect_power(power, target, lo, hi, divisor=100)
+    return design_ratio.bisect_power(power, target, lo, hi, divisor=100)
 
 
 def criterion_holds(crit: Any, r: float) -> bool:
@@ -344,24 +344,24 @@ def power_fn(crit: Any, cv: float, cl: float, tost_alpha: float) -> Callable[[fl
     if isinstance(crit, ThroughputRatio):
         bound = crit.below if crit.below is not None else crit.at_least
         if crit.statistic == "point":
-            fn = design.power_ratio_point_below if crit.below is not None \
-                else design.power_ratio_point_at_least
+            fn = design_ratio.power_ratio_point_below if crit.below is not None \
+                else design_ratio.power_ratio_point_at_least
             return lambda r, p: fn(bound, r, p, cv)
         # interval_high < b: the whole interval below b; interval_low >= b: the whole above.
         # The two mixed forms are complements of those.
         if crit.statistic == "interval_high":
             if crit.below is not None:
-                return lambda r, p: design.power_ratio_interval_below(bound, r, p, cv, cl)
-            return lambda r, p: 1.0 - design.power_ratio_interval_below(bound, r, p, cv, cl)
+                return lambda r, p: design_ratio.power_ratio_interval_below(bound, r, p, cv, cl)
+            return lambda r, p: 1.0 - design_ratio.power_ratio_interval_below(bound, r, p, cv, cl)
         if crit.at_least is not None:
-            return lambda r, p: design.power_ratio_interval_above(bound, r, p, cv, cl)
-        return lambda r, p: 1.0 - design.power_ratio_interval_above(bound, r, p, cv, cl)
+            return lambda r, p: design_ratio.power_ratio_interval_above(bound, r, p, cv, cl)
+        return lambda r, p: 1.0 - design_ratio.power_ratio_interval_above(bound, r, p, cv, cl)
     if isinstance(crit, ThroughputSlower):
-        return lambda r, p: design.power_ratio_interval_below(crit.bound, r, p, cv, cl)
+        return lambda r, p: design_ratio.power_ratio_interval_below(crit.bound, r, p, cv, cl)
     if crit.is_tost:
-        return lambda r, p: design.power_tost(crit.margin_low, crit.margin_high, r, p, cv,
-                                              tost_alpha)
-    return lambda r, p: design.power_ratio_interval_above(crit.lower_at_least, r, p, cv, cl)
+        return lambda r, p: design_ratio.power_tost(crit.margin_low, crit.margin_high, r, p, cv,
+                                                    tost_alpha)
+    return lambda r, p: design_ratio.power_ratio_interval_above(crit.lower_at_least, r, p, cv, cl)
 
 
 def throughput_design(label, field, crit, description, threshold, passes, cv, cl, tost_alpha,
@@ -372,11 +372,11 @@ def throughput_design(label, field, crit, description, threshold, passes, cv, cl
                "1 counted pass per arm: the ratio's sampling error cannot be estimated")
         fn = power_fn(crit, cv, cl, tost_alpha)
         power = tuple(PowerAt(r, None, criterion_holds(crit, r),
-                              design.min_passes_for_power(lambda p, r=r: fn(r, p), target)
+                              design_ratio.min_passes_for_power(lambda p, r=r: fn(r, p), target)
                               if criterion_holds(crit, r) else None) for r in ratios)
         return ThroughputDesign(label, field, crit.criterion, description, threshold, passes, cv,
                                 None, None, power, note=why)
-    half = design.expected_ratio_halfwidth(passes, cv, cl)
+    half = design_ratio.expected_ratio_halfwidth(passes, cv, cl)
     fn = power_fn(crit, cv, cl, tost_alpha)
     power = []
     for r in ratios:
@@ -384,7 +384,7 @@ def throughput_design(label, field, crit, description, threshold, passes, cv, cl
         holds = criterion_holds(crit, r)
         need = None
         if holds and prob < target:
-            need = design.min_passes_for_power(lambda p, r=r: fn(r, p), target)
+            need = design_ratio.min_passes_for_power(lambda p, r=r: fn(r, p), target)
         power.append(PowerAt(r, prob, holds, need))
     return ThroughputDesign(label, field, crit.criterion, description, threshold, passes, cv,
                             half, math.exp(half), tuple(power))

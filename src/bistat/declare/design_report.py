@@ -49,7 +49,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bistat.core import design
+from bistat.core import design_coverage, design_rho
 from bistat.core.rule import (
     ControlDiverges,
     CostRule,
@@ -292,13 +292,13 @@ def _cost(cost_rule: CostRule, passes: int, cv: float, ratios: tuple[float, ...]
                        f"{diffs.lag1:.2f} over {pairs.n} pairs)" if diffs.lag1 is not None
                        else ", as independent pairs (their differences do not vary)")
         if passes >= 2:
-            check = design.check_interval_assumptions(
+            check = design_coverage.check_interval_assumptions(
                 interval, passes, serial, cost_rule.confidence_level, cost_rule.hac)
             if check.message is not None:
                 warnings.append(f"rule.cost ({cost_rule.describe()}): {check.message}")
     elif interval == "hac":
         source += (", as independent pairs (no serial correlation estimated: an earlier run of "
-                   f"two arms with {design.MIN_PAIRS_TO_CHECK} pairs of passes or more in "
+                   f"two arms with {design_rho.MIN_PAIRS_TO_CHECK} pairs of passes or more in "
                    "design.cv_from gives it)")
     cd = cost_design(cost_rule, passes, cost_cv, ratios, target, rho=rho, serial=serial,
                      serial_from=None if found is None else found[1].run_dir,

@@ -33,27 +33,39 @@ a shallow clone that cannot see it says so), and an optional SSH signature ``NAM
 Newest-release checks made after the seal (``check_release``, and each ``amend``) are appended to
 ``NAME.releases.jsonl`` beside the registration (:mod:`bistat.declare.release_log`), never to the
 sealed file; ``verify`` checks that log's hash chain too.
+
+This module registers, amends and verifies; it names the parts it builds on, each a module of its
+own, so ``bistat.declare.prereg.NAME`` serves for all of them: :mod:`bistat.declare.canonical` (the
+canonical form and the times), :mod:`bistat.declare.git_evidence` (what git says about the file),
+:mod:`bistat.declare.registration` (the file read, its seal checked on every load) and
+:mod:`bistat.declare.run_ledger` (the runs recorded under it). The package's modules that only read
+registrations import those parts directly.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 import os
-import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from bistat import __version__
+from bistat.declare.canonical import canonical_json, format_time, sha256_hex
 from bistat.declare.errors import DeclarationError
+from bistat.declare.git_evidence import GitEvidence, git_evidence, git_state
 from bistat.declare.prereg_signature import (SignatureCheck, SignatureError, check_signature,
                                              sign_bytes, signature_path)
 from bistat.declare.release_log import (LoggedCheck, ReleaseLogError, append_release_check,
                                         read_release_log, release_log_path)
+from bistat.declare.registration import (DEFAULT_REGISTRATIONS_DIR, DEFAULT_RUNS_DIR, SCHEMA,
+                                         Registration, RegistrationError, _read, _seal_problems,
+                                         load_registration, registration_path)
 from bistat.declare.releases import ReleaseCheck
+from bistat.declare.run_ledger import (_has_data, _run_json, find_recorded_runs, known_runs,
+                                       ledger_entries, ledger_path, ledger_runs, note_run)
 from bistat.store.format import RecordsError, parse_time
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -89,225 +101,13 @@ __all__ = [
     "parse_time",
 ]
 
-SCHEMA = "bistat.registration/1"
-DEFAULT_REGISTRATIONS_DIR = "preregistrations"
-DEFAULT_RUNS_DIR = "runs"
-
-
-class RegistrationError(ValueError):
-    """A registration could not be written, amended or read."""
-
-
-# --------------------------------------------------------------------------------------------
-# canonical form and time
-
-
-def canonical_json(obj: Any) -> bytes:
-    """The canonical serialization that is hashed: sorted keys, no whitespace, UTF-8, no NaN."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False).encode("utf-8")
-
-
-def sha256_hex(obj: Any) -> str:
-    """SHA-256 (hex) of ``canonical_json(obj)``."""
-    return hashlib.sha256(canonical_json(obj)).hexdigest()
-
 
 def _utcnow() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
-def format_time(t: dt.datetime) -> str:
-    """ISO 8601 UTC with microseconds and a ``Z``: ``2026-11-29T10:14:01.123456Z``."""
-    return t.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
 # --------------------------------------------------------------------------------------------
-# git
-
-
-def git_state(path: str | Path) -> dict[str, Any]:
-    """Git commit of the repository holding ``path`` and the file's state there.
-
-    Returns ``{"commit": sha or None, "declaration_state": "clean" | "dirty" | "untracked" |
-    None}``; both None outside a git repository or without git.
-    """
-    p = Path(path).resolve()
-    none = {"commit": None, "declaration_state": None}
-
-    def git(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["git", "-C", str(p.parent), *args], capture_output=True,
-                              text=True, check=False)
-
-    try:
-        head = git("rev-parse", "HEAD")
-    except OSError:  # git is not installed
-        return none
-    if head.returncode != 0:
-        inside = git("rev-parse", "--is-inside-work-tree")
-        if inside.returncode != 0:
-            return none
-        commit = None  # a repository without commits yet
-    else:
-        commit = head.stdout.strip()
-    status = git("status", "--porcelain", "--", p.name)
-    if status.returncode != 0:
-        return {"commit": commit, "declaration_state": None}
-    out = status.stdout.strip()
-    state = "clean" if not out else ("untracked" if out.startswith("??") else "dirty")
-    return {"commit": commit, "declaration_state": state}
-
-
-@dataclass(frozen=True)
-class GitEvidence:
-    """What git says about a registration file's current bytes (its blob).
-
-    ``status``: ``"none"`` (not in a git repository, or git missing), ``"uncommitted"`` (no
-    commit holds the path), ``"differs"`` (commits hold the path, none with these bytes:
-    ``commit`` is the newest that holds it), ``"committed"`` (``commit`` is the first commit
-    holding these exact bytes, ``time_utc`` its committer time), ``"shallow"`` (a shallow
-    clone whose first commit holding these bytes is a boundary commit, ``commit``: its history
-    is cut there, so the bytes may be older and no time can be told). ``before`` compares
-    that time with the run's first record when one is given (None otherwise).
-    """
-
-    status: str
-    commit: str | None = None
-    time_utc: str | None = None
-    before: bool | None = None
-
-    def line(self) -> str:
-        """The one line ``verify`` and the finding print."""
-        if self.status == "none":
-            return "no git evidence (not in a git repository): only the seal's integrity is shown"
-        if self.status == "uncommitted":
-            return "no git evidence: the registration is not committed"
-        if self.status == "shallow":
-            return (f"no git evidence: a shallow clone, cut at {self.commit} which holds the "
-                    "registration; its first commit is not here (git fetch --unshallow)")
-        if self.status == "differs":
-            return (f"git: the registration differs from the blob committed in {self.commit}; "
-                    "it was changed after it was committed")
-        when = "" if self.before is None else (
-            ", before the run's first record" if self.before else ", after the run's first record")
-        return f"git: first committed in {self.commit} at {self.time_utc}{when}"
-
-    @property
-    def refutes(self) -> bool:
-        """The evidence contradicts the seal (changed after commit, or committed after data)."""
-        return self.status == "differs" or self.before is False
-
-
-def _shallow_boundary(git: Callable[..., subprocess.CompletedProcess]) -> frozenset[str]:
-    """The commits where a shallow clone's history is cut (empty for a full clone)."""
-    if git("rev-parse", "--is-shallow-repository").stdout.strip() != "true":
-        return frozenset()
-    shallow = git("rev-parse", "--path-format=absolute", "--git-path", "shallow").stdout.strip()
-    try:
-        return frozenset(Path(shallow).read_text(encoding="ascii").split())
-    except OSError:
-        return frozenset()
-
-
-def git_evidence(path: str | Path, first_record: dt.datetime | None = None) -> GitEvidence:
-    """The first commit holding ``path``'s exact current bytes, and whether it is older than
-    ``first_record`` (the run's first record): evidence of time the user cannot rewrite after
-    the fact, unlike the self-computed seal."""
-    p = Path(path).resolve()
-
-    def git(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["git", "-C", str(p.parent), *args], capture_output=True,
-                              text=True, check=False)
-
-    try:
-        top = git("rev-parse", "--show-toplevel")
-    except OSError:
-        return GitEvidence("none")
-    if top.returncode != 0 or not p.is_file():
-        return GitEvidence("none")
-    rel = p.relative_to(Path(top.stdout.strip()).resolve()).as_posix()
-    blob = git("hash-object", "--", str(p)).stdout.strip()
-    log = git("log", "--format=%H %ct", "--reverse", "--", f":(top){rel}")
-    commits = [line.split() for line in log.stdout.splitlines() if line.strip()]
-    if log.returncode != 0 or not commits:
-        return GitEvidence("uncommitted")
-    for sha, ct in commits:
-        if git("rev-parse", f"{sha}:{rel}").stdout.strip() == blob:
-            if sha in _shallow_boundary(git):  # every file appears in a boundary commit
-                return GitEvidence("shallow", sha)
-            when = dt.datetime.fromtimestamp(int(ct), dt.timezone.utc)
-            before = None if first_record is None else when < first_record
-            return GitEvidence("committed", sha, when.strftime("%Y-%m-%dT%H:%M:%SZ"), before)
-    return GitEvidence("differs", commits[-1][0])
-
-
-# --------------------------------------------------------------------------------------------
-# the registration
-
-
-@dataclass(frozen=True)
-class Registration:
-    """A registration file's content (``data``) and where it lives."""
-
-    path: Path
-    data: dict[str, Any]
-
-    @property
-    def sealed(self) -> dict[str, Any]:
-        return self.data["sealed"]
-
-    @property
-    def sha256(self) -> str:
-        return self.data["sha256"]
-
-    @property
-    def name(self) -> str:
-        return self.sealed["name"]
-
-    @property
-    def registered_utc(self) -> str:
-        return self.sealed["registered_utc"]
-
-    @property
-    def sealed_utc(self) -> str:
-        """When the declaration now in force was sealed (registration or last amendment)."""
-        return self.sealed["sealed_utc"]
-
-    @property
-    def declaration(self) -> dict[str, Any]:
-        return self.sealed["declaration"]
-
-    @property
-    def declaration_sha256(self) -> str:
-        return self.sealed["declaration_sha256"]
-
-    @property
-    def amendments(self) -> list[dict[str, Any]]:
-        return list(self.sealed["amendments"])
-
-    @property
-    def design(self) -> dict[str, Any]:
-        return self.sealed["design"]
-
-    @property
-    def previous_sha256s(self) -> list[str]:
-        """Seals this registration had before its amendments."""
-        return [a["previous_sha256"] for a in self.sealed["amendments"]]
-
-    def experiment(self) -> Experiment:
-        """The registered declaration, validated."""
-        from bistat.declare.experiment import validate_experiment
-
-        return validate_experiment(self.declaration, source=f"{self.path}: declaration")
-
-    def reference(self) -> dict[str, Any]:
-        """What a run records in ``run.json`` under ``registration``."""
-        return {"path": str(self.path), "sha256": self.sha256,
-                "registered_utc": self.registered_utc, "name": self.name}
-
-
-def registration_path(name: str, registrations_dir: str | Path = DEFAULT_REGISTRATIONS_DIR) -> Path:
-    return Path(registrations_dir) / f"{name}.json"
+# registering and amending
 
 
 def load_declaration(declaration_path: str | Path) -> Experiment:
@@ -617,109 +417,6 @@ def amend(
     return amended, report
 
 
-def _read(path: str | Path) -> dict[str, Any]:
-    p = Path(path)
-    if p.suffix.lower() == ".toml":
-        sealed = registration_path(p.stem, p.parent.parent / DEFAULT_REGISTRATIONS_DIR
-                                   if p.parent.name == "experiments" else DEFAULT_REGISTRATIONS_DIR)
-        raise RegistrationError(f"{path} is a declaration, not a registration; give the sealed "
-                                f".json ({sealed}, which `bistat register {path}` writes)")
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise RegistrationError(f"{path}: no such registration") from exc
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RegistrationError(f"{path}: not a readable registration ({exc})") from exc
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        got = data.get("schema") if isinstance(data, dict) else None
-        raise RegistrationError(f"{path}: schema {got!r} is not {SCHEMA!r}; not a bistat "
-                                "registration, or written by an incompatible version")
-    if not isinstance(data.get("sealed"), dict) or not isinstance(data.get("sha256"), str):
-        raise RegistrationError(f"{path}: 'sealed' or 'sha256' is missing; the file is damaged")
-    return data
-
-
-def _seal_problems(path: Path, data: dict[str, Any]) -> list[str]:
-    problems: list[str] = []
-    sealed = data["sealed"]
-    try:
-        actual = sha256_hex(sealed)
-    except ValueError as exc:  # NaN or similar: cannot have been written by register
-        return [f"{path}: seal broken: the content cannot be serialized canonically ({exc})"]
-    if actual != data["sha256"]:
-        problems.append(f"{path}: seal broken: the sealed content hashes to {actual}, but the "
-                        f"seal is {data['sha256']}; the registration was changed after it was "
-                        "sealed")
-    required = ("name", "declaration", "declaration_sha256", "registered_utc", "sealed_utc",
-                "amendments")
-    missing = [k for k in required if k not in sealed]
-    if missing:
-        problems.append(f"{path}: sealed content lacks {', '.join(missing)}; the file is damaged")
-        return problems
-    if sha256_hex(sealed["declaration"]) != sealed["declaration_sha256"]:
-        problems.append(f"{path}: declaration_sha256 does not match the declaration; the "
-                        "declaration was changed after it was sealed")
-    from bistat.declare.experiment import validate_experiment
-
-    try:
-        exp = validate_experiment(sealed["declaration"], source=f"{path}: declaration")
-        if not _sealed_within(sealed["declaration"], exp.resolved()):
-            problems.append(f"{path}: the declaration is not in resolved form; it was not "
-                            "written by bistat register")
-    except DeclarationError as exc:
-        problems.extend(exc.messages)
-    amendments = sealed["amendments"]
-    if not isinstance(amendments, list) or not all(isinstance(a, dict) for a in amendments):
-        problems.append(f"{path}: the amendment log is not a list of amendments; the file is "
-                        "damaged")
-        return problems
-    times = [sealed["registered_utc"]] + [a.get("time_utc") for a in amendments]
-    try:
-        parsed = [parse_time(t) for t in times]
-        if any(b < a for a, b in zip(parsed, parsed[1:])):
-            problems.append(f"{path}: amendment times are not in order; the log was edited")
-        if parse_time(sealed["sealed_utc"]) != parsed[-1]:
-            problems.append(f"{path}: sealed_utc {sealed['sealed_utc']} is not the time of the "
-                            f"last sealing ({times[-1]})")
-    except (TypeError, ValueError) as exc:
-        problems.append(f"{path}: a registration time is not an ISO 8601 time ({exc})")
-    for i, a in enumerate(amendments):
-        nxt = (amendments[i + 1]["old_declaration_sha256"] if i + 1 < len(amendments)
-               else None)
-        if nxt is not None and a.get("new_declaration_sha256") != nxt:
-            problems.append(f"{path}: amendments[{i}] and amendments[{i + 1}] do not chain; "
-                            "the log was edited")
-    if amendments and amendments[-1].get("new_declaration_sha256") != sealed["declaration_sha256"]:
-        problems.append(f"{path}: the last amendment does not produce the sealed declaration; "
-                        "the log was edited")
-    return problems
-
-
-def _sealed_within(sealed: Any, resolved: Any) -> bool:
-    """True when every value the seal holds is what the current schema resolves it to.
-
-    Fields added to the schema after a registration was sealed appear in ``resolved`` with their
-    defaults and are tolerated, so old registrations stay readable (additive schema changes only);
-    any sealed field the schema resolves differently is not.
-    """
-    if isinstance(sealed, dict):
-        return (isinstance(resolved, dict)
-                and all(k in resolved and _sealed_within(v, resolved[k]) for k, v in sealed.items()))
-    if isinstance(sealed, list):
-        return (isinstance(resolved, list) and len(sealed) == len(resolved)
-                and all(_sealed_within(a, b) for a, b in zip(sealed, resolved)))
-    return sealed == resolved
-
-
-def load_registration(path: str | Path) -> Registration:
-    """Read a registration and check its seal; raise ``RegistrationError`` if it is broken."""
-    data = _read(path)
-    problems = _seal_problems(Path(path), data)
-    if problems:
-        raise RegistrationError("\n".join(problems))
-    return Registration(Path(path), data)
-
-
 # --------------------------------------------------------------------------------------------
 # newest-release checks after the seal
 
@@ -811,114 +508,7 @@ def check_release(
 
 
 # --------------------------------------------------------------------------------------------
-# recorded data
-
-
-def _run_json(run_dir: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _names_registration(run: dict[str, Any], reg: Registration) -> bool:
-    ref = run.get("registration")
-    if not isinstance(ref, dict):
-        return False
-    return (ref.get("sha256") in {reg.sha256, *reg.previous_sha256s}
-            or ref.get("name") == reg.name)
-
-
-def find_recorded_runs(reg: Registration, runs_dirs: Iterable[str | Path]) -> list[Path]:
-    """Run directories (children of ``runs_dirs``, or those directories themselves) whose
-    ``run.json`` names this registration: its seal, an earlier seal, or its name."""
-    found: list[Path] = []
-    for base in runs_dirs:
-        base = Path(base)
-        if not base.is_dir():
-            continue
-        candidates = [base] + sorted(p for p in base.iterdir() if p.is_dir())
-        for d in candidates:
-            run = _run_json(d)
-            if run is not None and _names_registration(run, reg):
-                found.append(d)
-    return found
-
-
-def ledger_path(reg_path: str | Path) -> Path:
-    """The run ledger of a registration: ``.NAME.runs`` beside ``NAME.json``, one run directory
-    (absolute path) per line, appended by ``bistat run`` as a run starts (:func:`note_run`). It
-    lets ``--amend`` find runs recorded anywhere (``--run-dir`` outside ``runs/``). Paths are
-    written relative to the registration's folder, so a copied project points at its own runs."""
-    p = Path(reg_path)
-    return p.with_name(f".{p.stem}.runs")
-
-
-def note_run(reg: Registration, run_dir: str | Path) -> None:
-    """Append ``run_dir`` to the registration's run ledger (once)."""
-    ledger = ledger_path(reg.path)
-    line = os.path.relpath(Path(run_dir).resolve(), ledger.parent.resolve())
-    known = ledger.read_text(encoding="utf-8").splitlines() if ledger.exists() else []
-    if line not in known:
-        with open(ledger, "a", encoding="utf-8") as fh:
-            fh.write(line + "\n")
-
-
-def ledger_runs(reg: Registration) -> list[Path]:
-    """The run directories in the registration's ledger that still name it."""
-    ledger = ledger_path(reg.path)
-    if not ledger.exists():
-        return []
-    out = []
-    for line in ledger.read_text(encoding="utf-8").splitlines():
-        d = Path(os.path.normpath(ledger.parent / line))
-        run = _run_json(d) if line.strip() else None
-        if run is not None and _names_registration(run, reg):
-            out.append(d)
-    return out
-
-
-def ledger_entries(reg: Registration) -> list[tuple[Path, bool]]:
-    """Every run directory the registration's ledger lists, in order, with whether it is still
-    a run of it (``run.json`` there names this registration); a directory since removed or
-    replaced is listed as ``False``: a run was started, and its record is gone."""
-    ledger = ledger_path(reg.path)
-    if not ledger.exists():
-        return []
-    out = []
-    for line in ledger.read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
-        d = Path(os.path.normpath(ledger.parent / line))
-        run = _run_json(d)
-        out.append((d, run is not None and _names_registration(run, reg)))
-    return out
-
-
-def known_runs(reg: Registration, runs_dirs: Iterable[str | Path] = ()) -> list[Path]:
-    """The run directories of ``reg`` that its run ledger lists or that lie under ``runs_dirs``
-    (:func:`find_recorded_runs`), each once (by resolved path), in that order."""
-    out: dict[Path, Path] = {}
-    for d in [*ledger_runs(reg), *find_recorded_runs(reg, runs_dirs)]:
-        out.setdefault(d.resolve(), d)
-    return list(out.values())
-
-
-def _has_data(run_dir: Path) -> bool:
-    """True when the run recorded data: a response or a pass (``responses.jsonl``/``.parquet``,
-    ``passes.jsonl``). Headers alone (``run.json``, the engine's failed start in
-    ``events.jsonl``) are not data: a registration whose run never started may be amended."""
-    if (run_dir / "responses.parquet").exists():
-        return True
-    for table in ("responses.jsonl", "passes.jsonl"):
-        try:
-            with open(run_dir / table, encoding="utf-8", errors="replace") as fh:
-                if any(line.strip() for line in fh):
-                    return True
-        except OSError:
-            pass
-    return False
+# verifying: the seal, and that the registration precedes every datum of its runs
 
 
 def _jsonl(path: Path) -> Iterable[tuple[int, dict[str, Any]]]:

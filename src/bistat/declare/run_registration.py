@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from bistat.declare.prereg import Registration, RegistrationError, git_evidence, load_registration
+from bistat.declare.git_evidence import git_evidence
+from bistat.declare.registration import Registration, RegistrationError, load_registration
 from bistat.store.format import HEADER_FILE
 from bistat.store.restore import restore_hint
 from bistat.store.run_dir import RecordedRun

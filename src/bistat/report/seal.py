@@ -20,7 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from bistat.declare.prereg import GitEvidence, git_evidence, parse_time
+from bistat.declare.git_evidence import GitEvidence, git_evidence
+from bistat.store.format import parse_time
 from bistat.declare.prereg_signature import SignatureCheck, check_signature
 from bistat.declare.run_registration import run_registration
 
