@@ -170,6 +170,39 @@ def declaration(name: str, model: str, *, kind: str = "embedded", **fields: obje
     return DECLARATION.format(**values)
 
 
+#: A cost rule on paired passes, appended to :func:`declaration`'s text (its last table).
+PAIRED_COST = """
+[rule.cost]
+metric = "throughput"
+margin = 0.5
+confidence_level = 0.95
+interval = "paired"
+"""
+
+
+def cut_records(run_dir: Path, after_seq: int, answered: int = 0) -> None:
+    """Leave what SIGKILL leaves after schedule position ``after_seq`` ended: every record of the
+    passes up to it, and of the next pass its start line and its first ``answered`` responses
+    (none: killed between the two passes); no Parquet copy (a killed run is never compacted)."""
+    for p in run_dir.glob("*.parquet"):
+        p.unlink()
+    for table in ("schedule", "passes", "responses", "metrics"):
+        path = run_dir / f"{table}.jsonl"
+        kept, partial = [], 0
+        for line in (path.read_text().splitlines(True) if path.exists() else []):
+            r = json.loads(line)
+            seq = r.get("seq", 0)
+            if seq == after_seq + 1 and answered:
+                if table == "schedule" and r["event"] == "start":
+                    kept.append(line)
+                elif table == "responses" and partial < answered:
+                    kept.append(line)
+                    partial += 1
+            elif seq <= after_seq:
+                kept.append(line)
+        path.write_text("".join(kept))
+
+
 def write_declaration(root: Path, name: str, text: str) -> str:
     (root / "experiments").mkdir(parents=True, exist_ok=True)
     (root / "experiments" / f"{name}.toml").write_text(text)

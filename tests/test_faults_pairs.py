@@ -30,18 +30,9 @@ import faults_support as s
 ARMS = ("blas", "invariant")            # control, treatment: declared order
 PASSES, WARMUPS = 4, 1
 
-COST = """
-[rule.cost]
-metric = "throughput"
-margin = 0.5
-confidence_level = 0.95
-interval = "paired"
-"""
-
-
 def _declare(root: Path, name: str, model: str) -> None:
     text = s.declaration(name, model, passes=PASSES, warmup_passes=WARMUPS, max_tokens=24,
-                         concurrency=1) + COST
+                         concurrency=1) + s.PAIRED_COST
     s.write_declaration(root, name, text)
     rc, out = s.bistat("register", f"experiments/{name}.toml", cwd=root)
     assert rc == 0, out
@@ -115,29 +106,6 @@ def _analysis(root: Path, run: str) -> tuple[dict, str]:
     return data, (root / data["finding"]["markdown"]).read_text()
 
 
-def _cut(run_dir: Path, after_seq: int, answered: int = 0) -> None:
-    """Leave what SIGKILL leaves after schedule position ``after_seq`` ended: every record of the
-    passes up to it, and of the next pass its start line and its first ``answered`` responses;
-    no Parquet copy (a killed run is never compacted)."""
-    for p in run_dir.glob("*.parquet"):
-        p.unlink()
-    for table in ("schedule", "passes", "responses", "metrics"):
-        path = run_dir / f"{table}.jsonl"
-        kept, partial = [], 0
-        for line in (path.read_text().splitlines(True) if path.exists() else []):
-            r = json.loads(line)
-            seq = r.get("seq", 0)
-            if seq == after_seq + 1 and answered:
-                if table == "schedule" and r["event"] == "start":
-                    kept.append(line)
-                elif table == "responses" and partial < answered:
-                    kept.append(line)
-                    partial += 1
-            elif seq <= after_seq:
-                kept.append(line)
-        path.write_text("".join(kept))
-
-
 @pytest.mark.parametrize("fault", ["SIGKILL", "SIGINT", "between passes"])
 def test_a_resumed_run_pairs_its_passes_as_the_same_data_uninterrupted(tmp_path, tiny_model,
                                                                        fault):
@@ -156,7 +124,7 @@ def test_a_resumed_run_pairs_its_passes_as_the_same_data_uninterrupted(tmp_path,
     if fault == "between passes":
         out, _ = proc.communicate(timeout=300)
         assert proc.returncode == 0, out
-        _cut(run_dir, after_seq=4)
+        s.cut_records(run_dir, after_seq=4)
     else:
         # 8 prompts a pass: with 28 answered, seq 0-2 are done and seq 3 is half done
         deadline = time.monotonic() + 120
@@ -210,7 +178,7 @@ def test_an_unfinished_pass_of_a_killed_run_is_not_counted(tmp_path, tiny_model)
                        cwd=root)
     assert rc == 0, out
     run_dir = root / "runs" / "cut"
-    _cut(run_dir, after_seq=2, answered=3)       # abba: blas, invariant | invariant, [blas
+    s.cut_records(run_dir, after_seq=2, answered=3)       # abba: blas, invariant | invariant, [blas
     rc, out = s.bistat("analyze", "runs/cut", "--out", "findings", cwd=root)
     assert rc == 0, out
     assert "arm blas (control): matched 8/8" in out and "matched 3/3" not in out
