@@ -868,12 +868,14 @@ class IndexOptions:
 def _named(path: str | Path, findings_dir: Path) -> str:
     """``path`` as the index names it: from the folder above the findings, however it was given,
     so that the index's bytes do not depend on the directory it was written from."""
-    return Path(os.path.relpath(Path(path).resolve(), findings_dir.resolve().parent)).as_posix()
+    # abspath, not resolve: a registrations folder that is a link keeps its own name
+    return Path(os.path.relpath(os.path.abspath(path),
+                                os.path.dirname(os.path.abspath(findings_dir)))).as_posix()
 
 
 def _from_folder(path: str | Path | None, folder: Path) -> str | None:
-    return None if path is None else Path(os.path.relpath(Path(path).resolve(),
-                                                          folder.resolve())).as_posix()
+    return None if path is None else Path(os.path.relpath(os.path.abspath(path),
+                                                          os.path.abspath(folder))).as_posix()
 
 
 def index_options(findings_dir: str | Path) -> IndexOptions | None:
