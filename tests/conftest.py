@@ -14,6 +14,18 @@ os.environ["BISTAT_PACKAGE_INDEX"] = "off"
 import pytest  # noqa: E402
 
 
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> str:
+    """A 2-layer random LLaMA with SmolLM2's tokenizer on disk (``faults_support``), for the tests
+    that drive bistat through its CLI; they skip when SmolLM2 is not cached."""
+    import faults_support as s
+
+    source = s.smollm2_folder()
+    if source is None:
+        pytest.skip("smollm2-135m is not cached (its tokenizer is needed): bistat model fetch smollm2-135m")
+    return str(s.build_tiny_model(tmp_path_factory.mktemp("model") / "tiny", source))
+
+
 @pytest.fixture(autouse=True)
 def _engine_kinds_as_before():
     """Engine kinds a test registers (``tests/fakes.py``'s ``fake``, a test adapter) end with it:

@@ -170,6 +170,39 @@ def declaration(name: str, model: str, *, kind: str = "embedded", **fields: obje
     return DECLARATION.format(**values)
 
 
+#: A cost rule on paired passes, appended to :func:`declaration`'s text (its last table).
+PAIRED_COST = """
+[rule.cost]
+metric = "throughput"
+margin = 0.5
+confidence_level = 0.95
+interval = "paired"
+"""
+
+
+def cut_records(run_dir: Path, after_seq: int, answered: int = 0) -> None:
+    """Leave what SIGKILL leaves after schedule position ``after_seq`` ended: every record of the
+    passes up to it, and of the next pass its start line and its first ``answered`` responses
+    (none: killed between the two passes); no Parquet copy (a killed run is never compacted)."""
+    for p in run_dir.glob("*.parquet"):
+        p.unlink()
+    for table in ("schedule", "passes", "responses", "metrics"):
+        path = run_dir / f"{table}.jsonl"
+        kept, partial = [], 0
+        for line in (path.read_text().splitlines(True) if path.exists() else []):
+            r = json.loads(line)
+            seq = r.get("seq", 0)
+            if seq == after_seq + 1 and answered:
+                if table == "schedule" and r["event"] == "start":
+                    kept.append(line)
+                elif table == "responses" and partial < answered:
+                    kept.append(line)
+                    partial += 1
+            elif seq <= after_seq:
+                kept.append(line)
+        path.write_text("".join(kept))
+
+
 def write_declaration(root: Path, name: str, text: str) -> str:
     (root / "experiments").mkdir(parents=True, exist_ok=True)
     (root / "experiments" / f"{name}.toml").write_text(text)
@@ -264,6 +297,108 @@ class Server:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
         self._fh.close()
+
+
+#: Runs as a process of its own (``python -c SERVER_DRIVER SPEC``): start one server through its
+#: adapter (SPEC: JSON ``{"adapter": "module:Class", "args": [...], "kwargs": {...}, "report":
+#: PATH}``), append each process the adapter reports to PATH (JSON lines), print "ready", then
+#: wait to be killed, as ``bistat run`` holds its servers.
+SERVER_DRIVER = """
+import importlib, json, sys, time
+spec = json.loads(sys.argv[1])
+module, cls = spec["adapter"].split(":")
+engine = getattr(importlib.import_module(module), cls)(*spec["args"], **spec["kwargs"])
+with open(spec["report"], "a") as out:
+    engine.report_processes(lambda p: (out.write(json.dumps(dict(p)) + "\\n"), out.flush()))
+    engine.start()
+    print("ready", flush=True)
+    time.sleep(600)
+"""
+
+#: ``bistat serve`` as a command-server template
+SERVE = [sys.executable, "-m", "bistat", "serve", "--port", "{port}", "--model", "{model}",
+         "--gemm", "{gemm}", "--max-batch-size", "4"]
+
+
+def server_spec(kind: str, model: str, tmp: Path, tests: Path, src: Path) -> dict:
+    """:data:`SERVER_DRIVER`'s SPEC for one server of ``kind`` that runs here: ``command-server``
+    with ``bistat serve``, ``vllm-server`` against tests/helpers_serve.py (a stand-in that also
+    starts a child in its process group), ``sglang-server`` against tests/sglang_standin.py;
+    its log in ``tmp``."""
+    log = str(tmp / "server.log")
+    if kind == "command-server":
+        return {"adapter": "bistat.engines.command_server:CommandServerEngine", "args": [model],
+                "kwargs": {"command": SERVE, "values": {"gemm": "blas"}, "stop_grace_s": 5,
+                           "log_path": log}}
+    if kind == "vllm-server":
+        site = tmp / "site" / "vllm"
+        site.mkdir(parents=True)
+        (site / "__init__.py").write_text('__version__ = "0.25.0"\n')
+        env = {"PYTHONPATH": os.pathsep.join([str(site.parent), str(tests), str(src)]),
+               "FAKE_VLLM_CHILD": "1", "FAKE_VLLM_PIDFILE": str(tmp / "pid")}
+        return {"adapter": "bistat.engines.vllm_server:VLLMServerEngine", "args": ["smol"],
+                "kwargs": {"command": [sys.executable, str(tests / "helpers_serve.py"), "serve"],
+                           "env": env, "health_timeout_s": 60, "stop_grace_s": 5,
+                           "log_path": log}}
+    return {"adapter": "bistat.engines.sglang_server:SGLangServerEngine", "args": [model],
+            "kwargs": {"command": [sys.executable, str(tests / "sglang_standin.py")],
+                       "health_timeout_s": 90, "stop_grace_s": 5, "log_path": log}}
+
+
+def group_alive(pgid: int) -> list[int]:
+    """The live processes of process group ``pgid`` (``/proc``; zombies excluded)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rfind(")") + 2:].split()
+            if fields[0] != "Z" and int(fields[2]) == pgid:
+                out.append(int(entry))
+    return out
+
+
+def gone_within(pgids: list[int], seconds: float) -> bool:
+    """Whether every process of the groups ``pgids`` is gone within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while any(group_alive(g) for g in pgids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def run_until(root: Path, name: str, run: str, responses: int, timeout: float = 180,
+              **extra: str) -> subprocess.Popen:
+    """``bistat run preregistrations/NAME.json --run-dir runs/RUN`` in the background, returned
+    once ``responses`` responses are recorded (AssertionError if it ends or times out first)."""
+    proc = subprocess.Popen([sys.executable, "-m", "bistat", "run", f"preregistrations/{name}.json",
+                             "--run-dir", f"runs/{run}", "--no-progress"], cwd=root,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env(**extra))
+    deadline = time.monotonic() + timeout
+    while len(read_jsonl(root / "runs" / run / "responses.jsonl")) < responses:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"bistat run ended or stalled before {responses} responses: "
+                                 f"{proc.communicate()[0][-2000:]}")
+        time.sleep(0.01)
+    return proc
+
+
+def recorded_servers(run_dir: Path) -> list[dict]:
+    """The servers a run recorded as started (``events.jsonl``, event ``server``) and not (yet)
+    as stopped."""
+    up: dict[int, dict] = {}
+    for r in read_jsonl(run_dir / "events.jsonl"):
+        if r.get("event") == "server":
+            if r["process"]["state"] == "started":
+                up[r["process"]["pid"]] = r["process"]
+            else:
+                up.pop(r["process"]["pid"], None)
+    return list(up.values())
 
 
 #: Injected with PYTHONPATH into a ``bistat run`` subprocess: once more than

@@ -293,15 +293,20 @@ def test_cli_analyze_and_compact(tiny, monkeypatch):
     res = runner.invoke(cli, ["analyze", "run", "--out", "out"], catch_exceptions=False)
     assert res.exit_code == 0
     lines = res.output.splitlines()
-    assert lines[:3] == ["wrote out/tiny.md and 6 plots", "trt vs ctl: working",
-                         "  Batch invariance is working by the registered rule."]
-    # then the one-screen CI summary (bistat.report.gating.ci_summary)
-    assert lines[3].startswith("bistat: tiny run run (registration ")
-    assert lines[4:7] == ["  arm ctl (control): matched 8/10, two-sided 95 % Wilson [0.4902, 0.9433]; "
+    # then the one-screen CI summary (bistat.report.gating.ci_summary), the verdicts said once
+    assert lines[0] == "wrote out/tiny.md and 6 plots"
+    assert lines[1].startswith("bistat: tiny run run (registration ")
+    assert lines[2:6] == ["  arm ctl (control): matched 8/10, two-sided 95 % Wilson [0.4902, 0.9433]; "
                           "2 divergence(s)",
                           "  arm trt (treatment): matched 10/10, two-sided 95 % Wilson "
                           "[0.7225, 1.0000]; 0 divergence(s)",
-                          "VERDICT trt vs ctl: WORKING"]
+                          "VERDICT trt vs ctl: WORKING",
+                          "  Batch invariance is working by the registered rule."]
+    assert res.output.count("VERDICT ") == 1 and res.output.count("is working by") == 1
+    # long lines are wrapped, not cut: the criterion's whole text is there
+    assert "..." not in res.output and all(len(line) <= 100 for line in lines)
+    crit = next(i for i, line in enumerate(lines) if line.startswith("  [met] working:"))
+    assert lines[crit + 1].startswith("    ")
     assert lines[-1] == "exit 0: no --fail-on given: every verdict exits 0"
     assert sorted(p.name for p in (tmp / "out").iterdir()) == [
         "tiny-anatomy.png", "tiny-divergence.png", "tiny-match.png", "tiny-running.png",
@@ -315,6 +320,14 @@ def test_cli_analyze_and_compact(tiny, monkeypatch):
     assert data["comparisons"][0]["verdict"]["label"] == "working"
     res = runner.invoke(cli, ["compact", "run"], catch_exceptions=False)
     assert res.output.splitlines()[:2] == ["wrote run/schedule.parquet", "wrote run/responses.parquet"]
+    # without --out: this machine's findings/local/, which the index never lists, so a run of
+    # one's own never rewrites the project's findings
+    res = runner.invoke(cli, ["analyze", "run"], catch_exceptions=False)
+    assert res.output.splitlines()[0] == "wrote findings/local/tiny.md and 6 plots"
+    assert sorted(p.relative_to(tmp).as_posix() for p in (tmp / "findings").rglob("*.md")) == [
+        "findings/local/tiny.md"]
+    res = runner.invoke(cli, ["index", "findings"], catch_exceptions=False)
+    assert "tiny" not in (tmp / "findings" / "README.md").read_text()
     (tmp / "empty").mkdir()
     res = runner.invoke(cli, ["analyze", "empty"])
     assert (res.exit_code, res.output) == (
@@ -328,7 +341,7 @@ def test_cli_fail_on_returns_the_verdict_code(tiny, monkeypatch):
     res = CliRunner().invoke(cli, ["analyze", "run", "--out", "out", "--fail-on",
                                    "reported as observed"])
     assert res.exit_code == 11
-    assert "trt vs ctl: reported as observed" in res.output
+    assert "VERDICT trt vs ctl: REPORTED AS OBSERVED" in res.output
 
 
 @pytest.mark.parametrize("label,code", [("working", 0), ("doubtful", 10),

@@ -156,7 +156,9 @@ def test_the_statistics_give_their_values():
 
 
 def test_the_example_in_the_reference_runs(tmp_path, monkeypatch):
-    """docs/API.md's five calls, on the test suite's fake engine in place of the quickstart's."""
+    """docs/API.md's five calls, on the test suite's fake engine in place of the quickstart's, in
+    a folder laid out as a fresh clone: its preregistrations/quickstart.json already there (the
+    example's first line once failed on it: a registration is never overwritten)."""
     block = re.search(r"```python\n(import bistat\n.*?)```", API_MD.read_text(encoding="utf-8"),
                       flags=re.S).group(1)
     monkeypatch.chdir(tmp_path)
@@ -164,6 +166,9 @@ def test_the_example_in_the_reference_runs(tmp_path, monkeypatch):
     (tmp_path / "experiments").mkdir()
     h.write_toml(tmp_path / "experiments" / "quickstart.toml",
                  {**h.declaration(), "name": "quickstart"})
+    (tmp_path / "preregistrations").mkdir()
+    (tmp_path / "preregistrations" / "quickstart.json").write_bytes(
+        (ROOT / "preregistrations" / "quickstart.json").read_bytes())
     printed: list[tuple] = []
     namespace = {"print": lambda *args: printed.append(args)}
     exec(compile(block, "docs/API.md", "exec"), namespace)
@@ -172,7 +177,7 @@ def test_the_example_in_the_reference_runs(tmp_path, monkeypatch):
     assert outcome.run_dir.parent == Path("runs")
     assert summary.run_id == outcome.run_dir.name
     assert printed == [("invariant", "reported as observed")]
-    ledger = json.loads((tmp_path / "preregistrations" / "quickstart.json").read_text())
+    ledger = json.loads((tmp_path / "mine" / "quickstart.json").read_text())
     assert summary.registration_sha256 == ledger["sha256"]
 
 

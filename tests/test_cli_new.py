@@ -67,3 +67,17 @@ def test_new_never_overwrites_and_refuses_bad_names(work):
                           "digits, '-' and '_', starting with a letter or digit\n")
     other = CliRunner().invoke(cli, ["new", "y", "--experiments-dir", "decl"])
     assert other.exit_code == 0 and Path("decl/y.toml").is_file()
+
+
+def test_the_template_names_every_engine_kind_a_declaration_accepts(work):
+    """The comment beside ``kind`` lists the kinds ``engine.kind`` accepts, each once, in the
+    registry's order (it once stopped at ``openai``, without sglang-server and command-server)."""
+    from bistat.engines.registry import ENGINE_KINDS
+
+    assert CliRunner().invoke(cli, ["new", "kinds"]).exit_code == 0
+    line = next(line for line in Path("experiments/kinds.toml").read_text().splitlines()
+                if line.startswith("kind = "))
+    listed = line.split("#", 1)[1].strip().split(" | ")
+    assert listed == list(ENGINE_KINDS)
+    assert {"embedded", "vllm-server", "vllm-offline", "openai", "sglang-server",
+            "command-server"} <= set(listed)

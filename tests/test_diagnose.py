@@ -325,3 +325,29 @@ def test_per_second_running_counts_serve_when_no_step_sizes_were_recorded(tmp_pa
         "1 of 1 diverging pass pair(s) saw a different batch-size profile than the reference "
         "pass (mean |Δ batch size| 5)")
     assert "arm trt: 0 of 2 pass pairs diverged although 2 saw different batch sizes" in c.evidence
+
+
+def test_near_tie_share_counts_jitter_as_jitter_not_as_near_tie_flips():
+    """0 near-tie flips and 15 logprob jitters: the summary says 100 % rounding noise, all of it
+    jitter, never "100 % near-ties" above evidence of 0 near-tie flips."""
+    from types import SimpleNamespace
+
+    from bistat.analysis.anatomy import JITTER, NEAR_TIE
+    from bistat.explain.diagnose import _near_tie
+
+    def div(label):
+        return SimpleNamespace(label=label, margin=None, margin_is_bound=False, arm="ctl",
+                               prompt_id="p", position=0)
+
+    anatomy = SimpleNamespace(n_divergences=15, divergences=[div(JITTER)] * 15, epsilon=0.01,
+                              top_k=5)
+    cause = _near_tie(anatomy)
+    assert cause.evidence[0].startswith("0 near-tie flip(s), 0 large drift(s), 15 logprob jitter")
+    assert cause.summary == ("100 % of divergences are rounding noise: 15 logprob jitter "
+                             "(rounding noise in the logprobs, no token flipped)")
+    assert "near-ties" not in cause.summary
+    mixed = _near_tie(SimpleNamespace(n_divergences=4, divergences=[div(NEAR_TIE)] * 2
+                                      + [div(JITTER)] * 2, epsilon=0.01, top_k=5))
+    assert mixed.summary == ("100 % of divergences are rounding noise: 2 near-tie flip(s) that "
+                             "rounding noise tipped and 2 logprob jitter (rounding noise in the "
+                             "logprobs, no token flipped)")

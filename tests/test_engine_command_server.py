@@ -161,8 +161,40 @@ def test_register_run_analyze_with_bistat_serve_as_the_server(model_folder, tmp_
     assert all(e["engine"]["kind"] == "command-server" for e in environment)
     assert sorted(p.name for p in (tmp_path / "runs" / "cmd" / "engine-logs").iterdir()) == [
         "blas-1.log.gz", "invariant-1.log.gz"]
-    rc, out = bistat("analyze", "runs/cmd")
+    rc, out = bistat("analyze", "runs/cmd", "--out", "findings")
     assert rc == 0, out
     finding = (tmp_path / "findings" / "cmd.md").read_text()
     row = next(line for line in finding.splitlines() if line.startswith("| invariant | blas"))
     assert row.startswith("| invariant | blas | command-server | *working* | 8 / 8 | "), row
+
+
+def test_a_failed_start_cites_the_run_s_copy_of_the_log_and_leaves_no_temporary_log(
+        model_folder, tmp_path):
+    """A server that exits before it is healthy, with no ``log_path`` declared: the run says
+    untested and cites the log the run directory keeps (``engine-logs/ARM-1.log.gz``), not the
+    adapter's temporary ``bistat-command-XXXX.log``, which is removed once kept."""
+    failing = [sys.executable, "-c", "import sys; print('no GPU for this server'); sys.exit(3)",
+               "--port", "{port}", "--gemm", "{gemm}"]
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "experiments" / "cmd.toml").write_text(DECLARATION.format(
+        model=model_folder, command=json.dumps(failing)))
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = {**os.environ, "BISTAT_PACKAGE_INDEX": "off", "TMPDIR": str(temp)}
+    done = [subprocess.run([sys.executable, "-m", "bistat", *args], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=600)
+            for args in (("register", "experiments/cmd.toml"),
+                         ("run", "preregistrations/cmd.json", "--run-dir", "runs/cmd",
+                          "--no-progress"))]
+    assert done[0].returncode == 0, done[0].stdout + done[0].stderr
+    out = done[1].stdout + done[1].stderr
+    assert done[1].returncode == 1, out
+    assert ("run untested: engine for arm 'blas' failed to start: the server exited with code 3 "
+            "before it was healthy: no GPU for this server (log: runs/cmd/engine-logs/"
+            "blas-1.log.gz)") in out
+    assert "bistat-command-" not in out
+    assert list(temp.glob("bistat-command-*")) == []
+    events = [json.loads(x) for x in
+              (tmp_path / "runs" / "cmd" / "events.jsonl").read_text().splitlines()]
+    failed = next(e for e in events if e["event"] == "start_failed")
+    assert failed["detail"].endswith("(log: runs/cmd/engine-logs/blas-1.log.gz)")

@@ -674,7 +674,7 @@ def test_run_analyze_and_finding_against_the_stand_in(model_folder, tmp_path):
     assert all(e["engine"]["kind"] == "sglang-server" and e["fingerprint"]["source"] == "runner"
                and e["fingerprint"]["engine_reported"]["server"]["attention_backend"] in ("fa3", "triton")
                for e in env)
-    rc, out = _bistat("analyze", "runs/sgl", cwd=tmp_path)
+    rc, out = _bistat("analyze", "runs/sgl", "--out", "findings", cwd=tmp_path)
     assert rc == 0, out
     finding = (tmp_path / "findings" / "sgl.md").read_text()
     # the engine named by SGLang's version, the backend column by what each server reported

@@ -34,14 +34,6 @@ httpx = pytest.importorskip("httpx")
 # fixtures
 
 
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory) -> str:
-    source = s.smollm2_folder()
-    if source is None:
-        pytest.skip("smollm2-135m is not cached (its tokenizer is needed): bistat model fetch smollm2-135m")
-    return str(s.build_tiny_model(tmp_path_factory.mktemp("model") / "tiny", source))
-
-
 @pytest.fixture(scope="module")
 def complete_run(tmp_path_factory, tiny_model) -> Path:
     """A registered, complete and compacted embedded run (3 counted passes per arm) in

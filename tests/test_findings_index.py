@@ -1,5 +1,4 @@
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -143,14 +142,18 @@ def test_registrations_without_a_finding_are_listed_with_their_reasons(tmp_path,
     assert result.exit_code == 0, result.output
     lines = (findings / "README.md").read_text().splitlines()
     tail = lines[lines.index("## Registered, no finding yet"):]
+    # the reasons file named from the folder above the findings, however it was given
     assert tail[2] == ("Sealed before any data and not run (or not analysed) so far; the reason as "
-                       f"stated by the people running the studies (`{reasons.as_posix()}`).")
+                       "stated by the people running the studies (`not-run.toml`).")
     assert [row.split(" | ")[0::2] for row in tail[6:]] == [
         ["| [later](../preregistrations/later.json)", "device time |"],
         ["| [silent](../preregistrations/silent.json)", "*no reason stated* |"]]
-    # without --registrations the index is as before
-    CliRunner().invoke(cli, ["index", str(findings)], catch_exceptions=False)
-    assert "## Registered, no finding yet" not in (findings / "README.md").read_text()
+    # without options: the options the index records, so it is written whole again
+    written = (findings / "README.md").read_text()
+    result = CliRunner().invoke(cli, ["index", str(findings)], catch_exceptions=False)
+    assert result.output.startswith(f"with the options {findings}/README.md was written with: "
+                                    "--registrations ")
+    assert (findings / "README.md").read_text() == written
 
 
 @pytest.mark.parametrize("toml, message", [
@@ -172,20 +175,72 @@ def test_bad_reasons_name_the_file_and_the_field(tmp_path, regs, toml, message):
     assert message.format(regs=regs) in result.output
 
 
-def test_the_committed_index_is_current(tmp_path, monkeypatch):
-    """findings/README.md as `bistat index findings --registrations preregistrations --reasons
-    findings/not-run.toml` writes it (from the repository root)."""
-    import shutil
+def _mirror(tmp_path: Path) -> Path:
+    """The repository's findings, README.md and not-run reasons copied into ``tmp_path``, its
+    registrations linked: a tree ``bistat index`` may write into."""
+    shutil.copytree(ROOT / "findings", tmp_path / "findings",
+                    ignore=shutil.ignore_patterns("*.png", "local"))
+    shutil.copy(ROOT / "README.md", tmp_path / "README.md")
+    (tmp_path / "preregistrations").symlink_to(ROOT / "preregistrations")
+    return tmp_path
 
+
+def test_the_committed_index_is_current(tmp_path, monkeypatch):
+    """findings/README.md and the README's results at a glance as `bistat index findings
+    --registrations preregistrations --reasons findings/not-run.toml --readme README.md` writes
+    them (from the repository root); and `bistat index` without options, reading the options
+    the index records, writes the same bytes again."""
     from bistat.report.index import write_index
 
-    monkeypatch.chdir(ROOT)
-    copy = tmp_path / "findings"
-    shutil.copytree(ROOT / "findings", copy, ignore=shutil.ignore_patterns("*.png", "local"))
-    out = write_index(copy, "preregistrations", "findings/not-run.toml")
-    fresh = out.read_text().replace(Path(os.path.relpath(ROOT / "preregistrations", copy)).as_posix(),
-                                    "../preregistrations")
-    assert fresh == (ROOT / "findings" / "README.md").read_text()
+    monkeypatch.chdir(_mirror(tmp_path))
+    write_index("findings", "preregistrations", "findings/not-run.toml", "README.md")
+    assert (tmp_path / "findings" / "README.md").read_text() == (
+        ROOT / "findings" / "README.md").read_text()
+    assert (tmp_path / "README.md").read_text() == (ROOT / "README.md").read_text()
+    result = CliRunner().invoke(cli, ["index"], catch_exceptions=False)
+    assert result.output == ("with the options findings/README.md was written with: "
+                             "--registrations preregistrations --reasons findings/not-run.toml "
+                             "--readme README.md\nwrote findings/README.md\nwrote README.md: "
+                             "the results at a glance\n")
+    assert (tmp_path / "findings" / "README.md").read_text() == (
+        ROOT / "findings" / "README.md").read_text()
+    assert (tmp_path / "README.md").read_text() == (ROOT / "README.md").read_text()
+
+
+def test_index_without_options_never_deletes_what_it_cannot_write_again(tmp_path, monkeypatch):
+    """An index written by an older bistat (no options line) that has the answers: `bistat
+    index` without options would delete them (130 lines of the committed index, its Answers
+    included); it refuses, naming the options, and leaves the file as it was. A recorded
+    option whose path is gone is refused the same way."""
+    from bistat.report.index import OPTIONS_LINE
+
+    monkeypatch.chdir(_mirror(tmp_path))
+    index = tmp_path / "findings" / "README.md"
+    old = OPTIONS_LINE.sub("", index.read_text())
+    index.write_text(old)
+    result = CliRunner().invoke(cli, ["index"])
+    assert result.exit_code == 1
+    assert result.output == (
+        "Error: findings/README.md: written with --registrations (it has 'Answers' and "
+        "'Registered, no finding yet') but records no options; without them `bistat index` "
+        "would delete those sections: give them, e.g. bistat index findings --registrations "
+        "preregistrations --reasons findings/not-run.toml --readme README.md\n")
+    assert index.read_text() == old
+    index.write_text((ROOT / "findings" / "README.md").read_text())
+    (tmp_path / "findings" / "not-run.toml").unlink()
+    result = CliRunner().invoke(cli, ["index"])
+    assert (result.exit_code, result.output) == (
+        1, "Error: findings/README.md: written with reasons findings/not-run.toml, which is not "
+           "there; give the options on the command line\n")
+    # an index written without options records none, and is written again without them
+    bare = tmp_path / "bare"
+    shutil.copytree(ROOT / "findings" / "h200", bare, ignore=shutil.ignore_patterns("*.png"))
+    assert CliRunner().invoke(cli, ["index", "bare"]).exit_code == 0
+    first = (bare / "README.md").read_text()
+    assert '<!-- bistat index options: {"readme": null, "reasons_path": null, ' \
+           '"registrations_dir": null} -->' in first and "## Answers" not in first
+    assert CliRunner().invoke(cli, ["index", "bare"]).output == "wrote bare/README.md\n"
+    assert (bare / "README.md").read_text() == first
 
 
 # --------------------------------------------------------------------------------------------
@@ -397,6 +452,32 @@ def test_a_new_release_s_finding_is_picked_up_and_wins_at_a_glance(tmp_path, mon
     assert glance_rows[-1] == README_END and glance_rows[2] == README_BEGIN
     assert readme_with_glance(readme, [], copy / "README.md", {}).count("\n| ") == 1
     assert glance([]) == ([], 0)
+
+
+def test_an_untested_finding_never_enters_the_readme_s_results(tmp_path, monkeypatch):
+    """Study 1(a) on 0.34.0 with every verdict *untested* (a run that could not test it, say a
+    toy run of 8 prompts stopped early): its rows are in the index's answers, but none enters
+    the README's results at a glance, where a tested finding's would (the test above)."""
+    from bistat.report.index import README_BEGIN, README_END
+
+    monkeypatch.chdir(ROOT)
+    copy = tmp_path / "findings"
+    shutil.copytree(ROOT / "findings", copy, ignore=shutil.ignore_patterns("*.png", "local"))
+    path = _v034_study_1a(copy)
+    text = path.read_text()
+    for label in ("working", "doubtful"):
+        text = text.replace(f"| *{label}* |", "| *untested* |").replace(f"**{label}**",
+                                                                       "**untested**")
+    path.write_text(text)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n{README_BEGIN}\n{README_END}\n")
+    result = CliRunner().invoke(cli, ["index", str(copy), "--registrations", "preregistrations",
+                                      "--readme", str(readme)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "| *untested* | 541 / 541 |" in (copy / "README.md").read_text()
+    glance_rows = [line for line in readme.read_text().splitlines() if line.startswith("| ")]
+    assert len(glance_rows) > 2
+    assert not [line for line in glance_rows if "untested" in line or "h200-v034-match" in line]
 
 
 def test_the_readme_option_needs_its_markers_and_the_registrations(tmp_path, monkeypatch):

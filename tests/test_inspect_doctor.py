@@ -275,3 +275,35 @@ def test_doctor_says_why_it_cannot_tell_the_gemm_table(tmp_path, monkeypatch, er
                  gemm_device=device)
     assert rep.gemm_table == {"detail": detail}
     assert f"tuned GEMM table (BISTAT_TUNED_GEMM=1): {detail}\n" in render_doctor(rep)
+
+
+def test_doctor_lists_and_stops_a_server_whose_bistat_process_is_gone(tmp_path):
+    """A process group marked as started by a bistat process that is gone (here a `sleep` whose
+    mark names PID 1 with a start time it never had): listed, and stopped unless asked not
+    to; the report validates."""
+    import subprocess
+    import sys
+
+    from bistat.engines.lifetime import LeftoverServer, group_alive, leftover_servers
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                             start_new_session=True,
+                             env={"BISTAT_SERVER_OF": "1:999999999999", "PATH": "/usr/bin:/bin"})
+    try:
+        found = [s for s in leftover_servers() if s.pid == child.pid]
+        assert found == [LeftoverServer(child.pid, child.pid, (sys.executable, "-c",
+                                                               "import time; time.sleep(60)"),
+                                        "1:999999999999")]
+        kept = doctor(leftovers=lambda: found, stop_leftovers=False)
+        assert kept.leftover_servers == ({**found[0].to_dict(), "stopped": False},)
+        assert group_alive(child.pid)
+        validate(kept.to_dict(), "doctor.schema.json")
+        assert (f"  still running: pid {child.pid} (process group {child.pid}), started by "
+                "bistat process 1: ") in render_doctor(kept)
+        stopped = doctor(leftovers=lambda: found)
+        assert stopped.leftover_servers[0]["stopped"] is True
+        child.wait(timeout=30)      # SIGTERM ended it
+        assert child.returncode == -15
+    finally:
+        child.kill()
+        child.wait()

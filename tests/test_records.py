@@ -263,9 +263,9 @@ def test_pass_states_one_rule_for_kind_and_status():
     assert states == {("a", 0): ("warmup", "complete"), ("a", 1): ("counted", "complete"),
                       ("a", 2): ("counted", None), ("a", 3): ("counted", None),
                       ("b", 0): ("unknown", "no status")}
-    counts = {k: pass_counts(kind, st, k in {("a", 2), ("a", 3)})
-              for k, (kind, st) in states.items()}
-    assert counts == {("a", 0): False, ("a", 1): True, ("a", 2): True, ("a", 3): True,
+    # a pass with responses but no end event was cut short by a killed run: never counted
+    counts = {k: pass_counts(kind, st) for k, (kind, st) in states.items()}
+    assert counts == {("a", 0): False, ("a", 1): True, ("a", 2): False, ("a", 3): False,
                       ("b", 0): False}
     assert pass_states(pd.DataFrame(), pd.DataFrame(), set()) == {}
 
@@ -296,11 +296,14 @@ def test_a_same_size_edit_after_compaction_is_a_gap_and_the_jsonl_is_read(tmp_pa
 
 
 def _compacted(tmp_path, n: int):
-    """A run of ``n`` responses, compacted (page CRCs written)."""
+    """A run of ``n`` responses in one ended counted pass, compacted (page CRCs written)."""
     run = tmp_path / "r"
     with RunWriter.create(run, {}) as w:
+        pass_ = {"seq": 0, "arm": "a", "pass_index": 0, "kind": "counted", "block": 0}
+        w.append("schedule", {"event": "start", **pass_})
         for i in range(n):
             w.append("responses", _resp(i))
+        w.append("schedule", {"event": "end", **pass_, "status": "complete", "n_failed": 0})
     compact(run)
     return run
 
@@ -414,3 +417,17 @@ def test_store_doctests():
     for module in (fmt, writer, run_dir):
         result = doctest.testmod(module)
         assert result.failed == 0 and result.attempted > 0, module.__name__
+
+
+def test_a_recorded_command_names_bistat_not_this_machine_s_path():
+    """run.json records ``sys.argv``; a finding showed ``/tmp/fresh/.venv/bin/bistat run ...``
+    or ``-c run ...`` as the Command. Both the recording and the analysis of runs recorded
+    before write the program as ``bistat``."""
+    from bistat.store.format import command_words
+
+    for argv0 in ("/tmp/fresh/.venv/bin/bistat", "-c", "/work/main/src/bistat/__main__.py",
+                  "bistat"):
+        assert command_words([argv0, "run", "preregistrations/q.json"]) == (
+            "bistat", "run", "preregistrations/q.json")
+    assert command_words(["my_study.py", "--fast"]) == ("my_study.py", "--fast")
+    assert command_words([]) == ()

@@ -64,6 +64,22 @@ def test_missing_registration(workdir):
         "refusing to run an unverified registration; check it with: bistat verify preregistrations/nope.json\n")
 
 
+def test_a_missing_declaration_is_called_missing_not_a_declaration(workdir):
+    """``bistat run nothere.toml`` and ``bistat verify nonexistent.toml`` once answered "is a
+    declaration, not a registration" for a file that does not exist."""
+    result = _invoke("run", "nothere.toml")
+    assert (result.exit_code, result.output) == (1, (
+        "Error: nothere.toml: no such file; run a sealed registration: bistat run "
+        "preregistrations/NAME.json (bistat register experiments/NAME.toml writes it)\n"))
+    result = _invoke("verify", "nonexistent.toml")
+    assert (result.exit_code, result.output) == (1, (
+        "Error: nonexistent.toml: no such file; give a sealed registration, "
+        "preregistrations/NAME.json\n"))
+    (workdir / "experiments").mkdir()
+    h.write_toml(workdir / "experiments" / "there.toml", h.declaration())
+    assert "is a declaration, not a registration" in _invoke("run", "experiments/there.toml").output
+
+
 def test_tampered_registration_is_refused(workdir):
     path = _register(workdir)
     data = json.loads(path.read_text())

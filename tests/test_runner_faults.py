@@ -146,7 +146,7 @@ def test_engine_death_mid_pass_keeps_every_received_record(tmp_path):
 
 def test_ctrl_c_stops_engines_and_keeps_the_data(tmp_path):
     outcome, script, t = _run(tmp_path, control={"interrupt_on_call": 1, "crash_after": 7})
-    assert (outcome.status, outcome.detail) == ("interrupted", "interrupted by the user (Ctrl-C)")
+    assert (outcome.status, outcome.detail) == ("interrupted", "interrupted by SIGINT (Ctrl-C)")
     assert outcome.passes_run == 2
     assert len([r for r in t["responses"] if r["seq"] == 2]) == 7
     assert [(r["event"], r.get("status")) for r in t["schedule"] if r["seq"] == 2] == [("start", None),
@@ -238,18 +238,41 @@ def test_sigint_and_sigterm_stop_a_run_like_ctrl_c_even_when_sigint_started_igno
     import pytest
 
     from bistat.cli.cmd_run import stoppable
+    from bistat.run.runner import SignalInterrupt
 
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
+        raised = {}
         for sig in (signal.SIGINT, signal.SIGTERM):
-            with pytest.raises(KeyboardInterrupt):
+            with pytest.raises(KeyboardInterrupt) as exc:
                 with stoppable():
                     os.kill(os.getpid(), sig)   # the handler runs before the next bytecode
                     raise AssertionError(f"{sig.name} did not interrupt")
+            raised[sig] = exc.value
+        # SIGTERM says which signal it was (the run then says "interrupted by SIGTERM", not
+        # "Ctrl-C"); SIGINT is Ctrl-C's
+        assert type(raised[signal.SIGINT]) is KeyboardInterrupt
+        assert isinstance(raised[signal.SIGTERM], SignalInterrupt)
+        assert raised[signal.SIGTERM].signal_name == "SIGTERM"
         # afterwards the process's own dispositions are back
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
         assert signal.getsignal(signal.SIGTERM) == before[signal.SIGTERM]
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
+
+
+def test_a_run_stopped_by_sigterm_says_sigterm_not_ctrl_c(tmp_path, monkeypatch):
+    """``bistat run`` turns SIGTERM into :class:`SignalInterrupt` (the test above); the run ends
+    interrupted "by SIGTERM", not "by the user (Ctrl-C)"."""
+    from bistat.run.runner import SignalInterrupt
+
+    class _Term(SignalInterrupt):
+        def __init__(self) -> None:
+            super().__init__("SIGTERM")
+
+    monkeypatch.setattr(fakes, "KeyboardInterrupt", _Term, raising=False)  # the fake's raise
+    outcome, script, _ = _run(tmp_path, control={"interrupt_on_call": 1, "crash_after": 7})
+    assert (outcome.status, outcome.detail) == ("interrupted", "interrupted by SIGTERM")
+    assert script.running == set()

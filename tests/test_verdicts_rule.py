@@ -580,3 +580,23 @@ def test_a_paired_cost_rule_is_declared_in_rule_cost_and_a_bad_value_is_named():
         "margin": 0.05, "interval": "paired"}}).cost.interval == "paired"
     with pytest.raises(Exception, match="interval"):
         CostRule(margin=0.05, interval="blocked")
+
+
+def test_an_undecidable_cost_without_an_interval_does_not_speak_of_the_interval():
+    """One pair of passes: no interval exists, so its sentence says so instead of "the ratio's
+    interval reaches across the margin"; with an interval that does, that sentence."""
+    from bistat.core.classify import COST_SENTENCE_NO_INTERVAL, COST_SENTENCES
+
+    one = classify_cost(
+        PAIRED, ArmStats("c", "control", 0, 0, (100.0, 101.0), throughput_passes=(1, 2)),
+        ArmStats("t", "treatment", 0, 0, (99.0, 98.0), throughput_passes=(2, 3)))
+    assert one.outcome is CostOutcome.UNDECIDABLE and one.interval is None
+    assert one.sentence == COST_SENTENCE_NO_INTERVAL == (
+        "The cost is undecidable at these passes: there is no interval of the ratio to decide it "
+        "on.")
+    wide = classify_cost(CostRule(margin=0.01),
+                         ArmStats("c", "control", 0, 0, (100.0, 80.0, 120.0)),
+                         ArmStats("t", "treatment", 0, 0, (90.0, 110.0, 95.0)))
+    assert wide.outcome is CostOutcome.UNDECIDABLE and wide.interval is not None
+    assert wide.sentence == COST_SENTENCES[CostOutcome.UNDECIDABLE]
+    assert "reaches across the margin" in wide.sentence

@@ -128,3 +128,18 @@ def test_the_upstream_table_is_well_formed_and_bad_entries_are_refused():
     with pytest.raises(VersionCompareError, match=r"change\[0\].kind: 'fixed'"):
         load_upstream_changes('[[change]]\nkey="a"\nintroduced="1"\ncomponents=[]\nkind="fixed"\n'
                               'summary="s"\nreference="r"\nsource="x"\n')
+
+
+def test_two_runs_without_a_gpu_are_not_said_to_be_on_gpus_of_the_same_model():
+    """A comparison of two CPU runs (here the committed quickstart-r2 run with itself: no
+    difference of design) says they ran without a GPU, not "on GPUs of the same model"."""
+    from bistat.report.finding import render_version_comparison
+
+    run = ROOT / "examples" / "quickstart" / "quickstart-r2-20261202T132827Z"
+    s = analyze_run(run, ROOT / "preregistrations" / "quickstart-r2.json")
+    vc = compare_versions(s, s)
+    assert vc.earlier_gpus == vc.later_gpus == () and vc.notes == ()
+    text = render_version_comparison(vc)
+    section = text[text.index("## Differences of design"):]
+    assert section.splitlines()[2] == "None: the same workload, both runs without a GPU."
+    assert "GPUs of the same model" not in text

@@ -40,8 +40,13 @@ class Matching:
     anatomy: anat.Anatomy
     last: pd.DataFrame          # the counted passes' responses
     duplicated: np.ndarray      # rows of ``last`` recorded again later (a resumed run)
-    # arm -> the pass index of each of its ArmSummary.pass_throughputs (a paired cost interval)
+    # arm -> the pass index of each of its ArmSummary.pass_throughputs
     throughput_passes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    # arm -> the schedule round of each of its ArmSummary.pass_throughputs (a paired cost
+    # interval pairs the arms' passes of one round)
+    throughput_rounds: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    # (arm, pass index) -> the schedule round of each counted pass (PassSummary.round)
+    rounds: Mapping[tuple[str, int], int] = field(default_factory=dict)
 
 
 def match_arms(run: RecordedRun, exp: Experiment, responses: pd.DataFrame,
@@ -70,6 +75,7 @@ def match_arms(run: RecordedRun, exp: Experiment, responses: pd.DataFrame,
     matches: dict[str, ArmMatch] = {}
     arm_passes: dict[str, list[int]] = {}
     thr_passes: dict[str, tuple[int, ...]] = {}
+    thr_rounds: dict[str, tuple[int, ...]] = {}
     for arm in arm_names:
         cpasses = sorted(p.pass_index for p in passes if p.arm == arm and p.counted)
         sel = (arm_codes == arm_code.get(arm, -2)) & np.isin(pass_idx, cpasses) & ~dup
@@ -93,6 +99,7 @@ def match_arms(run: RecordedRun, exp: Experiment, responses: pd.DataFrame,
                  if p.arm == arm and p.counted and p.output_tokens_per_s is not None]
         thr = tuple(float(p.output_tokens_per_s) for p in timed)
         thr_passes[arm] = tuple(int(p.pass_index) for p in timed)
+        thr_rounds[arm] = tuple(int(p.round) for p in timed if p.round is not None)
         arm_summaries.append(ArmSummary(
             name=arm, role=roles[arm], counted_passes=tuple(cpasses),
             reference_pass=cpasses[0] if cpasses else None, n_prompts_recorded=m.n_recorded,
@@ -103,7 +110,9 @@ def match_arms(run: RecordedRun, exp: Experiment, responses: pd.DataFrame,
             n_units=m.n_units, n_matched=m.n_matched, match_interval=interval,
             pass_throughputs=thr, n_failed_requests=m.n_failed_requests,
             divergences=tuple(divs)))
-    return Matching(tuple(arm_summaries), matches, arm_passes, anatomy, last, dup, thr_passes)
+    rounds = {(p.arm, p.pass_index): p.round for p in passes if p.round is not None}
+    return Matching(tuple(arm_summaries), matches, arm_passes, anatomy, last, dup, thr_passes,
+                    thr_rounds, rounds)
 
 
 def _match_key(resp: pd.DataFrame, unit: str) -> pd.Series:

@@ -69,6 +69,10 @@ class PassSummary:
     gpu_slowdown_share: float | None = None
     #: the engine-start block the pass ran in (bistat.core.schedule); None where not recorded
     block: int | None = None
+    #: the round of the schedule a counted pass ran in: an arm's k-th counted pass in schedule
+    #: order runs in round k, beside the other arms' k-th (bistat.core.schedule), however the
+    #: run was interrupted and resumed; None for a pass that does not count
+    round: int | None = None
 
 
 @dataclass(frozen=True)
@@ -114,6 +118,7 @@ def pass_summaries(passes_df: pd.DataFrame, schedule: pd.DataFrame, responses: p
                       key=lambda k: (int((pass_rows.get(k) or starts.get(k) or {"seq": 10**9})
                                          .get("seq", 10**9)), k))
     passes: list[PassSummary] = []
+    rounds: dict[str, int] = {}   # arm -> its counted passes so far, in schedule order
     for arm, pidx in all_keys:
         rec = pass_rows.get((arm, pidx), {})
         st = starts.get((arm, pidx), {})
@@ -122,7 +127,10 @@ def pass_summaries(passes_df: pd.DataFrame, schedule: pd.DataFrame, responses: p
         stat = end or "no end event"
         # "failed" = the pass ran to its end with some requests failed: it counts, and its failed
         # prompts are excluded from matching below; "interrupted" passes were re-run in full.
-        counted = arm in roles and pass_counts(kind, end, (arm, pidx) in with_responses)
+        counted = arm in roles and pass_counts(kind, end)
+        rnd = rounds.get(arm, 0) if counted else None
+        if counted:
+            rounds[arm] = rnd + 1
         b = batching.get((arm, seq if seq is not None else -1), {})
         batch_rec = rec.get("batching") if isinstance(rec.get("batching"), Mapping) else {}
         passes.append(PassSummary(
@@ -139,10 +147,13 @@ def pass_summaries(passes_df: pd.DataFrame, schedule: pd.DataFrame, responses: p
             n_metric_samples=int(b.get("n", 0)), client_in_flight=in_flight.get((arm, pidx)),
             running_hist=b.get("running_hist", _hist_pairs(batch_rec.get("running_hist"))),
             **_host_shares(rec.get("host"), _opt_float(rec.get("wall_s"))),
-            **_gpu_fields(rec.get("gpu")), block=_opt_int(rec.get("block"))))
+            **_gpu_fields(rec.get("gpu")), block=_opt_int(rec.get("block")), round=rnd))
         if kind == "counted" and not counted and arm in roles:
-            deviations.append(f"{arm} counted pass {pidx} (schedule position {seq}) ended "
-                              f"'{stat}'; not counted")
+            deviations.append(
+                f"{arm} counted pass {pidx} (schedule position {seq}) has no end: the run "
+                "stopped during it; its responses are a partial sample, not counted (bistat run "
+                "--resume runs it again)" if end is None else
+                f"{arm} counted pass {pidx} (schedule position {seq}) ended '{stat}'; not counted")
     return passes, series
 
 

@@ -5,7 +5,7 @@ carry over from one pass to the next. Welch's interval takes each arm's passes a
 paired one the pairs of passes; when they are not, the interval states a coverage it does not have
 (``docs/COST-INTERVALS.md``). This phase of the analysis (:func:`serial_passes`) measures the
 correlation on the values the cost rule reads -- each arm's per-pass metric in pass order and the
-pairs' log differences (pass ``i`` of the treatment with pass ``i`` of the control) -- with the
+pairs' log differences (the treatment's and the control's pass of one round of the schedule) -- with the
 pure functions of :mod:`bistat.core.serial`, and puts a number on the coverage of the rule's
 interval at the correlation the run shows (:func:`bistat.core.design.check_interval_assumptions`).
 For a rule whose interval is ``"hac"`` it keeps that interval's make-up (cosine terms, critical
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bistat.core import design_coverage, design_rho, serial
-from bistat.core.classify import ArmStats, paired_passes
+from bistat.core.classify import ArmStats, pass_pairs
 from bistat.core.rule import Rule
 
 __all__ = ["ArmSerial", "PairSerial", "SERIAL_ALPHA", "SerialPasses", "serial_passes"]
@@ -65,12 +65,13 @@ class PairSerial:
     ----------
     treatment, control : str
     passes : tuple of int
-        The pass indices both arms have: the pairs, in pass order.
+        The control's pass index of each pair, in schedule order (the pairs are
+        :func:`bistat.core.classify.pass_pairs`'s: one per round of the schedule both arms ran).
     log_differences : tuple of float
-        ``log treatment[i] - log control[i]`` of each pair.
+        ``log treatment - log control`` of each pair.
     differences : SerialCorrelation or None
-        Lag-1 autocorrelation and Ljung-Box test of ``log treatment[i] - log control[i]``; None
-        with fewer than :data:`MIN_SERIES` pairs.
+        Lag-1 autocorrelation and Ljung-Box test of the pairs' log differences; None with fewer
+        than :data:`MIN_SERIES` pairs.
     check : AssumptionCheck or None
         :func:`bistat.core.design.check_interval_assumptions` of the rule's interval at the run's
         passes (Welch: passes per arm; paired and HAC: pairs) and the run's own correlation
@@ -79,6 +80,12 @@ class PairSerial:
     hac : HacRatioResult or None
         :func:`bistat.core.serial.hac_ratio` of the pairs, when the rule's interval is ``"hac"``:
         the interval that decided the cost, with its cosine terms and critical value.
+    treatment_passes : tuple of int
+        The treatment's pass index of each pair.
+    rounds : tuple of int
+        The round of the schedule of each pair.
+    paired_by : str
+        What paired them (:attr:`bistat.core.classify.PassPairs.by`).
     """
 
     treatment: str
@@ -88,10 +95,13 @@ class PairSerial:
     differences: serial.SerialCorrelation | None
     check: design_coverage.AssumptionCheck | None
     hac: serial.HacRatioResult | None = None
+    treatment_passes: tuple[int, ...] = ()
+    rounds: tuple[int, ...] = ()
+    paired_by: str = "round"
 
     @property
     def n_pairs(self) -> int:
-        """Passes both arms have, paired by pass index."""
+        """Pairs of passes: rounds of the schedule both arms have a value in."""
         return len(self.passes)
 
 
@@ -174,7 +184,7 @@ def serial_passes(rule: Rule, comparisons: Sequence[tuple[ArmStats, ArmStats]]
     Notes
     -----
     Each arm's series is its counted passes with a value of the metric, in pass order; the pairs
-    are :func:`bistat.core.classify.paired_passes`'s, the ones a paired or HAC interval reads.
+    are :func:`bistat.core.classify.pass_pairs`'s, the ones a paired or HAC interval reads.
     The coverage of the rule's interval is that of the AR(1) planning model at the run's
     bias-corrected lag-1 autocorrelation (:func:`bistat.core.design.interval_coverage`): an
     estimate from one run, which says how far the stated coverage may be off, not a correction.
@@ -193,7 +203,8 @@ def serial_passes(rule: Rule, comparisons: Sequence[tuple[ArmStats, ArmStats]]
             if a.name not in arms:
                 passes, values = _arm_values(a, metric)
                 arms[a.name] = ArmSerial(a.name, a.role, passes, values, _correlation(values))
-        keys, pt, pc = paired_passes(treatment, control, metric)
+        pp = pass_pairs(treatment, control, metric)
+        pt, pc = pp.treatment_values, pp.control_values
         positive = all(v > 0 for v in pt + pc)
         logs = tuple(math.log(t) - math.log(c) for t, c in zip(pt, pc)) if positive else ()
         ok = positive and len(pt) >= MIN_SERIES
@@ -206,6 +217,7 @@ def serial_passes(rule: Rule, comparisons: Sequence[tuple[ArmStats, ArmStats]]
             check = design_coverage.check_interval_assumptions(interval, n, estimate, cl, hac)
         ratio = (serial.hac_ratio(pt, pc, cl, hac)
                  if interval == "hac" and positive and len(pt) >= 2 else None)
-        pairs.append(PairSerial(treatment.name, control.name, keys, logs, diffs, check, ratio))
+        pairs.append(PairSerial(treatment.name, control.name, pp.control_passes, logs, diffs,
+                                check, ratio, pp.treatment_passes, pp.rounds, pp.by))
     return SerialPasses(metric, interval, cost is not None, cl, SERIAL_ALPHA,
                         tuple(arms.values()), tuple(pairs))

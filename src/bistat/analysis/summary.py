@@ -15,9 +15,9 @@ Definitions (also in ``docs/RECORDS.md``, "How a run is analysed")
 -------------------------------------------------------------------
 *Counted passes* of an arm: passes recorded with ``kind = "counted"`` whose last ``end`` event in
 ``schedule.jsonl`` has ``status = "complete"`` or ``"failed"`` (it ran to its end with some
-requests failed; their prompts are excluded) -- when the schedule has no ``end`` event for a pass,
-the pass counts if it has responses (one rule: ``bistat.store.passes.pass_states`` and
-``pass_counts``, shared with the anatomy and the trim). Warm-up passes and incomplete
+requests failed; their prompts are excluded); a pass with no ``end`` event (the run stopped
+during it) never counts (one rule: ``bistat.store.passes.pass_states`` and ``pass_counts``,
+shared with the anatomy and the trim). Warm-up passes and incomplete
 passes are never counted; incomplete counted passes are listed as deviations. When a prompt has several responses in one
 pass (a resumed run), the last one recorded counts.
 
@@ -103,7 +103,7 @@ from bistat.declare.run_ledger import ledger_path
 from bistat.engines.registry import capabilities
 from bistat.store.enginelog import (cudagraph_sizes, jit_compiles, kept_log_lines, kept_logs,
                                     logged_modes)
-from bistat.store.format import NOTES_FILE
+from bistat.store.format import NOTES_FILE, command_words
 from bistat.store.run_dir import RecordedRun
 
 __all__ = [
@@ -247,7 +247,7 @@ def analyze_run(run_dir: str | Path | RecordedRun,
     return RunSummary(
         name=exp.name, run_id=run_id,
         created_utc=header.get("created_utc"), engine_kind=header.get("engine_kind"),
-        command=tuple(str(x) for x in header.get("command") or ()),
+        command=command_words(header.get("command") or ()),
         # the registration analysed against: the run's own as run.json names it, or the sibling
         # named on the command line (relative to the working directory when inside it; the
         # run's own is then named in the deviations)
@@ -353,7 +353,9 @@ def _comparisons(exp: Experiment, matching: Matching, validity: Sequence[Validit
     timed = pass_latencies(matching.last[~matching.duplicated], matching.arm_passes)
     latencies = {arm: tuple(v for _, v in pv) for arm, pv in timed.items()}
     latency_passes = {arm: tuple(k for k, _ in pv) for arm, pv in timed.items()}
-    thr_passes = matching.throughput_passes
+    latency_rounds = {arm: tuple(matching.rounds[(arm, k)] for k, _ in pv
+                                 if (arm, k) in matching.rounds) for arm, pv in timed.items()}
+    thr_passes, thr_rounds = matching.throughput_passes, matching.throughput_rounds
     control = next(a for a in arm_summaries if a.role == "control")
     comparisons: list[ArmComparison] = []
     pairs: list[_Pair] = []
@@ -383,12 +385,16 @@ def _comparisons(exp: Experiment, matching: Matching, validity: Sequence[Validit
                          large_drifts=large_drifts.get(control.name),
                          pass_latencies=latencies.get(control.name, ()),
                          throughput_passes=thr_passes.get(control.name, ()),
-                         latency_passes=latency_passes.get(control.name, ())),
+                         latency_passes=latency_passes.get(control.name, ()),
+                         throughput_rounds=thr_rounds.get(control.name, ()),
+                         latency_rounds=latency_rounds.get(control.name, ())),
                 ArmStats(treat.name, "treatment", treat.n_units, treat.n_matched, tt,
                          large_drifts=large_drifts.get(treat.name),
                          pass_latencies=latencies.get(treat.name, ()),
                          throughput_passes=thr_passes.get(treat.name, ()),
-                         latency_passes=latency_passes.get(treat.name, ())),
+                         latency_passes=latency_passes.get(treat.name, ()),
+                         throughput_rounds=thr_rounds.get(treat.name, ()),
+                         latency_rounds=latency_rounds.get(treat.name, ())),
                 valid.pair_status(arm_reasons, control.name, treat.name), counts,
                 evidence[treat.name])
         pairs.append(pair)

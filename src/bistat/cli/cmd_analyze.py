@@ -18,6 +18,7 @@ from pathlib import Path
 import click
 
 from bistat.cli.fail_on import FAIL_ON_HELP, fail_on_labels
+from bistat.report.index import LOCAL_FINDINGS
 from bistat.store.format import TRIM_SERVES
 
 # The analysis, the report and the store's readers (pandas, pyarrow, matplotlib) are imported by
@@ -46,8 +47,11 @@ def register(group: click.Group) -> None:
                   default=None,
                   help="The registration to analyse against [default: the path run.json names].")
     @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
-                  default=Path("findings"), show_default=True,
-                  help="Folder for NAME.md and its plots NAME-*.png.")
+                  default=Path("findings") / LOCAL_FINDINGS, show_default=True,
+                  help="Folder for NAME.md and its plots NAME-*.png. The default is this "
+                       "machine's own findings, which bistat index never lists: a run of yours "
+                       "never rewrites the project's findings or its README's results; give "
+                       "--out findings to add the finding to them.")
     @click.option("--json", "as_json", is_flag=True,
                   help="Print the summary and the verdicts as JSON instead of text.")
     @click.option("--fail-on", "fail_on", multiple=True, help=FAIL_ON_HELP)
@@ -75,8 +79,9 @@ def register(group: click.Group) -> None:
         same registration is not replaced without --force. A line under the verdict says which evidence the registration's
         seal has: git's first commit of its exact bytes, before or after the run's first
         record (or that this checkout has no such history), and its signature when signed.
-        Ends with a one-screen plain-text summary for CI logs (on stderr with --json). Exit
-        code 0 whatever the verdict, unless --fail-on names it.
+        Prints a one-screen plain-text summary for CI logs: each verdict with its sentence, every
+        criterion and the cost (on stderr with --json). Exit code 0 whatever the verdict,
+        unless --fail-on names it.
         """
         from bistat.analysis.summary import AnalysisError, analyze_run, summary_to_dict
         from bistat.declare.errors import DeclarationError
@@ -108,10 +113,7 @@ def register(group: click.Group) -> None:
             click.echo(json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False))
         else:
             click.echo(f"wrote {files.markdown} and {len(files.plots)} plots")
-            for c in summary.comparisons:
-                click.echo(f"{c.treatment} vs {c.control}: {c.verdict.headline}")
-                click.echo(f"  {c.verdict.sentence}")
-        click.echo(ci_summary(summary, labels), nl=False, err=as_json)
+        click.echo(ci_summary(summary, labels), nl=False, err=as_json)   # the verdicts, once
         raise SystemExit(gate([c.verdict.label.value for c in summary.comparisons],
                               labels).exit_code)
 

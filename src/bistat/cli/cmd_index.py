@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from bistat.report.index import write_index
+from bistat.report.index import index_options, write_index
 
 
 def register(group: click.Group) -> None:
@@ -27,8 +27,21 @@ def register(group: click.Group) -> None:
         """Write FINDINGS_DIR/README.md: every finding below it with its verdicts (and, with
         --registrations, the answers first: one table per engine release and GPU, one row per
         model, head size, attention backend, setting and workload; then every registration
-        still without a finding, and why)."""
+        still without a finding, and why).
+
+        The index records the options it was written with; without options, bistat index
+        writes it whole again with those (and refuses an index that has the answers but
+        records no options, rather than delete them). Findings under FINDINGS_DIR/local (a
+        machine's own runs, where bistat analyze writes by default) are never indexed.
+        """
         try:
+            if registrations_dir is None and reasons_path is None and readme is None:
+                recorded = index_options(findings_dir)
+                if recorded is not None and recorded.flags():
+                    click.echo(f"with the options {findings_dir}/README.md was written with: "
+                               f"{recorded.flags()}")
+                    registrations_dir, reasons_path, readme = (
+                        recorded.registrations_dir, recorded.reasons_path, recorded.readme)
             out = write_index(findings_dir, registrations_dir, reasons_path, readme)
         except ValueError as exc:
             raise click.ClickException(str(exc)) from exc

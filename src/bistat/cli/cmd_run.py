@@ -193,6 +193,11 @@ def run_command(registration: Path | None, resume_dir: Path | None, runs_dir: Pa
         except (RunRefused, RegistrationError) as exc:
             raise click.ClickException(str(exc)) from exc
         target = plan.run_dir
+        if plan.resume:   # a server the killed process left up would hold the GPU: stop it first
+            from bistat.run.leftovers import stop_left_servers
+
+            for left in stop_left_servers(plan.run_dir):
+                click.echo(left.sentence())
         # checked here first, so that a refusal or a warning comes before the run starts;
         # the runner checks again when nothing was there (a process that came since)
         busy = _gpu_busy(plan.experiment, allow_busy_gpu)
@@ -213,7 +218,8 @@ def run_command(registration: Path | None, resume_dir: Path | None, runs_dir: Pa
 
 @contextlib.contextmanager
 def stoppable() -> Iterator[None]:
-    """SIGINT and SIGTERM stop a run as Ctrl-C does (``KeyboardInterrupt``: the runner records
+    """SIGINT and SIGTERM stop a run as Ctrl-C does (``KeyboardInterrupt``; for SIGTERM its
+    subclass :class:`bistat.run.runner.SignalInterrupt`, so the run says which: the runner records
     the pass in flight as interrupted, keeps every response received and stops its engines).
 
     Also when the process started with SIGINT ignored, as a background job of a non-interactive
@@ -227,7 +233,9 @@ def stoppable() -> Iterator[None]:
         return
 
     def _terminate(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+        from bistat.run.runner import SignalInterrupt
+
+        raise SignalInterrupt(signal.Signals(signum).name)
 
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -70,12 +70,14 @@ from bistat.core.rule import (
 __all__ = [
     "ActivationEvidence",
     "COST_SENTENCES",
+    "COST_SENTENCE_NO_INTERVAL",
     "CostOutcome",
     "CostVerdict",
     "PairedCounts",
     "RatioSummary",
     "classify_cost",
-    "paired_passes",
+    "PassPairs",
+    "pass_pairs",
     "paired_values",
     "format_decided",
     "ArmStats",
@@ -119,9 +121,13 @@ class ArmStats:
         Mean request latency (seconds, submission to last token, answered requests) of each
         counted pass; what a cost rule on ``latency`` reads. Empty when not computed.
     throughput_passes, latency_passes : tuple of int
-        The pass index of each value of ``pass_throughputs`` / ``pass_latencies``: a cost rule
-        with ``interval = "paired"`` pairs the arms' passes by it. Empty when not known (the
-        values are then paired by position).
+        The pass index of each value of ``pass_throughputs`` / ``pass_latencies`` (which passes
+        a pair holds). Empty when not known.
+    throughput_rounds, latency_rounds : tuple of int
+        The round of the schedule each value's pass ran in (an arm's *k*-th counted pass runs
+        in round *k*): a cost rule with ``interval = "paired"`` or ``"hac"`` pairs the arms'
+        passes of one round (:func:`pass_pairs`). Empty when not known (the values are then
+        paired by pass index, else by position).
     """
 
     name: str
@@ -133,6 +139,8 @@ class ArmStats:
     pass_latencies: tuple[float, ...] = ()
     throughput_passes: tuple[int, ...] = ()
     latency_passes: tuple[int, ...] = ()
+    throughput_rounds: tuple[int, ...] = ()
+    latency_rounds: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -821,6 +829,11 @@ COST_SENTENCES: dict[CostOutcome, str] = {
                              "reaches across the margin on the slower side.",
     CostOutcome.UNTESTED: "The cost was not assessed: the comparison is untested.",
 }
+#: The sentence of an undecidable cost that has no interval to decide on (too few passes or
+#: pairs, a published summary without one): the ratio's interval, which the undecidable
+#: sentence speaks of, does not exist.
+COST_SENTENCE_NO_INTERVAL = ("The cost is undecidable at these passes: there is no interval of "
+                             "the ratio to decide it on.")
 
 
 @dataclass(frozen=True)
@@ -941,10 +954,11 @@ def classify_cost(cost: CostRule, control: ArmStats, treatment: ArmStats, *,
     The outcomes are ordered *costs* < *undecidable* < *no measurable cost* < *faster*, and
     moving the interval to the faster side never moves the outcome down that order.
 
-    With ``cost.interval == "paired"`` the interval is ``stats.paired_ratio`` of the passes both
-    arms have, paired by pass index (``ArmStats.throughput_passes`` / ``latency_passes``; by
-    position where those are not known), and the ratio its point; the same decision follows.
-    With ``cost.interval == "hac"`` the same pairs, in pass order, give
+    With ``cost.interval == "paired"`` the interval is ``stats.paired_ratio`` of the passes the
+    schedule ran side by side, one pair per round both arms have (:func:`pass_pairs`:
+    ``ArmStats.throughput_rounds`` / ``latency_rounds``; by pass index, then by position, where
+    those are not known), and the ratio its point; the same decision follows.
+    With ``cost.interval == "hac"`` the same pairs, in schedule order, give
     ``serial.hac_ratio``'s interval (robust to serial correlation of the pairs, with the rule's
     ``hac_kernel`` and ``hac_bandwidth``); an undecidable cost's pairs to decide it are then
     planned for that interval at the pairs' spread and their lag-1 autocorrelation
@@ -969,7 +983,9 @@ def classify_cost(cost: CostRule, control: ArmStats, treatment: ArmStats, *,
 
     def verdict(outcome: CostOutcome, statement: str, point=None, iv=None, cvv=None,
                 need=None, reason=None) -> CostVerdict:
-        return CostVerdict(outcome, COST_SENTENCES[outcome], statement, metric, cost.margin,
+        sentence = (COST_SENTENCE_NO_INTERVAL if outcome is CostOutcome.UNDECIDABLE and iv is None
+                    else COST_SENTENCES[outcome])
+        return CostVerdict(outcome, sentence, statement, metric, cost.margin,
                            point, iv, len(tv), len(cv_), cvv, need, reason)
 
     if untested:
@@ -1042,30 +1058,88 @@ def classify_cost(cost: CostRule, control: ArmStats, treatment: ArmStats, *,
     return dataclasses.replace(decided, n_pairs=rr.n_treatment) if paired else decided
 
 
-def paired_passes(treatment: ArmStats, control: ArmStats, metric: str
-                  ) -> tuple[tuple[int, ...], tuple[float, ...], tuple[float, ...]]:
-    """The metric's values (``"throughput"`` or ``"latency"``) of the passes both arms have,
-    paired by pass index, in pass order, with those pass indices (by position, ``0, 1, ...``,
-    when the arms' pass indices are not known): what a paired or HAC cost interval reads, and
-    the pairs whose serial correlation the analysis reports (``bistat.analysis.serial``)."""
-    values, passes = (("pass_throughputs", "throughput_passes") if metric == "throughput"
-                      else ("pass_latencies", "latency_passes"))
-    tv, cv_ = getattr(treatment, values), getattr(control, values)
-    tk, ck = getattr(treatment, passes), getattr(control, passes)
-    if len(tk) != len(tv) or len(ck) != len(cv_) or not tk or not ck:
-        n = min(len(tv), len(cv_))
-        return tuple(range(n)), tuple(tv[:n]), tuple(cv_[:n])
-    by_pass = dict(zip(ck, cv_))
-    pairs = [(k, v, by_pass[k]) for k, v in sorted(zip(tk, tv)) if k in by_pass]
-    return (tuple(k for k, _, _ in pairs), tuple(v for _, v, _ in pairs),
-            tuple(c for _, _, c in pairs))
+@dataclass(frozen=True)
+class PassPairs:
+    """The passes of two arms a paired or HAC cost interval reads, one pair per round of the
+    schedule both arms have a value in (:func:`pass_pairs`).
+
+    Attributes
+    ----------
+    by : str
+        What paired them: ``"round"`` (the schedule's rounds, as recorded runs give them),
+        ``"pass index"`` (arms built with pass indices but no rounds) or ``"position"`` (neither).
+    rounds : tuple of int
+        The round of each pair (the pass index or the position when ``by`` says so), in schedule
+        order.
+    treatment_passes, control_passes : tuple of int
+        Each pair's pass index in the treatment and in the control (positions when not known).
+    treatment_values, control_values : tuple of float
+        Each pair's values of the metric.
+    """
+
+    by: str
+    rounds: tuple[int, ...]
+    treatment_passes: tuple[int, ...]
+    control_passes: tuple[int, ...]
+    treatment_values: tuple[float, ...]
+    control_values: tuple[float, ...]
+
+    def __len__(self) -> int:
+        return len(self.rounds)
+
+
+def _keyed(arm: ArmStats, metric: str) -> tuple[dict[int, tuple[int, float]], str]:
+    """Round (or pass index, or position) -> (pass index, value) of one arm's metric, and what
+    the key is: rounds where every value has one, else pass indices, else positions."""
+    if metric == "throughput":
+        values, passes, rounds = arm.pass_throughputs, arm.throughput_passes, arm.throughput_rounds
+    else:
+        values, passes, rounds = arm.pass_latencies, arm.latency_passes, arm.latency_rounds
+    idx = passes if len(passes) == len(values) and passes else tuple(range(len(values)))
+    if len(rounds) == len(values) and rounds:
+        return {r: (p, v) for r, p, v in zip(rounds, idx, values)}, "round"
+    if len(passes) == len(values) and passes:
+        return {p: (p, v) for p, v in zip(passes, values)}, "pass index"
+    return {i: (i, v) for i, v in enumerate(values)}, "position"
+
+
+def pass_pairs(treatment: ArmStats, control: ArmStats, metric: str) -> PassPairs:
+    """The metric's values (``"throughput"`` or ``"latency"``) of the passes the schedule ran
+    side by side: the treatment's and the control's counted pass of one round, for every round
+    in which both have a value, in schedule order.
+
+    A round of the schedule (``bistat.core.schedule``) runs one counted pass of every arm next to
+    the others (``A B | B A | ...``); an arm's *k*-th counted pass belongs to round *k* however
+    the run was interrupted and resumed, since a resume plans only the rounds an arm has not
+    completed (:func:`bistat.core.schedule.plan_schedule`). Pass indices do not pair passes: a
+    resume gives its new warm-ups pass indices, so after a resume the arms' indices of one round
+    differ. Arms without rounds (built by hand) are paired by pass index, and without pass
+    indices by position.
+
+    Examples
+    --------
+    >>> c = ArmStats("c", "control", 0, 0, (100.0, 90.0, 95.0), throughput_passes=(1, 4, 5),
+    ...              throughput_rounds=(0, 1, 2))
+    >>> t = ArmStats("t", "treatment", 0, 0, (99.0, 89.0), throughput_passes=(1, 5),
+    ...              throughput_rounds=(0, 2))
+    >>> p = pass_pairs(t, c, "throughput")
+    >>> p.rounds, p.control_passes, p.treatment_passes, p.control_values
+    ((0, 2), (1, 5), (1, 5), (100.0, 95.0))
+    """
+    tk, by = _keyed(treatment, metric)
+    ck, c_by = _keyed(control, metric)
+    if by != c_by:   # one arm keyed otherwise than the other: pair by position
+        by, tk, ck = "position", dict(enumerate(tk.values())), dict(enumerate(ck.values()))
+    keys = sorted(set(tk) & set(ck))
+    return PassPairs(by, tuple(keys), tuple(tk[k][0] for k in keys), tuple(ck[k][0] for k in keys),
+                     tuple(tk[k][1] for k in keys), tuple(ck[k][1] for k in keys))
 
 
 def paired_values(treatment: ArmStats, control: ArmStats, metric: str
                   ) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """:func:`paired_passes` without the pass indices: the treatment's and the control's values."""
-    _, tv, cv_ = paired_passes(treatment, control, metric)
-    return tv, cv_
+    """:func:`pass_pairs`' values: the treatment's and the control's, pair by pair."""
+    pairs = pass_pairs(treatment, control, metric)
+    return pairs.treatment_values, pairs.control_values
 
 
 def _decide_cost(cost: CostRule, iv: stats.Interval, point: float | None, verdict, pooled,

@@ -40,6 +40,11 @@ dropped from the front of the order (counted passes of one arm are interchangeab
 is planned afresh: engines start again, so warm-ups run again. ``seq`` (position in the executed
 schedule), ``pass_index`` (per arm, warm-ups included) and ``block`` continue from the values
 given, so a resumed run's records never reuse an identifier.
+
+Each arm's *k*-th counted pass, in schedule order, therefore runs in round *k* of the counted order,
+beside the other arms' *k*-th, however often the run was interrupted and resumed; pass indices
+do not line up after a resume (its warm-ups take some). A paired cost interval pairs the arms'
+passes of one round (:func:`bistat.core.classify.pass_pairs`).
 """
 
 from __future__ import annotations

@@ -104,7 +104,7 @@ _DECLARATION = '''\
 #   bistat design experiments/{name}.toml      # what the plan can and cannot conclude
 #   bistat register experiments/{name}.toml    # seal preregistrations/{name}.json
 #   bistat run preregistrations/{name}.json    # record (append-only)
-#   bistat analyze RUN_DIR                     # recompute from the records, classify, report
+#   bistat analyze RUN_DIR                     # recompute, classify, report: findings/local/
 # As written it runs on any CPU: bistat's embedded numpy engine with SmolLM2-135M-Instruct
 # (`bistat model fetch smollm2-135m`), its BLAS GEMM against its batch-invariant GEMM.
 name = "{name}"
@@ -114,7 +114,7 @@ GEMM arm diverges under the same load. What the invariant GEMM does to throughpu
 assumed: [rule.cost] measures it (it depends on the machine's BLAS and load)."""
 
 [engine]
-kind = "embedded"                  # embedded | vllm-server | vllm-offline | openai
+kind = "embedded"                  # {kinds}
 model = "smollm2-135m"
 args = {{ max_batch_size = 32, max_model_len = 2048 }}
 
@@ -178,7 +178,9 @@ def declaration_template(name: str) -> str:
     if not re.fullmatch(NAME_PATTERN.strip("^$"), name):
         raise ValueError(f"{name!r} is not a valid name; use lower-case letters, digits, '-' and "
                          "'_', starting with a letter or digit")
-    return _DECLARATION.format(name=name, rule=DEFAULT_RULE_TOML)
+    from bistat.engines.registry import ENGINE_KINDS
+
+    return _DECLARATION.format(name=name, rule=DEFAULT_RULE_TOML, kinds=" | ".join(ENGINE_KINDS))
 
 
 def write_declaration(name: str, experiments_dir: str | Path = "experiments") -> Path:

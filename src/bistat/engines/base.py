@@ -7,7 +7,7 @@ are adapters; the runner never special-cases one. See docs/CONTRACTS.md.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, ContextManager, Mapping, Protocol, Sequence, runtime_checkable
 
 
 class EngineError(Exception):
@@ -189,3 +189,12 @@ class EveryStepMetrics(Protocol):
     """Can sample its metrics after every engine step while the context is open."""
 
     def every_step_metrics(self) -> ContextManager[None]: ...
+
+
+@runtime_checkable
+class ServerProcesses(Protocol):
+    """Starts processes of its own (a server per arm) and reports each one as it starts and
+    once it is stopped, so that the runner records them in the run directory and a resume finds
+    one that a killed run left up (:mod:`bistat.engines.lifetime`)."""
+
+    def report_processes(self, report: Callable[[Mapping[str, Any]], None]) -> None: ...

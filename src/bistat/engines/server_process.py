@@ -11,6 +11,11 @@ through an HTTP client the adapter connects (``_connect``: an
 :class:`~bistat.engines.openai_http.OpenAIHTTPEngine` or a subclass); and stops the server:
 ``stop_signal`` to the whole group, SIGKILL after a grace period, then a wait until no process of
 the group is left (so GPU memory is released) — also on errors, on Ctrl-C and at interpreter exit.
+A ``kill -9`` of ``bistat`` runs none of that: each server has a watchdog that stops its group
+once ``bistat`` is gone, and a mark in its environment naming the ``bistat`` process that started
+it (:mod:`bistat.engines.lifetime`); the adapter reports the server's process as it starts and as
+it is stopped (:meth:`LocalServerEngine.report_processes`), and the runner records both in the run
+directory, where ``--resume`` looks for a server still up.
 
 A server that dies during a pass (its process exits) or no longer answers ``health_path`` after a
 pass with failed requests is an engine failure: ``run_pass`` raises
@@ -38,6 +43,14 @@ from typing import Any, Callable, Mapping, Sequence
 
 import httpx
 
+from bistat.engines.lifetime import (
+    SERVER_MARK,
+    group_pids,
+    owner_mark,
+    process_identity,
+    start_watchdog,
+    stop_group,
+)
 from bistat.engines.base import (
     EngineError,
     EngineInfo,
@@ -204,23 +217,6 @@ def free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-def group_pids(pgid: int) -> list[int]:
-    """Live processes of process group ``pgid`` (Linux /proc; zombies excluded)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()
-        if fields[0] != "Z" and int(fields[2]) == pgid:  # state, ppid, pgrp
-            pids.append(int(entry))
-    return pids
-
-
 class LocalServerEngine(abc.ABC):
     """The process lifecycle of an adapter that starts one HTTP server per arm (see the module
     docstring). A subclass sets the class attributes, calls :meth:`_init_server` from its
@@ -290,6 +286,19 @@ class LocalServerEngine(abc.ABC):
         self.proc: subprocess.Popen | None = None
         self.client: Any = None
         self._log_fh: Any = None
+        #: the log is a temporary file this adapter made (no ``log_path`` declared)
+        self.log_temporary = False
+        self._watchdog: subprocess.Popen | None = None
+        self._report: Callable[[Mapping[str, Any]], None] | None = None
+        self._started: dict[str, Any] | None = None
+
+    def report_processes(self, report: Callable[[Mapping[str, Any]], None]) -> None:
+        """Call ``report`` with the server's process as it starts (``state = "started"``: its
+        PID, process group, start time and the machine's boot id,
+        :func:`bistat.engines.lifetime.process_identity`; its command line; its watchdog's PID;
+        the signal and grace period that stop it) and once it is stopped (``state =
+        "stopped"``)."""
+        self._report = report
 
     # -- what each adapter provides -------------------------------------------------------------
     @abc.abstractmethod
@@ -325,17 +334,27 @@ class LocalServerEngine(abc.ABC):
             fd, name = tempfile.mkstemp(prefix=self.log_prefix, suffix=".log")
             os.close(fd)
             self.log_path = Path(name)
+            self.log_temporary = True   # the runner removes it once its copy is kept
         self._log_fh = open(self.log_path, "ab")
         argv = self.argv(port)
         try:
-            self.proc = subprocess.Popen(argv, env=self.child_env(), stdout=self._log_fh,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True)
+            # the mark is not the arm's environment: it names this process, not the setting
+            self.proc = subprocess.Popen(argv, env={**self.child_env(), SERVER_MARK: owner_mark()},
+                                         stdout=self._log_fh, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
         except OSError as exc:
             self._close_log()
             raise EngineStartError(f"cannot run {argv[0]!r}: {exc}; {self.install_hint}") from exc
         _LIVE.add(self)
         try:
+            self._watchdog = start_watchdog(self.proc.pid, self.stop_signal, self.stop_grace_s)
+            identity = process_identity(self.proc.pid) or {"pid": self.proc.pid}
+            self._started = {**identity, "pgid": self.proc.pid, "argv": list(argv),
+                             "watchdog_pid": self._watchdog.pid,
+                             "stop_signal": int(self.stop_signal),
+                             "stop_grace_s": self.stop_grace_s}
+            if self._report is not None:
+                self._report({"state": "started", **self._started})
             self._wait_ready(base)
             self.client = self._connect(base)
         except BaseException:  # includes KeyboardInterrupt: never leave a server behind
@@ -447,32 +466,22 @@ class LocalServerEngine(abc.ABC):
 
     def stop(self) -> None:
         """``stop_signal`` to the server's process group, SIGKILL after the grace period, reap
-        everything."""
+        everything (:func:`bistat.engines.lifetime.stop_group`), then its watchdog."""
         proc, self.proc = self.proc, None
         _LIVE.discard(self)
         if proc is not None:
-            pgid = proc.pid  # start_new_session: the leader's pid is the group id
-            self._signal_group(pgid, self.stop_signal)
+            stop_group(proc.pid, self.stop_signal, self.stop_grace_s, leader=proc)  # pid = pgid
+        watchdog, self._watchdog = self._watchdog, None
+        if watchdog is not None:   # it ends within its poll once the group is gone
             try:
-                proc.wait(timeout=self.stop_grace_s)
+                watchdog.wait(timeout=5)
             except subprocess.TimeoutExpired:
-                pass
-            deadline = time.monotonic() + self.stop_grace_s
-            while group_pids(pgid) and time.monotonic() < deadline:  # workers shutting down
-                time.sleep(0.1)
-            self._signal_group(pgid, signal.SIGKILL)
-            proc.wait()
-            deadline = time.monotonic() + 30
-            while group_pids(pgid) and time.monotonic() < deadline:
-                time.sleep(0.05)
+                watchdog.kill()
+                watchdog.wait()
+        started, self._started = self._started, None
+        if started is not None and self._report is not None:
+            self._report({"state": "stopped", "pid": started["pid"], "pgid": started["pgid"]})
         self._close_log()
-
-    @staticmethod
-    def _signal_group(pgid: int, sig: int) -> None:
-        try:
-            os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
 
     def _close_log(self) -> None:
         if self._log_fh is not None:

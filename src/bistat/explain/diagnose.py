@@ -444,8 +444,14 @@ def _near_tie(anatomy: Anatomy) -> Cause:
         return _cause("near_tie", "none", "no divergence was a near-tie flip", ev)
     share = small / n
     strength = "moderate" if share >= 0.5 else "weak"
+    # a jitter moved logprobs without flipping a token: rounding noise, but no near-tie flip
+    kinds = [f"{counts[label]} {words}" for label, words in (
+        (NEAR_TIE, "near-tie flip(s) that rounding noise tipped"),
+        (JITTER, "logprob jitter (rounding noise in the logprobs, no token flipped)"))
+        if counts[label]]
     return _cause("near_tie", strength,
-                  f"{100 * share:.0f} % of divergences are near-ties that rounding noise flips", ev)
+                  f"{100 * share:.0f} % of divergences are rounding noise: {' and '.join(kinds)}",
+                  ev)
 
 
 def _setting(anatomy: Anatomy, roles: Mapping[str, str], probes: Sequence[tuple[str, dict]],

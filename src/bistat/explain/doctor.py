@@ -1,5 +1,6 @@
 """``bistat doctor``: which engines are usable here, the GPU and driver, versions, cache, models,
-and which table bistat's tuned GEMM would use on this GPU.
+and which table bistat's tuned GEMM would use on this GPU, and the servers a killed ``bistat run``
+left running (stopped: :mod:`bistat.engines.lifetime`).
 
 Nothing heavy is imported: optional engines are looked up with ``importlib.util.find_spec``
 (neither vLLM nor SGLang is imported), versions come from package metadata, the GPU from ``nvidia-smi``
@@ -14,11 +15,13 @@ from __future__ import annotations
 import ast
 import importlib.util
 import shutil
-from collections.abc import Callable
+import signal
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bistat.engines.lifetime import LeftoverServer, leftover_servers, stop_group
 from bistat.run.fingerprint import gpu_info, package_versions
 
 __all__ = ["DOCTOR_SCHEMA", "DoctorReport", "EngineCheck", "ModelCheck", "doctor",
@@ -57,6 +60,10 @@ class DoctorReport:
     #: which table bistat's tuned GEMM would use on GPU 0 and how it was chosen
     #: (:func:`gemm_table`); None without an NVIDIA GPU
     gemm_table: dict[str, Any] | None = None
+    #: servers a killed ``bistat run`` left running (:func:`bistat.engines.lifetime.leftover_servers`):
+    #: pid, pgid, argv, owner (the mark naming the gone ``bistat`` process) and whether doctor
+    #: stopped it
+    leftover_servers: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": DOCTOR_SCHEMA,
@@ -67,7 +74,8 @@ class DoctorReport:
                 "models": [{"name": m.name, "cached": m.cached, "path": m.path}
                            for m in self.models],
                 "vllm_release": self.vllm_release, "sglang_release": self.sglang_release,
-                "gemm_table": self.gemm_table}
+                "gemm_table": self.gemm_table,
+                "leftover_servers": [dict(s) for s in self.leftover_servers]}
 
 
 def _has(module: str, find_spec: Callable[[str], Any]) -> bool:
@@ -171,16 +179,35 @@ def gemm_table(find_spec: Callable[[str], Any] = importlib.util.find_spec,
     return dict(found.to_dict(), detail=f"{facts.describe()}: {found.describe()}")
 
 
+#: How doctor stops a leftover server's process group: SIGTERM, SIGKILL after this many seconds.
+LEFTOVER_GRACE_S = 10.0
+
+
+def stop_leftover_servers(found: Sequence[LeftoverServer], stop: bool = True
+                          ) -> tuple[dict[str, Any], ...]:
+    """Each server a killed ``bistat run`` left running, as the report lists it, stopped first
+    when ``stop`` (its process group: SIGTERM, SIGKILL after :data:`LEFTOVER_GRACE_S`)."""
+    out = []
+    for server in found:
+        if stop:
+            stop_group(server.pgid, signal.SIGTERM, LEFTOVER_GRACE_S)
+        out.append({**server.to_dict(), "stopped": stop})
+    return tuple(out)
+
+
 def doctor(*, find_spec: Callable[[str], Any] = importlib.util.find_spec,
            which: Callable[[str], str | None] = shutil.which,
            gpus: Callable[[], list[dict[str, Any]]] = gpu_info,
            release_check: Callable[[str], Any] | None = None,
-           gemm_device: Callable[[], Any] = _torch_device_facts) -> DoctorReport:
+           gemm_device: Callable[[], Any] = _torch_device_facts,
+           leftovers: Callable[[], Sequence[LeftoverServer]] = leftover_servers,
+           stop_leftovers: bool = True) -> DoctorReport:
     """Check this machine. The lookups are parameters so tests can fake a GPU host;
     ``release_check`` asks the package index for vLLM's newest release
     (:func:`bistat.declare.releases.check_newest_release` by default); ``gemm_device`` gives GPU
     0's facts for the GEMM table's resolution (:func:`gemm_table`; asked only where a GPU was
-    found)."""
+    found). Servers a killed ``bistat run`` left running (``leftovers``) are stopped unless
+    ``stop_leftovers`` is false."""
     from bistat.declare.releases import check_newest_release
 
     from bistat.model.cache import cache_root, model_dir
@@ -231,7 +258,8 @@ def doctor(*, find_spec: Callable[[str], Any] = importlib.util.find_spec,
                             versions.get("sglang") if has_sglang else None,
                             package_commit("sglang", find_spec) if has_sglang else None,
                             check, package="sglang"),
-                        gemm_table=gemm_table(find_spec, gemm_device) if found else None)
+                        gemm_table=gemm_table(find_spec, gemm_device) if found else None,
+                        leftover_servers=stop_leftover_servers(leftovers(), stop_leftovers))
 
 
 def render_doctor(rep: DoctorReport) -> str:
@@ -260,6 +288,13 @@ def render_doctor(rep: DoctorReport) -> str:
                          f"checked {r['checked_utc']})")
     if rep.gemm_table is not None:
         lines.append(f"tuned GEMM table (BISTAT_TUNED_GEMM=1): {rep.gemm_table['detail']}")
+    if rep.leftover_servers:
+        lines.append("servers left running by a bistat process that is gone:")
+        lines += [f"  {'stopped' if s['stopped'] else 'still running'}: pid {s['pid']} (process "
+                  f"group {s['pgid']}), started by bistat process {s['owner'].split(':')[0]}: "
+                  f"{' '.join(s['argv'])}" for s in rep.leftover_servers]
+    else:
+        lines.append("servers left running by a bistat process that is gone: none")
     lines.append(f"cache: {rep.cache_dir}")
     lines += [f"  model {m.name}: {'cached' if m.cached else 'not cached'} ({m.path})"
               for m in rep.models]

@@ -14,9 +14,10 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-__all__ = ["CHATML_TEMPLATE", "render_chat_template", "validate_messages"]
+__all__ = ["CHATML_TEMPLATE", "render_chat_template", "template_variables", "validate_messages"]
 
 #: ChatML as SmolLM2-Instruct writes it (its GGUF's ``tokenizer.chat_template``), used by the
 #: in-memory test tokenizer of ``bistat.model.testing``; real models carry their own template.
@@ -33,12 +34,32 @@ def _raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 
 
-@functools.lru_cache(maxsize=16)
-def _compile(template: str) -> jinja2.Template:
+def _environment() -> ImmutableSandboxedEnvironment:
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=[jinja2.ext.loopcontrols])
     env.globals["raise_exception"] = _raise_exception
-    return env.from_string(template)
+    return env
+
+
+@functools.lru_cache(maxsize=16)
+def _compile(template: str) -> jinja2.Template:
+    return _environment().from_string(template)
+
+
+@functools.lru_cache(maxsize=16)
+def template_variables(template: str) -> frozenset[str]:
+    """The variables ``template`` reads from its caller (``messages``, ``add_generation_prompt``,
+    a switch such as ``enable_thinking``...): those it uses without setting them itself.
+
+    Examples
+    --------
+    >>> sorted(template_variables(CHATML_TEMPLATE))
+    ['add_generation_prompt', 'messages']
+    >>> "enable_thinking" in template_variables("{% if enable_thinking %}<think>{% endif %}")
+    True
+    """
+    env = _environment()
+    return frozenset(jinja2.meta.find_undeclared_variables(env.parse(template))) - set(env.globals)
 
 
 def validate_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:

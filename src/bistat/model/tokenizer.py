@@ -141,8 +141,10 @@ class Tokenizer:
         return self.backend.token_to_id(token)
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]],
-                            add_generation_prompt: bool = True) -> str:
-        """The prompt text for a conversation, rendered with the model's chat template.
+                            add_generation_prompt: bool = True, **variables: Any) -> str:
+        """The prompt text for a conversation, rendered with the model's chat template;
+        ``variables``: further variables the template reads (a switch such as
+        ``enable_thinking``, as ``transformers``' ``apply_chat_template`` passes its keywords).
 
         Examples
         --------
@@ -150,8 +152,10 @@ class Tokenizer:
         ``"<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, trained by Hugging
         Face<|im_end|>\\n<|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\n"``.
         """
-        return render_chat_template(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
-                                    bos_token=self.bos_token, eos_token=self.eos_token)
+        return render_chat_template(self.chat_template, messages,
+                                    **{"add_generation_prompt": add_generation_prompt,
+                                       "bos_token": self.bos_token, "eos_token": self.eos_token,
+                                       **variables})
 
     def __repr__(self) -> str:
         return (f"Tokenizer(vocab_size={self.vocab_size}, bos_token_id={self.bos_token_id}, "

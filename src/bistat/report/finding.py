@@ -623,11 +623,12 @@ def _paired_note(s: RunSummary) -> list[str]:
     if not rows:
         return []
     cl = f"{s.confidence_level * 100:g} %"
-    return ["The cost rule pairs the passes (`interval = \"paired\"`): pass *i* of the treatment "
-            "with pass *i* of the control, which the schedule ran side by side, and a paired t "
-            "interval on the log differences. A drift that moved both arms alike cancels within "
-            "a pair. This is the interval that decided the cost:", "",
-            md_table(("ratio", "point", f"{cl} paired interval", "pairs"), rows), ""]
+    return ["The cost rule pairs the passes (`interval = \"paired\"`): the treatment's and the "
+            "control's counted pass of one round of the schedule, which it ran side by side, and "
+            "a paired t interval on the log differences. A drift that moved both arms alike "
+            "cancels within a pair. This is the interval that decided the cost:", "",
+            md_table(("ratio", "point", f"{cl} paired interval", "pairs"), rows), "",
+            *_pairs_lines(s)]
 
 
 def _hac_note(s: RunSummary) -> list[str]:
@@ -653,13 +654,49 @@ def _hac_note(s: RunSummary) -> list[str]:
            else f"{rule.hac.bandwidth}`"))
     cl = f"{s.confidence_level * 100:g} %"
     return [f"The cost rule pairs the passes and allows for their serial correlation (`interval "
-            f"= \"hac\"`{bandwidth}): pass *i* of the treatment with pass *i* of the control, "
-            "and an equal-weighted cosine (EWC) interval on the log differences in pass order "
+            f"= \"hac\"`{bandwidth}): the treatment's and the control's counted pass of one "
+            "round of the schedule, and an equal-weighted cosine (EWC) interval on the log "
+            "differences in schedule order "
             "(`bistat.core.serial.hac_ratio`): the mean ± t_B · √(Ω / n), Ω the mean square of "
             "the first *B* cosine transforms of the differences, t_B Student's t quantile with *B* "
             "degrees of freedom. This is the interval that decided the cost:", "",
             md_table(("ratio", "point", f"{cl} HAC interval", "pairs", "cosine terms B",
-                      "critical value t_B", "long-run ÷ plain variance"), rows), ""]
+                      "critical value t_B", "long-run ÷ plain variance"), rows), "",
+            *_pairs_lines(s)]
+
+
+def _pairs_lines(s: RunSummary) -> list[str]:
+    """Which passes the cost rule's paired or HAC interval paired, comparison by comparison: each
+    pair's treatment and control pass (and their schedule positions), and the pairs whose two
+    passes ran on different engine starts (``RunSummary.serial``'s pairs)."""
+    if s.serial is None:
+        return []
+    where = {(p.arm, p.pass_index): p for p in s.passes}
+    out = []
+    for pair in s.serial.pairs:
+        if not pair.passes:
+            continue
+        cells, split = [], []
+        for tp, cp in zip(pair.treatment_passes, pair.passes):
+            t, c = where.get((pair.treatment, tp)), where.get((pair.control, cp))
+            at = "" if t is None or c is None else f" ({t.seq} / {c.seq})"
+            cells.append(f"{tp} / {cp}{at}")
+            if t is not None and c is not None and t.block != c.block:
+                split.append(f"{tp} / {cp} (blocks {t.block} / {c.block})")
+        by = {"round": "one per round of the schedule",
+              "pass index": "by pass index", "position": "by position"}[pair.paired_by]
+        line = (f"{pair.treatment} ÷ {pair.control}: {len(cells)} pair"
+                f"{'' if len(cells) == 1 else 's'} of passes, {by} (treatment pass / control "
+                f"pass, their schedule positions in parentheses): {', '.join(cells)}.")
+        if split and len(split) == len(cells):
+            line += (" The two passes of every pair ran on different engine starts (one engine "
+                     "up at a time).")
+        elif split:
+            line += (f" The two passes of {len(split)} pair{'' if len(split) == 1 else 's'} ran "
+                     f"on different engine starts (the run was resumed between them): "
+                     f"{', '.join(split)}.")
+        out += [line, ""]
+    return out
 
 
 _INTERVAL_NAMES = {"welch": "Welch's interval", "paired": "the paired interval",
@@ -709,8 +746,9 @@ def _serial_note(s: RunSummary, plot: str | None) -> list[str]:
                          p.differences) for p in sp.pairs]
     out = ["**Serial correlation.** Passes on one engine are not independent of the passes before "
            "them: the allocator, caches, clocks and host state carry over. Each arm's "
-           f"{metric} per counted pass in pass order, and the pairs' log differences (pass *i* of "
-           "the treatment with pass *i* of the control), with the lag-1 autocorrelation (and, "
+           f"{metric} per counted pass in pass order, and the pairs' log differences (the "
+           "treatment's and the control's pass of one round of the schedule), with the lag-1 "
+           "autocorrelation (and, "
            f"from {MIN_PAIRS_CHECKED} values on, with its small-sample bias removed) and the "
            "Ljung–Box test of no serial correlation (`bistat.core.serial`; significant below "
            f"p = {sp.alpha:g}):", "",
@@ -1271,6 +1309,7 @@ def render_version_comparison(vc: Any) -> str:
         lines += [md_table(("change", "kind", "touches", "what", "source"),
                            [(u.reference, u.kind, ", ".join(u.components), u.summary, u.source)
                             for u in vc.upstream]), ""]
-    lines += ["## Differences of design", "",
-              _bullets(vc.notes, "None: the same workload, on GPUs of the same model."), ""]
+    same = ("None: the same workload, on GPUs of the same model." if vc.earlier_gpus
+            else "None: the same workload, both runs without a GPU.")
+    lines += ["## Differences of design", "", _bullets(vc.notes, same), ""]
     return "\n".join(lines)

@@ -15,6 +15,7 @@ names every failing label. Anything else is refused with the list of accepted na
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -147,15 +148,25 @@ def _short(x: object, n: int = 12) -> str:
     return s if len(s) <= n else s[:n]
 
 
+def _wrapped(line: str, width: int) -> list[str]:
+    """``line`` in lines of at most ``width`` characters, the continuations indented two spaces
+    more than it (words longer than a line are broken)."""
+    if len(line) <= width:
+        return [line]
+    indent = " " * (len(line) - len(line.lstrip(" ")) + 2)
+    return textwrap.wrap(line, width, subsequent_indent=indent, break_on_hyphens=False)
+
+
 def ci_summary(summary: RunSummary, fail_on: Iterable[str] = (), *, width: int = 100,
                max_lines: int = 40, result: GateResult | None = None) -> str:
     """A one-screen plain-text summary of an analysed run for CI logs (no colour, no markup).
 
     At most ``max_lines`` lines of at most ``width`` characters: the run and its seal, each
-    comparison's verdict with every criterion, failed validity checks, divergences per arm, and
-    the exit code the command exits with and its reason: ``result`` where the command's code is
-    not the gate's alone (``bistat run`` of an engine that failed to start exits 1), else the
-    gate's.
+    comparison's verdict with its fixed sentence and every criterion, failed validity checks,
+    divergences per arm, and the exit code the command exits with and its reason: ``result``
+    where the command's code is not the gate's alone (``bistat run`` of an engine that failed to
+    start exits 1), else the gate's. A longer line is wrapped, its continuation indented, never
+    cut: the numbers at its end are what a reader looks for.
     """
     fail_on = frozenset(fail_on)
     lines = [f"bistat: {summary.name} run {summary.run_id} "
@@ -170,6 +181,7 @@ def ci_summary(summary: RunSummary, fail_on: Iterable[str] = (), *, width: int =
     for c in summary.comparisons:
         v = c.verdict
         lines.append(f"VERDICT {c.treatment} vs {c.control}: {v.label.value.upper()}")
+        lines.append(f"  {v.sentence}")
         for lr in v.labels:
             for cr in lr.criteria:
                 mark = {True: "met", False: "not met", None: "n/a"}[cr.met]
@@ -191,7 +203,7 @@ def ci_summary(summary: RunSummary, fail_on: Iterable[str] = (), *, width: int =
         lines += [f"    {line}" for line in fr.lines(limit=2)]
     res = result or gate([c.verdict.label.value for c in summary.comparisons], fail_on)
     tail = f"exit {res.exit_code}: {res.reason}"
-    lines = [ln if len(ln) <= width else ln[: width - 3] + "..." for ln in lines]
+    lines = [part for ln in lines for part in _wrapped(ln, width)]
     if len(lines) > max_lines - 1:
         lines = lines[: max_lines - 2] + [f"  ... {len(lines) - max_lines + 2} more line(s)"]
     return "\n".join(lines + [tail]) + "\n"

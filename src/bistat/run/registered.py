@@ -69,12 +69,16 @@ def verified_registration(path: str | Path, runs_dir: str | Path = DEFAULT_RUNS_
     Raises
     ------
     RunRefused
-        ``path`` is a declaration (``.toml``), or the registration does not verify (the
-        problems, one per line).
+        ``path`` does not exist, is a declaration (``.toml``), or the registration does not
+        verify (the problems, one per line).
     RegistrationError
         The registration cannot be read.
     """
     path = Path(path)
+    if path.suffix.lower() == ".toml" and not path.exists():   # missing: not "a declaration"
+        raise RunRefused(f"{path}: no such file; run a sealed registration: bistat run "
+                         "preregistrations/NAME.json (bistat register experiments/NAME.toml "
+                         "writes it)")
     if path.suffix.lower() == ".toml":
         raise RunRefused(f"{path} is a declaration, not a registration; register it first: "
                          f"bistat register {path}")

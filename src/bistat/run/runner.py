@@ -72,6 +72,7 @@ from typing import (
 from bistat import __version__
 from bistat.run.batching import batching_summary  # one batching mean, the analysis's too
 from bistat.run.gpuload import GpuMonitor, sample_interval_s
+from bistat.run.leftovers import server_event, stop_left_servers
 from bistat.run.hostload import host_record, host_sample
 from bistat.engines.base import (
     Engine,
@@ -81,11 +82,18 @@ from bistat.engines.base import (
     GenerationRequest,
     GenerationResult,
     MetricsSample,
+    ServerProcesses,
 )
 from bistat.declare.concurrency import resolve_engines_concurrent
 from bistat.engines.registry import capabilities
 from bistat.run.fingerprint import collect_fingerprint
-from bistat.store.format import ENGINE_LOGS_DIR, logprob_sha256, token_sha256
+from bistat.store.format import (
+    ENGINE_LOGS_DIR,
+    command_words,
+    logprob_sha256,
+    token_sha256,
+    utc_now,
+)
 from bistat.store.writer import RunWriter
 from bistat.store.compact import compact
 from bistat.store.readers import read_header, read_jsonl
@@ -106,6 +114,7 @@ __all__ = [
     "RichReporter",
     "RunOutcome",
     "ResumeState",
+    "SignalInterrupt",
     "batching_summary",
     "busy_gpu",
     "check_gpu",
@@ -120,11 +129,6 @@ __all__ = [
 EngineFactory = Callable[["Experiment", "Arm"], Engine]
 RunCompletion = Literal["complete", "untested", "incomplete", "interrupted", "lost", "stopped"]
 
-
-
-def utc_now() -> str:
-    """The current UTC time as ISO 8601 with microseconds and a ``Z``."""
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 @dataclass(frozen=True)
@@ -401,6 +405,15 @@ def _schedule_record(planned: PlannedPass, event: str, **extra: Any) -> dict[str
 ALL_FAILED = "every request failed"
 
 
+class SignalInterrupt(KeyboardInterrupt):
+    """A signal other than SIGINT that stops the run as Ctrl-C does (``bistat run`` raises it
+    for SIGTERM): the run ends ``interrupted``, saying which signal."""
+
+    def __init__(self, signal_name: str) -> None:
+        super().__init__(f"signal {signal_name}")
+        self.signal_name = signal_name
+
+
 class _Untested(Exception):
     def __init__(self, detail: str) -> None:
         super().__init__(detail)
@@ -454,15 +467,31 @@ class _Engines:
         self.running: dict[str, Engine] = {}
         #: the GPUs each arm's engine uses (its fingerprint's UUIDs; empty: all of them)
         self.gpu_uuids: dict[str, tuple[str, ...]] = {}
+        #: an engine log's path as its engine names it -> where the run kept its copy
+        self.kept_logs: dict[str, str] = {}
+
+    def cite_kept(self, text: str) -> str:
+        """``text`` with each engine log it names replaced by the copy the run directory keeps
+        (``engine-logs/ARM-N.log.gz``): an adapter's own log may be a temporary file, removed
+        once kept."""
+        for src, dest in self.kept_logs.items():
+            text = text.replace(src, dest)
+        return text
 
     def event(self, arm: str, event: str, detail: Any = None) -> None:
         self.writer.append("events", {"arm": arm, "event": event, "time_utc": utc_now(), "detail": detail})
 
     def _launch(self, arm: str) -> tuple[Engine | None, EngineInfo | None, BaseException | None]:
-        """Create and start one arm's engine; never raises (the caller records the outcome)."""
+        """Create and start one arm's engine; never raises (the caller records the outcome).
+        An engine with processes of its own has each one recorded as it starts and once it is
+        stopped (:func:`bistat.run.leftovers.server_event`), not after the start: a run killed
+        while its server loads leaves that server in the records."""
         engine: Engine | None = None
         try:
             engine = self.engine_factory(self.experiment, self.arms[arm])
+            if isinstance(engine, ServerProcesses):
+                engine.report_processes(
+                    lambda process, arm=arm: self.writer.append("events", server_event(arm, process)))
             return engine, engine.start(), None
         except BaseException as exc:  # recorded and re-raised by start
             return engine, None, exc
@@ -493,13 +522,14 @@ class _Engines:
                 continue
             if engine is not None:
                 self._stop_quietly(arm, engine)
+            said = self.cite_kept(str(exc))
             if isinstance(exc, EngineRefused):
-                self.event(arm, "refused", str(exc))
-                failure = failure or _Untested(f"engine for arm {arm!r} refused the setting: {exc}")
+                self.event(arm, "refused", said)
+                failure = failure or _Untested(f"engine for arm {arm!r} refused the setting: {said}")
             elif isinstance(exc, EngineError):
-                self.event(arm, "start_failed", f"{type(exc).__name__}: {exc}")
+                self.event(arm, "start_failed", f"{type(exc).__name__}: {said}")
                 what = "could not be created" if engine is None else "failed to start"
-                failure = failure or _Untested(f"engine for arm {arm!r} {what}: {exc}")
+                failure = failure or _Untested(f"engine for arm {arm!r} {what}: {said}")
             elif engine is None and isinstance(exc, (ValueError, TypeError)):
                 # the adapter refused the declaration's arguments (a registration sealed before
                 # register checked them): a refusal, not a defect
@@ -553,7 +583,9 @@ class _Engines:
 
     def _keep_log(self, arm: str, engine: Engine) -> None:
         """Copy a stopped engine's server log (engines with a ``log_path``) into the run
-        directory, gzipped, as ``engine-logs/ARM-N.log.gz`` (N counts this arm's starts)."""
+        directory, gzipped, as ``engine-logs/ARM-N.log.gz`` (N counts this arm's starts); a log
+        the adapter wrote to a temporary file of its own (``log_temporary``) is removed once
+        kept, and the run's messages name the copy (:meth:`cite_kept`)."""
         src = getattr(engine, "log_path", None)
         if src is None or not Path(src).is_file():
             return
@@ -564,10 +596,15 @@ class _Engines:
         try:
             dest_dir.mkdir(exist_ok=True)
             n = 1 + sum(1 for _ in dest_dir.glob(f"{arm}-*.log.gz"))
-            with open(src, "rb") as fin, gzip.open(dest_dir / f"{arm}-{n}.log.gz", "wb") as fout:
+            dest = dest_dir / f"{arm}-{n}.log.gz"
+            with open(src, "rb") as fin, gzip.open(dest, "wb") as fout:
                 shutil.copyfileobj(fin, fout)
         except OSError as exc:  # a lost log must not lose the run
             self.event(arm, "exited", f"server log {src} not kept: {exc}")
+            return
+        self.kept_logs[str(src)] = str(dest)
+        if getattr(engine, "log_temporary", False):
+            Path(src).unlink(missing_ok=True)
 
     def _stop_quietly(self, arm: str, engine: Engine) -> bool:
         """Stop ``engine`` and keep its log; a failed stop is an ``exited`` event. True if it
@@ -719,9 +756,10 @@ class _Session:
                             on_metrics=self._on_metrics(state))
         except EngineError as exc:
             self._end_interrupted(state)
-            self.engines.event(planned.arm, "exited", f"{type(exc).__name__} during pass seq {planned.seq}: {exc}")
-            self.engines.discard(planned.arm, engine)
-            raise _EngineDied(f"engine for arm {planned.arm!r} failed during pass seq {planned.seq}: {exc}") from exc
+            self.engines.discard(planned.arm, engine)   # its log kept: the messages name the copy
+            said = self.engines.cite_kept(str(exc))
+            self.engines.event(planned.arm, "exited", f"{type(exc).__name__} during pass seq {planned.seq}: {said}")
+            raise _EngineDied(f"engine for arm {planned.arm!r} failed during pass seq {planned.seq}: {said}") from exc
         except BaseException:
             # Ctrl-C, or a defect in an adapter: mark the pass, keep the data, let it propagate.
             self._end_interrupted(state)
@@ -851,9 +889,11 @@ class _Session:
         except _AllFailed as exc:
             self.engines.stop_all()
             return self._outcome("stopped", exc.detail)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             self.engines.stop_all()
-            return self._outcome("interrupted", "interrupted by the user (Ctrl-C)")
+            how = (f"interrupted by {exc.signal_name}" if isinstance(exc, SignalInterrupt)
+                   else "interrupted by SIGINT (Ctrl-C)")
+            return self._outcome("interrupted", how)
         except BaseException:
             self.engines.stop_all()
             raise
@@ -1157,7 +1197,8 @@ def start_run(
     reporter
         Progress reporting (default: none).
     command
-        The command line recorded in ``run.json`` (default: ``sys.argv``).
+        The command line recorded in ``run.json`` (default: ``sys.argv``), its program written
+        ``bistat`` however it was started (:func:`bistat.store.format.command_words`).
     base_dir
         Where a relative ``file:`` prompt source is resolved (default: the current directory).
     compact_at_end
@@ -1186,7 +1227,7 @@ def start_run(
         "registration": dict(registration),
         "bistat_version": __version__,
         "created_utc": utc_now(),
-        "command": list(command if command is not None else sys.argv),
+        "command": list(command_words(command if command is not None else sys.argv)),
         "engine_kind": experiment.engine.kind,
         "engines_concurrent": concurrent,
         "engines_concurrent_reason": why,
@@ -1270,12 +1311,16 @@ def resume_run(
     with :func:`bistat.declare.run_registration.run_registration`, which checks its seal, and
     checks its hash against ``run.json``); the prompts must hash as they did. ``gpu_busy``
     and ``allow_busy_gpu`` as for :func:`start_run`: a resumed run of vLLM engines on a busy GPU
-    is refused (:class:`GpuBusyError`) before anything is written, unless allowed.
+    is refused (:class:`GpuBusyError`) before anything is written, unless allowed. First, a
+    server of the run that an earlier, killed process left up is stopped (and recorded so):
+    :func:`bistat.run.leftovers.stop_left_servers`.
     """
     reporter = reporter or NullReporter()
     sample_interval_s()   # a malformed BISTAT_GPU_SAMPLE_S stops the run before it writes
     run_dir = Path(run_dir)
     header = read_header(run_dir)
+    for left in stop_left_servers(run_dir):   # before the GPU check and the new servers
+        reporter.message(left.sentence())
     prompts = _workload_prompts(experiment, base_dir)
     if header.get("workload_sha256") not in (None, prompts_sha256(prompts)):
         raise ResumeError(

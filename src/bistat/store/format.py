@@ -37,7 +37,8 @@ np = lazy_module("numpy")
 __all__ = [
     "SCHEMA_VERSION", "RUN_SCHEMA", "TABLES", "HEADER_FILE", "ENGINE_LOGS_DIR", "NOTES_FILE",
     "PROBE_FILE", "PROBE_GLOB", "OUTPUTS_FILE", "OUTPUT_FIELDS", "OUTPUT_LENGTH", "TRIM_RULE",
-    "TRIM_SERVES", "RecordsError", "table_schema", "file_sha256", "token_sha256",
+    "TRIM_SERVES", "RecordsError", "table_schema", "file_sha256", "token_sha256", "utc_now",
+    "command_words",
     "logprob_sha256", "parse_time",
 ]
 
@@ -243,6 +244,38 @@ def logprob_sha256(lps: Sequence[float] | None) -> str | None:
 # --------------------------------------------------------------------------------------------
 # The run's time stamps
 # --------------------------------------------------------------------------------------------
+
+
+def command_words(argv: Sequence[str]) -> tuple[str, ...]:
+    """A recorded command line as its user would type it: ``bistat`` for the program however the
+    process was started -- an installed script's absolute path (``/home/me/.venv/bin/bistat``),
+    ``python -m bistat`` (``.../bistat/__main__.py``), ``python -c`` (``-c``) -- so a finding
+    does not show one machine's paths as the command. Another program's name (a script that
+    called the library) is kept.
+
+    Examples
+    --------
+    >>> command_words(["/tmp/fresh/.venv/bin/bistat", "run", "preregistrations/q.json"])
+    ('bistat', 'run', 'preregistrations/q.json')
+    >>> command_words(["-c", "run", "p.json"])
+    ('bistat', 'run', 'p.json')
+    >>> command_words(["study.py", "--fast"])
+    ('study.py', '--fast')
+    """
+    words = tuple(str(w) for w in argv)
+    if not words:
+        return words
+    first = words[0].replace("\\", "/")
+    if (first == "-c" or first.rsplit("/", 1)[-1] == "bistat"
+            or first.endswith("bistat/__main__.py")):
+        return ("bistat",) + words[1:]
+    return words
+
+
+def utc_now() -> str:
+    """The current UTC time as ISO 8601 with microseconds and a ``Z``: every record's
+    ``time_utc``."""
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def parse_time(text: str) -> dt.datetime:

@@ -1,8 +1,10 @@
 """Which recorded passes count: one rule for the analysis, the anatomy, diagnose and the trim.
 
-A pass counts when it was recorded ``counted`` and ended in :data:`COUNTING_STATUSES`, or has no
-``end`` event but has counted responses (:func:`pass_counts`); its kind and end status come from
-the ``passes`` and ``schedule`` tables (:func:`pass_states`).
+A pass counts when it was recorded ``counted`` and ended in :data:`COUNTING_STATUSES`
+(:func:`pass_counts`); its kind and end status come from the ``passes`` and ``schedule`` tables
+(:func:`pass_states`). A pass with no ``end`` event never counts: the run stopped during it (a
+killed process), its responses are a partial sample, and ``bistat run --resume`` closes it
+``interrupted`` and runs it again in full (docs/CONTRACTS.md).
 """
 
 from __future__ import annotations
@@ -23,11 +25,11 @@ __all__ = ["COUNTING_STATUSES", "pass_counts", "pass_states", "counted_passes", 
 COUNTING_STATUSES = ("complete", "failed")
 
 
-def pass_counts(kind: str | None, status: str | None, has_responses: bool) -> bool:
-    """Whether a pass counts: recorded ``counted`` and ended in :data:`COUNTING_STATUSES`, or
-    with no ``end`` event (``status`` None) but with counted responses recorded."""
-    return kind == "counted" and (status in COUNTING_STATUSES
-                                  or (status is None and has_responses))
+def pass_counts(kind: str | None, status: str | None) -> bool:
+    """Whether a pass counts: recorded ``counted`` and ended in :data:`COUNTING_STATUSES`. A pass
+    with no ``end`` event (``status`` None) is unfinished and never counts, whatever responses it
+    recorded."""
+    return kind == "counted" and status in COUNTING_STATUSES
 
 
 def _field(value: Any) -> str | None:
@@ -42,7 +44,7 @@ def pass_states(passes: pd.DataFrame, schedule: pd.DataFrame,
     The kind is the pass record's (``passes``), else its ``start`` event's (``schedule``), else
     ``counted`` when it has counted responses (``with_responses``), else ``unknown``; the status
     is its last ``end`` event's (``no status`` when that has none), or None without an ``end``
-    event. :func:`pass_counts` of the two (and of ``with_responses``) says whether it counts.
+    event. :func:`pass_counts` of the two says whether it counts.
     """
     pass_kind: dict[tuple[str, int], str | None] = {}
     if not passes.empty and {"arm", "pass_index"} <= set(passes.columns):
@@ -79,6 +81,6 @@ def counted_passes_of(responses: pd.DataFrame, passes: pd.DataFrame,
     out: dict[str, set[int]] = {}
     states = pass_states(passes, schedule, with_responses)
     for key, (kind, status) in states.items():
-        if pass_counts(kind, status, key in with_responses):
+        if pass_counts(kind, status):
             out.setdefault(key[0], set()).add(key[1])
     return {arm: sorted(ps) for arm, ps in sorted(out.items())}

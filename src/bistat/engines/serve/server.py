@@ -9,6 +9,11 @@ Routes (the subset of vLLM 0.25.0's server that bistat's runner and common clien
 - ``GET /metrics`` — Prometheus text with vLLM's names (``vllm:num_requests_running`` ...) and a
   ``model_name`` label, read from the engine's ``metrics()`` at every scrape.
 
+Fields of vLLM's and SGLang's servers that bistat serve does not implement are honoured where it
+can (a chat-template variable the model's template reads), accepted and logged where they cannot
+change this model's output, and refused otherwise (:mod:`bistat.engines.serve.fields`); a field
+nobody knows is refused naming the closest known one.
+
 Each HTTP request becomes ``GenerationRequest`` s submitted to the engine; the engine's loop batches
 whatever is in flight together, so concurrent HTTP requests share engine steps exactly as they
 would in-process. Malformed requests get OpenAI-style 4xx JSON errors; an engine failure on one
@@ -54,6 +59,7 @@ from starlette.routing import Route
 
 from bistat import __version__
 from bistat.engines.base import GenerationRequest
+from bistat.engines.serve.fields import FieldDecision, foreign_fields
 from bistat.engines.serve.protocol import (
     ChatCompletionRequest,
     Choice,
@@ -65,6 +71,8 @@ from bistat.engines.serve.protocol import (
     error_body,
     generation_request,
 )
+
+from bistat.model.chat import template_variables
 
 log = logging.getLogger("bistat.engines.serve.server")
 
@@ -236,6 +244,12 @@ class _Server:
         self.created = int(time.time())
         #: prompts handed to the engine and not yet answered; only touched on the event loop
         self.in_flight = 0
+        #: the variables the model's chat template reads besides the messages (a tokenizer
+        #: without a template source reads none: its apply_chat_template takes the messages)
+        source = getattr(tokenizer, "chat_template", None)
+        self.template_reads = template_variables(source) if isinstance(source, str) else frozenset()
+        #: (field, value) of the fields accepted without effect that were logged
+        self.accepted_logged: set[tuple[str, str]] = set()
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette):
@@ -300,7 +314,9 @@ class _Server:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    async def parse_body(self, request: Request, model: type) -> Any:
+    async def parse_body(self, request: Request, model: type) -> tuple[Any, FieldDecision]:
+        """The request's body validated by ``model``, and what is done with the fields of vLLM's
+        and SGLang's servers it does not declare (:func:`bistat.engines.serve.fields.foreign_fields`)."""
         raw = await self.read_body(request)
         try:
             data = json.loads(raw)
@@ -316,11 +332,21 @@ class _Server:
             raise _validation_error(exc) from exc
         except RecursionError as exc:
             raise RequestError("the request body is JSON nested too deeply to validate") from exc
-        unknown = sorted(set(data) - set(model.model_fields))
-        if unknown:
-            raise unknown_field(unknown[0], model.model_fields)
+        decision = foreign_fields(data, model.model_fields, chat=model is ChatCompletionRequest,
+                                  template_reads=self.template_reads)
         self.check_model(parsed.model)
-        return parsed
+        self.record_accepted(decision)
+        return parsed, decision
+
+    def record_accepted(self, decision: FieldDecision) -> None:
+        """Log each field accepted without effect, once per field and value (a client sends the
+        same payload with every request), at WARNING as vLLM logs the fields it ignores: in the
+        server's log, which a run keeps, whatever uvicorn's ``--log-level``."""
+        for name, value, why in decision.accepted:
+            key = (name, repr(value))
+            if key not in self.accepted_logged and len(self.accepted_logged) < 1000:
+                self.accepted_logged.add(key)
+                log.warning("accepted request field %s = %r without effect: %s", name, value, why)
 
     def admit(self, n: int) -> None:
         """Refuse ``n`` prompts that would take the prompts in flight past the bound: 413 when
@@ -391,7 +417,7 @@ class _Server:
 
     async def completions(self, request: Request) -> Response:
         try:
-            body: CompletionRequest = await self.parse_body(request, CompletionRequest)
+            body, _ = await self.parse_body(request, CompletionRequest)
             prompts = body.prompts()
             reqs, prompt_ids = [], []
             self.admit(len(prompts))
@@ -418,9 +444,13 @@ class _Server:
     async def chat_completions(self, request: Request) -> Response:
         tokenizer = self.tokenizer
         try:
-            body: ChatCompletionRequest = await self.parse_body(request, ChatCompletionRequest)
+            body, fields = await self.parse_body(request, ChatCompletionRequest)
             messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-            if len(messages) == 1 and messages[0]["role"] == "user":
+            if fields.template_variables:   # the template reads them: rendered with them
+                prompt, chat = tokenizer.apply_chat_template(messages,
+                                                             **fields.template_variables), False
+                n_prompt = len(tokenizer.encode(prompt))
+            elif len(messages) == 1 and messages[0]["role"] == "user":
                 # The engine applies its own chat template to a lone user message: the same
                 # path as an in-process chat request, so both give the same tokens.
                 prompt, chat = messages[0]["content"], True
@@ -463,20 +493,6 @@ class _Server:
 
     async def metrics(self, request: Request) -> Response:
         return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
-
-
-def unknown_field(name: str, fields: Any) -> RequestError:
-    """The 400 for a request field this server does not know: it would otherwise be ignored
-    (a misspelt ``"temprature": 0`` samples at temperature 1), so it is refused, naming the
-    field and the closest field the server knows."""
-    import difflib
-
-    known = sorted(fields)
-    close = difflib.get_close_matches(name, known, n=1)
-    hint = f"did you mean {close[0]!r}? " if close else ""
-    return RequestError(f"unknown field {name!r}: bistat serve does not implement it, and "
-                        f"ignoring it would change what is measured; {hint}the fields it knows: "
-                        f"{', '.join(known)}", param=name)
 
 
 async def _disconnected(request: Request) -> None:
