@@ -95,6 +95,9 @@ def registration_path(name: str, registrations_dir: str | Path = DEFAULT_REGISTR
 
 def _read(path: str | Path) -> dict[str, Any]:
     p = Path(path)
+    if p.suffix.lower() == ".toml" and not p.exists():   # missing: not "a declaration"
+        raise RegistrationError(f"{path}: no such file; give a sealed registration, "
+                                f"{DEFAULT_REGISTRATIONS_DIR}/NAME.json")
     if p.suffix.lower() == ".toml":
         sealed = registration_path(p.stem, p.parent.parent / DEFAULT_REGISTRATIONS_DIR
                                    if p.parent.name == "experiments" else DEFAULT_REGISTRATIONS_DIR)
