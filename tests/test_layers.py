@@ -171,7 +171,8 @@ def test_structure_counts_floors_and_loops():
     shape = structure()
     assert shape["loops"] == []
     # the folders, plus the chains inside a folder: cli/ (a command, its shared options, gating),
-    # declare/ (the design report's parts) and core/ (design -> serial -> stats -> lazy)
+    # declare/ (the design report's parts) and core/ (design -> design_coverage -> design_rho ->
+    # serial -> rule)
     assert shape["floors"] <= len(LAYERS) + 4
 
 

@@ -5,26 +5,17 @@ themselves come from scipy and statsmodels; the arguments are validated once, at
 the literature's names (``confidence_level``, ``alternative``) translated into statsmodels'
 ``alpha``, and the method recorded beside every number returned.
 
-This module is the statistics core's one name for its parts, each a module of its own:
-:mod:`bistat.core.proportions` (match rates), :mod:`bistat.core.throughput` (per-pass values),
-:mod:`bistat.core.stat_results` (the result objects) and :mod:`bistat.core.validation` (the
-checks at the boundary). The modules of the core import those parts directly.
+This module names the statistics core's parts, each a module of its own with its contents listed
+in its docstring; the modules of the core import the parts directly:
 
-Contents
---------
-- :func:`match_fraction`, :func:`wilson_interval` -- one arm's match rate (Wilson score interval).
-- :func:`newcombe_difference` -- difference of two arms' match rates (Newcombe's hybrid score).
-- :func:`intervals_overlap` -- whether two intervals share a point.
-- :func:`mcnemar_test` -- paired, prompt-level comparison of two arms.
-- :func:`throughput_ratio` -- treatment / control per-pass throughput, Welch interval on logs.
-- :func:`paired_ratio` -- the same ratio from passes paired across the arms (paired t on logs).
-- :func:`ratio_of_geometric_means` -- the point estimate alone (one pass per arm suffices).
-- :func:`tost_ratio` -- TOST equivalence of the throughput ratio within declared margins.
-- :func:`pooled_cv` -- pooled pass-to-pass coefficient of variation.
-- :func:`block_effect_test` -- whether passes of one engine start are more alike than passes of
-  different starts (nested F test on log throughput).
+- :mod:`bistat.core.proportions` -- match rates: one arm's (:func:`wilson_interval`), two arms'
+  difference (:func:`newcombe_difference`), the paired comparison (:func:`mcnemar_test`).
+- :mod:`bistat.core.throughput` -- per-pass values: the ratio's Welch and paired intervals
+  (:func:`throughput_ratio`, :func:`paired_ratio`), TOST, the pooled CV, the block effect.
+- :mod:`bistat.core.stat_results` -- the result objects (:class:`Interval`,
+  :class:`RatioResult`, ...).
+- :mod:`bistat.core.validation` -- the checks at the boundary.
 """
-
 from __future__ import annotations
 
 from bistat.core.proportions import (  # noqa: F401 - MCNEMAR_EXACT_BELOW read through here too
