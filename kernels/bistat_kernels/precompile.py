@@ -21,6 +21,7 @@ from dataclasses import asdict
 
 import torch
 
+from bistat_kernels import matmul_kernels
 from bistat_kernels import matmul_persistent as mp
 from bistat_kernels import tables
 
@@ -55,7 +56,7 @@ def _compile_worker(args: tuple[str, list[tuple[int, ...]]]) -> list[str]:
             if cfg.tma:
                 _warm_tma(cfg, dtype, ws_dtype)
                 continue
-            mp._matmul_persistent_kernel.warmup(
+            matmul_kernels._matmul_persistent_kernel.warmup(
                 dtype, dtype, dtype, ws_dtype, None, torch.int32,
                 64, 64, 64, 64, 1, 1, 64, 64, 1,
                 BLOCK_SIZE_M=cfg.block_m, BLOCK_SIZE_N=cfg.block_n, BLOCK_SIZE_K=cfg.block_k,
@@ -79,7 +80,7 @@ def _warm_tma(cfg: tables.GemmConfig, dtype: torch.dtype, ws_dtype: torch.dtype)
     c = torch.empty(64, 64, device="cuda", dtype=dtype)
     ws = torch.empty(1, device="cuda", dtype=ws_dtype)
     locks = torch.zeros(1, device="cuda", dtype=torch.int32)
-    mp._matmul_persistent_tma_kernel.warmup(
+    matmul_kernels._matmul_persistent_tma_kernel.warmup(
         TensorDescriptor(a, [64, 64], [64, 1], [cfg.block_m, cfg.block_k]),
         TensorDescriptor(w, [64, 64], [64, 1], [cfg.block_n, cfg.block_k]),
         c, ws, None, locks, 64, 64, 64, 64, 1,

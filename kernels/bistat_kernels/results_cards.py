@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bistat_kernels.results_model import Provenance, provenance
+from bistat_kernels.results_common import Provenance, provenance
 
 CARDS_DIR = "cards"
 

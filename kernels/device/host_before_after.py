@@ -2,7 +2,10 @@
 
 ``--before FILE`` is an earlier ``bistat_kernels/matmul_persistent.py`` (e.g. ``git show
 REV:kernels/bistat_kernels/matmul_persistent.py > .dev/mp_before.py``); it is imported beside the
-current module and both run with the current table. For every bench shape at M in 1 and 16:
+current module and both run with the current table. The launcher's parts are modules of their
+own (``matmul_kernels``, ``matmul_buffers``, ``matmul_raw_launch``): an earlier file that imports
+them gets the current ones, so only the launcher module itself is compared. For every bench shape
+at M in 1 and 16:
 
 1. both outputs are compared bitwise (the same table fixes the same reduction order, so a
    launcher change must not move a bit; for split-K entries this compares two ways of adding

@@ -107,7 +107,7 @@ CATEGORIES: tuple[str, ...] = ("persistent_gemm", "cublas_gemm", "attention", "o
 GEMM_CATEGORIES: tuple[str, ...] = ("persistent_gemm", "cublas_gemm")
 
 # vLLM's batch-invariant GEMM (also as "matmul_kernel_persistent [M=.., N=.., K=..]" when Triton's
-# launch metadata names it) and bistat's tuned kernels (kernels/bistat_kernels/matmul_persistent.py).
+# launch metadata names it) and bistat's tuned kernels (kernels/bistat_kernels/matmul_kernels.py).
 _PERSISTENT = ("matmul_kernel_persistent", "_matmul_persistent_kernel", "_splitk_reduce_kernel")
 # Kernels that torch.compile's Inductor generates: elementwise/reduction fusions, never attention
 # or a library GEMM, whatever ops their names list.

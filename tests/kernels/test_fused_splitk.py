@@ -16,6 +16,7 @@ import pytest
 from helpers_kernels import needs_gpu, small_table_dict, torch
 
 from bistat_kernels import make_results  # noqa: E402
+from bistat_kernels import matmul_buffers as buffers  # noqa: E402
 from bistat_kernels import matmul_persistent as mp  # noqa: E402
 from bistat_kernels import sweep, tables  # noqa: E402
 from bistat_kernels.probe import row_positions  # noqa: E402
@@ -417,17 +418,17 @@ def test_gpu_plans_launch_below_run_on_this_triton():
 
 def test_the_workspace_is_kept_per_stream_grows_and_large_ones_are_not_kept(monkeypatch):
     cpu = torch.device("cpu")
-    mp._WORKSPACES.pop((None, 4242), None)
-    first = mp._workspace(cpu, 4242, 2, 3, 40)
+    buffers._WORKSPACES.pop((None, 4242), None)
+    first = buffers._workspace(cpu, 4242, 2, 3, 40)
     assert first.dtype == torch.float32 and first.dim() == 1 and first.numel() == 1 << 20
-    assert mp._workspace(cpu, 4242, 4, 100, 100) is first  # fits: the same buffer
-    assert mp._workspace(cpu, 77, 2, 3, 40) is not first  # another stream: its own
-    monkeypatch.setattr(mp, "WORKSPACE_KEPT_MAX", 1 << 21)
-    grown = mp._workspace(cpu, 4242, 2, 1000, 1000)
-    assert grown.numel() == 1 << 21 and any(t is first for t in mp._RETIRED_WORKSPACES)
-    big = mp._workspace(cpu, 4242, 4, 1000, 1000)  # above the bound: this call's own
-    assert big.numel() == 4_000_000 and mp._WORKSPACES[(None, 4242)] is grown
-    mp._WORKSPACES.pop((None, 4242)), mp._WORKSPACES.pop((None, 77))
+    assert buffers._workspace(cpu, 4242, 4, 100, 100) is first  # fits: the same buffer
+    assert buffers._workspace(cpu, 77, 2, 3, 40) is not first  # another stream: its own
+    monkeypatch.setattr(buffers, "WORKSPACE_KEPT_MAX", 1 << 21)
+    grown = buffers._workspace(cpu, 4242, 2, 1000, 1000)
+    assert grown.numel() == 1 << 21 and any(t is first for t in buffers._RETIRED_WORKSPACES)
+    big = buffers._workspace(cpu, 4242, 4, 1000, 1000)  # above the bound: this call's own
+    assert big.numel() == 4_000_000 and buffers._WORKSPACES[(None, 4242)] is grown
+    buffers._WORKSPACES.pop((None, 4242)), buffers._WORKSPACES.pop((None, 77))
 
 
 @needs_gpu
