@@ -154,6 +154,14 @@ SGLANG_STUDIES = {
 }
 
 
+#: H100 twins registered before their data when the device tool lent an H100: each twin's H200
+#: study, and what the twin changes (fewer passes, to fit one session beside the payload)
+H100_TWINS = {
+    "h100-sglang-match-smollm2": ("h200-sglang-match-smollm2",
+                                  {("workload", "passes"): 4, ("design", "time_budget_s"): 900}),
+}
+
+
 #: vLLM 0.34.0, the newest release, the whole picture. Study 1(a) (run 2026-12-04, a twin
 #: of SGLang's S1 above), Study 1(b), and the determinism tax as users meet it at four workloads:
 #: each with the twin whose engine, model, workload and validity it keeps, and what it changes.
@@ -212,7 +220,22 @@ def test_the_declarations_are_the_whole_set():
                      | set(TUNED_GEMM_V034_CONCURRENT) | set(TUNED_GEMM_V034_PAIRED)
                      | set(SGLANG_STUDIES) | set(HAC)
                      | set(V034_STUDIES)
-                     | {twin for twin, _ in SGLANG_STUDIES.values()})
+                     | {twin for twin, _ in SGLANG_STUDIES.values()} | set(H100_TWINS))
+
+
+@pytest.mark.parametrize("name", sorted(H100_TWINS))
+def test_each_h100_twin_is_its_h200_study_but_for_what_it_names(name):
+    """The same engine, arms, workload, match, validity and rule as the H200 study; only the
+    fields named differ (and the name and hypothesis, which say which card and why)."""
+    twin_name, differs = H100_TWINS[name]
+    d, twin = _raw(name), _raw(twin_name)
+    for (table, field), value in differs.items():
+        assert d[table][field] == value and twin[table][field] != value, (table, field)
+        del d[table][field], twin[table][field]
+    assert d["name"] == name and "H100" in d["hypothesis"]
+    for key in ("name", "hypothesis"):
+        del d[key], twin[key]
+    assert d == twin
 
 
 @pytest.mark.parametrize("name", sorted(SGLANG_STUDIES))
