@@ -56,27 +56,26 @@ class SignalInterrupt(KeyboardInterrupt):
         self.signal_name = signal_name
 
 
-class _Untested(Exception):
+class _Stop(Exception):
+    """A stop that ends the run before its schedule does; ``detail`` says why, as the outcome
+    will."""
+
     def __init__(self, detail: str) -> None:
         super().__init__(detail)
         self.detail = detail
 
 
-class _EngineDied(Exception):
-    def __init__(self, detail: str) -> None:
-        super().__init__(detail)
-        self.detail = detail
+class _Untested(_Stop):
+    """An engine refused the setting or failed to start: the run ends *untested*."""
 
 
-class _AllFailed(Exception):
+class _EngineDied(_Stop):
+    """An engine failed during a pass: the run ends *incomplete* (resumable)."""
+
+
+class _AllFailed(_Stop):
     """Every request of a pass failed: the run stops on it (see :class:`RunOutcome`)."""
 
-    def __init__(self, detail: str) -> None:
-        super().__init__(detail)
-        self.detail = detail
 
-
-class _RunDirLost(Exception):
-    def __init__(self, detail: str) -> None:
-        super().__init__(detail)
-        self.detail = detail
+class _RunDirLost(_Stop):
+    """The run directory was removed or replaced while the run recorded: it ends *lost*."""
