@@ -23,7 +23,7 @@ from bistat.core.exitcodes import RUN_DIR_LOST
 from bistat.declare.prereg import register
 from bistat.engines.embedded.adapter import EmbeddedEngineAdapter
 from bistat.model.testing import tiny_random_model
-from bistat.run import runner
+from bistat.run import runner, session
 from bistat.run.runner import NullReporter, PlainReporter, start_run
 from bistat.store.format import TABLES
 from bistat.store.readers import read_jsonl
@@ -184,7 +184,7 @@ def test_when_the_records_cannot_be_copied_the_run_says_where_they_were(tmp_path
     stopped.clear()
     run_dir = tmp_path / "runs" / "r3"
     (tmp_path / "blocked").write_text("a file where the copy's folder would go\n")
-    monkeypatch.setattr(runner, "_rescue_dir", lambda lost: tmp_path / "blocked" / "copy")
+    monkeypatch.setattr(session, "_rescue_dir", lambda lost: tmp_path / "blocked" / "copy")
 
     class Removing(NullReporter):
         def pass_finished(self, report):

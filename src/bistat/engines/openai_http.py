@@ -31,23 +31,21 @@ declaration's ``workload.retries`` and ``workload.request_timeout_s`` unless ``e
 arm's ``args`` set them (:func:`workload_defaults`); a declaration that sets both to different
 values is refused at registration (:func:`workload_conflicts`).
 
-The retry loop is bistat's own rather than tenacity's (which would fit): tenacity is not on the
-lent GPU machine's image, where bistat is installed without its dependencies
-(``scripts/device/install.sh``), and its wait and stop rules would be callables of our own here
-anyway; HTTP-dates are parsed by the standard library (:func:`email.utils.parsedate_to_datetime`
-reads all three forms RFC 9110 allows).
+This module holds the adapter (:class:`OpenAIHTTPEngine`). It names the parts it builds on, each a
+module of its own, so ``bistat.engines.openai_http.NAME`` serves for their public names too:
+:mod:`bistat.engines.http_retry` (when a failed attempt is repeated: :class:`RetryPolicy`,
+:func:`retry_after_s`), :mod:`bistat.engines.openai_answers` (reading the server's answers:
+:func:`parse_completion_choice`, :func:`parse_prompt_logprobs`, :func:`server_report`) and
+:mod:`bistat.engines.http_workload` (the workload's fields an HTTP engine reads).
 """
 
 from __future__ import annotations
 
 import asyncio
-import datetime as _dt
-import email.utils
 import json
 import math
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 import httpx
 
@@ -61,321 +59,14 @@ from bistat.engines.base import (
     GenerationResult,
     MetricsSample,
 )
+from bistat.engines.http_retry import (  # noqa: F401 - RATE_LIMITED, answer_time, retry_after_s too
+    RATE_LIMITED, RetryPolicy, _answer_failure, _Fatal, _Retryable, _transport_failure, _Tries,
+    answer_time, retry_after_s)
+from bistat.engines.http_workload import (  # noqa: F401 - WORKLOAD_HTTP_KEYS read here too
+    WORKLOAD_HTTP_KEYS, workload_conflicts, workload_defaults)
 from bistat.engines.metrics import MetricsParseError, parse_vllm_metrics
-
-_RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
-RATE_LIMITED = 429
-
-
-def retry_after_s(value: str | None, now: _dt.datetime) -> float | None:
-    """Seconds to wait that a ``Retry-After`` header asks for, or None (absent or unreadable).
-
-    ``value`` is delay-seconds (``"120"``) or an HTTP-date (``"Wed, 21 Oct 2015 07:28:00 GMT"``,
-    and the obsolete RFC 850 and asctime forms), counted from ``now`` (the answer's ``Date``
-    header where it has one, so the two clocks need not agree); a date in the past is 0.
-
-    >>> now = _dt.datetime(2015, 10, 21, 7, 27, 30, tzinfo=_dt.timezone.utc)
-    >>> retry_after_s("120", now), retry_after_s("Wed, 21 Oct 2015 07:28:00 GMT", now)
-    (120.0, 30.0)
-    """
-    if value is None:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when.tzinfo is None:  # an HTTP-date is always GMT
-        when = when.replace(tzinfo=_dt.timezone.utc)
-    return max(0.0, (when - now).total_seconds())
-
-
-def answer_time(headers: Mapping[str, str]) -> _dt.datetime:
-    """The answer's ``Date`` header, else this machine's clock."""
-    try:
-        when = email.utils.parsedate_to_datetime(headers.get("date", ""))
-    except (TypeError, ValueError, IndexError):
-        return _dt.datetime.now(_dt.timezone.utc)
-    return when if when.tzinfo is not None else when.replace(tzinfo=_dt.timezone.utc)
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """When a failed attempt is repeated, and after how long (pure).
-
-    Attributes
-    ----------
-    retries : int
-        Further attempts after failures other than 429 (transport errors, timeouts, 408, 5xx,
-        bad bodies).
-    backoff_s : float
-        Wait before the first retry, doubled before each further one (429s included).
-    backoff_max_s : float
-        Longest backoff between two attempts (a longer ``Retry-After`` is still honoured).
-    max_wait_s : float
-        Longest total wait between the attempts of one request: the retry whose wait would pass
-        it is not made, and the request fails.
-    """
-
-    retries: int = 3
-    backoff_s: float = 0.5
-    backoff_max_s: float = 10.0
-    max_wait_s: float = 120.0
-
-    def __post_init__(self) -> None:
-        if self.retries < 0:
-            raise ValueError(f"retries must be >= 0, got {self.retries}")
-        if not self.backoff_s > 0:
-            raise ValueError(f"backoff_s must be > 0 (the first retry's wait), got "
-                             f"{self.backoff_s}")
-        if not self.max_wait_s >= 0:
-            raise ValueError(f"max_retry_wait_s must be >= 0, got {self.max_wait_s}")
-
-    def next_wait(self, *, attempt: int, failures: int, waited_s: float, rate_limited: bool,
-                  retry_after: float | None) -> tuple[float | None, str | None]:
-        """``(seconds, None)`` to wait before attempt ``attempt + 1``, or ``(None, why)`` to give
-        up (``why`` is None when the ``retries`` are used up, else the wait bound's reason).
-
-        Parameters
-        ----------
-        attempt : int
-            Attempts made so far (the one that just failed included).
-        failures : int
-            Failed attempts so far that were not 429s.
-        waited_s : float
-            Seconds already waited between this request's attempts.
-        rate_limited : bool
-            The attempt that just failed was answered 429.
-        retry_after : float or None
-            Its ``Retry-After`` in seconds (:func:`retry_after_s`).
-        """
-        if not rate_limited and failures > self.retries:
-            return None, None
-        backoff = min(self.backoff_max_s, self.backoff_s * 2 ** (attempt - 1))
-        wait = backoff if retry_after is None else max(retry_after, backoff)
-        if waited_s + wait > self.max_wait_s:
-            asked = f"Retry-After {retry_after:g} s" if retry_after is not None else "backoff"
-            return None, (f"the next wait ({asked}: {wait:g} s) would take the waits to "
-                          f"{waited_s + wait:g} s, past max_retry_wait_s = {self.max_wait_s:g} s")
-        return wait, None
-
-
-class _Retryable(Exception):
-    """A failed attempt worth repeating; ``dead_endpoint`` when the endpoint itself failed (the
-    connection was refused or reset, or it answered 5xx), not the request; ``rate_limited`` when
-    it was answered 429, with ``retry_after`` its ``Retry-After`` in seconds."""
-
-    def __init__(self, message: str, dead_endpoint: bool = False, rate_limited: bool = False,
-                 retry_after: float | None = None) -> None:
-        super().__init__(message)
-        self.dead_endpoint = dead_endpoint
-        self.rate_limited = rate_limited
-        self.retry_after = retry_after
-
-
-class _Fatal(Exception):
-    """A failed attempt not worth repeating (the server rejected the request)."""
-
-
-def _transport_failure(exc: httpx.HTTPError) -> _Retryable:
-    """A transport error or timeout as a failed attempt (a timeout is not a dead endpoint)."""
-    dead = isinstance(exc, httpx.TransportError) and not isinstance(exc, httpx.TimeoutException)
-    return _Retryable(f"{type(exc).__name__}: {exc}", dead_endpoint=dead)
-
-
-def _answer_failure(resp: httpx.Response) -> _Retryable | None:
-    """An answer worth repeating the attempt for (408, 429, 5xx, with its ``Retry-After``: a 503
-    may send one too) as a failed attempt; None for any other answer."""
-    if resp.status_code not in _RETRY_STATUS:
-        return None
-    after = retry_after_s(resp.headers.get("retry-after"), answer_time(resp.headers))
-    return _Retryable(f"HTTP {resp.status_code}: {resp.text[:300]}",
-                      dead_endpoint=resp.status_code >= 500,
-                      rate_limited=resp.status_code == RATE_LIMITED, retry_after=after)
-
-
-@dataclass
-class _Tries:
-    """One request's attempts under a :class:`RetryPolicy`: the counts its result records."""
-
-    policy: RetryPolicy
-    attempts: int = 0
-    failures: int = 0           # failed attempts that were not 429s
-    rate_limited: int = 0       # attempts answered 429
-    waited_s: float = 0.0       # seconds waited between the attempts
-    gave_up: str | None = None  # why the wait bound ended them, if it did
-
-    def wait_after(self, failed: _Retryable) -> float | None:
-        """Count the failed attempt; the seconds to wait before the next one, or None to give
-        up (``gave_up`` then says why, unless the ``retries`` were used up)."""
-        self.rate_limited += failed.rate_limited
-        self.failures += not failed.rate_limited
-        wait, self.gave_up = self.policy.next_wait(
-            attempt=self.attempts, failures=self.failures, waited_s=self.waited_s,
-            rate_limited=failed.rate_limited, retry_after=failed.retry_after)
-        if wait is not None:
-            self.waited_s += wait
-        return wait
-
-
-def _parse_token(token: str) -> int:
-    """``"token_id:123"`` (vLLM's ``return_tokens_as_token_ids``) -> 123."""
-    if not token.startswith("token_id:"):
-        raise ValueError(f"token {token!r} is not of the form 'token_id:N'")
-    return int(token[len("token_id:"):])
-
-
-def parse_completion_choice(
-    data: Any, *, chat: bool
-) -> tuple[list[int], str, list[float] | None, list[list[tuple[int, float]]] | None, str | None, int | None]:
-    """Token ids, text, logprobs, top logprobs, finish reason and prompt length of an answer.
-
-    Raises ``ValueError`` (or ``KeyError``/``TypeError``) when the body is not shaped like an
-    OpenAI completion with token ids.
-    """
-    choice = data["choices"][0]
-    text = choice["message"]["content"] if chat else choice["text"]
-    lp = choice.get("logprobs")
-    logprobs = top = None
-    ids_from_tokens: list[int] | None = None
-    if lp is not None:
-        if chat:
-            content = lp["content"] or []
-            ids_from_tokens = [_parse_token(c["token"]) for c in content]
-            logprobs = [float(c["logprob"]) for c in content]
-            top = [sorted(((_parse_token(a["token"]), float(a["logprob"])) for a in c["top_logprobs"] or []),
-                          key=lambda p: -p[1]) for c in content]
-        else:
-            ids_from_tokens = [_parse_token(t) for t in lp["tokens"]]
-            logprobs = [float(x) for x in lp["token_logprobs"]]
-            top = [sorted(((_parse_token(k), float(v)) for k, v in (d or {}).items()),
-                          key=lambda p: -p[1]) for d in lp["top_logprobs"]]
-    token_ids = choice.get("token_ids")
-    if token_ids is None:
-        token_ids = ids_from_tokens
-    if token_ids is None:
-        raise ValueError("the answer has neither token_ids nor logprobs tokens; the server must "
-                         "support return_token_ids or return_tokens_as_token_ids")
-    token_ids = [int(t) for t in token_ids]
-    if ids_from_tokens is not None and ids_from_tokens != token_ids:
-        raise ValueError("token_ids and the logprobs' tokens disagree")
-    if logprobs is not None and len(logprobs) != len(token_ids):
-        raise ValueError(f"{len(logprobs)} logprobs for {len(token_ids)} tokens")
-    if not isinstance(text, str):
-        raise ValueError("the answer's text is not a string")
-    n_prompt = None
-    if choice.get("prompt_token_ids") is not None:
-        n_prompt = len(choice["prompt_token_ids"])
-    elif isinstance(data.get("usage"), dict) and data["usage"].get("prompt_tokens") is not None:
-        n_prompt = int(data["usage"]["prompt_tokens"])
-    return token_ids, text, logprobs, top, choice.get("finish_reason"), n_prompt
-
-
-def parse_prompt_logprobs(data: Any, n_prompt: int, continuation: Sequence[int], *,
-                          where: str = "the server") -> list[float]:
-    """The continuation tokens' logprobs from a completion answer's ``prompt_logprobs``.
-
-    vLLM returns one entry per prompt token (the first is null): a mapping from token id (as a
-    string) to ``{"logprob": x, "rank": r, ...}`` (or to the bare logprob), holding at least the
-    token actually at that position.
-
-    Raises
-    ------
-    EngineUnsupported
-        The answer has no ``prompt_logprobs`` (the server ignores the field).
-    EngineError
-        The list is too short or lacks a continuation token.
-    """
-    try:
-        plp = data["choices"][0].get("prompt_logprobs")
-    except (KeyError, IndexError, TypeError, AttributeError) as exc:
-        raise EngineError(f"{where}: not a completion answer ({type(exc).__name__}: {exc})") from exc
-    if plp is None:
-        raise EngineUnsupported(f"{where} returned no prompt_logprobs (the server does not "
-                                "support vLLM's prompt_logprobs request field)")
-    if not isinstance(plp, list) or len(plp) < n_prompt + len(continuation):
-        raise EngineError(f"{where}: prompt_logprobs has {len(plp) if isinstance(plp, list) else 0}"
-                          f" entries for {n_prompt + len(continuation)} prompt tokens")
-    out: list[float] = []
-    for j, tok in enumerate(continuation):
-        entry = plp[n_prompt + j]
-        got = entry.get(str(int(tok))) if isinstance(entry, dict) else None
-        if got is None and isinstance(entry, dict):
-            got = entry.get(f"token_id:{int(tok)}")
-        if isinstance(got, dict):
-            got = got.get("logprob")
-        if got is None:
-            raise EngineError(f"{where}: prompt_logprobs at position {n_prompt + j} lacks token "
-                              f"{int(tok)}")
-        out.append(float(got))
-    return out
-
-
-#: the workload's fields an HTTP engine reads, unless ``engine.args`` or an arm's ``args`` set them
-WORKLOAD_HTTP_KEYS = ("retries", "request_timeout_s")
-
-
-def workload_defaults(experiment: Any) -> dict[str, Any]:
-    """The :data:`WORKLOAD_HTTP_KEYS` of ``experiment.workload`` (those it has): the HTTP client's
-    settings where the engine's and the arm's arguments do not set them."""
-    workload = getattr(experiment, "workload", None)
-    return {k: getattr(workload, k) for k in WORKLOAD_HTTP_KEYS if hasattr(workload, k)}
-
-
-def workload_conflicts(experiment: Any, kind: str) -> list[tuple[str, str]]:
-    """``(field, message)`` for each of :data:`WORKLOAD_HTTP_KEYS` that the declaration sets in
-    ``workload`` and, to another value, in ``engine.args`` or an arm's ``args``: which one the
-    run would use is not what the declaration says."""
-    workload = experiment.workload
-    problems = []
-    for key in WORKLOAD_HTTP_KEYS:
-        if key not in workload.model_fields_set:
-            continue
-        value = getattr(workload, key)
-        declared = [(f"engine.args.{key}", experiment.engine.args)]
-        declared += [(f"arms[{i}].args.{key}", arm.args) for i, arm in enumerate(experiment.arms)]
-        problems += [(field, f"{args[key]!r} disagrees with workload.{key} = {value}, which "
-                             f"engine '{kind}' reads as well; declare the {key} once: remove "
-                             f"{field}, or remove workload.{key} and keep {field}")
-                     for field, args in declared if key in args and args[key] != value]
-    return problems
-
-
-#: longest text kept of one value a server declares
-_REPORTED_MAX = 200
-
-
-def _scalars(data: Any, keys: int = 40) -> dict[str, Any] | None:
-    """The first ``keys`` scalar entries of a JSON object (strings cut at 200 characters), sorted
-    by key; None for anything else."""
-    if not isinstance(data, dict):
-        return None
-    out = {}
-    for key in sorted(data, key=str)[:keys]:
-        value = data[key]
-        if isinstance(value, str):
-            out[str(key)] = value[:_REPORTED_MAX]
-        elif value is None or isinstance(value, (bool, int, float)):
-            out[str(key)] = value
-    return out
-
-
-def server_report(version: Any, model: Any) -> dict[str, Any]:
-    """What a server declares about itself, as an ``openai`` arm records it: its ``GET /version``
-    answer (``version``: bistat serve's is ``{"version", "server", "engine", "gemm", ...}``,
-    vLLM's ``{"version"}``) and its ``GET /v1/models`` entry for the served model (``model``:
-    ``max_model_len``, ``owned_by``, ``root`` where it says them), each a JSON object of scalars,
-    None where the server answered nothing readable.
-
-    >>> server_report({"version": "0.1.0", "gemm": "blas", "nested": {}}, {"id": "m", "max_model_len": 2048})
-    {'version': {'gemm': 'blas', 'version': '0.1.0'}, 'model': {'id': 'm', 'max_model_len': 2048}}
-    """
-    entry = _scalars(model)
-    if entry is not None:   # what the model entry says of the server, not when it was listed
-        entry = {k: v for k, v in entry.items() if k in ("id", "max_model_len", "owned_by", "root")}
-    return {"version": _scalars(version), "model": entry}
+from bistat.engines.openai_answers import (parse_completion_choice, parse_prompt_logprobs,
+                                           server_report)
 
 
 class OpenAIHTTPEngine:

@@ -256,7 +256,7 @@ class LocalServerEngine(abc.ABC):
         """``engine.args`` overridden by ``arm.args``, split into (the server's arguments, the
         adapter's own keys, the HTTP client's keywords: the workload's ``retries`` and
         ``request_timeout_s`` where the arguments do not set them); a ``command`` as a tuple."""
-        from bistat.engines.openai_http import workload_defaults
+        from bistat.engines.http_workload import workload_defaults
 
         args = {**dict(experiment.engine.args), **dict(arm.args)}
         own = {k: args.pop(k) for k in cls.ADAPTER_KEYS if k in args}

@@ -1,5 +1,7 @@
-"""Recording a run: the run loop with resume and GPU checks (``runner``), running a sealed
-registration from its path (``registered``), the requests of each pass (``workload``), the environment
+"""Recording a run: the run loop with resume and GPU checks (``runner``, naming its parts:
+``session`` (one execution of planned blocks), ``run_engines``, ``pass_records``, ``outcome``,
+``resume_state``, ``gpu_check``, ``progress``), running a sealed registration from its path
+(``registered``), the requests of each pass (``workload``), the environment
 fingerprint (``fingerprint``), the batching summary the runner writes and analysis recomputes
 with the same function (``batching``), and the bitwise needle-in-batch ``probe`` run on the
 engines with what it records (``probe_records``).
