@@ -19,7 +19,7 @@ from bistat.analysis.probe_report import ProbeReport
 from bistat.analysis.serial import SerialPasses
 from bistat.analysis.servers import ServerReport
 from bistat.core import stats
-from bistat.core.classify import RunTestable, ValidityCheck
+from bistat.core.classify_inputs import RunTestable, ValidityCheck
 from bistat.core.failures import ErrorGroup, describe_groups
 from bistat.declare.engine_version import EngineVersionReport
 from bistat.store.enginelog import CudaGraphSizes, JitCompile

@@ -23,7 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bistat.core import design_coverage, design_rho, serial
-from bistat.core.classify import ArmStats, pass_pairs
+from bistat.core.classify_inputs import ArmStats
+from bistat.core.pairing import pass_pairs
 from bistat.core.rule import Rule
 
 __all__ = ["ArmSerial", "PairSerial", "SERIAL_ALPHA", "SerialPasses", "serial_passes"]

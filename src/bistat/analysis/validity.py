@@ -15,7 +15,7 @@ import pandas as pd
 from bistat.analysis.passes import PassSummary
 from bistat.analysis.results import ArmEnvironment, ArmSummary
 from bistat.analysis.servers import ServerReport
-from bistat.core.classify import RunTestable, ValidityCheck
+from bistat.core.classify_inputs import RunTestable, ValidityCheck
 from bistat.declare.experiment import Experiment
 from bistat.run.fingerprint import same_node, version_differences
 from bistat.store.format import parse_time

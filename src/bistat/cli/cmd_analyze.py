@@ -18,7 +18,7 @@ from pathlib import Path
 import click
 
 from bistat.cli.fail_on import FAIL_ON_HELP, fail_on_labels
-from bistat.report.index import LOCAL_FINDINGS
+from bistat.report.index_findings import LOCAL_FINDINGS
 from bistat.store.format import TRIM_SERVES
 
 # The analysis, the report and the store's readers (pandas, pyarrow, matplotlib) are imported by

@@ -42,7 +42,7 @@ def register(group: click.Group) -> None:
         each run measured as its fingerprint names it, its mode, what changed by fixed rules,
         and, between two vLLM releases, the upstream changes that touch what each arm ran."""
         from bistat.analysis.summary import AnalysisError, analyze_run
-        from bistat.report.finding import render_version_comparison
+        from bistat.report.version_comparison import render_version_comparison
         from bistat.analysis.version_compare import VersionCompareError, compare_versions
 
         from bistat.declare.errors import DeclarationError
