@@ -340,3 +340,16 @@ def test_rule_sentences_are_fixed():
     assert set(SENTENCES) == set(Label)
     assert len(set(SENTENCES.values())) == len(Label)
     assert math.isclose(PUBLISHED.confidence_level, 0.95)
+
+
+def test_the_classifiers_docstring_examples():
+    """Every example of the classifier and its parts (bistat.core.classify names them)."""
+    import doctest
+
+    from bistat.core import classify as classify_module
+    from bistat.core import classify_inputs, cost, criteria, decided, pairing, verdicts
+
+    modules = (classify_module, classify_inputs, criteria, cost, pairing, verdicts, decided)
+    results = [doctest.testmod(m) for m in modules]
+    assert sum(r.attempted for r in results) >= 18
+    assert [r.failed for r in results] == [0] * len(modules)
