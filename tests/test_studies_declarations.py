@@ -9,6 +9,7 @@ workload (i)).
 from __future__ import annotations
 
 import json
+import tomllib
 
 import sys
 from pathlib import Path
@@ -159,6 +160,13 @@ SGLANG_STUDIES = {
 H100_TWINS = {
     "h100-sglang-match-smollm2": ("h200-sglang-match-smollm2",
                                   {("workload", "passes"): 4, ("design", "time_budget_s"): 900}),
+    "h100-sglang-match-qwen3-8b-synth": ("h200-sglang-match-qwen3-8b-synth", {}),
+    # two 36-layer servers resident on 80 GB: a larger static share, the KV pool capped
+    "h100-sglang-latency-qwen3-8b-b8": (
+        "h200-sglang-latency-qwen3-8b-b8",
+        {("engine", "args"): {**tomllib.loads((EXP / "h200-sglang-latency-qwen3-8b-b8.toml")
+                                              .read_text())["engine"]["args"],
+                              "mem_fraction_static": 0.5, "max_total_tokens": 32768}}),
 }
 
 
