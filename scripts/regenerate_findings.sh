@@ -72,6 +72,10 @@ analyze data/h200-v034/h200-v034-i23-throughput-qwen3-8b-paired findings/h200 h2
 analyze data/h200-v034/h200-v034-match-smollm2 findings/h200 h200-v034-match-smollm2 h200-v034-match-smollm2-hac
 # S1, Study 1(a) on SGLang 0.5.23, on the H100 the device tool lent (the H100 twin)
 analyze data/h100-sglang/h100-sglang-match-smollm2 findings/h100 h100-sglang-match-smollm2
+# S2 (head size 128) and S3 (batch-8 latency) on SGLang 0.5.23, the H100 twins, on the H100 of the
+# second session of 2026-12-07
+analyze data/h100-sglang/h100-sglang-match-qwen3-8b-synth findings/h100 h100-sglang-match-qwen3-8b-synth
+analyze data/h100-sglang/h100-sglang-latency-qwen3-8b-b8 findings/h100 h100-sglang-latency-qwen3-8b-b8
 # Study 1(a) on two releases, both runs under the default rule (r2's exploratory sibling)
 bistat compare data/h200/h200-match-smollm2-r2 data/h200-v033/h200-v033-match-smollm2 \
   --earlier-registration preregistrations/h200-match-smollm2-r2-exploratory.json \

@@ -20,8 +20,9 @@ from bistat.report.index_releases import (NewestRelease, _engine_release, _table
                                           releases_sentence)
 
 
-#: The README's results at a glance: at most this many rows (room for each engine's newest release).
-GLANCE_ROWS = 10
+#: The README's results at a glance: at most this many rows (room for each engine's newest release,
+#: its settings both under changing batches and in one batch).
+GLANCE_ROWS = 12
 README_BEGIN = ("<!-- results at a glance: written by `bistat index --readme`, from the findings; "
                 "do not edit by hand -->")
 README_END = "<!-- end of the results at a glance -->"
@@ -33,8 +34,9 @@ def glance(rows: Sequence[Answer], limit: int = GLANCE_ROWS) -> tuple[list[Answe
     Only settings that switch batch invariance on count, and only tested ones: a row whose verdict
     is *untested* (a run that could not test the hypothesis: an engine that refused the setting,
     too few passes, a toy run stopped early) never enters. For each engine, head size, attention
-    backend and setting, the row from the newest release that has it (in that release: a verdict
-    under changing batches before one batch, more prompts compared, the newer run). Each engine's newest release comes first; then older releases, newest first,
+    backend, setting and kind of workload (under changing batches, where invariance and the
+    throughput cost are decided; or one batch, where the latency cost is), the row from the newest
+    release that has it (in that release: more prompts compared, the newer run). Each engine's newest release comes first; then older releases, newest first,
     preferring a head size and attention backend the table does not show yet, then fewer
     settings.
     """
@@ -42,7 +44,7 @@ def glance(rows: Sequence[Answer], limit: int = GLANCE_ROWS) -> tuple[list[Answe
     for a in rows:
         if not a.mode_on or "untested" in a.row.verdict:   # an untested run answers nothing
             continue
-        k = (_engine_release(a.engine)[0], a.head_size, a.backend, a.setting)
+        k = (_engine_release(a.engine)[0], a.head_size, a.backend, a.setting, a.under_load)
         if k not in best or _glance_rank(best[k]) < _glance_rank(a):
             best[k] = a
     newest_of: dict[str, Version] = {}
@@ -70,7 +72,7 @@ def glance(rows: Sequence[Answer], limit: int = GLANCE_ROWS) -> tuple[list[Answe
 
 def _glance_rank(a: Answer) -> tuple:
     _, version = _engine_release(a.engine)
-    return (version or Version("0"), a.under_load, a.compared, a.finding.run_created or "")
+    return (version or Version("0"), a.compared, a.finding.run_created or "")
 
 
 def render_glance(rows: Sequence[Answer], left_out: int, readme_dir: Path, index_path: Path,
@@ -92,10 +94,11 @@ def render_glance(rows: Sequence[Answer], left_out: int, readme_dir: Path, index
         lines.append(md_row((a.engine, a.gpu, a.model, f"{a.head_size or '—'}, {a.backend}",
                              a.workload, _setting_cell(a),
                              f"[{a.row.verdict}, {a.row.matched}]({rel})", cost)))
-    more = (f" {left_out} more combination{'s' if left_out != 1 else ''} of head size, backend "
-            "and setting, and every other run," if left_out else " Every other run is")
-    lines += ["", f"One row per head size, attention backend and setting that switches batch "
-                  f"invariance on, from the newest release that measured it (each verdict links "
+    more = (f" {left_out} more combination{'s' if left_out != 1 else ''} of head size, backend, "
+            "setting and workload, and every other run, are" if left_out else " Every other run is")
+    lines += ["", f"One row per head size, attention backend, setting that switches batch "
+                  f"invariance on and kind of workload (changing batches, or one batch), from the "
+                  f"newest release that measured it (each verdict links "
                   f"its finding; ratio: treatment ÷ control, throughput below 1 or latency above "
                   f"1 is slower).{more} in [{index}]({index}).", "", README_END]
     return lines
