@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from bistat.core import design, stats
+from bistat.core import design, design_ratio, stats
 from bistat.core.classify import ArmStats, CostOutcome, classify_cost
 from bistat.declare.design_report import analyse_design, format_design
 from bistat.declare.experiment import load_experiment, validate_experiment
@@ -105,12 +105,14 @@ def test_cost_outcome_probabilities_against_the_classifier(metric, true_ratio):
     counts = {o: 0 for o in want}
     # the classifier's outcome is all this test reads: its (slow) search for the passes that
     # would decide an undecidable cost is skipped
-    with mock.patch.object(design, "passes_to_decide", return_value=None):
+    with mock.patch.object(design_ratio, "passes_to_decide", return_value=None) as skipped:
         for _ in range(reps):
             c = 100.0 * np.exp(sigma * rng.standard_normal(n))
             t = 100.0 * true_ratio * np.exp(sigma * rng.standard_normal(n))
             got = classify_cost(rule, arm("c", "control", c), arm("t", "treatment", t))
             counts[got.outcome.value] += 1
+    # the search is skipped where the classifier looks it up (else this test takes minutes)
+    assert skipped.called == (counts["undecidable"] > 0)
     for outcome, p in want.items():
         low, high = _band(reps, p)
         assert low <= counts[outcome] / reps <= high, (outcome, counts, want)
@@ -129,7 +131,7 @@ def test_paired_cost_outcome_probabilities_against_the_classifier(true_ratio):
     rule = CostRule(metric="throughput", margin=0.05, interval="paired")
     want = design.cost_outcome_probabilities(0.05, true_ratio, n, cv, paired=True)
     counts = {o: 0 for o in want}
-    with mock.patch.object(design, "passes_to_decide", return_value=None):
+    with mock.patch.object(design_ratio, "passes_to_decide", return_value=None) as skipped:
         for _ in range(reps):
             drift = 4 * noise * rng.standard_normal(n)
             c = 100.0 * np.exp(drift + noise * rng.standard_normal(n))
@@ -138,6 +140,7 @@ def test_paired_cost_outcome_probabilities_against_the_classifier(true_ratio):
                                 ArmStats("t", "treatment", 0, 0, tuple(t)))
             assert got.n_pairs == n
             counts[got.outcome.value] += 1
+    assert skipped.called == (counts["undecidable"] > 0)
     for outcome, p in want.items():
         low, high = _band(reps, p)
         assert low <= counts[outcome] / reps <= high, (outcome, counts, want)

@@ -17,7 +17,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from scipy import stats as sps
 
-from bistat.core import design, stats
+from bistat.core import design, design_ratio, stats
 from bistat.core.classify import (
     COST_SENTENCES,
     ActivationEvidence,
@@ -357,7 +357,7 @@ def test_a_faster_treatment_never_gets_a_worse_cost_outcome(base, ratio, c_log, 
     assume(len(set(quicker)) == len(set(t)))   # values a rounding apart may not merge
     # the outcome is all this test reads: the undecidable branch's (slow) search for the passes
     # that would decide it is skipped
-    with mock.patch.object(design, "passes_to_decide", return_value=None):
+    with mock.patch.object(design_ratio, "passes_to_decide", return_value=None):
         before = classify_cost(rule_, *_cost_arms(metric, c, t))
         after = classify_cost(rule_, *_cost_arms(metric, c, quicker))
     if before.interval is None:    # no pass-to-pass variation: no interval either way
