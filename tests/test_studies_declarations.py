@@ -161,6 +161,14 @@ H100_TWINS = {
     "h100-sglang-match-smollm2": ("h200-sglang-match-smollm2",
                                   {("workload", "passes"): 4, ("design", "time_budget_s"): 900}),
     "h100-sglang-match-qwen3-8b-synth": ("h200-sglang-match-qwen3-8b-synth", {}),
+    # vLLM beside SGLang's S1 twin on one card type: its passes, and the tuned arm on the H200 table
+    "h100-v034-match-smollm2": (
+        "h200-v034-match-smollm2",
+        {("workload", "passes"): 4, ("design", "time_budget_s"): 1100,
+         ("arms",): [{**a, "env": {**a["env"], "BISTAT_GEMM_TABLE": "nvidia_h200"}}
+                     if a["name"] == "bi-plugin" else a
+                     for a in tomllib.loads((EXP / "h200-v034-match-smollm2.toml")
+                                            .read_text())["arms"]]}),
     # two 36-layer servers resident on 80 GB: a larger static share, the KV pool capped
     "h100-sglang-latency-qwen3-8b-b8": (
         "h200-sglang-latency-qwen3-8b-b8",
@@ -237,7 +245,13 @@ def test_each_h100_twin_is_its_h200_study_but_for_what_it_names(name):
     fields named differ (and the name and hypothesis, which say which card and why)."""
     twin_name, differs = H100_TWINS[name]
     d, twin = _raw(name), _raw(twin_name)
-    for (table, field), value in differs.items():
+    for key, value in differs.items():
+        if len(key) == 1:                      # a top-level entry ("arms",)
+            (field,) = key
+            assert d[field] == value and twin[field] != value, field
+            del d[field], twin[field]
+            continue
+        table, field = key
         assert d[table][field] == value and twin[table][field] != value, (table, field)
         del d[table][field], twin[table][field]
     assert d["name"] == name and "H100" in d["hypothesis"]
