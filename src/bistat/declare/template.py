@@ -80,7 +80,7 @@ all = [ { criterion = "match_upper_bound", arm = "treatment", below = 0.99 } ]
 # costs (wholly beyond, slower), faster (wholly beyond, faster), no measurable cost (its slower
 # end within the margin: non-inferiority, so faster is never worse), or undecidable (with the
 # passes that would decide it). metric = "latency" judges mean request latency.
-# The interval pairs pass i of each arm (the ABBA schedule runs them side by side) and allows
+# The interval pairs the passes each round of the schedule runs side by side, one per arm, and allows
 # for passes on one engine being serially correlated, which "welch" and "paired" assume they are
 # not (docs/COST-INTERVALS.md). It keeps 95 % up to a lag-1 autocorrelation of the pairs of 0.3
 # from 8 pairs and about 0.5 from 16; at 3 pairs it is the paired t interval (bistat design warns).
