@@ -80,10 +80,12 @@ def make_run(tmp: Path, reg: Registration, outputs: Callable[[str, int, int], Ou
              created_utc: str = "2026-02-01T13:00:00Z",
              host: Callable[[str, int], dict | None] = lambda arm, p: None,
              gpu: Callable[[str, int], dict | None] = lambda arm, p: None,
-             block: Callable[[str, int], int] | None = None) -> Path:
+             block: Callable[[str, int], int] | None = None,
+             latency: Callable[[str, int, int], float] = lambda arm, p, i: 0.2) -> Path:
     """Record a run; ``outputs(arm, pass_index, prompt_index)`` gives each response.
     ``block(arm, pass_index)``: the engine start each pass ran in, recorded in its pass and
-    schedule records (default: block 0 in the schedule, none in the pass records)."""
+    schedule records (default: block 0 in the schedule, none in the pass records).
+    ``latency(arm, pass_index, prompt_index)``: each response's ``t_done - t_submit``."""
     run_dir = tmp / run_name
     header = {"run_id": run_name, "registration": reg.reference(), "bistat_version": "0.1.0",
               "created_utc": created_utc, "command": ["bistat", "run"],
@@ -121,7 +123,8 @@ def make_run(tmp: Path, reg: Registration, outputs: Callable[[str, int, int], Ou
                     "text": out.get("text", " ".join(map(str, ids))), "logprobs": lps,
                     "top_logprobs": out.get("top_logprobs"), "finish_reason": "length",
                     "n_prompt_tokens": 3,
-                    "t_submit": 0.0, "t_first_token": 0.1, "t_done": 0.2, "error": err,
+                    "t_submit": 0.0, "t_first_token": 0.1, "t_done": latency(arm, p, i),
+                    "error": err,
                     "attempts": 1, "token_sha256": None if err else token_sha256(ids),
                     "logprob_sha256": None if err else logprob_sha256(lps)})
             for t, r in enumerate(running(arm, p)):

@@ -56,7 +56,7 @@ Match criteria (95 % Wilson, two-sided; assumed true match rate 0.999):
     mismatches tolerated at 400 prompts: 0
     P(met) at a true match rate of 0.999: 0.670
 
-Throughput criteria (3 counted passes per arm, CV 0.05):
+Throughput criteria (Welch's interval and TOST of the throughput ratio, each arm's passes unpaired; 3 counted passes per arm, CV 0.05):
   working: throughput ratio (treatment ÷ control), point estimate < 0.9
     expected ratio interval: estimate ×/÷ 1.120 (log half-width 0.1133)
     P(met) at true ratio 0.8: 0.998, 0.9: 0.500, 1: 0.005

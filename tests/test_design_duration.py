@@ -100,7 +100,8 @@ def _write_run(run: Path, blocks, *, together: bool = False, run_json: bool = Tr
         t = end + dt.timedelta(seconds=max(offsets))
         for i, (pass_arm, wall) in enumerate(walls if together else [(arm, w) for w in walls]):
             t += dt.timedelta(seconds=GAP_S)
-            passes.append({"arm": pass_arm, "seq": seq, "kind": "warmup" if i == 0 else "counted",
+            passes.append({"schema": "bistat.passes/1", "arm": pass_arm, "seq": seq,
+                           "kind": "warmup" if i == 0 else "counted",
                            "wall_s": wall, "started_utc": _iso(t), "status": "complete",
                            "block": b, "output_tokens_per_s": 1000.0 + seq})
             seq += 1

@@ -54,8 +54,11 @@ def test_the_earlier_runs_pairs_and_their_serial_correlation():
     bias-corrected, the control 0.47; the concurrent pilot's 54: their differences uncorrelated
     (-0.07) while both arms drifted (0.57 and 0.40, Ljung-Box p < 1e-11)."""
     pairs = pairs_from_run(PAIRED_RUN)
-    assert pairs.arms == ("bi-tuned-gemm-compiled", "default")
-    assert pairs.passes == tuple(range(1, 33))
+    (comparison,) = pairs.comparisons
+    assert (comparison.treatment, comparison.control) == ("bi-tuned-gemm-compiled", "default")
+    assert comparison.pairs.rounds == tuple(range(32))
+    assert comparison.pairs.control_passes == comparison.pairs.treatment_passes == tuple(
+        range(1, 33))
     est, _ = serial_from_run(PAIRED_RUN)
     assert (est.pairs, round(est.diagnostics.differences.lag1, 4), round(est.rho, 4)) == (
         32, 0.2976, 0.3629)

@@ -361,13 +361,18 @@ def test_a_paired_cost_rule_is_planned_from_the_pairs_of_the_earlier_run(tmp_pat
     s = float(np.std(d, ddof=1)) / math.sqrt(2)
     assert len(keys) == 54 and cv == pytest.approx(math.sqrt(math.expm1(s ** 2)))
     assert design.log_sd_from_cv(cv) == pytest.approx(s)   # the CV whose log SD is s
-    assert round(s, 4) == 0.0515 and round(cv, 4) == 0.0516 and "54 pass pairs" in where
-    # three arms (or fewer than three pairs): no pairing to plan from
+    assert round(s, 4) == 0.0515 and round(cv, 4) == 0.0516 and "54 pairs of passes" in where
+    # three arms with no registration to say which is the control: no pairing to plan from
     three = tmp_path / "three"
     three.mkdir()
     (three / "passes.jsonl").write_text("".join(
-        json.dumps({"arm": a, "pass_index": p, "kind": "counted", "status": "complete",
-                    "output_tokens_per_s": 100.0 + p}) + "\n" for a in "abc" for p in range(4)))
+        json.dumps({"schema": "bistat.passes/1", "arm": a, "seq": 3 * p + i, "pass_index": p,
+                    "kind": "counted", "status": "complete", "output_tokens_per_s": 100.0 + p})
+        + "\n" for p in range(4) for i, a in enumerate("abc")))
+    (three / "schedule.jsonl").write_text("".join(
+        json.dumps({"schema": "bistat.schedule/1", "event": "end", "seq": 3 * p + i, "arm": a,
+                    "pass_index": p, "kind": "counted", "status": "complete"})
+        + "\n" for p in range(4) for i, a in enumerate("abc")))
     assert paired_cv_from_run(three) is None
     rep = analyse_design(load_experiment(
         ROOT / "experiments" / "h200-v034-i23-throughput-qwen3-8b-paired.toml"), base_dir=ROOT)

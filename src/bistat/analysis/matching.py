@@ -22,6 +22,7 @@ from bistat.core import stats
 from bistat.core.divergence import divergence_position
 from bistat.declare.experiment import Experiment
 from bistat.store.format import OUTPUT_LENGTH
+from bistat.store.passes import recorded_again
 from bistat.store.readers import optional_float as _opt_float
 from bistat.store.readers import optional_int as _opt_int
 from bistat.store.readers import optional_str as _opt_str
@@ -62,9 +63,7 @@ def match_arms(run: RecordedRun, exp: Experiment, responses: pd.DataFrame,
     arm_codes, arm_uniques = pd.factorize(last["arm"])
     arm_code = {str(a): i for i, a in enumerate(arm_uniques)}
     pass_idx = last["pass_index"].to_numpy(dtype=np.int64)
-    row_key = ((arm_codes.astype(np.int64) * (int(pass_idx.max(initial=0)) + 1) + pass_idx)
-               * (len(prompt_ids) + 1) + prompt_codes)
-    dup = pd.Series(row_key).duplicated(keep="last").to_numpy()
+    dup = recorded_again(last)
     if dup.any():
         deviations.append(f"{int(dup.sum())} response(s) recorded twice for one prompt and pass "
                           "(resumed run); the last recorded counts")

@@ -18,7 +18,8 @@ import pandas as pd
 
 from bistat.engines.base import MetricsSample
 from bistat.run.batching import batching_summary
-from bistat.store.passes import pass_counts, pass_states
+from bistat.store.passes import (pass_counts, pass_latencies, pass_rounds, pass_states,
+                                 schedule_order)
 from bistat.store.readers import optional_float as _opt_float
 from bistat.store.readers import optional_int as _opt_int
 from bistat.store.readers import optional_str as _opt_str
@@ -114,11 +115,9 @@ def pass_summaries(passes_df: pd.DataFrame, schedule: pd.DataFrame, responses: p
     if not schedule.empty:
         for rec in schedule[schedule["event"] == "start"].to_dict("records"):
             starts[(str(rec["arm"]), int(rec["pass_index"]))] = rec
-    all_keys = sorted(states,
-                      key=lambda k: (int((pass_rows.get(k) or starts.get(k) or {"seq": 10**9})
-                                         .get("seq", 10**9)), k))
+    all_keys = schedule_order(passes_df, schedule, states)
+    rounds = pass_rounds(all_keys, states, roles)
     passes: list[PassSummary] = []
-    rounds: dict[str, int] = {}   # arm -> its counted passes so far, in schedule order
     for arm, pidx in all_keys:
         rec = pass_rows.get((arm, pidx), {})
         st = starts.get((arm, pidx), {})
@@ -128,9 +127,7 @@ def pass_summaries(passes_df: pd.DataFrame, schedule: pd.DataFrame, responses: p
         # "failed" = the pass ran to its end with some requests failed: it counts, and its failed
         # prompts are excluded from matching below; "interrupted" passes were re-run in full.
         counted = arm in roles and pass_counts(kind, end)
-        rnd = rounds.get(arm, 0) if counted else None
-        if counted:
-            rounds[arm] = rnd + 1
+        rnd = rounds.get((arm, pidx))
         b = batching.get((arm, seq if seq is not None else -1), {})
         batch_rec = rec.get("batching") if isinstance(rec.get("batching"), Mapping) else {}
         passes.append(PassSummary(
@@ -258,26 +255,4 @@ def _client_in_flight(responses: pd.DataFrame) -> dict[tuple[str, int], float]:
         span = float(g["t_done"].max() - g["t_submit"].min())
         if span > 0:
             out[(str(arm), int(pidx))] = float((g["t_done"] - g["t_submit"]).sum()) / span
-    return out
-
-
-def pass_latencies(counted: pd.DataFrame, arm_passes: Mapping[str, Sequence[int]]
-                    ) -> dict[str, tuple[tuple[int, float], ...]]:
-    """Arm -> (pass index, mean request latency) of each counted pass (``t_done - t_submit``,
-    seconds, over its answered requests), in pass order: what a cost rule on ``latency`` reads.
-    ``counted``: the counted responses, the last recorded per prompt and pass. A pass without a
-    timed answered request is left out."""
-    if counted.empty or not {"t_submit", "t_done"} <= set(counted.columns):
-        return {}
-    frame = counted[["arm", "pass_index", "error", "t_submit", "t_done"]].copy()
-    frame = frame[frame["error"].isna()]
-    frame["latency"] = (pd.to_numeric(frame["t_done"], errors="coerce")
-                        - pd.to_numeric(frame["t_submit"], errors="coerce"))
-    frame = frame[frame["latency"].notna()]
-    means = frame.groupby(["arm", "pass_index"], sort=True)["latency"].mean()
-    out: dict[str, tuple[tuple[int, float], ...]] = {}
-    for arm, plist in arm_passes.items():
-        vals = [(int(p), float(means[(arm, p)])) for p in sorted(plist)
-                if (arm, p) in means.index]
-        out[arm] = tuple((p, v) for p, v in vals if v > 0)
     return out

@@ -88,8 +88,9 @@ def estimate_serial_correlation(treatment, control, alpha: float = 0.05) -> Seri
     ----------
     treatment, control : sequence of float
         The earlier run's per-pass values of the metric (throughput or latency), all ``> 0``, in
-        pass order and paired by pass index (``treatment[i]``, ``control[i]``: pass ``i`` of
-        each arm), at least four pairs.
+        schedule order and paired as the classifier pairs them (``treatment[i]``,
+        ``control[i]``: the ``i``-th pair, :func:`bistat.core.pairing.pass_pairs`), at least four
+        pairs.
     alpha : float, default 0.05
         The Ljung-Box tests' level (:class:`bistat.core.serial.SerialDiagnostics`).
 

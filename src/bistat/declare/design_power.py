@@ -154,13 +154,19 @@ class CostDesign:
     #: the lag-1 autocorrelation of the pairs' log differences the interval is planned at (a
     #: HAC interval: the earlier run's, bias-corrected; 0: pairs taken as independent)
     rho: float = 0.0
-    #: the earlier run's serial correlation (``design.cv_from``; None: no run of two arms named),
-    #: the run, and its two arms (the estimate's ``treatment`` and ``control``, in that order)
+    #: the earlier run's serial correlation (``design.cv_from``; None: no comparison of enough
+    #: pairs), the run, and the two arms of the comparison it is of (the estimate's
+    #: ``treatment`` and ``control``, in that order: the most conservative comparison,
+    #: :func:`bistat.declare.design_cv.serial_estimate`)
     serial: design_rho.SerialEstimate | None = None
     serial_from: str | None = None
     serial_arms: tuple[str, ...] = ()
     #: what it does to the declared interval (its coverage there; contradicted, at risk)
     check: design_coverage.AssumptionCheck | None = None
+    #: the earlier run's comparisons whose pairs of passes planned the cost, ``(treatment,
+    #: control, pairs)`` each (:func:`bistat.declare.design_cv.pairs_from_run`); empty when no
+    #: pairs were read
+    pairs: tuple[tuple[str, str, int], ...] = ()
 
 
 def no_design_reason(crit: Any) -> str:
@@ -251,7 +257,8 @@ def activation_warnings(ad: ActivationDesign, where: str, target: float) -> list
 def cost_design(cost: CostRule, passes: int, cv: float, ratios, target: float, *,
                 rho: float = 0.0, serial: design_rho.SerialEstimate | None = None,
                 serial_from: str | None = None, serial_arms: tuple[str, ...] = (),
-                check: design_coverage.AssumptionCheck | None = None) -> CostDesign:
+                check: design_coverage.AssumptionCheck | None = None,
+                pairs: tuple[tuple[str, str, int], ...] = ()) -> CostDesign:
     """The cost rule's figures for the interval it declares: Welch's, the paired one (for
     independent pairs) or the HAC one (at the pairs' lag-1 autocorrelation ``rho``)."""
     grid = tuple(dict.fromkeys((1.0, *ratios)))
@@ -270,7 +277,7 @@ def cost_design(cost: CostRule, passes: int, cv: float, ratios, target: float, *
     terms = cosine_terms(passes, hac.bandwidth) if hac is not None and passes >= 2 else None
     return CostDesign(cost.describe(), cost.metric, cost.margin, cost.confidence_level, passes,
                       cv, factor, outcomes, decide, cost.interval, terms, rho, serial,
-                      serial_from, serial_arms, check)
+                      serial_from, serial_arms, check, pairs)
 
 
 def cost_warnings(cd: CostDesign, target: float) -> list[str]:

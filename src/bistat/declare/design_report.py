@@ -60,8 +60,9 @@ from bistat.core.rule import (
     TreatmentBeatsControl,
     speed_as_evidence_warnings,
 )
-from bistat.declare.design_cv import (DesignError, cv_from_run, paired_cv_from_run,
-                                      serial_from_run)
+from bistat.core import stats
+from bistat.declare.design_cv import (METRIC_WORDS, DesignError, cv_from_run, paired_cv,
+                                      paired_cv_from_run, pairs_from_run, serial_estimate)
 from bistat.declare.design_false_verdicts import (
     AA_MATCH_RATES,
     MAX_PROMPTS_FOR_ALPHA,
@@ -237,7 +238,8 @@ def analyse_design(exp: Experiment, *, base_dir: str | Path | None = None) -> De
     cost = None
     if rule.cost is not None:
         cost, cost_cv_source, cost_warn = _cost(rule.cost, passes, cv, ratios, target,
-                                                run_dir if des.cv_from is not None else None)
+                                                run_dir if des.cv_from is not None else None,
+                                                base_dir)
         cv_source += cost_cv_source
         warnings.extend(cost_warn)
     fps = false_positives(rule, n, passes, cv, des.assumed_match_rate, control_rate)
@@ -259,37 +261,65 @@ def analyse_design(exp: Experiment, *, base_dir: str | Path | None = None) -> De
 
 
 def _cost(cost_rule: CostRule, passes: int, cv: float, ratios: tuple[float, ...],
-          target: float, run_dir: Path | None) -> tuple[CostDesign, str, list[str]]:
-    """The cost rule planned for the interval it declares, what the CV's source adds for it,
-    and its warnings.
+          target: float, run_dir: Path | None, base_dir: str | Path | None = None
+          ) -> tuple[CostDesign, str, list[str]]:
+    """The cost rule planned for the interval it declares, on the metric it decides on, what the
+    CV's source adds for it, and its warnings.
 
-    Welch's interval is planned at the pooled CV, as independent passes. The paired and the HAC
-    interval at the per-arm CV the earlier run's pairs of passes give (``design.cv_from``,
-    :func:`paired_cv_from_run`); the HAC interval at their lag-1 autocorrelation as well
-    (bias-corrected, :func:`serial_from_run`), the paired one as independent pairs -- what it
+    Welch's interval is planned as independent passes at the pooled CV of the metric: the CV
+    above for throughput; for latency, the earlier run's pooled CV of its mean request latency
+    per pass, where it has one. The paired and the HAC interval at the per-arm CV the earlier
+    run's pairs of passes give (``design.cv_from``): each treatment's against the control's, one
+    pair per round of the schedule, as the classifier pairs them (:func:`pairs_from_run`), the
+    spread of their log differences pooled over the treatments (:func:`paired_cv`). The HAC
+    interval at their lag-1 autocorrelation as well (bias-corrected; the most conservative
+    comparison's, :func:`serial_estimate`), the paired one as independent pairs -- what it
     assumes. Whatever the interval, the earlier run's serial correlation is checked against what
     it assumes (:func:`bistat.core.design.check_interval_assumptions`): each check that finds it
     contradicted or at risk is a warning."""
-    interval, source, warnings = cost_rule.interval, "", []
-    cost_cv, rho, serial, check = cv, 0.0, None, None
+    interval, metric = cost_rule.interval, cost_rule.metric
+    source, warnings = "", []
+    rho, serial, check = 0.0, None, None
+    pairs = pairs_from_run(run_dir, metric, base_dir=base_dir) if run_dir is not None else None
+    cost_cv, at = cv, "this CV"
+    if metric == "latency" and pairs is not None:
+        groups = [v for v in pairs.arm_values.values() if len(v) >= 2]
+        if groups:
+            res = stats.pooled_cv(groups)
+            cost_cv = res.cv
+            at = (f"the pooled CV of its {METRIC_WORDS[metric]} ({sum(map(len, groups))} counted "
+                  f"passes in {len(groups)} arms, {res.df} degrees of freedom): {res.cv:.4f}")
+            if interval == "welch":
+                source += f"; the cost's Welch interval: {at}"
     if interval in ("paired", "hac"):
         what = "paired" if interval == "paired" else "HAC"
-        paired = paired_cv_from_run(run_dir) if run_dir is not None else None
-        if paired is not None:
-            cost_cv = paired[0]
-            source += f"; the cost's {what} interval: {paired[1]}"
+        pcv = paired_cv(pairs) if pairs is not None else None
+        if pcv is not None:
+            cost_cv = pcv.cv
+            spread = (f"the SD of their log differences {pcv.sd_log_diff:.4f}"
+                      if len(pairs.comparisons) == 1 else
+                      f"the SD of their log differences pooled over the "
+                      f"{len(pairs.comparisons)} comparisons (each about its own mean, "
+                      f"{pcv.df} degrees of freedom) {pcv.sd_log_diff:.4f}")
+            source += (f"; the cost's {what} interval: {pairs.describe()}, {spread} over "
+                       f"sqrt(2), as a CV: {pcv.cv:.4f}")
         else:
-            source += (f"; the cost's {what} interval planned at this CV, as if unpaired "
-                       "(an earlier run of two arms in design.cv_from gives the pairs' "
-                       "spread; a drift common to both arms only makes this CV larger)")
-    found = serial_from_run(run_dir) if run_dir is not None else None
+            why = (f"{run_dir} gives no pairs of passes: {pairs.unpaired}" if pairs is not None
+                   else "an earlier run in design.cv_from gives the pairs' spread")
+            source += (f"; the cost's {what} interval planned at {at}, as if unpaired ({why}; "
+                       "a drift common to both arms only makes this CV larger)")
+    found = serial_estimate(pairs, interval) if pairs is not None else None
     if found is not None:
-        serial, pairs = found
+        serial, comp = found
         if interval == "hac":
             rho = serial.rho
             diffs = serial.diagnostics.differences
+            among = sum(1 for c in pairs.comparisons if c.n >= design_rho.MIN_PAIRS_TO_CHECK)
+            over = (f"{comp.n} pairs" if among == 1 else
+                    f"the {comp.n} pairs of {comp.label()}, the largest of {among} comparisons: "
+                    "the most conservative")
             source += (f", at their lag-1 autocorrelation {rho:.2f} (bias-corrected; "
-                       f"{diffs.lag1:.2f} over {pairs.n} pairs)" if diffs.lag1 is not None
+                       f"{diffs.lag1:.2f} over {over})" if diffs.lag1 is not None
                        else ", as independent pairs (their differences do not vary)")
         if passes >= 2:
             check = design_coverage.check_interval_assumptions(
@@ -297,12 +327,15 @@ def _cost(cost_rule: CostRule, passes: int, cv: float, ratios: tuple[float, ...]
             if check.message is not None:
                 warnings.append(f"rule.cost ({cost_rule.describe()}): {check.message}")
     elif interval == "hac":
-        source += (", as independent pairs (no serial correlation estimated: an earlier run of "
-                   f"two arms with {design_rho.MIN_PAIRS_TO_CHECK} pairs of passes or more in "
-                   "design.cv_from gives it)")
+        source += (", as independent pairs (no serial correlation estimated: a treatment with "
+                   f"{design_rho.MIN_PAIRS_TO_CHECK} pairs of passes or more with the control in "
+                   "the earlier run of design.cv_from gives it)")
+    compared = (() if pairs is None else
+                tuple((c.treatment, c.control, c.n) for c in pairs.comparisons))
     cd = cost_design(cost_rule, passes, cost_cv, ratios, target, rho=rho, serial=serial,
-                     serial_from=None if found is None else found[1].run_dir,
-                     serial_arms=() if found is None else found[1].arms, check=check)
+                     serial_from=None if found is None else pairs.run_dir,
+                     serial_arms=() if found is None else (found[1].treatment, found[1].control),
+                     check=check, pairs=compared)
     return cd, source, warnings + cost_warnings(cd, target)
 
 
@@ -310,6 +343,11 @@ def _cost_lines(cd: CostDesign, report: DesignReport) -> list[str]:
     """The "Cost rule" section of :func:`format_design`."""
     unit = "pairs" if cd.interval in ("paired", "hac") else "counted passes per arm"
     lines = [f"Cost rule ({cd.description}; {cd.passes_per_arm} {unit}, CV {cd.cv:.3g}):"]
+    if cd.interval in ("paired", "hac") and cd.pairs:
+        lines.append("  CV from the earlier run's pairs of passes: " + ", ".join(
+            f"{t} ÷ {c} {n}" for t, c, n in cd.pairs)
+            + ("; the spread of their log differences pooled over the comparisons"
+               if len(cd.pairs) > 1 else ""))
     if cd.interval == "hac" and cd.hac_terms is not None:
         lines.append(f"  interval: HAC, equal-weighted cosine, {cd.hac_terms} cosine terms at "
                      f"{cd.passes_per_arm} pairs (t with {cd.hac_terms} degrees of freedom), "
@@ -321,8 +359,11 @@ def _cost_lines(cd: CostDesign, report: DesignReport) -> list[str]:
             return ("does not vary" if c.lag1 is None else
                     f"{c.lag1:.2f} (Ljung-Box p = {c.pvalue:.3g} over {c.lags} lags)")
         first, second = cd.serial_arms
+        among = sum(1 for *_, n in cd.pairs if n >= design_rho.MIN_PAIRS_TO_CHECK)
+        which = (f" ({first} ÷ {second}, the most conservative of {among} comparisons)"
+                 if among > 1 else "")
         lines.append(f"  serial correlation of {cd.serial.pairs} pairs of passes of "
-                     f"{cd.serial_from}, lag-1 autocorrelation: pair differences "
+                     f"{cd.serial_from}{which}, lag-1 autocorrelation: pair differences "
                      f"{said(diag.differences)}, bias-corrected {cd.serial.rho:.2f}; "
                      f"{first} {said(diag.treatment)}; {second} {said(diag.control)}")
     if cd.check is not None:
@@ -367,8 +408,12 @@ def format_design(report: DesignReport) -> str:
                          f"{_p(md.prob_met)}")
     if report.throughput:
         lines.append("")
-        lines.append(f"Throughput criteria ({report.passes_per_arm} counted passes per arm, "
-                     f"CV {report.cv:.3g}):")
+        other = ("" if report.cost is None or report.cost.interval == "welch" else
+                 f", not the cost rule's {'HAC' if report.cost.interval == 'hac' else 'paired'}"
+                 " interval")
+        lines.append(f"Throughput criteria (Welch's interval and TOST of the throughput ratio, "
+                     f"each arm's passes unpaired{other}; {report.passes_per_arm} counted "
+                     f"passes per arm, CV {report.cv:.3g}):")
         for td in report.throughput:
             lines.append(f"  {td.label}: {td.description} {td.threshold}")
             if td.interval_factor is not None:
