@@ -157,6 +157,13 @@ SGLANG_STUDIES = {
 
 #: H100 twins registered before their data when the device tool lent an H100: each twin's H200
 #: study, and what the twin changes (fewer passes, to fit one session beside the payload)
+def _h200_table_arms(study: str) -> list[dict]:
+    """The H200 study's arms with its tuned-GEMM arm naming the H200's table, as its H100 twin."""
+    return [{**a, "env": {**a["env"], "BISTAT_GEMM_TABLE": "nvidia_h200"}}
+            if a["env"].get("BISTAT_TUNED_GEMM") == "1" else a
+            for a in tomllib.loads((EXP / f"{study}.toml").read_text())["arms"]]
+
+
 H100_TWINS = {
     "h100-sglang-match-smollm2": ("h200-sglang-match-smollm2",
                                   {("workload", "passes"): 4, ("design", "time_budget_s"): 900}),
@@ -165,16 +172,17 @@ H100_TWINS = {
     "h100-v034-match-smollm2": (
         "h200-v034-match-smollm2",
         {("workload", "passes"): 4, ("design", "time_budget_s"): 1100,
-         ("arms",): [{**a, "env": {**a["env"], "BISTAT_GEMM_TABLE": "nvidia_h200"}}
-                     if a["name"] == "bi-plugin" else a
-                     for a in tomllib.loads((EXP / "h200-v034-match-smollm2.toml")
-                                            .read_text())["arms"]]}),
+         ("arms",): _h200_table_arms("h200-v034-match-smollm2")}),
     # two 36-layer servers resident on 80 GB: a larger static share, the KV pool capped
     "h100-sglang-latency-qwen3-8b-b8": (
         "h200-sglang-latency-qwen3-8b-b8",
         {("engine", "args"): {**tomllib.loads((EXP / "h200-sglang-latency-qwen3-8b-b8.toml")
                                               .read_text())["engine"]["args"],
                               "mem_fraction_static": 0.5, "max_total_tokens": 32768}}),
+    # vLLM 0.34.0's tax studies and Study 1(b): the tuned arm on the H200 table, nothing else
+    **{f"h100-{rest}": (f"h200-{rest}", {("arms",): _h200_table_arms(f"h200-{rest}")})
+       for rest in ("v034-tax-qwen3-8b-b8", "v034-tax-qwen3-8b-b32", "v034-tax-qwen3-17b-b8",
+                    "v034-match-qwen3-8b-synth")},
 }
 
 
