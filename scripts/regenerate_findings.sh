@@ -76,11 +76,19 @@ analyze data/h100-sglang/h100-sglang-match-smollm2 findings/h100 h100-sglang-mat
 # second session of 2026-12-07
 analyze data/h100-sglang/h100-sglang-match-qwen3-8b-synth findings/h100 h100-sglang-match-qwen3-8b-synth
 analyze data/h100-sglang/h100-sglang-latency-qwen3-8b-b8 findings/h100 h100-sglang-latency-qwen3-8b-b8
+analyze data/h100-v034/h100-v034-match-smollm2 findings/h100 h100-v034-match-smollm2
 # Study 1(a) on two releases, both runs under the default rule (r2's exploratory sibling)
 bistat compare data/h200/h200-match-smollm2-r2 data/h200-v033/h200-v033-match-smollm2 \
   --earlier-registration preregistrations/h200-match-smollm2-r2-exploratory.json \
   --out findings/h200/compare-h200-match-smollm2-r2-v033.md > /dev/null
 echo "findings: findings/h200/compare-h200-match-smollm2-r2-v033.md"
+# Study 1(a) on two engines on one card type (H100 twins): SGLang 0.5.23 and vLLM 0.34.0, the arms
+# that switch each engine's mode on FA3 and on Triton attention mapped to each other
+bistat compare data/h100-sglang/h100-sglang-match-smollm2 data/h100-v034/h100-v034-match-smollm2 \
+  --arm default=default --arm deterministic-fa3=batch-invariant \
+  --arm deterministic-triton=bi-triton-attn \
+  --out findings/h100/compare-h100-sglang-match-smollm2-v034.md > /dev/null
+echo "findings: findings/h100/compare-h100-sglang-match-smollm2-v034.md"
 analyze tests/data/vllm-h200/h200-fixture-smollm2 findings/h200 h200-fixture-smollm2 h200-fixture-smollm2-exploratory
 analyze tests/data/vllm-h200/h200-fixture-triton-attn findings/h200 h200-fixture-triton-attn h200-fixture-triton-attn-exploratory
 analyze examples/quickstart/quickstart-20261129T113548Z findings quickstart

@@ -188,7 +188,7 @@ def render(root: Path) -> str:
         compared = [n for n in found if n.startswith("compare-")
                     and any(s.name in n for s in order[line])]
         if compared:
-            out += ["Compared across releases: "
+            out += ["Compared across releases or engines: "
                     + ", ".join(_link(n, found[n]) for n in compared) + ".", ""]
     registered = {p.stem for p in (root / "preregistrations").glob("*.json")}
     elsewhere = [r for name in sorted(runs) if name not in registered for r in runs[name]]

@@ -340,7 +340,7 @@ def test_the_committed_index_opens_with_the_answers_newest_release_first(committ
     lines = text.splitlines()
     answers_part = text[:text.index("## Every run under every rule")]
     assert [line for line in lines if line.startswith("### ")] == [
-        "### SGLang 0.5.23 on NVIDIA H100 80GB HBM3",
+        "### SGLang 0.5.23 on NVIDIA H100 80GB HBM3", "### vLLM 0.34.0 on NVIDIA H100 80GB HBM3",
         "### vLLM 0.34.0 on NVIDIA H200", "### vLLM 0.33.0 on NVIDIA H200",
         "### vLLM 0.25.0 on NVIDIA H200", "### embedded 0.1.0 on no GPU"]
     # SGLang's deterministic mode is its batch-invariant switch: its rows name it
@@ -361,7 +361,8 @@ def test_the_committed_index_opens_with_the_answers_newest_release_first(committ
         "## Every run under every rule", "## SGLang 0.5.23 on NVIDIA H100 80GB HBM3",
         "## embedded 0.1.0 on no GPU",
         "## vLLM 0.25.0 on NVIDIA H200", "## vLLM 0.33.0 on NVIDIA H200",
-        "## vLLM 0.34.0 on NVIDIA H200", "## One study on two releases",
+        "## vLLM 0.34.0 on NVIDIA H100 80GB HBM3", "## vLLM 0.34.0 on NVIDIA H200",
+        "## One study on two releases or two engines",
         "## Registered, no finding yet"]
     assert "| `h200-v033-match-smollm2` | `/tmp/model/smollm2` | batch-invariant vs default |" \
         in text

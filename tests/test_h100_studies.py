@@ -1,4 +1,5 @@
-"""The study data recorded on an H100 (data/h100-sglang/: SGLang 0.5.23): sealed before the data,
+"""The study data recorded on an H100 (data/h100-sglang/: SGLang 0.5.23; data/h100-v034/: vLLM
+0.34.0, Study 1(a)'s twin set beside SGLang's on one card type): sealed before the data,
 analysed from the slim-compacted and trimmed records, the committed findings regenerating byte for
 byte, and what they found, asserted from the records."""
 
@@ -21,10 +22,16 @@ DATA_SGLANG = ROOT / "data" / "h100-sglang"
 S1 = DATA_SGLANG / "h100-sglang-match-smollm2"
 S2 = DATA_SGLANG / "h100-sglang-match-qwen3-8b-synth"
 S3 = DATA_SGLANG / "h100-sglang-latency-qwen3-8b-b8"
+DATA_V034 = ROOT / "data" / "h100-v034"
+V1A = DATA_V034 / "h100-v034-match-smollm2"
 #: committed finding of findings/h100 -> (its run directory, the registration analysed against)
 FINDINGS = {"h100-sglang-match-smollm2": (S1, "h100-sglang-match-smollm2"),
             "h100-sglang-match-qwen3-8b-synth": (S2, "h100-sglang-match-qwen3-8b-synth"),
-            "h100-sglang-latency-qwen3-8b-b8": (S3, "h100-sglang-latency-qwen3-8b-b8")}
+            "h100-sglang-latency-qwen3-8b-b8": (S3, "h100-sglang-latency-qwen3-8b-b8"),
+            "h100-v034-match-smollm2": (V1A, "h100-v034-match-smollm2")}
+#: the H100 of the session of 2026-12-07 afternoon, where vLLM's Study 1(a) twin ran
+GPU_V034 = "GPU-433db766-c1f6-b653-799b-b9e2ad229cef"
+COMPARISON = ROOT / "findings" / "h100" / "compare-h100-sglang-match-smollm2-v034.md"
 GPU = "GPU-05e403b9-5ded-b5fc-15d4-2ba65f6e28bb"
 #: the H100 of the second session of 2026-12-07, where S3 and S2 ran one after the other
 GPU_S2S3 = "GPU-4b7a13f1-f947-b1c2-7ed4-97141b1573ec"
@@ -37,7 +44,10 @@ def _bytes(folder: Path) -> int:
 def test_the_h100_data_stays_within_its_budget_and_every_run_is_trimmed():
     # three runs, slim and trimmed: S1 and S2 (541 prompts x 5 passes x 4 and 3 arms) hold 6-7 MB each
     assert _bytes(DATA_SGLANG) < 16_000_000, f"data/h100-sglang holds {_bytes(DATA_SGLANG):,} bytes"
-    runs = sorted(p for p in DATA_SGLANG.iterdir() if p.is_dir() and p.name != "device")
+    # vLLM's twin (541 prompts x 5 passes x 5 arms): 5.2 MB
+    assert _bytes(DATA_V034) < 7_000_000, f"data/h100-v034 holds {_bytes(DATA_V034):,} bytes"
+    runs = sorted(p for d in (DATA_SGLANG, DATA_V034) for p in d.iterdir()
+                  if p.is_dir() and p.name != "device")
     assert runs == sorted({run for run, _ in FINDINGS.values()})
     for run in runs:
         info = trim_info(run)
@@ -177,3 +187,64 @@ def test_the_s3_servers_got_the_same_kv_pool_and_graphs():
                             if "Capture target decode CUDA graph end" in line]
     assert pools == {"default-1.log.gz": ["32768"], "deterministic-1.log.gz": ["32768"]}
     assert graphs["default-1.log.gz"] == graphs["deterministic-1.log.gz"] and graphs["default-1.log.gz"]
+
+
+@pytest.fixture(scope="module")
+def v1a():
+    return analyze_run(V1A, REG / "h100-v034-match-smollm2.json")
+
+
+def test_vllm_study_1a_on_the_h100_repeats_the_h200(v1a):
+    """vLLM 0.34.0 on an H100, Study 1(a)'s twin: as on the H200, the default and
+    VLLM_BATCH_INVARIANT=1 on FA3 keep 82/541 (doubtful at head size 64), bistat's FA3 pin,
+    TRITON_ATTN and the whole plugin 541/541 (working); no cost decidable at 4 counted passes."""
+    assert {a.name: (a.n_prompts, a.n_matched, len(a.counted_passes)) for a in v1a.arms} == {
+        "default": (541, 82, 4), "batch-invariant": (541, 82, 4), "bi-fa3-pin": (541, 541, 4),
+        "bi-triton-attn": (541, 541, 4), "bi-plugin": (541, 541, 4)}
+    assert _verdicts(v1a) == {"batch-invariant": "doubtful", "bi-fa3-pin": "working",
+                              "bi-triton-attn": "working", "bi-plugin": "working"}
+    costs = {c.treatment: c.verdict.cost.outcome.value for c in v1a.comparisons}
+    assert set(costs.values()) == {"undecidable"}
+    assert {u for _, env in v1a.environments for u in env.gpu_uuids} == {GPU_V034}
+    assert [(v.name, v.passed) for v in v1a.validity if v.passed is not True] == []
+    # the tuned arm ran the H200's table by name, every SmolLM2 shape served by it
+    plugin = dict(v1a.environments)["bi-plugin"].log_findings
+    assert any("nvidia_h200.json, named by BISTAT_GEMM_TABLE" in x for x in plugin)
+    served = [x for x in plugin if "served by" in x]
+    assert len(served) == 5 and all("served by bistat table nvidia_h200.json" in x for x in served)
+
+
+def test_the_engine_comparison_on_one_card_type_regenerates_and_reads_as_two_engines(
+        s1, v1a, tmp_path):
+    """bistat compare of SGLang's and vLLM's twins (scripts/regenerate_findings.sh): the committed
+    comparison regenerates byte for byte, is titled as two engines, and says what it found:
+    SGLang's deterministic FA3 arm holds where vLLM's batch-invariant FA3 arm does not, and both
+    engines' Triton attention holds."""
+    from bistat.analysis.version_compare import compare_versions
+    from bistat.report.version_comparison import render_version_comparison
+
+    vc = compare_versions(s1, v1a, {"default": "default", "deterministic-fa3": "batch-invariant",
+                                    "deterministic-triton": "bi-triton-attn"})
+    text = render_version_comparison(vc)
+    assert text == COMPARISON.read_text()
+    assert text.startswith("# Engine comparison: h100-sglang-match-smollm2 (SGLang 0.5.23) and "
+                           "h100-v034-match-smollm2 (vLLM 0.34.0)\n")
+    assert not vc.same_engine and vc.earlier_version is None and vc.upstream == ()
+    rows = {c.later.arm: c for c in vc.arms}
+    fa3, tri = rows["batch-invariant"], rows["bi-triton-attn"]
+    assert (fa3.earlier.verdict, fa3.later.verdict, fa3.match_changed) == (
+        "working", "doubtful", True)
+    assert (tri.earlier.verdict, tri.later.verdict, tri.match_changed) == (
+        "working", "working", False)
+    # where the defaults diverge: vLLM's earlier in the output, and more prompts
+    sg, vl = rows["default"].earlier.spread, rows["default"].later.spread
+    assert (sg.n_prompts, sg.earliest, sg.median) == (112, 145, 213)
+    assert (vl.n_prompts, vl.earliest, vl.median) == (459, 80, 91)
+    assert fa3.explanation().startswith("differs between the engines")
+    setups = {what: (a, b) for what, a, b in vc.setups}
+    assert setups["arm deterministic-fa3 / batch-invariant: set beyond the control"] == (
+        "`--attention-backend fa3`, `--enable-deterministic-inference True`",
+        "`VLLM_BATCH_INVARIANT=1`")
+    assert setups["torch"] == ("2.14.1", "2.14.0")
+    assert setups["counted passes"] == ("4 per arm", "4 per arm")
+    assert any("different GPUs of one model (NVIDIA H100 80GB HBM3" in n for n in vc.notes)

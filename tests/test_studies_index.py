@@ -84,8 +84,10 @@ def test_each_study_line_holds_its_twins_releases_and_rounds_with_their_runs(tex
            "(NVIDIA H200, vllm-server 0.34.0)" in rows[6]
     assert "[hac](../findings/h200/h200-v034-match-smollm2-hac.md)" in rows[6]
     assert "not run: " in rows[4] and "sglang-server 0.5.23" in rows[4]
-    # vLLM's H100 twin waits beside SGLang's, to be compared on one card type
-    assert "not run: " in rows[1] and "vllm-server 0.34.0" in rows[1]
+    # vLLM's H100 twin ran beside SGLang's, compared on one card type
+    assert ("[data/h100-v034/h100-v034-match-smollm2](../data/h100-v034/h100-v034-match-smollm2) "
+            "(NVIDIA H100 80GB HBM3, vllm-server 0.34.0)") in rows[1]
+    assert "[compare-h100-sglang-match-smollm2-v034](../findings/h100/" in section
     # the H100 twin beside its H200 study, with its run on the card it ran on
     assert ("[data/h100-sglang/h100-sglang-match-smollm2](../data/h100-sglang/"
             "h100-sglang-match-smollm2) (NVIDIA H100 80GB HBM3, sglang-server 0.5.23)") in rows[0]

@@ -44,7 +44,7 @@ from typing import Any, Mapping, Sequence
 
 from packaging.version import InvalidVersion, Version
 
-from bistat.analysis.results import engine_name
+from bistat.analysis.results import DivergenceSpread, engine_name
 from bistat.core import stats
 
 if sys.version_info >= (3, 11):
@@ -60,6 +60,8 @@ __all__ = [
     "VersionCompareError",
     "load_upstream_changes",
     "compare_versions",
+    "engine_family",
+    "setups",
 ]
 
 
@@ -96,6 +98,8 @@ class ArmSide:
     cost: str | None                     # treatments: the cost outcome, if the rule has one
     ratio: float | None                  # treatments: the throughput (or latency) ratio
     ratio_interval: stats.Interval | None
+    #: the prompts that diverged across its counted passes and where their first divergences lie
+    spread: DivergenceSpread | None = None
 
 
 @dataclass(frozen=True)
@@ -112,6 +116,8 @@ class ArmChange:
     upstream: tuple[UpstreamChange, ...]      # the entries touching what this arm ran
     #: both runs are on vLLM, whose upstream changes bistat's table lists
     upstream_known: bool = True
+    #: both runs drove one engine (two of its releases, or one release twice); False: two engines
+    same_engine: bool = True
 
     @property
     def changed(self) -> bool:
@@ -121,6 +127,9 @@ class ArmChange:
         """One fixed sentence on what the upstream table says about this arm's result."""
         if self.later.role == "control":
             return "the control: the mode is off, its divergence is what the mode exists for"
+        if not self.same_engine:
+            return (("differs" if self.changed else "the same") + " between the engines (two "
+                    "engines, not two releases: what each ran is under \"The two setups\")")
         if not self.upstream_known:
             return ("changed" if self.changed else "unchanged") + (
                 " (bistat's table of upstream changes is vLLM's; not looked up)")
@@ -165,6 +174,11 @@ class VersionComparison:
     #: ``embedded 0.1.0``, ``openai → bistat serve 0.1.0``: bistat.analysis.results.engine_name)
     earlier_engine: str = "—"
     later_engine: str = "—"
+    #: both runs drove one engine; False: an engine comparison (vLLM against SGLang)
+    same_engine: bool = True
+    #: what each run set up, row by row (what, earlier, later), for an engine comparison:
+    #: :func:`setups`
+    setups: tuple[tuple[str, str, str], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready data (``bistat compare --json``)."""
@@ -245,7 +259,64 @@ def _side(s: Any, arm: str, backend: str) -> ArmSide:
         version = (f"vLLM {vllm}" if vllm is not None and (s.engine_kind or "").startswith("vllm")
                    else envs[arm].engine)
     return ArmSide(arm, a.role, version, modes, backend, a.n_matched,
-                   a.n_units, a.match_interval, verdict, cost, ratio, ratio_iv)
+                   a.n_units, a.match_interval, verdict, cost, ratio, ratio_iv, a.spread)
+
+
+def engine_family(engine_kind: str | None) -> str:
+    """The engine an engine kind drives (``vllm-server`` and ``vllm-offline`` are both vLLM)."""
+    return (engine_kind or "—").split("-", 1)[0]
+
+
+def _gpu_model(gpu: str) -> str:
+    """``NVIDIA H100 80GB HBM3`` of ``NVIDIA H100 80GB HBM3 (GPU-…, driver …)``."""
+    return gpu.split(" (", 1)[0]
+
+
+def _flags(args: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(args.items())) or "none"
+
+
+def _switches(s: Any, arm: str) -> str:
+    """What an arm sets beyond its run's control: the environment variables whose values differ
+    from the control's, and its own engine arguments."""
+    decl = {x["name"]: x for x in s.declaration.get("arms", [])}
+    control = next((x for x in s.declaration.get("arms", []) if x.get("role") == "control"), {})
+    mine = decl.get(arm, {})
+    env = {k: v for k, v in (mine.get("env") or {}).items()
+           if (control.get("env") or {}).get(k) != v}
+    parts = [f"{k}={v}" for k, v in sorted(env.items())]
+    parts += [f"--{k.replace('_', '-')} {v}" for k, v in sorted((mine.get("args") or {}).items())]
+    return ", ".join(f"`{x}`" for x in parts) or "nothing (the control)"
+
+
+def setups(earlier: Any, later: Any, pairs: Mapping[str, str]) -> tuple[tuple[str, str, str], ...]:
+    """Two runs' setups side by side, as recorded and declared: the engine, its declared
+    arguments, what each mapped arm switches on, the versions under it, the GPU and the counted
+    passes. Each row is (what, earlier, later)."""
+    def versions(s: Any, name: str) -> str:
+        found = sorted({v for _, e in s.environments for k, v in e.versions if k == name} - {None})
+        return ", ".join(found) or "—"
+
+    def gpu(s: Any) -> str:
+        units = sorted({g for _, e in s.environments for g in e.gpus})
+        return "; ".join(units) or "no GPU"
+
+    def passes(s: Any) -> str:
+        counts = sorted({len(a.counted_passes) for a in s.arms})
+        return "/".join(str(c) for c in counts) + " per arm"
+
+    rows = [("engine", engine_name(earlier), engine_name(later)),
+            ("engine kind", f"`{earlier.engine_kind}`", f"`{later.engine_kind}`"),
+            ("declared engine arguments",
+             _flags((earlier.declaration.get("engine") or {}).get("args") or {}),
+             _flags((later.declaration.get("engine") or {}).get("args") or {}))]
+    rows += [(f"arm {e} / {l}: set beyond the control", _switches(earlier, e), _switches(later, l))
+             for e, l in pairs.items()]
+    rows += [("torch", versions(earlier, "torch"), versions(later, "torch")),
+             ("triton", versions(earlier, "triton"), versions(later, "triton")),
+             ("GPU", gpu(earlier), gpu(later)),
+             ("counted passes", passes(earlier), passes(later))]
+    return tuple(rows)
 
 
 def _touches(u: UpstreamChange, side: ArmSide, env: Mapping[str, str], mode_changed: bool) -> bool:
@@ -311,6 +382,7 @@ def compare_versions(earlier: Any, later: Any, arm_map: Mapping[str, str] | None
         raise VersionCompareError(f"runs {earlier.run_id} and {later.run_id} share no arm name; "
                                   "map them with --arm EARLIER=LATER")
     table = load_upstream_changes() if changes is None else tuple(changes)
+    same_engine = engine_family(earlier.engine_kind) == engine_family(later.engine_kind)
     same_rule = earlier.declaration.get("rule") == later.declaration.get("rule")
     ev, lv = _version(earlier), _version(later)
     between = _between(table, ev, lv)
@@ -335,7 +407,8 @@ def compare_versions(earlier: Any, later: Any, arm_map: Mapping[str, str] | None
             mode_changed=mode_changed,
             upstream=tuple(u for u in between
                            if _touches(u, b, envs_l.get(l_name, {}), mode_changed)),
-            upstream_known=ev is not None and lv is not None))
+            upstream_known=ev is not None and lv is not None,
+            same_engine=same_engine))
     notes = []
     if not same_rule:
         notes.append(f"the runs were analysed under different decision rules "
@@ -353,12 +426,19 @@ def compare_versions(earlier: Any, later: Any, arm_map: Mapping[str, str] | None
     if earlier.engine_kind != later.engine_kind:
         notes.append(f"the runs drove different engines ({earlier.engine_kind} in "
                      f"{earlier.run_id}, {later.engine_kind} in {later.run_id})")
-    if gpus[0] != gpus[1]:
-        notes.append("the runs ran on different GPUs: a cost difference between them mixes the "
-                     "release with the machine (matching is not affected by which GPU ran it)")
+    what = "release" if same_engine else "engine"
+    models = [sorted({_gpu_model(g) for g in x}) for x in gpus]
+    if gpus[0] != gpus[1] and models[0] == models[1] and models[0]:
+        notes.append(f"the runs ran on different GPUs of one model ({', '.join(models[0])}; "
+                     f"other units): a cost difference between them mixes the {what} with the "
+                     "unit (matching is not affected by which GPU ran it)")
+    elif gpus[0] != gpus[1]:
+        notes.append(f"the runs ran on different GPUs: a cost difference between them mixes the "
+                     f"{what} with the machine (matching is not affected by which GPU ran it)")
     return VersionComparison(
         earlier.run_id, later.run_id, earlier.registration_path, later.registration_path, ev, lv,
         gpus[0], gpus[1], cl, tuple(rows),
         tuple(sorted(e_arms - set(pairs))), tuple(sorted(l_arms - set(pairs.values()))),
         same_rule, bool(earlier.exploratory), between, tuple(notes),
-        engine_name(earlier), engine_name(later))
+        engine_name(earlier), engine_name(later), same_engine,
+        () if same_engine else setups(earlier, later, pairs))

@@ -215,10 +215,11 @@ def render_index(findings: list[IndexedFinding], base: Path,
                 lines.append(f"| {cell} | {treatment} vs {control} | *{label}* |")
         lines.append("")
     if comparisons:
-        lines += ["## One study on two releases", "",
-                  "Written by `bistat compare` from the two runs' data: per arm, both releases' "
-                  "match counts, verdicts and cost, what changed by fixed rules, and the upstream "
-                  "changes between the releases.", ""]
+        lines += ["## One study on two releases or two engines", "",
+                  "Written by `bistat compare` from the two runs' data: per arm, both runs' "
+                  "match counts, verdicts, cost and first divergences, what changed by fixed "
+                  "rules, and the upstream changes between two releases (or, for two engines, "
+                  "the two setups side by side).", ""]
         lines += [f"- [{title}]({path.relative_to(base).as_posix()})"
                   for path, title in sorted(comparisons)]
         lines.append("")

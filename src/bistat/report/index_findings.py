@@ -4,7 +4,7 @@ A finding's ``## Summary`` section (:mod:`bistat.report.finding_verdict` writes 
 ``### TREATMENT (treatment) vs CONTROL (control): **LABEL**`` headings are read back
 (:func:`read_finding`), so the index cannot drift from the findings. :func:`read_findings` reads
 every finding below a folder but the machine's own (:data:`LOCAL_FINDINGS`), and lists release
-comparisons (:data:`~bistat.report.version_comparison.RELEASE_COMPARISON_TITLE`) apart.
+comparisons (:data:`~bistat.report.version_comparison.COMPARISON_TITLES`) apart.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from bistat.report.version_comparison import RELEASE_COMPARISON_TITLE
+from bistat.report.version_comparison import COMPARISON_TITLES
 
 _VERDICT = re.compile(r"^### (?P<treatment>.+?) \(treatment\) vs (?P<control>.+?) \(control\): "
                       r"\*\*(?P<label>[^*]+)\*\*\s*$")
@@ -121,14 +121,15 @@ LOCAL_FINDINGS = "local"
 def read_findings(findings_dir: str | Path
                   ) -> tuple[list[IndexedFinding], list[tuple[Path, str]]]:
     """Every ``*.md`` below ``findings_dir`` but its README and :data:`LOCAL_FINDINGS`: the
-    findings, and the release comparisons (path, title) apart."""
+    findings, and the comparisons of releases or engines (path, title) apart."""
     comparisons, findings = [], []
     for p in sorted(Path(findings_dir).rglob("*.md")):
         if p.name == "README.md" or p.relative_to(findings_dir).parts[0] == LOCAL_FINDINGS:
             continue
         first = p.read_text(encoding="utf-8").split("\n", 1)[0]
-        if first.startswith(RELEASE_COMPARISON_TITLE):
-            comparisons.append((p, first.removeprefix(RELEASE_COMPARISON_TITLE)))
+        title = next((x for x in COMPARISON_TITLES if first.startswith(x)), None)
+        if title is not None:
+            comparisons.append((p, first.removeprefix("# ")))
         else:
             findings.append(read_finding(p))
     return findings, comparisons

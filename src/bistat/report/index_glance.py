@@ -36,7 +36,7 @@ def glance(rows: Sequence[Answer], limit: int = GLANCE_ROWS) -> tuple[list[Answe
     too few passes, a toy run stopped early) never enters. For each engine, head size, attention
     backend, setting and kind of workload (under changing batches, where invariance and the
     throughput cost are decided; or one batch, where the latency cost is), the row from the newest
-    release that has it (in that release: more prompts compared, the newer run). Each engine's newest release comes first; then older releases, newest first,
+    release that has it (in that release: more prompts compared, then a decided cost over an undecidable one, then the newer run). Each engine's newest release comes first; then older releases, newest first,
     preferring a head size and attention backend the table does not show yet, then fewer
     settings.
     """
@@ -44,7 +44,8 @@ def glance(rows: Sequence[Answer], limit: int = GLANCE_ROWS) -> tuple[list[Answe
     for a in rows:
         if not a.mode_on or "untested" in a.row.verdict:   # an untested run answers nothing
             continue
-        k = (_engine_release(a.engine)[0], a.head_size, a.backend, a.setting, a.under_load)
+        k = (_engine_release(a.engine)[0], a.head_size, a.backend, _switches(a.setting),
+             a.under_load)
         if k not in best or _glance_rank(best[k]) < _glance_rank(a):
             best[k] = a
     newest_of: dict[str, Version] = {}
@@ -70,9 +71,19 @@ def glance(rows: Sequence[Answer], limit: int = GLANCE_ROWS) -> tuple[list[Answe
     return chosen, len(left)
 
 
+def _switches(setting: tuple[str, ...]) -> tuple[str, ...]:
+    """A setting as what a user switches: naming a GEMM table (``BISTAT_GEMM_TABLE``) picks which
+    measurements the tuned GEMM uses, not whether it is on, and a card without a table of its own
+    resolves a shipped one by architecture (kernels/README.md), so it makes no row of its own."""
+    return tuple(s for s in setting if not s.strip("`").startswith("BISTAT_GEMM_TABLE="))
+
+
 def _glance_rank(a: Answer) -> tuple:
+    """Newer release, then more prompts compared, then a decided cost over an undecidable one
+    (more passes, or a quieter card, decided it), then the newer run."""
     _, version = _engine_release(a.engine)
-    return (version or Version("0"), a.compared, a.finding.run_created or "")
+    return (version or Version("0"), a.compared, not a.row.cost.startswith("undecidable"),
+            a.finding.run_created or "")
 
 
 def render_glance(rows: Sequence[Answer], left_out: int, readme_dir: Path, index_path: Path,
