@@ -89,12 +89,14 @@ def test_the_verdict_example_is_quoted_from_its_finding(text):
 def test_the_results_at_a_glance_are_current(text):
     """What `bistat index findings --registrations preregistrations --readme README.md` writes."""
     from bistat.report.index import (answers, load_registrations, newest_releases, read_findings,
-                                     readme_with_glance)
+                                     readme_with_glance, tax_rows)
 
     findings, _ = read_findings(ROOT / "findings")
     registrations = load_registrations(ROOT / "preregistrations")
+    newest = newest_releases(registrations)
     fresh = readme_with_glance(README, answers(findings, registrations),
-                               ROOT / "findings" / "README.md", newest_releases(registrations))
+                               ROOT / "findings" / "README.md", newest,
+                               tax_rows(findings, registrations, newest))
     assert fresh == text, ("README.md's results at a glance are out of date; run `bistat index "
                            "findings --registrations preregistrations --reasons "
                            "findings/not-run.toml --readme README.md`")
@@ -104,8 +106,9 @@ def test_the_results_at_a_glance_answer_in_at_most_twelve_rows(text):
     from bistat.report.index import GLANCE_ROWS
 
     section = _section(text, "Results at a glance")
+    # the glance's rows (the tax table below it starts each row with a study's link)
     rows = [line for line in section.splitlines()
-            if line.startswith("| ") and not line.startswith("| engine |")]
+            if line.startswith("| ") and not line.startswith(("| engine |", "| [", "| study |"))]
     assert GLANCE_ROWS == 12 and 1 <= len(rows) <= GLANCE_ROWS
     assert "/tmp/" not in section
     assert "vLLM rows ran on 0.34.0 (the newest release); the newest release is 0.34.0" in section

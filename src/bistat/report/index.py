@@ -62,6 +62,7 @@ from bistat.report.index_registrations import (  # noqa: F401 - read through her
 from bistat.report.index_releases import (  # noqa: F401 - read through here too
     NewestRelease, release_words, releases_sentence)
 from bistat.report.version_comparison import RELEASE_COMPARISON_TITLE  # noqa: F401 - as before
+from bistat.report.index_tax import TaxRow, tax_rows  # noqa: F401 - read through here too
 
 if TYPE_CHECKING:
     from bistat.declare.registration import Registration
@@ -353,6 +354,7 @@ def write_index(findings_dir: str | Path, registrations_dir: str | Path | None =
     out.write_text(render_index(findings, base, unrun, source, comparisons, answers_lines,
                                 readings, options), encoding="utf-8")
     if readme is not None:
-        text = readme_with_glance(readme, rows, out, newest)
+        text = readme_with_glance(readme, rows, out, newest,
+                                  tax_rows(findings, registrations, newest))
         Path(readme).write_text(text, encoding="utf-8")
     return out

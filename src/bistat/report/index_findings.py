@@ -64,6 +64,9 @@ class IndexedFinding:
     run_created: str | None = None    # the header's "Run created (UTC)"
     #: the header's "Runs of its registration" (None in findings written before it existed)
     registration_runs: int | None = None
+    #: per arm, the compilation and CUDA-graph mode its Environment table gives
+    #: (``torch.compile (VLLM_COMPILE), FULL_AND_PIECEWISE``); empty where it records none
+    modes: tuple[tuple[str, str], ...] = ()
 
 
 def _cells(line: str) -> list[str]:
@@ -82,7 +85,21 @@ def read_finding(path: Path) -> IndexedFinding:
     rows: list[SummaryRow] = []
     run_created = None
     n_runs = None
+    env_arms: list[str] | None = None          # the Environment table's arms, once its header is read
+    env_modes: dict[str, list[str]] = {}
+    in_environment = False
     for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip() == "## Environment":
+            in_environment = True
+        elif in_environment and line.startswith("## "):
+            in_environment = False
+        elif in_environment and line.startswith("|  | ") and env_arms is None:
+            env_arms = _cells(line)[1:]
+        elif in_environment and env_arms and line.startswith(("| compilation |",
+                                                              "| CUDA graphs |")):
+            for arm, cell in zip(env_arms, _cells(line)[1:]):
+                if cell and cell not in ("not recorded", "—"):
+                    env_modes.setdefault(arm, []).append(cell)
         if (m := _TITLE.match(line)) and name == path.stem:
             name = m["name"]
         elif run_created is None and (m := _RUN_CREATED.match(line)):
@@ -109,7 +126,8 @@ def read_finding(path: Path) -> IndexedFinding:
         raise ValueError(f"{path}: no verdict heading found; is it a finding written by "
                          "`bistat analyze`?")
     summary = None if head is None else FindingSummary(rows=tuple(rows), **head)
-    return IndexedFinding(path, name, tuple(verdicts), hypothesis, summary, run_created, n_runs)
+    return IndexedFinding(path, name, tuple(verdicts), hypothesis, summary, run_created, n_runs,
+                          tuple((arm, ", ".join(cells)) for arm, cells in env_modes.items()))
 
 
 #: The folder below the findings where a machine's own runs write theirs (``bash scripts/main.sh``

@@ -16,6 +16,7 @@ from packaging.version import Version
 
 from bistat.core.markdown import md_row
 from bistat.report.index_answers import Answer, _ratio_cell, _setting_cell
+from bistat.report.index_tax import TaxRow, render_tax
 from bistat.report.index_releases import (NewestRelease, _engine_release, _table_order,
                                           releases_sentence)
 
@@ -87,8 +88,9 @@ def _glance_rank(a: Answer) -> tuple:
 
 
 def render_glance(rows: Sequence[Answer], left_out: int, readme_dir: Path, index_path: Path,
-                  newest: Mapping[str, NewestRelease]) -> list[str]:
-    """The README's results at a glance (between :data:`README_BEGIN` and :data:`README_END`)."""
+                  newest: Mapping[str, NewestRelease], tax: Sequence[TaxRow] = ()) -> list[str]:
+    """The README's results at a glance (between :data:`README_BEGIN` and :data:`README_END`),
+    and below them the determinism tax on vLLM's newest release (:func:`render_tax`)."""
     index = Path(os.path.relpath(index_path, readme_dir)).as_posix()
     lines = [README_BEGIN, ""]
     lines += [releases_sentence([a.engine for a in rows], newest), ""]
@@ -111,12 +113,14 @@ def render_glance(rows: Sequence[Answer], left_out: int, readme_dir: Path, index
                   f"invariance on and kind of workload (changing batches, or one batch), from the "
                   f"newest release that measured it (each verdict links "
                   f"its finding; ratio: treatment ÷ control, throughput below 1 or latency above "
-                  f"1 is slower).{more} in [{index}]({index}).", "", README_END]
+                  f"1 is slower).{more} in [{index}]({index}).", ""]
+    tax_lines = render_tax(tax, readme_dir, newest.get("vllm"))
+    lines += tax_lines + ([""] if tax_lines else []) + [README_END]
     return lines
 
 
 def readme_with_glance(readme: str | Path, rows: Sequence[Answer], index_path: Path,
-                       newest: Mapping[str, NewestRelease]) -> str:
+                       newest: Mapping[str, NewestRelease], tax: Sequence[TaxRow] = ()) -> str:
     """``readme``'s text with its results at a glance (the lines from :data:`README_BEGIN` to
     :data:`README_END`) made current: :func:`glance` of ``rows``, linked from the README's
     folder."""
@@ -128,6 +132,6 @@ def readme_with_glance(readme: str | Path, rows: Sequence[Answer], index_path: P
                          f"{README_END!r}, where the results at a glance go; add them")
     chosen, left_out = glance(rows)
     block = render_glance(chosen, left_out, readme.resolve().parent, Path(index_path).resolve(),
-                          newest)
+                          newest, tax)
     return "\n".join(lines[:lines.index(README_BEGIN)] + block
                      + lines[lines.index(README_END) + 1:])
