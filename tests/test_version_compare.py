@@ -53,7 +53,12 @@ def test_study_1a_on_two_releases(runs):
     assert [u.key for u in tri.upstream] == ["determinism-module", "hopper-cublas-workspace"]
     assert rows["default"].upstream == () and rows["default"].explanation().startswith("the control")
     assert any("workload.passes: 8" in n for n in vc.notes)
-    assert any("different GPUs" in n for n in vc.notes)
+    assert any("different GPUs of one model (NVIDIA H200" in n for n in vc.notes)
+    # one engine, two releases: no setups side by side; each side's first divergences
+    assert vc.same_engine and vc.setups == ()
+    assert (bi.earlier.spread.n_prompts, bi.later.spread.n_prompts) == (457, 458)
+    assert (bi.later.spread.earliest, bi.later.spread.median, bi.later.spread.kv_median) == (
+        79, 91, 133)
 
 
 def test_different_rules_are_not_compared_verdict_by_verdict():

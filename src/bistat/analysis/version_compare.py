@@ -285,7 +285,8 @@ def _switches(s: Any, arm: str) -> str:
     env = {k: v for k, v in (mine.get("env") or {}).items()
            if (control.get("env") or {}).get(k) != v}
     parts = [f"{k}={v}" for k, v in sorted(env.items())]
-    parts += [f"--{k.replace('_', '-')} {v}" for k, v in sorted((mine.get("args") or {}).items())]
+    parts += [f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}")
+              for k, v in sorted((mine.get("args") or {}).items())]
     return ", ".join(f"`{x}`" for x in parts) or "nothing (the control)"
 
 
