@@ -46,6 +46,17 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
+def _started(driver: subprocess.Popen, report: Path) -> dict:
+    """Once the driver says "ready": the one process it reported started, checked as recorded
+    (its own group, its identity, command line, watchdog and stop signal)."""
+    line = driver.stdout.readline()
+    assert line == "ready\n", line + driver.stdout.read()
+    (started,) = s.read_jsonl(report)
+    assert started["state"] == "started" and started["pid"] == started["pgid"]
+    assert {"start_ticks", "boot_id", "argv", "watchdog_pid", "stop_signal"} <= set(started)
+    return started
+
+
 @pytest.mark.parametrize("kind", ["command-server", "vllm-server", "sglang-server"])
 def test_kill_9_of_the_process_that_started_a_server_stops_the_server(byte_model, tmp_path,
                                                                       kind):
@@ -55,12 +66,8 @@ def test_kill_9_of_the_process_that_started_a_server_stops_the_server(byte_model
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               env=s.env(PYTHONPATH=str(ROOT / "src")))
     try:
-        line = driver.stdout.readline()
-        assert line == "ready\n", line + driver.stdout.read()
-        (started,) = s.read_jsonl(tmp_path / "processes.jsonl")
+        started = _started(driver, tmp_path / "processes.jsonl")
         pgid = started["pgid"]
-        assert started["state"] == "started" and started["pid"] == pgid
-        assert {"start_ticks", "boot_id", "argv", "watchdog_pid", "stop_signal"} <= set(started)
         members = group_pids(pgid)
         if kind == "vllm-server":   # the stand-in's child shares the group
             assert len(members) == 2, members
@@ -171,3 +178,54 @@ def test_kill_9_of_bistat_run_stops_the_sglang_stand_in_servers(byte_model, tmp_
     finally:
         for p in servers:
             _kill_group(p["pgid"])
+
+
+#: Runs as a process of its own: start a ``vllm-offline`` worker against the stand-in vLLM
+#: (tests/fakes.py) whose first engine step hangs, start a pass, print "ready", wait to be killed.
+OFFLINE_DRIVER = """
+import json, sys, threading, time
+from bistat.engines.base import GenerationRequest
+from bistat.engines.vllm_offline import VLLMOfflineEngine
+spec = json.loads(sys.argv[1])
+engine = VLLMOfflineEngine("smol", args={"max_num_seqs": 4}, log_path=spec["log"],
+                           env={"PYTHONPATH": spec["site"], "FAKE_HANG_AT_STEP": "1"},
+                           start_timeout_s=60, pass_idle_timeout_s=600, stop_grace_s=5)
+with open(spec["report"], "a") as out:
+    engine.report_processes(lambda p: (out.write(json.dumps(dict(p)) + "\\n"), out.flush()))
+    engine.start()
+    threading.Thread(target=engine.run_pass, daemon=True, kwargs=dict(
+        requests=[GenerationRequest(prompt_id="p", prompt=[1, 2], max_tokens=4)], concurrency=1,
+        on_result=lambda r: None, on_metrics=lambda m: None)).start()
+    time.sleep(1)
+    print("ready", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_kill_9_mid_pass_of_the_process_that_started_a_vllm_offline_worker_stops_it(tmp_path):
+    """The offline engine's worker holds the GPU as a server does. Killed with SIGKILL while its
+    worker is inside a pass (an engine step that does not return), the driving process leaves
+    the worker computing, re-parented and with its stdin still open to no one: the worker's
+    watchdog, recorded with it, stops its group within seconds."""
+    from fakes import fake_vllm_site
+
+    spec = {"site": fake_vllm_site(tmp_path), "log": str(tmp_path / "worker.log"),
+            "report": str(tmp_path / "processes.jsonl")}
+    driver = subprocess.Popen([sys.executable, "-c", OFFLINE_DRIVER, json.dumps(spec)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=s.env(PYTHONPATH=os.pathsep.join([str(ROOT / "src"),
+                                                                    str(TESTS)])))
+    try:
+        started = _started(driver, tmp_path / "processes.jsonl")
+        pgid = started["pgid"]
+        assert started["argv"][1:] == ["-m", "bistat.engines.vllm_offline_worker"]
+        environ = Path(f"/proc/{pgid}/environ").read_bytes()
+        assert f"{SERVER_MARK}={driver.pid}:".encode() in environ
+        driver.send_signal(signal.SIGKILL)
+        driver.wait(timeout=10)
+        assert s.gone_within([pgid], 15), f"{group_pids(pgid)} still up after 15 s"
+        assert s.gone_within([started["watchdog_pid"]], 5)
+    finally:
+        driver.kill()
+        for rec in s.read_jsonl(tmp_path / "processes.jsonl"):
+            _kill_group(rec["pgid"])

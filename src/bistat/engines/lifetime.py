@@ -4,7 +4,10 @@ server's environment, and the search for servers a killed run left behind (Linux
 A server adapter (:class:`bistat.engines.server_process.LocalServerEngine`) starts each server in
 a process group of its own, and stops the group when the run ends, on errors, on Ctrl-C and at
 interpreter exit. A ``kill -9`` of ``bistat run`` runs none of that, and the server, re-parented to
-PID 1, would keep its port and its GPU memory. So every server gets:
+PID 1, would keep its port and its GPU memory. The ``vllm-offline`` engine's worker
+(:class:`bistat.engines.vllm_offline.VLLMOfflineEngine`) holds the GPU the same way: it ends at
+the end of its input, but not while a pass is computing. So every server, and every such worker,
+gets (:func:`guard_group`):
 
 * a **watchdog** (:func:`start_watchdog`, this module run as ``python -m
   bistat.engines.lifetime``): a small child of ``bistat run``, in a session of its own (a Ctrl-C
@@ -35,9 +38,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-__all__ = ["POLL_S", "SERVER_MARK", "LeftoverServer", "group_alive", "group_pids", "leftover_servers",
-           "owner_mark", "process_identity", "same_process", "start_watchdog", "stop_group",
-           "watch"]
+__all__ = ["POLL_S", "SERVER_MARK", "LeftoverServer", "end_watchdog", "group_alive", "group_pids",
+           "guard_group", "leftover_servers", "owner_mark", "process_identity", "same_process",
+           "start_watchdog", "stop_group", "watch"]
 
 #: The environment variable marking a server's processes with the ``bistat`` process that
 #: started them: ``"PID:START"`` (START: its start time in clock ticks since boot).
@@ -145,6 +148,28 @@ def start_watchdog(pgid: int, sig: int, grace_s: float) -> subprocess.Popen:
          "--group", str(pgid), "--signal", str(int(sig)), "--grace", f"{grace_s:g}"],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True, close_fds=True)
+
+
+def guard_group(pid: int, argv: Sequence[str], sig: int, grace_s: float
+                ) -> tuple[subprocess.Popen, dict[str, Any]]:
+    """Guard a process just started in a process group of its own (``pid`` = its group): start
+    its watchdog, and return it with the process's record (``state`` left out): its identity
+    (:func:`process_identity`), group, command line, the watchdog's PID and how it is stopped."""
+    watchdog = start_watchdog(pid, sig, grace_s)
+    identity = process_identity(pid) or {"pid": pid}
+    return watchdog, {**identity, "pgid": pid, "argv": list(argv), "watchdog_pid": watchdog.pid,
+                      "stop_signal": int(sig), "stop_grace_s": grace_s}
+
+
+def end_watchdog(watchdog: subprocess.Popen | None) -> None:
+    """Reap a watchdog once its group is stopped (it ends within its poll; else it is killed)."""
+    if watchdog is None:
+        return
+    try:
+        watchdog.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        watchdog.kill()
+        watchdog.wait()
 
 
 def watch(parent: int, pgid: int, sig: int, grace_s: float, poll_s: float = POLL_S) -> bool:

@@ -45,10 +45,10 @@ import httpx
 
 from bistat.engines.lifetime import (
     SERVER_MARK,
+    end_watchdog,
     group_pids,
+    guard_group,
     owner_mark,
-    process_identity,
-    start_watchdog,
     stop_group,
 )
 from bistat.engines.base import (
@@ -347,12 +347,8 @@ class LocalServerEngine(abc.ABC):
             raise EngineStartError(f"cannot run {argv[0]!r}: {exc}; {self.install_hint}") from exc
         _LIVE.add(self)
         try:
-            self._watchdog = start_watchdog(self.proc.pid, self.stop_signal, self.stop_grace_s)
-            identity = process_identity(self.proc.pid) or {"pid": self.proc.pid}
-            self._started = {**identity, "pgid": self.proc.pid, "argv": list(argv),
-                             "watchdog_pid": self._watchdog.pid,
-                             "stop_signal": int(self.stop_signal),
-                             "stop_grace_s": self.stop_grace_s}
+            self._watchdog, self._started = guard_group(self.proc.pid, argv, self.stop_signal,
+                                                        self.stop_grace_s)
             if self._report is not None:
                 self._report({"state": "started", **self._started})
             self._wait_ready(base)
@@ -472,12 +468,7 @@ class LocalServerEngine(abc.ABC):
         if proc is not None:
             stop_group(proc.pid, self.stop_signal, self.stop_grace_s, leader=proc)  # pid = pgid
         watchdog, self._watchdog = self._watchdog, None
-        if watchdog is not None:   # it ends within its poll once the group is gone
-            try:
-                watchdog.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                watchdog.kill()
-                watchdog.wait()
+        end_watchdog(watchdog)
         started, self._started = self._started, None
         if started is not None and self._report is not None:
             self._report({"state": "stopped", "pid": started["pid"], "pgid": started["pgid"]})

@@ -43,6 +43,7 @@ from bistat.engines.base import (
     MetricsSample,
 )
 from bistat.engines.declared import DeclaredContext
+from bistat.engines.lifetime import SERVER_MARK, end_watchdog, guard_group, owner_mark
 from bistat.store.enginelog import engine_modes
 from bistat.engines.vllm_args import arg_problems
 from bistat.engines.vllm_server import (
@@ -117,6 +118,16 @@ class VLLMOfflineEngine(DeclaredContext):
         self.info: EngineInfo | None = None
         self._lines: queue.Queue = queue.Queue()
         self._log_fh = None
+        self._watchdog: subprocess.Popen | None = None
+        self._report: Callable[[Mapping[str, Any]], None] | None = None
+        self._started: dict[str, Any] | None = None
+
+    def report_processes(self, report: Callable[[Mapping[str, Any]], None]) -> None:
+        """Call ``report`` with the worker process as it starts and once it is stopped, as a
+        server adapter reports its server (:meth:`bistat.engines.server_process.LocalServerEngine
+        .report_processes`): the worker holds the GPU as a server does, and a ``kill -9`` of
+        ``bistat run`` mid-pass must not leave it computing (its watchdog stops it)."""
+        self._report = report
 
     ADAPTER_KEYS = ("python", "start_timeout_s", "pass_idle_timeout_s", "metrics_interval_s",
                     "stop_grace_s", "log_path", "stream_outputs")
@@ -174,14 +185,21 @@ class VLLMOfflineEngine(DeclaredContext):
             self.log_path = Path(name)
         self._log_fh = open(self.log_path, "ab")
         try:
+            # the mark names this process, not the arm's setting (bistat.engines.lifetime)
+            argv = [self.python, "-m", WORKER_MODULE]
             self.proc = subprocess.Popen(
-                [self.python, "-m", WORKER_MODULE], env=self.child_env(), stdin=subprocess.PIPE,
+                argv, env={**self.child_env(), SERVER_MARK: owner_mark()}, stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=self._log_fh, text=True, bufsize=1,
                 start_new_session=True)
         except OSError as exc:
             raise EngineStartError(f"cannot run {self.python!r}: {exc}") from exc
         threading.Thread(target=self._reader, args=(self.proc.stdout,), daemon=True).start()
         try:
+            # a watchdog stops the worker's group once this process is gone, as a server's
+            self._watchdog, self._started = guard_group(self.proc.pid, argv, signal.SIGINT,
+                                                        self.stop_grace_s)
+            if self._report is not None:
+                self._report({"state": "started", **self._started})
             self._send({"op": "init", "model": self.model, "engine_args": self.engine_args})
             msg = self._next(self.start_timeout_s)
         except TimeoutError:
@@ -307,6 +325,11 @@ class VLLMOfflineEngine(DeclaredContext):
                 while _group_pids(pgid) and time.monotonic() < deadline:
                     time.sleep(0.05)
             proc.wait()
+        watchdog, self._watchdog = self._watchdog, None
+        end_watchdog(watchdog)
+        started, self._started = self._started, None
+        if started is not None and self._report is not None:
+            self._report({"state": "stopped", "pid": started["pid"], "pgid": started["pgid"]})
         if self._log_fh is not None:
             self._log_fh.close()
             self._log_fh = None
