@@ -833,11 +833,20 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str]) -> int:
     started = time.time()
     args = parse_args(argv)
-    log(f"server_args={argv} (tests/sglang_standin.py: a stand-in, NOT SGLang)")
+    log(f"argv={argv} (tests/sglang_standin.py: a stand-in, NOT SGLang)")
     if os.environ.get("STANDIN_PIDFILE"):
         with open(os.environ["STANDIN_PIDFILE"], "w") as fh:
             fh.write(str(os.getpid()))
     resolved = resolve(args)
+    # SGLang logs its whole resolved argument set once, as a Python literal (server_args.py):
+    # the CUDA graphs' part as 0.5.23 resolves it for a small model (decode graphs up to the
+    # running requests, breakable prefill graphs up to the chunk), no torch.compile
+    log("server_args=" + repr({
+        **resolved, "enable_torch_compile": False, "torch_compile_max_bs": 32,
+        "disable_cuda_graph": False,
+        "cuda_graph_config": {
+            "decode": {"backend": "full", "max_bs": resolved["max_running_requests"]},
+            "prefill": {"backend": "breakable", "max_bs": resolved["chunked_prefill_size"]}}}))
     # a fresh multiprocess metrics folder (inside a set one), before prometheus_client is
     # imported here or in a child (sglang/srt/utils/common.py, set_prometheus_multiproc_dir)
     prometheus_dir = tempfile.mkdtemp(dir=os.environ.get("PROMETHEUS_MULTIPROC_DIR"))

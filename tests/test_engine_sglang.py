@@ -192,9 +192,17 @@ def test_start_reports_versions_backend_and_deterministic_flag_then_stops_cleanl
         assert reported == {**dict.fromkeys(SERVER_INFO_KEYS), **reported}  # all 14 reported
         assert None not in [reported[k] for k in SERVER_INFO_KEYS
                             if not k.endswith("_attention_backend")]
-        assert info.log_findings[-1].endswith(
-            "] Sampling backend is set to pytorch for deterministic inference.")
+        # as SGLang logs them: the sampler's switch, then the resolved server_args
+        sampling, server_args = info.log_findings[-2:]
+        assert sampling.endswith("] Sampling backend is set to pytorch for deterministic "
+                                 "inference.")
+        assert "] server_args={'model_path': " in server_args
         assert info.env["NCCL_NVLS_ENABLE"] == "0"
+        # torch.compile and the CUDA graphs, from the server_args line SGLang logs at start
+        assert info.modes == {"compilation_mode": "no torch.compile (SGLang)",
+                              "cudagraph_mode": "decode full (≤ 8 requests), prefill breakable "
+                                                "(≤ 8192 tokens)",
+                              "breakable_cudagraph": None, "source": "engine log"}
         fp = eng.fingerprint()
         assert "gpus" not in fp  # the runner adds the machine's (GPU UUIDs, driver)
         assert fp["server"] == reported and fp["versions"] == info.args["versions"]

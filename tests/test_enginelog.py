@@ -69,3 +69,31 @@ def test_nothing_without_engine_logs_or_warnings_and_passes_without_times_are_sk
                          _pass("default", 2, "counted", "2026-12-01T16:56:07.9Z", 0.2)])
     assert j.passes == ((2, "counted"),)
     assert jit_compiles(tmp_path, None, PASSES) == ()
+
+
+def test_sglang_modes_from_its_logged_server_args():
+    """SGLang logs its resolved arguments once per start as a Python literal (``server_args=``):
+    torch.compile and its CUDA graphs read from there, in the committed H100 runs' logs and in
+    the other shapes the arguments can take."""
+    from bistat.store.enginelog import engine_modes, logged_modes
+
+    root = Path(__file__).resolve().parents[1] / "data" / "h100-sglang"
+    s1 = {arm: [m.describe() for m in starts]
+          for arm, starts in logged_modes(root / "h100-sglang-match-smollm2").items()}
+    graphs = "decode full (≤ 128 requests), prefill breakable (≤ 8192 tokens)"
+    assert s1 == {arm: [("no torch.compile (SGLang)", graphs)] for arm in (
+        "default", "deterministic-fa3", "deterministic-triton", "deterministic-flashinfer")}
+    s3 = logged_modes(root / "h100-sglang-latency-qwen3-8b-b8")
+    assert {m.cudagraph_mode for starts in s3.values() for m in starts} == {
+        "decode full (≤ 256 requests), prefill breakable (≤ 8192 tokens)"}
+    line = "[t] server_args={'enable_torch_compile': True, 'torch_compile_max_bs': 16, %s}"
+    assert engine_modes(line % "'disable_cuda_graph': True").describe() == (
+        "torch.compile (SGLang, batch ≤ 16)", "none (disable_cuda_graph)")
+    assert engine_modes(line % ("'cuda_graph_config': {'decode': {'backend': 'disabled'}, "
+                                "'prefill': {'backend': 'full', 'max_bs': 512}}")).cudagraph_mode \
+        == "prefill full (≤ 512 tokens)"
+    assert engine_modes(line % "'cuda_graph_max_bs': 160").cudagraph_mode == \
+        "decode (≤ 160 requests)"
+    # a line that is not a literal, or no server_args at all: nothing stated
+    assert engine_modes("[t] server_args={'a': <object at 0x1>}") is None
+    assert engine_modes("[t] Sampling backend is set to pytorch") is None

@@ -534,8 +534,17 @@ class SGLangServerEngine(DeclaredContext, LocalServerEngine):
                   "log_path": str(self.log_path), "versions": versions,
                   "server_reported": self.client.reported()},
             env={**self.arm_env, **FORCED_ENV},
-            log_findings=self.log_findings() + ((problem,) if problem else ()))
+            log_findings=self.log_findings() + ((problem,) if problem else ()),
+            modes=self.logged_modes())
         return self.info
+
+    def logged_modes(self) -> dict[str, Any]:
+        """torch.compile and the CUDA graphs as the server's logged ``server_args`` state them
+        (:func:`bistat.store.enginelog.engine_modes`); empty when it states none."""
+        from bistat.store.enginelog import engine_modes
+
+        modes = engine_modes(self.log_text())
+        return {} if modes is None else modes.to_dict()
 
     def reset_prefix_cache(self) -> bool:
         """Ask the server to empty its radix cache (``/flush_cache``)."""

@@ -161,14 +161,63 @@ def _config_lines(log_text: str):
     return (line for line in log_text.splitlines() if "compilation_config=" in line)
 
 
+#: SGLang's server logs its whole argument set once per start as a Python literal
+#: ("[time] server_args={'model_path': ..., 'enable_torch_compile': False, 'cuda_graph_config':
+#: {'decode': {'backend': 'full', 'max_bs': 128, ...}, 'prefill': {'backend': 'breakable', ...}},
+#: 'disable_cuda_graph': False, ...}"; 0.5.23).
+_SGLANG_ARGS = re.compile(r"\bserver_args=(?P<args>\{.*\})\s*$")
+
+
+def _sglang_modes(log_text: str) -> EngineModes | None:
+    """SGLang's modes from its logged ``server_args``: torch.compile on or off (and up to which
+    batch), and its decode and prefill CUDA graphs (backend and largest size); None without it."""
+    import ast
+
+    for line in log_text.splitlines():
+        m = _SGLANG_ARGS.search(line)
+        if m is None:
+            continue
+        try:
+            args = ast.literal_eval(m["args"])
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            continue
+        if not isinstance(args, dict):
+            continue
+        compiled = (f"torch.compile (SGLang, batch ≤ {args.get('torch_compile_max_bs')})"
+                    if args.get("enable_torch_compile") else "no torch.compile (SGLang)")
+        config = args.get("cuda_graph_config")
+        if args.get("disable_cuda_graph"):
+            graphs = "none (disable_cuda_graph)"
+        elif isinstance(config, dict):
+            units = {"decode": "requests", "prefill": "tokens"}
+            parts = [f"{phase} {c.get('backend')} (≤ {c.get('max_bs')} {units[phase]})"
+                     for phase in ("decode", "prefill")
+                     if isinstance(c := config.get(phase), dict) and c.get("backend") != "disabled"]
+            graphs = ", ".join(parts) or "none"
+        elif args.get("cuda_graph_max_bs") is not None:
+            graphs = f"decode (≤ {args['cuda_graph_max_bs']} requests)"
+        else:
+            graphs = None
+        return EngineModes(compiled, graphs, None, "engine log")
+    return None
+
+
 def engine_modes(log_text: str) -> EngineModes | None:
-    """The modes one engine start's log states; None when it holds no configuration line.
+    """The modes one engine start's log states (vLLM's configuration line, or SGLang's
+    ``server_args``); None when it holds neither.
 
     >>> engine_modes("INFO [core.py:114] Initializing a V1 LLM engine (v0.25.0) with config: "
     ...     "model='m', compilation_config={'mode': <CompilationMode.VLLM_COMPILE: 3>, "
     ...     "'cudagraph_mode': <CUDAGraphMode.FULL_AND_PIECEWISE: (2, 1)>}").describe()
     ('torch.compile (VLLM_COMPILE)', 'FULL_AND_PIECEWISE')
+    >>> engine_modes("[2026-12-07 08:16:49] server_args={'enable_torch_compile': False, "
+    ...     "'torch_compile_max_bs': 32, 'cuda_graph_config': {'decode': {'backend': 'full', "
+    ...     "'max_bs': 128}, 'prefill': {'backend': 'breakable', 'max_bs': 8192}}, "
+    ...     "'disable_cuda_graph': False}").describe()
+    ('no torch.compile (SGLang)', 'decode full (≤ 128 requests), prefill breakable (≤ 8192 tokens)')
     """
+    if "server_args=" in log_text and "compilation_config=" not in log_text:
+        return _sglang_modes(log_text)
     mode = graphs = None
     for line in _config_lines(log_text):
         m = _CONFIG_MODE.search(line)
