@@ -150,12 +150,10 @@ class Answer:
                 self.workload)
 
 
-def answers(findings: Sequence[IndexedFinding], registrations: Mapping[str, Registration]
-            ) -> list[Answer]:
-    """The answers' rows: for each run, the finding of the newest confirmatory rule registered
-    for it (a finding whose registration is not in ``registrations`` is left out: a worked
-    example's, say), one row per comparison of its Summary; where two runs give the same row
-    (engine, GPU, model, head size, attention backend, setting, workload), the newer run's."""
+def findings_per_run(findings: Sequence[IndexedFinding], registrations: Mapping[str, Registration]
+                     ) -> dict[str, tuple[IndexedFinding, Registration]]:
+    """Run -> the finding of the newest confirmatory rule registered for it, with that
+    registration (a finding whose registration is not in ``registrations`` is left out)."""
     by_run: dict[str, list[tuple[IndexedFinding, Registration]]] = {}
     for f in findings:
         if f.summary is None or f.summary.analysis != "confirmatory":
@@ -163,9 +161,18 @@ def answers(findings: Sequence[IndexedFinding], registrations: Mapping[str, Regi
         reg = registrations.get(f.name)
         if reg is not None:
             by_run.setdefault(f.summary.run, []).append((f, reg))
+    return {run: max(c, key=lambda x: (x[1].registered_utc, x[0].name))
+            for run, c in by_run.items()}
+
+
+def answers(findings: Sequence[IndexedFinding], registrations: Mapping[str, Registration]
+            ) -> list[Answer]:
+    """The answers' rows: for each run, the finding of the newest confirmatory rule registered
+    for it (a finding whose registration is not in ``registrations`` is left out: a worked
+    example's, say), one row per comparison of its Summary; where two runs give the same row
+    (engine, GPU, model, head size, attention backend, setting, workload), the newer run's."""
     best: dict[tuple, tuple[str, Answer]] = {}
-    for run in sorted(by_run):
-        f, reg = max(by_run[run], key=lambda c: (c[1].registered_utc, c[0].name))
+    for _, (f, reg) in sorted(findings_per_run(findings, registrations).items()):
         sm, exp = f.summary, reg.experiment()
         model, head = model_words(exp.engine.model, exp.engine.args)
         load = (exp.workload.concurrency, exp.workload.n_prompts, exp.workload.max_tokens)

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bistat.core.markdown import md_row
-from bistat.report.index_answers import model_words, workload_words
+from bistat.report.index_answers import (_ratio_cell, findings_per_run, model_words,
+                                         workload_words)
 from bistat.report.index_findings import IndexedFinding, SummaryRow
 from bistat.report.index_releases import NewestRelease
 
@@ -81,31 +82,18 @@ def tax_rows(findings: Sequence[IndexedFinding], registrations: Mapping[str, Reg
     release = newest.get("vllm")
     if release is None:
         return []
-    by_name: dict[str, IndexedFinding] = {}
-    analysed = {f.name for f in findings}     # a registration with any finding has run
-    for f in findings:
-        if f.summary is not None and f.summary.analysis == "confirmatory":
-            by_name[f.name] = f
     # one row per run: a run analysed under several registrations (a -hac sibling) shows once,
-    # under the newest of them
-    newest_for_run: dict[str, str] = {}
-    for name, f in by_name.items():
-        reg = registrations.get(name)
-        if reg is None:
-            continue
-        current = newest_for_run.get(f.summary.run)
-        if current is None or (registrations[current].registered_utc, current) < (
-                reg.registered_utc, name):
-            newest_for_run[f.summary.run] = name
-    shown = set(newest_for_run.values())
+    # under the newest of them, as in the answers; a registration with any finding has run
+    chosen = {f.name: f for f, _ in findings_per_run(findings, registrations).values()}
+    analysed = {f.name for f in findings}
     rows = []
     for name, reg in sorted(registrations.items()):
         exp = reg.experiment()
         arms = tax_arms(exp)
         if arms is None or exp.engine.required_version != release.version:
             continue
-        finding = by_name.get(name)
-        if (finding is not None and name not in shown) or (finding is None and name in analysed):
+        finding = chosen.get(name)
+        if finding is None and name in analysed:
             continue
         shipped, plugin = arms
         summary_rows = {} if finding is None else {r.treatment: r for r in finding.summary.rows}
@@ -123,9 +111,7 @@ def tax_rows(findings: Sequence[IndexedFinding], registrations: Mapping[str, Reg
 
 
 def _cost(row: SummaryRow | None) -> str:
-    if row is None:
-        return "—"
-    return f"{row.cost}: {row.ratio} {row.cost_interval}"
+    return "—" if row is None else f"{row.cost}: {_ratio_cell(row)}"
 
 
 def render_tax(rows: Sequence[TaxRow], readme_dir: Path, release: NewestRelease | None
