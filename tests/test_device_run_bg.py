@@ -48,7 +48,16 @@ def allowed():
     except (FileNotFoundError, ValueError):
         return 1
 
+def probe():
+    # a stand-in `bistat probe`: its report names the arguments it was given
+    import json
+    out = Path(sys.argv[sys.argv.index("--output") + 1])
+    out.write_text(json.dumps({"argv": sys.argv[1:]}))
+    print("probe: confirmed", flush=True)
+
 def main():
+    if sys.argv[1] == "probe":
+        return probe()
     run_dir = Path(sys.argv[sys.argv.index("--run-dir") + 1])
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "run.json").write_text("{}")
@@ -503,3 +512,39 @@ def test_a_wrapper_left_as_a_zombie_counts_as_ended(repo):
         assert _run_bg(repo, "--stop", "fake", "20", out="c3").returncode == 0
     finally:
         zombie.wait()
+
+
+def test_probe_mode_runs_the_probe_in_the_background_with_the_needle_from_the_run(repo):
+    """PROBE=1: `bistat probe` of the study's arms in the background (a probe of four SGLang arms
+    outlasts a call), its needle from the study's run where that run was brought along, its report
+    and log returned by every call instead of a snapshot; PROBE_PART and PROBE_ARGS probe one more
+    arm into probe-ARM.json (which merges with probe.json), under files of its own."""
+    run = repo / "runs" / "fake"
+    run.mkdir(parents=True)
+    (run / "run.json").write_text("{}")          # the committed run, copied in on the device
+    done = _run_bg(repo, "fake", "30", PROBE="1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "[bg] fake finished" in done.stdout and "probe: confirmed" in done.stdout
+    report = json.loads((repo / "out" / "fake.probe.json").read_text())
+    argv = report["argv"]
+    assert argv[:2] == ["probe", "preregistrations/fake.json"]
+    assert argv[argv.index("--output") + 1] == str(run / "probe.json")
+    assert argv[argv.index("--needle-from") + 1] == str(run)
+    assert (repo / "out" / "fake.probe.log").is_file()
+    assert not list((repo / "out").glob("fake.snap-*")), "a probe call sends no snapshot"
+    assert not (repo / "runs" / "fake.status").exists(), "the study's own files are untouched"
+
+    part = _run_bg(repo, "fake", "30", out="out2", PROBE="1", PROBE_PART="det",
+                   PROBE_ARGS="--arm det --no-control")
+    assert part.returncode == 0, part.stdout + part.stderr
+    argv = json.loads((repo / "out2" / "fake.probe-det.json").read_text())["argv"]
+    assert argv[argv.index("--output") + 1] == str(run / "probe-det.json")
+    assert argv[argv.index("--arm") + 1] == "det" and "--no-control" in argv
+    assert json.loads((run / "probe.json").read_text())["argv"] != argv
+
+
+def test_probe_mode_without_a_run_uses_the_declared_needle(repo):
+    done = _run_bg(repo, "fake", "30", PROBE="1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    argv = json.loads((repo / "out" / "fake.probe.json").read_text())["argv"]
+    assert "--needle-from" not in argv

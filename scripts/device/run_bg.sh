@@ -54,8 +54,15 @@ fi
 STOP=0
 if [ "${1:-}" = "--stop" ]; then STOP=1; shift; fi
 NAME=${1:?usage: run_bg.sh [--stop] NAME [SECONDS]}
-REG="$REPO/preregistrations/$NAME.json"; RUN="$REPO/runs/$NAME"; LOG="$REPO/runs/$NAME.log"
-PIDF="$REPO/runs/$NAME.pid"; STATUS="$REPO/runs/$NAME.status"
+REG="$REPO/preregistrations/$NAME.json"; RUN="$REPO/runs/$NAME"
+# PROBE=1: the kv-sweep probe of the study's treatment arms (with its negative control) instead of
+# the study, in the background like a run: a probe of several SGLang or vLLM arms outlasts one call
+# (each arm starts its engine). Its files have their own names; PROBE_ARGS go to `bistat probe`
+# (e.g. "--arm X --no-control", with PROBE_PART=X writing probe-X.json, which merges with
+# probe.json). Each call returns the report so far and the log instead of a snapshot.
+TAG=${PROBE:+.probe${PROBE_PART:+-$PROBE_PART}}
+LOG="$REPO/runs/$NAME$TAG.log"; PIDF="$REPO/runs/$NAME$TAG.pid"; STATUS="$REPO/runs/$NAME$TAG.status"
+REPORT="$RUN/probe${PROBE_PART:+-$PROBE_PART}.json"
 proc_alive() {   # the wrapper's process is there (an exited one nobody reaps is a zombie,
   local pid; pid=$(cat "$PIDF" 2>/dev/null) || return 1   # which kill -0 still finds)
   kill -0 "$pid" 2>/dev/null && ! grep -qE '^[0-9]+ \(.*\) Z' "/proc/$pid/stat" 2>/dev/null
@@ -63,6 +70,10 @@ proc_alive() {   # the wrapper's process is there (an exited one nobody reaps is
 alive() { [ ! -s "$STATUS" ] && proc_alive; }   # the wrapper writes STATUS last
 snapshot() {   # what runs/NAME recorded since the last snapshot, into $OUT (snap.py)
   [ -n "${OUT:-}" ] && [ -d "$RUN" ] || return 0
+  if [ -n "${PROBE:-}" ]; then   # a probe: its report so far and its log
+    cp "$LOG" "$OUT/" 2>/dev/null; [ -f "$REPORT" ] && cp "$REPORT" "$OUT/$NAME.$(basename "$REPORT")"
+    return 0
+  fi
   nice -n 19 python3 -E "$(dirname "$0")/snap.py" make "$REPO/runs" "$NAME" "$OUT" \
     || echo "[bg] snapshot of $NAME failed (the next one carries its data); the run goes on"
 }
@@ -107,7 +118,12 @@ if ! alive; then
     echo "$others"
     exit 1
   fi
-  if [ -f "$RUN/run.json" ]; then what=(run --resume "$RUN" --no-progress); echo "[bg] resuming $RUN"
+  if [ -n "${PROBE:-}" ]; then   # the needle from the study's own run when it is there
+    what=(probe "preregistrations/$NAME.json" --trials 3 --min-fillers 32 --max-fillers 128
+          --output "$REPORT" ${PROBE_ARGS:-})
+    [ -f "$RUN/run.json" ] && what+=(--needle-from "$RUN"); mkdir -p "$RUN"
+    echo "[bg] probing $NAME: bistat ${what[*]}"
+  elif [ -f "$RUN/run.json" ]; then what=(run --resume "$RUN" --no-progress); echo "[bg] resuming $RUN"
   else what=(run "preregistrations/$NAME.json" --run-dir "$RUN" --no-progress); echo "[bg] starting $RUN"; fi
   setsid nohup bash -c '. scripts/device/env.sh; bistat "$@"; rc=$?; gpu_clean
     echo "{\"status\": $rc}" > "'"$STATUS"'"' _ "${what[@]}" >> "$LOG" 2>&1 < /dev/null &
