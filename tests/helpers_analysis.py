@@ -126,7 +126,8 @@ def make_run(tmp: Path, reg: Registration, outputs: Callable[[str, int, int], Ou
                     "t_submit": 0.0, "t_first_token": 0.1, "t_done": latency(arm, p, i),
                     "error": err,
                     "attempts": 1, "token_sha256": None if err else token_sha256(ids),
-                    "logprob_sha256": None if err else logprob_sha256(lps)})
+                    "logprob_sha256": None if err else logprob_sha256(lps),
+                    **({"preemptions": out["preemptions"]} if "preemptions" in out else {})})
             for t, r in enumerate(running(arm, p)):
                 w.append("metrics", {"arm": arm, "seq": seq, "t": float(t),
                                      "num_requests_running": r, "num_requests_waiting": 0.0,

@@ -229,6 +229,29 @@ def test_preemptions_above_the_cap_fail(tmp_path):
     assert (pre.passed, pre.observed, pre.limit) == (False, 6.0, 0)
 
 
+def test_preemptions_the_answers_report_count_where_the_counter_missed_them(tmp_path):
+    """An engine that says per answer how often it preempted the request (SGLang's
+    num_retractions): a pass's preemptions are the larger of the counter's increase and the
+    answers' sum, so a retraction the once-a-second counter missed still fails the check."""
+    reg = register_tiny(tmp_path, declaration(max_preemptions=0))
+
+    def outputs(arm, p, i):
+        out = control_diverges(arm, p, i)
+        out = {"token_ids": out} if isinstance(out, list) else dict(out)
+        return {**out, "preemptions": 1 if (arm, i) == ("trt", 3) else 0}
+
+    s = analyze_run(make_run(tmp_path, reg, outputs,
+                             preemptions=lambda arm, p: 0.0))
+    (pre,) = [v for v in s.validity if v.name == "preemptions"]
+    assert (pre.passed, pre.observed, pre.limit) == (False, 2.0, 0)
+    assert pre.detail == "most in one arm's counted passes: trt"
+    # the counter's reading stands where it is the larger
+    s = analyze_run(make_run(tmp_path, reg, outputs, run_name="run2",
+                             preemptions=lambda arm, p: 3.0 if arm == "ctl" else 0.0))
+    (pre,) = [v for v in s.validity if v.name == "preemptions"]
+    assert (pre.passed, pre.observed) == (False, 6.0)
+
+
 def test_engine_refused_is_untested_and_not_run(tiny):
     tmp, reg = tiny
     run = make_run(tmp, reg, control_diverges, events=[

@@ -36,6 +36,7 @@ from bistat.engines.server_process import FORCED_ENV, group_pids
 from bistat.engines.sglang_server import (
     SERVER_INFO_KEYS,
     SGLangServerEngine,
+    answer_retractions,
     parse_generate_answer,
     sglang_cli_args,
 )
@@ -124,6 +125,11 @@ def test_generate_answers_that_do_not_carry_ids_and_logprobs_exactly_are_malform
         "prompt_tokens": 3, "finish_reason": {"type": "length", "length": 2},
         "output_token_logprobs": [[-0.125, 5, None], [-2.5, 6, "b"]]}}
     assert parse_generate_answer(good) == ([5, 6], "ab", [-0.125, -2.5], None, "length", 3)
+    assert answer_retractions(good) is None
+    assert answer_retractions({"meta_info": {"num_retractions": 0}}) == 0
+    for bad in (-1, 1.0, True, "2"):
+        with pytest.raises(ValueError, match="num_retractions is .*, not a count"):
+            answer_retractions({"meta_info": {"num_retractions": bad}})
     swapped = json.loads(json.dumps(good))
     swapped["meta_info"]["output_token_logprobs"][1][1] = 7
     with pytest.raises(ValueError, match="disagree with the 2 output_ids"):
@@ -383,6 +389,11 @@ def test_retractions_are_counted_from_the_first(model_folder, tmp_path):
     assert after.num_preemptions_total >= 2
     assert batching_summary(samples, wall_s=samples[-1].t)["preemptions"] == (
         after.num_preemptions_total)
+    # each answer says how often its request was retracted: together, every retraction
+    per_request = {pid: r.preemptions for pid, r in got.items()}
+    assert all(isinstance(n, int) for n in per_request.values()), per_request
+    assert sum(per_request.values()) == after.num_preemptions_total
+    assert max(per_request.values()) >= 1
     ref_engine = EmbeddedEngine(load_model(model_folder), gemm="invariant", max_batch_size=1)
     for ref in ref_engine.generate(reqs):
         assert (got[ref.prompt_id].token_ids, got[ref.prompt_id].logprobs) == (

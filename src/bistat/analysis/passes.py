@@ -46,6 +46,8 @@ class PassSummary:
     mean_running: float | None
     max_running: float | None
     mean_waiting: float | None
+    #: preemptions over the pass: the increase of the engine's counter, or the sum of the
+    #: per-request counts its answers gave (SGLang's ``num_retractions``) where that is larger
     preemptions: float | None
     n_metric_samples: int
     #: requests bistat had in flight, time-weighted over the pass: sum of (t_done - t_submit)
@@ -104,6 +106,7 @@ def pass_summaries(passes_df: pd.DataFrame, schedule: pd.DataFrame, responses: p
              if _opt_int(r.get("seq")) is not None}
     batching, series = _batching(metrics, walls)
     in_flight = _client_in_flight(responses)
+    per_request = _request_preemptions(responses)
     counted_keys = responses.loc[responses["kind"] == "counted", ["arm", "pass_index"]]
     with_responses = {(str(a), int(p)) for a, p in counted_keys.drop_duplicates().itertuples(
         index=False)}
@@ -140,7 +143,8 @@ def pass_summaries(passes_df: pd.DataFrame, schedule: pd.DataFrame, responses: p
             mean_running=b.get("mean_running", _opt_float(batch_rec.get("mean_running"))),
             max_running=b.get("max_running", _opt_float(batch_rec.get("max_running"))),
             mean_waiting=b.get("mean_waiting", _opt_float(batch_rec.get("mean_waiting"))),
-            preemptions=b.get("preemptions", _opt_float(batch_rec.get("preemptions"))),
+            preemptions=_larger(b.get("preemptions", _opt_float(batch_rec.get("preemptions"))),
+                                per_request.get((arm, pidx))),
             n_metric_samples=int(b.get("n", 0)), client_in_flight=in_flight.get((arm, pidx)),
             running_hist=b.get("running_hist", _hist_pairs(batch_rec.get("running_hist"))),
             **_host_shares(rec.get("host"), _opt_float(rec.get("wall_s"))),
@@ -233,6 +237,27 @@ def _gpu_fields(gpu: Any) -> dict[str, float | None]:
             "gpu_temperature_max_c": _opt_float(gpu.get("temperature_c_max")),
             "gpu_power_w": _opt_float(gpu.get("power_w_mean")),
             "gpu_slowdown_share": _opt_float(gpu.get("slowdown_share"))}
+
+
+def _request_preemptions(responses: pd.DataFrame) -> dict[tuple[str, int], float]:
+    """(arm, pass_index) -> the preemptions the pass's answers reported, summed over its requests
+    (``preemptions`` in ``responses.jsonl``; passes none of whose answers carry one are left out).
+
+    The engine's counter, sampled about once a second, can miss a preemption near a pass's end, and
+    SGLang's series exists only from its first retraction on; the answers' own counts cannot."""
+    if responses.empty or "preemptions" not in responses.columns:
+        return {}
+    frame = responses[["arm", "pass_index", "preemptions"]].copy()
+    frame["preemptions"] = pd.to_numeric(frame["preemptions"], errors="coerce")
+    frame = frame.dropna()
+    return {(str(arm), int(pidx)): float(g["preemptions"].sum())
+            for (arm, pidx), g in frame.groupby(["arm", "pass_index"], sort=True)}
+
+
+def _larger(counter: float | None, answers: float | None) -> float | None:
+    """The larger of the two readings of a pass's preemptions, where either exists."""
+    known = [x for x in (counter, answers) if x is not None and not math.isnan(x)]
+    return max(known) if known else counter
 
 
 def _client_in_flight(responses: pd.DataFrame) -> dict[tuple[str, int], float]:

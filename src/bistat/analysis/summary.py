@@ -327,7 +327,8 @@ def _load_tables(run: RecordedRun, unit: str) -> _Tables:
     gaps.extend(env_read.gaps)
     ev_read = run.load("events", ["arm", "event", "time_utc", "detail", "release_check"])
     gaps.extend(ev_read.gaps)
-    resp_cols = ["arm", "kind", "pass_index", "prompt_id", "error", "t_submit", "t_done"]
+    resp_cols = ["arm", "kind", "pass_index", "prompt_id", "error", "t_submit", "t_done",
+                 "preemptions"]
     resp_cols += {"token_ids": ["token_sha256"], "text": ["text"],
                   "token_ids+logprobs": ["token_sha256", "logprob_sha256"]}[unit]
     resp_read = run.load("responses", resp_cols)

@@ -56,6 +56,9 @@ class GenerationResult:
     attempts: int = 1
     rate_limited: int = 0      # attempts answered 429 (HTTP engines)
     retry_wait_s: float = 0.0  # seconds waited between attempts (inside t_submit..t_done)
+    # times the engine preempted the request and ran it again (SGLang's retractions, from its
+    # answer's meta_info.num_retractions); None where the engine does not say per request
+    preemptions: int | None = None
 
 
 @dataclass(frozen=True)

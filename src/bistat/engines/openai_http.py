@@ -393,12 +393,14 @@ class OpenAIHTTPEngine:
             t_done = time.monotonic() - t0
             attempts, rate_limited, waited = tries.attempts, tries.rate_limited, tries.waited_s
         if parsed is not None:
-            ids, text, lps, top, finish, n_prompt = parsed
+            # an engine whose answers say how often each request was preempted adds that count
+            ids, text, lps, top, finish, n_prompt, *per_request = parsed
             result = GenerationResult(
                 prompt_id=req.prompt_id, token_ids=ids, text=text, logprobs=lps,
                 top_logprobs=top, finish_reason=finish, n_prompt_tokens=n_prompt,
                 t_submit=t_submit, t_first_token=None, t_done=t_done, error=None,
-                attempts=attempts, rate_limited=rate_limited, retry_wait_s=waited)
+                attempts=attempts, rate_limited=rate_limited, retry_wait_s=waited,
+                preemptions=per_request[0] if per_request else None)
         else:
             result = GenerationResult(
                 prompt_id=req.prompt_id, token_ids=[], text="", logprobs=None, top_logprobs=None,

@@ -60,8 +60,11 @@ sent back to the queue when the KV cache is full) stand for vLLM's preemptions i
 :func:`~bistat.engines.metrics.parse_sglang_metrics`). SGLang refreshes its scheduler gauges at
 each prefill batch, once per ``--decode-log-interval`` decode steps (40 by default) and when it
 falls idle, so a sample reads the last refresh, not the instant. Its token counters include its
-start-up warm-up request (8 tokens), not its health checks. ``meta_info.num_retractions`` (per
-request) is not recorded: the result records carry no such field.
+start-up warm-up request (8 tokens), not its health checks. Each answer's
+``meta_info.num_retractions`` is recorded per request (``preemptions`` in ``responses.jsonl``): a
+pass's preemptions are then the larger of the counter's increase and the sum over its requests
+(:func:`bistat.analysis.passes.pass_summaries`), since the counter's samples can miss the end of a
+pass.
 
 Fingerprint: the versions of sglang, sglang-kernel (import name ``sgl_kernel``), flashinfer-python
 and torch in the arm's environment, read from package metadata by ``python -c`` without importing
@@ -105,7 +108,8 @@ from bistat.engines.server_process import (
 )
 from bistat.engines.sglang_args import arg_problems
 
-__all__ = ["SGLangHTTPClient", "SGLangServerEngine", "parse_generate_answer", "sglang_cli_args"]
+__all__ = ["SGLangHTTPClient", "SGLangServerEngine", "answer_retractions", "parse_generate_answer",
+           "sglang_cli_args"]
 
 #: Server-log lines kept as evidence at every start: attention and sampling backends, the
 #: deterministic mode and what SGLang changed for it.
@@ -253,6 +257,25 @@ def parse_generate_answer(data: Any) -> tuple[list[int], str, list[float] | None
     return ids, text, logprobs, top, reason, None if n_prompt is None else int(n_prompt)
 
 
+def answer_retractions(data: Any) -> int | None:
+    """How often SGLang retracted this request (sent it back to the queue, its KV cache freed, to
+    be prefilled and decoded again): ``meta_info.num_retractions``, which SGLang 0.5.23 sets in
+    every ``/generate`` answer (srt/managers/tokenizer_manager.py, from the scheduler's
+    ``req.retraction_count``); None where the answer has no such count.
+
+    >>> answer_retractions({"meta_info": {"num_retractions": 2}})
+    2
+    >>> answer_retractions({"meta_info": {}}) is None
+    True
+    """
+    value = data["meta_info"].get("num_retractions")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"meta_info.num_retractions is {value!r}, not a count")
+    return value
+
+
 class SGLangHTTPClient(OpenAIHTTPEngine):
     """SGLang's native API at ``base_url``: ``/generate`` for requests, SGLang's metric names,
     ``/model_info`` and ``/server_info`` at start, ``/flush_cache`` to empty its radix cache.
@@ -342,7 +365,9 @@ class SGLangHTTPClient(OpenAIHTTPEngine):
         return body
 
     def parse_answer(self, data: Any, req: GenerationRequest) -> tuple:
-        return parse_generate_answer(data)
+        """:func:`parse_generate_answer`'s fields, then the request's retractions
+        (:func:`answer_retractions`)."""
+        return (*parse_generate_answer(data), answer_retractions(data))
 
     def parse_metrics(self, text: str, t: float) -> MetricsSample:
         return parse_sglang_metrics(text, t=t, model_name=self.model)

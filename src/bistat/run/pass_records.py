@@ -47,6 +47,7 @@ def _response_record(
         "attempts": result.attempts,
         "rate_limited": result.rate_limited,
         "retry_wait_s": result.retry_wait_s,
+        "preemptions": result.preemptions,
         "token_sha256": token_sha256(result.token_ids) if ok else None,
         "logprob_sha256": logprob_sha256(logprobs) if ok else None,
     }
@@ -74,6 +75,7 @@ def _missing_record(planned: PlannedPass, prompt_index: int, request: Generation
         "attempts": 0,
         "rate_limited": 0,
         "retry_wait_s": 0.0,
+        "preemptions": None,
         "token_sha256": None,
         "logprob_sha256": None,
     }

@@ -93,7 +93,7 @@ def _column_types() -> dict[str, dict[str, pa.DataType]]:
             "logprobs": pa.list_(pa.float64()), "finish_reason": pa.string(),
             "n_prompt_tokens": pa.int64(), "t_submit": pa.float64(), "t_first_token": pa.float64(),
             "t_done": pa.float64(), "error": pa.string(), "attempts": pa.int64(),
-            "rate_limited": pa.int64(), "retry_wait_s": pa.float64(),
+            "rate_limited": pa.int64(), "retry_wait_s": pa.float64(), "preemptions": pa.int64(),
             "token_sha256": pa.string(), "logprob_sha256": pa.string(),
         },
         "passes": {
