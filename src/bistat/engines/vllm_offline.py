@@ -43,7 +43,8 @@ from bistat.engines.base import (
     MetricsSample,
 )
 from bistat.engines.declared import DeclaredContext
-from bistat.engines.lifetime import SERVER_MARK, end_watchdog, guard_group, owner_mark
+from bistat.engines.lifetime import (SERVER_MARK, end_watchdog, guard_group, owner_mark,
+                                     stop_group)
 from bistat.store.enginelog import engine_modes
 from bistat.engines.vllm_args import arg_problems
 from bistat.engines.vllm_server import (
@@ -305,7 +306,9 @@ class VLLMOfflineEngine(DeclaredContext):
                 "commit": self.info.commit if self.info else None}
 
     def stop(self) -> None:
-        """Ask the child to exit, then SIGINT/SIGKILL its process group; reap everything."""
+        """Ask the child to exit, then stop what is left of its process group as a server's is
+        stopped (:func:`~bistat.engines.lifetime.stop_group`: SIGINT, SIGKILL after the grace,
+        until none of its processes is left); reap everything."""
         proc, self.proc = self.proc, None
         if proc is not None:
             pgid = proc.pid
@@ -314,16 +317,8 @@ class VLLMOfflineEngine(DeclaredContext):
                 proc.wait(timeout=self.stop_grace_s)
             except (OSError, ValueError, subprocess.TimeoutExpired):
                 pass
-            for sig in (signal.SIGINT, signal.SIGKILL):
-                if not _group_pids(pgid):
-                    break
-                try:
-                    os.killpg(pgid, sig)
-                except (ProcessLookupError, PermissionError):
-                    break
-                deadline = time.monotonic() + self.stop_grace_s
-                while _group_pids(pgid) and time.monotonic() < deadline:
-                    time.sleep(0.05)
+            if _group_pids(pgid):
+                stop_group(pgid, signal.SIGINT, self.stop_grace_s, leader=proc)
             proc.wait()
         watchdog, self._watchdog = self._watchdog, None
         end_watchdog(watchdog)
