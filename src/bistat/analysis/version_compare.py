@@ -277,16 +277,13 @@ def _flags(args: Mapping[str, Any]) -> str:
 
 
 def _switches(s: Any, arm: str) -> str:
-    """What an arm sets beyond its run's control: the environment variables whose values differ
-    from the control's, and its own engine arguments."""
-    decl = {x["name"]: x for x in s.declaration.get("arms", [])}
-    control = next((x for x in s.declaration.get("arms", []) if x.get("role") == "control"), {})
-    mine = decl.get(arm, {})
-    env = {k: v for k, v in (mine.get("env") or {}).items()
-           if (control.get("env") or {}).get(k) != v}
-    parts = [f"{k}={v}" for k, v in sorted(env.items())]
-    parts += [f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}")
-              for k, v in sorted((mine.get("args") or {}).items())]
+    """What an arm sets beyond its run's control, as the findings index's answers say it
+    (:func:`bistat.report.index_answers.arm_setting`: mode switches, then environment variables,
+    then engine arguments as flags)."""
+    from bistat.declare.experiment import validate_experiment
+    from bistat.report.index_answers import arm_setting
+
+    parts, _ = arm_setting(validate_experiment(dict(s.declaration)), arm)
     return ", ".join(f"`{x}`" for x in parts) or "nothing (the control)"
 
 
