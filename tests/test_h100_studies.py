@@ -243,7 +243,7 @@ def test_the_engine_comparison_on_one_card_type_regenerates_and_reads_as_two_eng
     assert fa3.explanation().startswith("differs between the engines")
     setups = {what: (a, b) for what, a, b in vc.setups}
     assert setups["arm deterministic-fa3 / batch-invariant: set beyond the control"] == (
-        "`--attention-backend fa3`, `--enable-deterministic-inference`",
+        "`--enable-deterministic-inference`, `--attention-backend fa3`",
         "`VLLM_BATCH_INVARIANT=1`")
     assert setups["torch"] == ("2.14.1", "2.14.0")
     assert setups["counted passes"] == ("4 per arm", "4 per arm")
