@@ -225,7 +225,7 @@ def test_a_finding_shows_the_outcome_per_needle_and_old_reports_render_as_before
     start = lines.index(
         "Per needle (the kv-sweep design: the needle prompt and needles of about 112, 176, 304, 600 "
         "prompt tokens, 128 tokens each, among fillers of 16 tokens arriving while they decode; "
-        "identical in how many trials, bitwise). Left out: needle-600: about 600 prompt tokens "
+        "in how many trials identical, or different, bitwise). Left out: needle-600: about 600 prompt tokens "
         "(+25 %) and 128 generated exceed max_model_len 600 (engine.args).")
     table = lines[start + 2].splitlines()
     assert table[0] == ("| needle | design tokens | prompt tokens | keys decoded | invariant: in "
@@ -233,6 +233,6 @@ def test_a_finding_shows_the_outcome_per_needle_and_old_reports_render_as_before
     rows = {r.split(" | ")[0][2:]: r.split(" | ") for r in table[2:]}
     assert list(rows) == ["chat-0000", "needle-112", "needle-176", "needle-304"]
     assert rows["needle-304"][1:3] == ["304", "308"]
-    assert rows["needle-304"][4].startswith("**different** 0 / 2, first at KV length ")
+    assert rows["needle-304"][4].startswith("**different** in 2 / 2, first at KV length ")
     assert rows["needle-304"][6].startswith("**violated** — bitwise differences on invariant, the "
                                             "earliest at KV length ")

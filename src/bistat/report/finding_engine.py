@@ -219,8 +219,9 @@ def _probe_needles(s: RunSummary) -> list[str]:
             where = ("" if n.kv_first_divergence is None
                      else f", first at KV length {n.kv_first_divergence}")
             repeat = "" if n.alone_repeat_identical is not False else "; alone twice **different**"
-            cells.append(f"{'identical' if not n.differs else '**different**'} "
-                         f"{same} / {len(n.trials)}{where}{repeat}")
+            cells.append(f"identical {same} / {len(n.trials)}" if not n.differs else
+                         f"**different** in {len(n.trials) - same} / {len(n.trials)}{where}"
+                         f"{repeat}")
         keys = "—" if v.kv_low is None else f"{v.kv_low}-{v.kv_high}"
         rows.append((v.needle, "—" if v.target_tokens is None else str(v.target_tokens),
                      md_cell(v.n_prompt_tokens), keys, *cells,
@@ -229,7 +230,7 @@ def _probe_needles(s: RunSummary) -> list[str]:
             " Left out: " + "; ".join(probe.left_out) + ".")
     return [f"Per needle (the kv-sweep design: the needle prompt and needles of about "
             f"{', '.join(map(str, st.long_needles))} prompt tokens, {st.max_tokens} tokens each, "
-            f"among fillers of {st.filler_tokens} tokens arriving while they decode; identical "
-            f"in how many trials, bitwise).{left}", "",
+            f"among fillers of {st.filler_tokens} tokens arriving while they decode; in how many trials "
+            f"identical, or different, bitwise).{left}", "",
             md_table(("needle", "design tokens", "prompt tokens", "keys decoded",
                       *[f"{arm}: in batch" for arm in by_arm], "outcome"), rows), ""]
