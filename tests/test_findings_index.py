@@ -295,6 +295,26 @@ def test_answers_on_034_say_dummy_weights_and_the_compiled_tuned_gemm(committed)
     assert a.gpu == "NVIDIA H200" and not a.under_load and a.mode_on
 
 
+def test_answers_say_what_the_probe_found_where_one_ran(committed):
+    """A row's invariant cell adds the behavioural probe's outcome (its finding's Activation
+    table) where a probe ran on the arm: SGLang's deterministic arms confirmed, vLLM 0.34.0's
+    mode on FA3 violated; nothing where none ran."""
+    from bistat.report.index_answers import probe_words
+
+    rows = committed[2]
+    for arm in ("deterministic-fa3", "deterministic-triton", "deterministic-flashinfer"):
+        a = _row(rows, "SGLang 0.5.23", "h100-sglang-match-smollm2", arm)
+        assert dict(a.finding.probes)[arm] == "confirmed"
+        assert probe_words(a) == "; probe: confirmed"
+    assert probe_words(_row(rows, "vLLM 0.34.0", "h200-v034-match-smollm2",
+                            "batch-invariant")) == "; probe: violated"
+    assert probe_words(_row(rows, "vLLM 0.34.0", "h100-v034-match-smollm2",
+                            "batch-invariant")) == ""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert ("[*working*, 541 / 541](findings/h100/h100-sglang-match-smollm2.md); probe: "
+            "confirmed |") in readme
+
+
 def test_answers_take_the_newest_confirmatory_rule_and_the_newer_run(committed):
     findings, registrations, rows, _ = committed
     names = {a.finding.name for a in rows}
@@ -345,14 +365,14 @@ def test_the_committed_index_opens_with_the_answers_newest_release_first(committ
         "### vLLM 0.25.0 on NVIDIA H200", "### embedded 0.1.0 on no GPU"]
     # SGLang's deterministic mode is its batch-invariant switch: its rows name it
     assert ("| SmolLM2-135M-Instruct | 64 | fa3, deterministic | `--enable-deterministic-inference` "
-            "+ `--attention-backend fa3` | 541 prompts, 64 at a time, ≤ 256 tokens | *working* | "
-            "541 / 541 |") in text
+            "+ `--attention-backend fa3` | 541 prompts, 64 at a time, ≤ 256 tokens | *working*; "
+            "probe: confirmed | 541 / 541 |") in text
     assert "/tmp/" not in answers_part
     checked, where = _latest_vllm_check()
     assert ("vLLM 0.25.0 is 9 minor versions older than 0.34.0, the newest release (pypi.org, "
             f"checked {checked} at the registration of {where})." in lines)
     assert ("| SmolLM2-135M-Instruct | 64 | FLASH_ATTN (FA3) | `VLLM_BATCH_INVARIANT=1` + "
-            "`BISTAT_FA3_PIN=1` | 541 prompts, 64 at a time, ≤ 256 tokens | *working* | 541 / 541 "
+            "`BISTAT_FA3_PIN=1` | 541 prompts, 64 at a time, ≤ 256 tokens | *working*; probe: confirmed | 541 / 541 "
             "| undecidable (throughput) | 0.9720 [0.8075, 1.1700] | "
             "[h200-v033-match-smollm2](h200/h200-v033-match-smollm2.md) |") in lines
     # the full listing follows, as before

@@ -206,6 +206,18 @@ def test_the_embedded_engine_end_to_end_through_the_cli(tmp_path, monkeypatch):
               for t in n["trials"]]
     assert any(shared for _, shared, _ in trials), trials
     assert [v["outcome"] for v in data["needle_outcomes"]] == ["confirmed"] * 3
+    # every arm's report keeps where its engine ran: the run's fingerprint in brief
+    import importlib.metadata
+    import socket
+
+    from bistat.run.fingerprint import gpu_info
+    for arm in data["arms"]:
+        machine = arm["machine"]
+        assert machine["host"] == socket.gethostname()
+        assert machine["gpus"] == [{k: g[k] for k in ("name", "uuid", "driver", "serial")}
+                                   for g in gpu_info()]
+        assert machine["engine"]["kind"] == "embedded"
+        assert machine["versions"]["numpy"] == importlib.metadata.version("numpy")
     assert result.stdout.splitlines()[0] == (
         "needles chat-0000 and about 16, 32, 200 prompt tokens, 8 tokens each; 2 trial(s) of "
         "6-10 fillers of 2 tokens arriving while they decode")
@@ -236,3 +248,34 @@ def test_a_finding_shows_the_outcome_per_needle_and_old_reports_render_as_before
     assert rows["needle-304"][4].startswith("**different** in 2 / 2, first at KV length ")
     assert rows["needle-304"][6].startswith("**violated** — bitwise differences on invariant, the "
                                             "earliest at KV length ")
+
+
+def test_a_finding_says_where_the_probe_ran_and_whether_that_is_the_runs_gpu():
+    """A probe report keeps each arm's machine; the finding names the GPU and says when it is not
+    the unit the study's passes ran on (a probe in a later session gets another card)."""
+    import dataclasses
+
+    from bistat.analysis.summary import analyze_run
+    from bistat.report.finding import _probe_detail
+
+    summary = analyze_run(REPO / "data" / "h200" / "h200-match-smollm2-r2")
+    assert any("The probe's report does not record the machine it ran on" in x
+               for x in _probe_detail(summary))   # written before probes recorded it
+    (run_uuid,) = {u for _, env in summary.environments for u in env.gpu_uuids}
+
+    def on(uuid):
+        machine = {"gpus": [{"name": "NVIDIA H200", "uuid": uuid, "driver": "580.95.05"}],
+                   "versions": {}, "host": "node", "engine": {"kind": "vllm-server",
+                                                              "version": "0.25.0"}}
+        probe = dataclasses.replace(summary.probe, arms=tuple(
+            dataclasses.replace(a, machine=machine) for a in summary.probe.arms))
+        (line,) = [x for x in _probe_detail(dataclasses.replace(summary, probe=probe))
+                   if x.startswith("The probe ran on ")]
+        return line
+
+    assert on(run_uuid) == (f"The probe ran on NVIDIA H200 ({run_uuid}, driver 580.95.05), "
+                            "vllm-server 0.25.0: the GPU of the study's passes.")
+    assert on("GPU-other") == (
+        "The probe ran on NVIDIA H200 (GPU-other, driver 580.95.05), vllm-server 0.25.0: **not "
+        f"the GPU of the study's passes** ({run_uuid}): it speaks for the setting on this card "
+        "type, not for that unit.")

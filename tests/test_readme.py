@@ -135,8 +135,11 @@ def test_the_results_at_a_glance_answer_in_at_most_twelve_rows(text):
     # the H200's row (8 counted passes decided it), not the H100 twin's (4, undecidable)
     assert ("| vLLM 0.34.0 | NVIDIA H200 | SmolLM2-135M-Instruct | 64, FLASH_ATTN (FA3) | 541 "
             "prompts, 64 at a time, ≤ 256 tokens | `VLLM_BATCH_INVARIANT=1` | [*doubtful*, 82 / "
-            "541](findings/h200/h200-v034-match-smollm2.md) | no measurable cost (throughput): "
-            "1.0948 [1.0205, 1.1745] |") in rows
+            "541](findings/h200/h200-v034-match-smollm2.md); probe: violated | no measurable cost "
+            "(throughput): 1.0948 [1.0205, 1.1745] |") in rows
+    # the kv-sweep probe with its negative control confirmed SGLang's deterministic arms
+    assert all(r.split(" | ")[6].endswith("; probe: confirmed") for r in rows
+               if r.startswith("| SGLang 0.5.23") and "541 prompts" in r and "64, " in r)
     # naming the H200's GEMM table on an H100 makes no row of its own: bistat's whole plugin
     # shows once (the H100 twin's, the newer of two undecidable costs)
     plugin = [r for r in rows if "`BISTAT_TUNED_GEMM=1` + `VLLM_USE_BREAKABLE_CUDAGRAPH=0`" in r

@@ -15,14 +15,19 @@ keeps those lines per engine start (``environment.jsonl``, ``log_findings``; see
 :data:`bistat.engines.vllm_server.LOG_FINDING_RE`).
 
 This module is pure: it turns those lines, the declaration's arms and an optional probe report
-(``bistat probe --output RUN_DIR/probe.json``) into one :class:`ArmActivation` per arm.
+(``bistat probe --output RUN_DIR/probe.json``) into one :class:`ArmActivation` per arm, and says
+what an arm sets beyond its control as a user would set it (:func:`arm_setting`, which the
+findings index and ``bistat compare`` both show).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+
+if TYPE_CHECKING:
+    from bistat.declare.experiment import Experiment
 
 #: vLLM 0.25.0: torch's "new kernel: registered at .../layers/batch_invariant.py" as the aten
 #: overrides register; 0.33.0 (``determinism/batch_invariant.py``): the same where it still
@@ -296,3 +301,40 @@ def arm_activation(arms: Sequence[Mapping[str, Any]],
                 f": {report.settings_text()}" if report.reported and report.settings else "")),
             gemm_table=gemm_table, gemm_shapes=gemm_shapes))
     return tuple(out)
+
+
+#: Settings that switch a batch-invariant mode on (environment variable or engine argument, and
+#: its value). An arm's setting names them even where its control has them too (a study of two
+#: attention backends, both in batch-invariant mode), since without them nothing holds.
+MODE_SWITCHES = frozenset({("VLLM_BATCH_INVARIANT", "1"), ("gemm", "invariant"),
+                           ("enable_deterministic_inference", "True")})
+
+
+def _flag(key: str, value: Any) -> str:
+    """An engine argument as on a command line: ``--attention-backend TRITON_ATTN``."""
+    flag = "--" + key.replace("_", "-")
+    if isinstance(value, bool):
+        return flag if value else "--no-" + key.replace("_", "-")
+    return f"{flag} {value}"
+
+
+def arm_setting(exp: "Experiment", arm: str) -> tuple[tuple[str, ...], bool]:
+    """What ``arm`` sets, as a user sets it, and whether that switches a batch-invariant mode on.
+
+    The setting is every environment variable and engine argument in which the arm differs from
+    the control, plus the mode switches it has on (:data:`MODE_SWITCHES`): the mode switches
+    first, then environment variables (``BISTAT_FA3_PIN=1``), then engine arguments as
+    command-line flags (``--attention-backend TRITON_ATTN``). Arguments that configure bistat's
+    handling of the engine (its log file, timeouts) are not settings.
+    """
+    arms = {a.name: a for a in exp.arms}
+    control = next(a for a in exp.arms if a.role == "control")
+    a = arms[arm]
+    items = [(k, str(v), f"{k}={v}", 1) for k, v in sorted(a.env.items())
+             if control.env.get(k) != v or (k, str(v)) in MODE_SWITCHES]
+    items += [(k, str(v), _flag(k, v), 2) for k, v in sorted(a.args.items())
+              if k not in HANDLING_KEYS and (control.args.get(k) != v
+                                             or (k, str(v)) in MODE_SWITCHES)]
+    items.sort(key=lambda i: ((i[0], i[1]) not in MODE_SWITCHES, i[3], i[0]))
+    return (tuple(i[2] for i in items),
+            any((i[0], i[1]) in MODE_SWITCHES for i in items))

@@ -120,6 +120,8 @@ class ProbeReport:
                     del arm[key]
             else:
                 arm["fillers_differing"] = list(probe.fillers_differing)
+            if probe.machine is None:
+                del arm["machine"]
             if not probe.needles:
                 del arm["needles"]
             else:
@@ -423,7 +425,8 @@ def report_from_json(data: Mapping[str, Any], source: str = "probe report") -> P
                      n_fillers_compared=a.get("n_fillers_compared"),
                      fillers_differing=tuple(a.get("fillers_differing") or ()),
                      filler_first_divergence=a.get("filler_first_divergence"),
-                     needles=tuple(_needle_from_json(n) for n in a.get("needles") or ()))
+                     needles=tuple(_needle_from_json(n) for n in a.get("needles") or ()),
+                     machine=a.get("machine") if isinstance(a.get("machine"), Mapping) else None)
             for a in data["arms"])
         return ProbeReport(outcome=data["outcome"], reason=str(data["reason"]), settings=settings,
                            needle_prompt_id=str(data["needle_prompt_id"]), arms=arms,

@@ -278,10 +278,10 @@ def _flags(args: Mapping[str, Any]) -> str:
 
 def _switches(s: Any, arm: str) -> str:
     """What an arm sets beyond its run's control, as the findings index's answers say it
-    (:func:`bistat.report.index_answers.arm_setting`: mode switches, then environment variables,
+    (:func:`bistat.analysis.activation.arm_setting`: mode switches, then environment variables,
     then engine arguments as flags)."""
+    from bistat.analysis.activation import arm_setting
     from bistat.declare.experiment import validate_experiment
-    from bistat.report.index_answers import arm_setting
 
     parts, _ = arm_setting(validate_experiment(dict(s.declaration)), arm)
     return ", ".join(f"`{x}`" for x in parts) or "nothing (the control)"

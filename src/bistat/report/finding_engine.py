@@ -149,6 +149,38 @@ def _activation(s: RunSummary) -> list[str]:
             *_probe_detail(s)]
 
 
+def _probe_machine(s: RunSummary) -> list[str]:
+    """Where the probe ran (each arm's report keeps its GPUs and engine), and whether that is the
+    GPU the study's passes ran on: a probe on another unit speaks for the card type, not the
+    unit."""
+    probe = s.probe
+    if probe is None:
+        return []
+    gpus: dict[str, str] = {}
+    engines: dict[str, None] = {}
+    for a in probe.arms:
+        for g in (a.machine or {}).get("gpus") or []:
+            gpus.setdefault(str(g.get("uuid")), f"{g.get('name')} ({g.get('uuid')}, driver "
+                                                 f"{g.get('driver')})")
+        eng = (a.machine or {}).get("engine") or {}
+        if eng.get("kind"):
+            engines.setdefault(" ".join(str(x) for x in (eng["kind"], eng.get("version")) if x))
+    if not any(a.machine for a in probe.arms):
+        return ["The probe's report does not record the machine it ran on (a report written "
+                "before probes recorded it); the run's notes may say.", ""]
+    on = f", {', '.join(engines)}" if engines else ""
+    if not gpus:
+        hosts = sorted({str((a.machine or {}).get("host")) for a in probe.arms if a.machine})
+        return [f"The probe ran on {', '.join(hosts)}, no GPU{on}.", ""]
+    run_uuids = {u for _, env in s.environments for u in env.gpu_uuids}
+    where = ", ".join(gpus.values())
+    same = ("the GPU of the study's passes" if set(gpus) <= run_uuids else
+            "**not the GPU of the study's passes**" + (
+                f" ({', '.join(sorted(run_uuids))})" if run_uuids else "")
+            + ": it speaks for the setting on this card type, not for that unit")
+    return [f"The probe ran on {where}{on}: {same}.", ""]
+
+
 def _probe_detail(s: RunSummary) -> list[str]:
     """The probe's trials per arm (batch mode: the needle alone twice, then among fillers), and
     where the probe and the study disagree."""
@@ -194,6 +226,7 @@ def _probe_detail(s: RunSummary) -> list[str]:
     return [f"Probe (needle `{probe.needle_prompt_id}`{chosen}, {st.trials} trial(s) among "
             f"{st.min_fillers}-{st.max_fillers} fillers, {st.max_tokens} tokens, bitwise token ids "
             f"and logprobs): **{probe.outcome.replace('_', ' ')}** — {probe.reason}.{pending}", "",
+            *_probe_machine(s),
             md_table(("arm", "role", "needle alone, twice", "identical among fillers",
                       "fillers per trial", "needle shared an engine step",
                       "first divergence (token)"), rows), "", *filler_note, *_probe_needles(s), *disagree]

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
+from bistat.analysis.activation import MODE_SWITCHES, arm_setting  # noqa: F401 - read here too
 from bistat.core.markdown import md_row
 from bistat.report.index_findings import IndexedFinding, SummaryRow
 from bistat.report.index_releases import NewestRelease, _table_order, release_words
@@ -56,13 +57,6 @@ MODELS: dict[str, ModelName] = {
 }
 
 
-#: Settings that switch a batch-invariant mode on (environment variable or engine argument, and
-#: its value). An arm's setting names them even where its control has them too (a study of two
-#: attention backends, both in batch-invariant mode), since without them nothing holds.
-MODE_SWITCHES = frozenset({("VLLM_BATCH_INVARIANT", "1"), ("gemm", "invariant"),
-                           ("enable_deterministic_inference", "True")})
-
-
 def model_words(model: str, engine_args: Mapping[str, Any]) -> tuple[str, int | None]:
     """The model's name as the index shows it, ``Qwen3-8B shape (36 layers, dummy weights)``,
     and its head size (None: not in :data:`MODELS`, then the folder's own name stands in for the
@@ -74,38 +68,6 @@ def model_words(model: str, engine_args: Mapping[str, Any]) -> tuple[str, int | 
     weights = "dummy weights" if engine_args.get("load_format") == "dummy" else m.weights
     detail = ", ".join(x for x in (m.layers and f"{m.layers} layers", weights) if x)
     return (f"{m.name} ({detail})" if detail else m.name), m.head_size
-
-
-def _flag(key: str, value: Any) -> str:
-    """An engine argument as on a command line: ``--attention-backend TRITON_ATTN``."""
-    flag = "--" + key.replace("_", "-")
-    if isinstance(value, bool):
-        return flag if value else "--no-" + key.replace("_", "-")
-    return f"{flag} {value}"
-
-
-def arm_setting(exp: Experiment, arm: str) -> tuple[tuple[str, ...], bool]:
-    """What ``arm`` sets, as a user sets it, and whether that switches a batch-invariant mode on.
-
-    The setting is every environment variable and engine argument in which the arm differs from
-    the control, plus the mode switches it has on (:data:`MODE_SWITCHES`): the mode switches
-    first, then environment variables (``BISTAT_FA3_PIN=1``), then engine arguments as
-    command-line flags (``--attention-backend TRITON_ATTN``). Arguments that configure bistat's
-    handling of the engine (its log file, timeouts) are not settings.
-    """
-    from bistat.analysis.activation import HANDLING_KEYS
-
-    arms = {a.name: a for a in exp.arms}
-    control = next(a for a in exp.arms if a.role == "control")
-    a = arms[arm]
-    items = [(k, str(v), f"{k}={v}", 1) for k, v in sorted(a.env.items())
-             if control.env.get(k) != v or (k, str(v)) in MODE_SWITCHES]
-    items += [(k, str(v), _flag(k, v), 2) for k, v in sorted(a.args.items())
-              if k not in HANDLING_KEYS and (control.args.get(k) != v
-                                             or (k, str(v)) in MODE_SWITCHES)]
-    items.sort(key=lambda i: ((i[0], i[1]) not in MODE_SWITCHES, i[3], i[0]))
-    return (tuple(i[2] for i in items),
-            any((i[0], i[1]) in MODE_SWITCHES for i in items))
 
 
 def workload_words(exp: Experiment) -> str:
@@ -148,6 +110,13 @@ class Answer:
     def key(self) -> tuple:
         return (self.engine, self.gpu, self.model, self.head_size, self.backend, self.setting,
                 self.workload)
+
+
+def probe_words(a: Answer) -> str:
+    """``; probe: confirmed`` where a behavioural probe with its negative control ran on the
+    answer's arm (what its finding's Activation table says), nothing where none ran."""
+    found = dict(a.finding.probes).get(a.row.treatment)
+    return "" if found in (None, "", "—", "not run") else f"; probe: {found}"
 
 
 def findings_per_run(findings: Sequence[IndexedFinding], registrations: Mapping[str, Registration]
@@ -236,7 +205,8 @@ def render_answers(rows: Sequence[Answer], base: Path, newest: Mapping[str, Newe
         for a in order:
             rel = a.finding.path.relative_to(base).as_posix()
             lines.append(md_row((a.model, a.head_size, a.backend, _setting_cell(a), a.workload,
-                                 a.row.verdict, a.row.matched, a.row.cost, _ratio_cell(a.row),
+                                 a.row.verdict + probe_words(a), a.row.matched, a.row.cost,
+                                 _ratio_cell(a.row),
                                  f"[{a.finding.name}]({rel})")))
         lines.append("")
     return lines

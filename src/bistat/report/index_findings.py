@@ -67,6 +67,9 @@ class IndexedFinding:
     #: per arm, the compilation and CUDA-graph mode its Environment table gives
     #: (``torch.compile (VLLM_COMPILE), FULL_AND_PIECEWISE``); empty where it records none
     modes: tuple[tuple[str, str], ...] = ()
+    #: per arm, what the behavioural probe found (its Activation table's "probe" column:
+    #: ``confirmed``, ``violated``, ``no power``, ``not run`` ...); empty where it has none
+    probes: tuple[tuple[str, str], ...] = ()
 
 
 def _cells(line: str) -> list[str]:
@@ -88,7 +91,25 @@ def read_finding(path: Path) -> IndexedFinding:
     env_arms: list[str] | None = None          # the Environment table's arms, once its header is read
     env_modes: dict[str, list[str]] = {}
     in_environment = False
+    in_activation = False
+    probe_col: int | None = None                # the Activation table's "probe" column
+    probes: dict[str, str] = {}
     for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip() == "## Activation":
+            in_activation = True
+        elif in_activation and line.startswith("## "):
+            in_activation = False
+        elif in_activation and line.startswith("| arm | role |"):
+            header = _cells(line)
+            if probe_col is None and "probe" in header:
+                probe_col = header.index("probe")
+            elif probe_col is not None:         # the probe's own tables follow: done
+                in_activation = False
+        elif in_activation and probe_col is not None and line.startswith("| ") \
+                and not line.startswith("|---"):
+            cells = _cells(line)
+            if len(cells) > probe_col:
+                probes.setdefault(cells[0], cells[probe_col])
         if line.strip() == "## Environment":
             in_environment = True
         elif in_environment and line.startswith("## "):
@@ -127,7 +148,8 @@ def read_finding(path: Path) -> IndexedFinding:
                          "`bistat analyze`?")
     summary = None if head is None else FindingSummary(rows=tuple(rows), **head)
     return IndexedFinding(path, name, tuple(verdicts), hypothesis, summary, run_created, n_runs,
-                          tuple((arm, ", ".join(cells)) for arm, cells in env_modes.items()))
+                          tuple((arm, ", ".join(cells)) for arm, cells in env_modes.items()),
+                          tuple(probes.items()))
 
 
 #: The folder below the findings where a machine's own runs write theirs (``bash scripts/main.sh``

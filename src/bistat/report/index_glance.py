@@ -15,7 +15,7 @@ from pathlib import Path
 from packaging.version import Version
 
 from bistat.core.markdown import md_row
-from bistat.report.index_answers import Answer, _ratio_cell, _setting_cell
+from bistat.report.index_answers import Answer, _ratio_cell, _setting_cell, probe_words
 from bistat.report.index_tax import TaxRow, render_tax
 from bistat.report.index_releases import (NewestRelease, _engine_release, _table_order,
                                           releases_sentence)
@@ -106,7 +106,8 @@ def render_glance(rows: Sequence[Answer], left_out: int, readme_dir: Path, index
             cost = f"{a.row.cost}: {_ratio_cell(a.row)}"
         lines.append(md_row((a.engine, a.gpu, a.model, f"{a.head_size or '—'}, {a.backend}",
                              a.workload, _setting_cell(a),
-                             f"[{a.row.verdict}, {a.row.matched}]({rel})", cost)))
+                             f"[{a.row.verdict}, {a.row.matched}]({rel}){probe_words(a)}",
+                             cost)))
     more = (f" {left_out} more combination{'s' if left_out != 1 else ''} of head size, backend, "
             "setting and workload, and every other run, are" if left_out else " Every other run is")
     lines += ["", f"One row per head size, attention backend, setting that switches batch "

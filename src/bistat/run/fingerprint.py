@@ -59,6 +59,8 @@ __all__ = [
     "VERSIONED_PACKAGES",
     "code_digests",
     "collect_fingerprint",
+    "engine_fingerprint",
+    "machine_summary",
     "cpu_info",
     "git_info",
     "gpu_info",
@@ -282,6 +284,36 @@ def collect_fingerprint(env: Mapping[str, str] | None = None) -> dict[str, Any]:
         "code": code_digests(),
         "host": socket.gethostname(),
     }
+
+
+def engine_fingerprint(engine: Any, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A started engine's fingerprint in this module's format.
+
+    An engine whose fingerprint lacks ``gpus`` (in-process engines return ``{}``; the server
+    adapters return only their own details) gets this machine's (:func:`collect_fingerprint`,
+    ``env`` the arm's environment), marked ``"source": "runner"``, with what the engine reported
+    kept under ``engine_reported``.
+    """
+    fp = engine.fingerprint()
+    if isinstance(fp, dict) and "gpus" in fp:
+        return fp
+    local = {**collect_fingerprint(env), "source": "runner"}
+    if fp:
+        local["engine_reported"] = fp
+    return local
+
+
+def machine_summary(fp: Mapping[str, Any]) -> dict[str, Any]:
+    """What a fingerprint says of where something ran, in brief: the GPUs (name, UUID, driver,
+    serial), the package versions (the engine's own where it reported them), the host and the
+    engine's kind and version. A probe report keeps it per arm."""
+    engine = fp.get("engine_reported") if isinstance(fp.get("engine_reported"), Mapping) else fp
+    versions = {**(fp.get("versions") or {}), **(engine.get("versions") or {})}
+    return {"gpus": [{k: g.get(k) for k in ("name", "uuid", "driver", "serial") if k in g}
+                     for g in fp.get("gpus") or []],
+            "versions": {k: v for k, v in sorted(versions.items()) if v is not None},
+            "host": fp.get("host"),
+            "engine": {"kind": engine.get("kind"), "version": engine.get("version")}}
 
 
 def gpu_processes() -> list[dict[str, Any]] | None:

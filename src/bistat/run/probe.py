@@ -112,7 +112,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -639,7 +639,7 @@ def record_probe(
         engine = None
         try:
             engine = engine_factory(experiment, by_name[name])
-            engine.start()
+            info = engine.start()
         except EngineError as exc:
             results.append(ArmProbe(name, role, None, (), None, error=f"{type(exc).__name__}: {exc}"))
         except BaseException:   # interrupted while starting: leave no engine behind
@@ -649,8 +649,9 @@ def record_probe(
             raise
         else:
             try:
-                results.append(probe_arm(engine, name, role, needle, fillers, settings, make_request,
-                                         long_needles))
+                machine = _machine(engine, by_name[name], info)
+                results.append(replace(probe_arm(engine, name, role, needle, fillers, settings,
+                                                 make_request, long_needles), machine=machine))
             finally:
                 engine.stop()
         if on_record is not None and i + 1 < len(plan):
@@ -659,6 +660,22 @@ def record_probe(
                                   needle_source=needle_source, left_out=tuple(left_out)))
     return ProbeRecord(settings, needle.prompt_id, tuple(in_report_order(results)),
                        needle_source=needle_source, left_out=tuple(left_out))
+
+
+def _machine(engine: Engine, arm: "Arm", info: Any) -> dict[str, Any] | None:
+    """Where a started arm's engine runs, as its run would fingerprint it
+    (:func:`bistat.run.fingerprint.machine_summary`), with the engine's kind and version as its
+    start reported them (``info``): the report's provenance. None where the fingerprint cannot be
+    taken (the probe goes on; the report then says nothing of it)."""
+    from bistat.run.fingerprint import engine_fingerprint, machine_summary
+
+    try:
+        machine = machine_summary(engine_fingerprint(engine, arm.env))
+    except Exception:   # noqa: BLE001 -- provenance must not cost the probe
+        return None
+    if getattr(info, "kind", None):
+        machine["engine"] = {"kind": info.kind, "version": getattr(info, "version", None)}
+    return machine
 
 
 def _context_limit(experiment: "Experiment") -> tuple[int | None, str]:

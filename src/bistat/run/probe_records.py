@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, Mapping
 
 from bistat.engines.base import GenerationResult
 
@@ -221,6 +221,10 @@ class ArmProbe:
     # kv-sweep design: every needle's own trials (the arm's ``trials`` and
     # ``alone_repeat_identical`` then sum them up over the needles); empty in the single design
     needles: tuple["NeedleProbe", ...] = ()
+    # where the arm's engine ran (:func:`bistat.run.fingerprint.machine_summary`: its GPUs with
+    # name, UUID, driver and serial, versions, host, engine); None where it could not start, and
+    # in reports written before it was recorded
+    machine: Mapping[str, Any] | None = None
 
     @property
     def differs(self) -> bool:

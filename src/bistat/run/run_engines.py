@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from bistat.engines.base import Engine, EngineError, EngineInfo, EngineRefused, ServerProcesses
 from bistat.engines.registry import capabilities
-from bistat.run.fingerprint import collect_fingerprint
+from bistat.run.fingerprint import engine_fingerprint
 from bistat.run.leftovers import server_event
 from bistat.run.outcome import _Untested
 from bistat.store.format import ENGINE_LOGS_DIR, utc_now
@@ -141,19 +141,8 @@ class _Engines:
         )
 
     def _fingerprint(self, arm: str, engine: Engine) -> dict[str, Any]:
-        """The engine's fingerprint in :mod:`bistat.run.fingerprint`'s format.
-
-        An engine whose fingerprint lacks ``gpus`` (in-process engines return ``{}``; some
-        adapters return only their own details) gets this machine's fingerprint, marked
-        ``"source": "runner"``, with what the engine reported kept under ``engine_reported``.
-        """
-        fp = engine.fingerprint()
-        if isinstance(fp, dict) and "gpus" in fp:
-            return fp
-        local = {**collect_fingerprint(self.arms[arm].env), "source": "runner"}
-        if fp:
-            local["engine_reported"] = fp
-        return local
+        """The engine's fingerprint (:func:`~bistat.run.fingerprint.engine_fingerprint`)."""
+        return engine_fingerprint(engine, self.arms[arm].env)
 
     def _keep_log(self, arm: str, engine: Engine) -> None:
         """Copy a stopped engine's server log (engines with a ``log_path``) into the run
