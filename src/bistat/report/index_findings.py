@@ -88,39 +88,8 @@ def read_finding(path: Path) -> IndexedFinding:
     rows: list[SummaryRow] = []
     run_created = None
     n_runs = None
-    env_arms: list[str] | None = None          # the Environment table's arms, once its header is read
-    env_modes: dict[str, list[str]] = {}
-    in_environment = False
-    in_activation = False
-    probe_col: int | None = None                # the Activation table's "probe" column
-    probes: dict[str, str] = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip() == "## Activation":
-            in_activation = True
-        elif in_activation and line.startswith("## "):
-            in_activation = False
-        elif in_activation and line.startswith("| arm | role |"):
-            header = _cells(line)
-            if probe_col is None and "probe" in header:
-                probe_col = header.index("probe")
-            elif probe_col is not None:         # the probe's own tables follow: done
-                in_activation = False
-        elif in_activation and probe_col is not None and line.startswith("| ") \
-                and not line.startswith("|---"):
-            cells = _cells(line)
-            if len(cells) > probe_col:
-                probes.setdefault(cells[0], cells[probe_col])
-        if line.strip() == "## Environment":
-            in_environment = True
-        elif in_environment and line.startswith("## "):
-            in_environment = False
-        elif in_environment and line.startswith("|  | ") and env_arms is None:
-            env_arms = _cells(line)[1:]
-        elif in_environment and env_arms and line.startswith(("| compilation |",
-                                                              "| CUDA graphs |")):
-            for arm, cell in zip(env_arms, _cells(line)[1:]):
-                if cell and cell not in ("not recorded", "—"):
-                    env_modes.setdefault(arm, []).append(cell)
+    text = path.read_text(encoding="utf-8")
+    for line in text.splitlines():
         if (m := _TITLE.match(line)) and name == path.stem:
             name = m["name"]
         elif run_created is None and (m := _RUN_CREATED.match(line)):
@@ -147,9 +116,53 @@ def read_finding(path: Path) -> IndexedFinding:
         raise ValueError(f"{path}: no verdict heading found; is it a finding written by "
                          "`bistat analyze`?")
     summary = None if head is None else FindingSummary(rows=tuple(rows), **head)
+    tables = _section_tables(text)
     return IndexedFinding(path, name, tuple(verdicts), hypothesis, summary, run_created, n_runs,
-                          tuple((arm, ", ".join(cells)) for arm, cells in env_modes.items()),
-                          tuple(probes.items()))
+                          _env_modes(tables.get("Environment", [])),
+                          _probes(tables.get("Activation", [])))
+
+
+def _section_tables(text: str) -> dict[str, list[list[list[str]]]]:
+    """Each ``## `` section's markdown tables, in order: each a list of rows of cells, its header
+    first (separator rows left out)."""
+    out: dict[str, list[list[list[str]]]] = {}
+    section, table = None, None
+    for line in text.splitlines():
+        if line.startswith("## "):
+            section, table = line[3:].strip(), None
+        elif section is not None and line.startswith("|"):
+            if table is None:
+                table = []
+                out.setdefault(section, []).append(table)
+            if not line.startswith("|---"):
+                table.append(_cells(line))
+        else:
+            table = None
+    return out
+
+
+def _env_modes(tables: list[list[list[str]]]) -> tuple[tuple[str, str], ...]:
+    """Per arm, the compilation and CUDA-graph cells of the Environment section's table (its
+    header names the arms after an empty first cell)."""
+    modes: dict[str, list[str]] = {}
+    for table in tables:
+        if table and table[0] and table[0][0] == "":
+            for row in table[1:]:
+                if row[0] in ("compilation", "CUDA graphs"):
+                    for arm, cell in zip(table[0][1:], row[1:]):
+                        if cell and cell not in ("not recorded", "—"):
+                            modes.setdefault(arm, []).append(cell)
+            break
+    return tuple((arm, ", ".join(cells)) for arm, cells in modes.items())
+
+
+def _probes(tables: list[list[list[str]]]) -> tuple[tuple[str, str], ...]:
+    """Per arm, the "probe" column of the Activation section's first table that has one."""
+    for table in tables:
+        if table and table[0][:2] == ["arm", "role"] and "probe" in table[0]:
+            col = table[0].index("probe")
+            return tuple((row[0], row[col]) for row in table[1:] if len(row) > col)
+    return ()
 
 
 #: The folder below the findings where a machine's own runs write theirs (``bash scripts/main.sh``

@@ -303,17 +303,20 @@ def engine_fingerprint(engine: Any, env: Mapping[str, str] | None = None) -> dic
     return local
 
 
-def machine_summary(fp: Mapping[str, Any]) -> dict[str, Any]:
+def machine_summary(fp: Mapping[str, Any], info: Any = None) -> dict[str, Any]:
     """What a fingerprint says of where something ran, in brief: the GPUs (name, UUID, driver,
     serial), the package versions (the engine's own where it reported them), the host and the
-    engine's kind and version. A probe report keeps it per arm."""
+    engine's kind and version (``info``'s, the :class:`~bistat.engines.base.EngineInfo` its start
+    returned, where given; else what the fingerprint says). A probe report keeps it per arm."""
     engine = fp.get("engine_reported") if isinstance(fp.get("engine_reported"), Mapping) else fp
     versions = {**(fp.get("versions") or {}), **(engine.get("versions") or {})}
+    kind = getattr(info, "kind", None)
     return {"gpus": [{k: g.get(k) for k in ("name", "uuid", "driver", "serial") if k in g}
                      for g in fp.get("gpus") or []],
             "versions": {k: v for k, v in sorted(versions.items()) if v is not None},
             "host": fp.get("host"),
-            "engine": {"kind": engine.get("kind"), "version": engine.get("version")}}
+            "engine": ({"kind": kind, "version": getattr(info, "version", None)} if kind else
+                       {"kind": engine.get("kind"), "version": engine.get("version")})}
 
 
 def gpu_processes() -> list[dict[str, Any]] | None:

@@ -670,12 +670,9 @@ def _machine(engine: Engine, arm: "Arm", info: Any) -> dict[str, Any] | None:
     from bistat.run.fingerprint import engine_fingerprint, machine_summary
 
     try:
-        machine = machine_summary(engine_fingerprint(engine, arm.env))
+        return machine_summary(engine_fingerprint(engine, arm.env), info)
     except Exception:   # noqa: BLE001 -- provenance must not cost the probe
         return None
-    if getattr(info, "kind", None):
-        machine["engine"] = {"kind": info.kind, "version": getattr(info, "version", None)}
-    return machine
 
 
 def _context_limit(experiment: "Experiment") -> tuple[int | None, str]:
