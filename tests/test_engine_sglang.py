@@ -9,6 +9,7 @@ through the CLI."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -29,12 +30,14 @@ from bistat.engines.base import (
     EngineRefused,
     EngineStartError,
     GenerationRequest,
+    GenerationResult,
     MetricsSample,
 )
 from bistat.engines.metrics import parse_sglang_metrics
 from bistat.engines.server_process import FORCED_ENV, group_pids
 from bistat.engines.sglang_server import (
     SERVER_INFO_KEYS,
+    SGLangHTTPClient,
     SGLangServerEngine,
     answer_retractions,
     parse_generate_answer,
@@ -127,6 +130,16 @@ def test_generate_answers_that_do_not_carry_ids_and_logprobs_exactly_are_malform
     assert parse_generate_answer(good) == ([5, 6], "ab", [-0.125, -2.5], None, "length", 3)
     assert answer_retractions(good) is None
     assert answer_retractions({"meta_info": {"num_retractions": 0}}) == 0
+    # what the adapter hands the runner: the answer's fields by name, retractions as preemptions
+    client = SGLangHTTPClient("http://127.0.0.1:1", model="m")
+    req = GenerationRequest(prompt_id="p", prompt=[1, 2, 3], max_tokens=2)
+    counted = json.loads(json.dumps(good))
+    counted["meta_info"]["num_retractions"] = 2
+    answer = client.parse_answer(counted, req)
+    assert (answer.token_ids, answer.finish_reason, answer.n_prompt_tokens, answer.preemptions) == (
+        [5, 6], "length", 3, 2)
+    assert client.parse_answer(good, req).preemptions is None
+    assert set(answer._fields) <= {f.name for f in dataclasses.fields(GenerationResult)}
     for bad in (-1, 1.0, True, "2"):
         with pytest.raises(ValueError, match="num_retractions is .*, not a count"):
             answer_retractions({"meta_info": {"num_retractions": bad}})

@@ -1,5 +1,6 @@
 """Reading an OpenAI-compatible server's answers: a completion's choice (token ids, text, logprobs,
-top logprobs, finish reason, prompt length: :func:`parse_completion_choice`; the token ids as
+top logprobs, finish reason, prompt length: :func:`parse_completion_choice`, whose fields an
+adapter's ``parse_answer`` returns as a :class:`ParsedAnswer`; the token ids as
 vLLM's ``return_token_ids`` and ``return_tokens_as_token_ids`` give them), the continuation's
 logprobs in an answer's ``prompt_logprobs`` (:func:`parse_prompt_logprobs`), and what a server
 declares about itself at start, from ``/version`` and ``/v1/models`` (:func:`server_report`).
@@ -7,9 +8,26 @@ declares about itself at start, from ``/version`` and ``/v1/models`` (:func:`ser
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 from bistat.engines.base import EngineError, EngineUnsupported
+
+
+class ParsedAnswer(NamedTuple):
+    """One generation answer as an HTTP adapter read it: what
+    :class:`~bistat.engines.base.GenerationResult` records of the answer itself.
+
+    ``preemptions`` is how often the engine preempted (retracted) the request, for engines whose
+    answers say so (SGLang's ``meta_info.num_retractions``); None where the answer does not.
+    """
+
+    token_ids: list[int]
+    text: str
+    logprobs: list[float] | None
+    top_logprobs: list[list[tuple[int, float]]] | None
+    finish_reason: str | None
+    n_prompt_tokens: int | None
+    preemptions: int | None = None
 
 
 def _parse_token(token: str) -> int:

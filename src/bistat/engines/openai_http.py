@@ -65,8 +65,8 @@ from bistat.engines.http_retry import (  # noqa: F401 - RATE_LIMITED, answer_tim
 from bistat.engines.http_workload import (  # noqa: F401 - WORKLOAD_HTTP_KEYS read here too
     WORKLOAD_HTTP_KEYS, workload_conflicts, workload_defaults)
 from bistat.engines.metrics import MetricsParseError, parse_vllm_metrics
-from bistat.engines.openai_answers import (parse_completion_choice, parse_prompt_logprobs,
-                                           server_report)
+from bistat.engines.openai_answers import (ParsedAnswer, parse_completion_choice,
+                                           parse_prompt_logprobs, server_report)
 
 
 class OpenAIHTTPEngine:
@@ -331,18 +331,19 @@ class OpenAIHTTPEngine:
         """The path a generation request is sent to."""
         return "/v1/chat/completions" if req.chat else "/v1/completions"
 
-    def parse_answer(self, data: Any, req: GenerationRequest) -> tuple:
+    def parse_answer(self, data: Any, req: GenerationRequest) -> ParsedAnswer:
         """Token ids, text, logprobs, top logprobs, finish reason and prompt length of an answer
-        (:func:`parse_completion_choice`); raises ``ValueError`` (or ``KeyError``, ``TypeError``,
-        ``IndexError``) for a body that is not what was asked for."""
-        return parse_completion_choice(data, chat=req.chat)
+        (:func:`parse_completion_choice`; OpenAI answers say nothing of preemptions); raises
+        ``ValueError`` (or ``KeyError``, ``TypeError``, ``IndexError``) for a body that is not what
+        was asked for."""
+        return ParsedAnswer(*parse_completion_choice(data, chat=req.chat))
 
     def parse_metrics(self, text: str, t: float) -> MetricsSample:
         """One ``/metrics`` answer as a sample (vLLM's metric names)."""
         return parse_vllm_metrics(text, t=t, model_name=self.model)
 
     async def _attempt(self, client: httpx.AsyncClient, req: GenerationRequest,
-                       body: dict[str, Any]) -> tuple:
+                       body: dict[str, Any]) -> ParsedAnswer:
         path = self.generate_path(req)
         try:
             resp = await client.post(path, json=body)
@@ -393,14 +394,10 @@ class OpenAIHTTPEngine:
             t_done = time.monotonic() - t0
             attempts, rate_limited, waited = tries.attempts, tries.rate_limited, tries.waited_s
         if parsed is not None:
-            # an engine whose answers say how often each request was preempted adds that count
-            ids, text, lps, top, finish, n_prompt, *per_request = parsed
             result = GenerationResult(
-                prompt_id=req.prompt_id, token_ids=ids, text=text, logprobs=lps,
-                top_logprobs=top, finish_reason=finish, n_prompt_tokens=n_prompt,
-                t_submit=t_submit, t_first_token=None, t_done=t_done, error=None,
-                attempts=attempts, rate_limited=rate_limited, retry_wait_s=waited,
-                preemptions=per_request[0] if per_request else None)
+                prompt_id=req.prompt_id, **parsed._asdict(), t_submit=t_submit,
+                t_first_token=None, t_done=t_done, error=None, attempts=attempts,
+                rate_limited=rate_limited, retry_wait_s=waited)
         else:
             result = GenerationResult(
                 prompt_id=req.prompt_id, token_ids=[], text="", logprobs=None, top_logprobs=None,

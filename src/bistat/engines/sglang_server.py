@@ -99,6 +99,7 @@ from bistat.engines.base import (
 )
 from bistat.engines.declared import DeclaredContext
 from bistat.engines.metrics import parse_sglang_metrics
+from bistat.engines.openai_answers import ParsedAnswer
 from bistat.engines.openai_http import OpenAIHTTPEngine, workload_conflicts
 from bistat.engines.server_process import (
     FORCED_ENV,
@@ -364,10 +365,10 @@ class SGLangHTTPClient(OpenAIHTTPEngine):
             body["input_ids"] = [int(t) for t in req.prompt]
         return body
 
-    def parse_answer(self, data: Any, req: GenerationRequest) -> tuple:
-        """:func:`parse_generate_answer`'s fields, then the request's retractions
-        (:func:`answer_retractions`)."""
-        return (*parse_generate_answer(data), answer_retractions(data))
+    def parse_answer(self, data: Any, req: GenerationRequest) -> ParsedAnswer:
+        """:func:`parse_generate_answer`'s fields, and the request's retractions as its
+        preemptions (:func:`answer_retractions`)."""
+        return ParsedAnswer(*parse_generate_answer(data), preemptions=answer_retractions(data))
 
     def parse_metrics(self, text: str, t: float) -> MetricsSample:
         return parse_sglang_metrics(text, t=t, model_name=self.model)
