@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import doctest
+import gzip
 import json
 import tomllib
 from pathlib import Path
@@ -517,3 +518,85 @@ def test_a_rule_on_speed_with_one_engine_at_a_time_is_warned_of_clustered_passes
         'all = [ { criterion = "match_lower_bound", at_least = 0.99 },\n'
         '        { criterion = "throughput_slower", bound = 1.0 } ]')
     assert len(warned(throughput)) == 1
+
+
+# ---- first starts that found vLLM's compile cache warm ----------------------------------------
+
+WARM_LINE = ("(EngineCore pid=4587) INFO 12-02 18:37:59 [decorators.py:326] [backbone] Directly "
+             "load AOT compilation from path /root/.cache/vllm/torch_compile_cache/torch_aot_"
+             "compile/817c/rank_0_0/model\n")
+COLD_LINE = ("(EngineCore pid=2123) INFO 12-07 15:57:19 [backends.py:421] [backbone] Compiling a "
+             "graph for compile range (1, 8192) takes 65.48 s\n")
+
+
+def _engine_log(run: Path, name: str, text: str) -> None:
+    logs = run / "engine-logs"
+    logs.mkdir(exist_ok=True)
+    with gzip.open(logs / f"{name}.log.gz", "wt", encoding="utf-8") as fh:
+        fh.write(text)
+
+
+def test_first_starts_from_a_warm_compile_cache_make_the_estimate_a_lower_bound(tmp_path):
+    """An earlier run whose first start loaded torch.compile's output from vLLM's cache priced
+    a start a fresh machine does not have: the estimate says "or more", why, and what
+    compiling took where that run did compile; a budget it is within cannot be told."""
+    run = _write_run(tmp_path / "old", SERIAL_BLOCKS)
+    _engine_log(run, "blas-1", "starting\n" + WARM_LINE)
+    _engine_log(run, "invariant-1", COLD_LINE + COLD_LINE.replace("65.48", "4.52"))
+    _engine_log(run, "blas-2", WARM_LINE)            # a restart: not a first start
+    timing = timing_from_run(run)
+    assert timing.warm_first_starts == ("blas",)
+    assert dict(timing.first_start_caches)["invariant"].compile_s == pytest.approx(70.0)
+    report = _report(_declaration(run, time_budget_s=1380))
+    d = report.duration
+    assert d.lower_bound and d.fits is None
+    assert d.seconds == pytest.approx(_report(_declaration(_write_run(
+        tmp_path / "plain", SERIAL_BLOCKS))).duration.seconds)    # the same figure, now a bound
+    (note,) = [n for n in d.notes if "compile cache" in n]
+    assert note.startswith("the earlier run's first start of blas loaded torch.compile's output")
+    assert note.endswith("where it did compile, compiling took invariant 70 s")
+    assert "or more" in "\n".join(format_design(report).splitlines())
+
+
+def test_a_first_start_that_loads_what_another_arm_compiled_is_not_warm(tmp_path):
+    """One cache entry compiled by one arm's start and loaded by the next arm's: a fresh
+    machine running the same run does the same, so the estimate stays as timed."""
+    run = _write_run(tmp_path / "old", SERIAL_BLOCKS)
+    entry = "Using cache directory: /root/.cache/vllm/torch_compile_cache/96cde78d40/rank_0_0\n"
+    _engine_log(run, "blas-1", entry + COLD_LINE)
+    _engine_log(run, "invariant-1", entry + WARM_LINE.replace(
+        "torch_aot_compile/817c/", "torch_aot_compile/96cde78d40/"))
+    timing = timing_from_run(run)
+    assert dict(timing.first_start_caches)["invariant"].warm
+    assert timing.warm_first_starts == ()
+    assert not _report(_declaration(run)).duration.lower_bound
+
+
+def test_cold_first_starts_leave_the_estimate_as_it_was(tmp_path):
+    run = _write_run(tmp_path / "old", SERIAL_BLOCKS)
+    _engine_log(run, "blas-1", COLD_LINE)
+    _engine_log(run, "invariant-1", "no torch.compile here\n")
+    timing = timing_from_run(run)
+    assert timing.warm_first_starts == () and [a for a, _ in timing.first_start_caches] == ["blas"]
+    d = _report(_declaration(run, time_budget_s=1380)).duration
+    assert not d.lower_bound and d.fits is True
+    assert not [n for n in d.notes if "compile cache" in n]
+
+
+def test_the_committed_runs_compile_caches():
+    """The tax studies' earlier run (H200, 2026-12-02) started its compiled engines from a warm
+    cache; the H100 Study 1(a) twin (a fresh machine, 2026-12-07) compiled, but for bi-fa3-pin,
+    which loaded what batch-invariant's start had just compiled (one cache entry, 96cde78d40):
+    a fresh machine does that too, so it is not a warm start from outside the run."""
+    root = Path(__file__).resolve().parents[1]
+    warm = timing_from_run(root / "data/h200-v034/h200-v034-i23-latency-qwen3-8b-b8-compiled")
+    assert warm.warm_first_starts == ("bi-tuned-gemm-compiled", "default")
+    fresh_run = timing_from_run(root / "data/h100-v034/h100-v034-match-smollm2")
+    fresh = dict(fresh_run.first_start_caches)
+    assert sorted(fresh) == ["batch-invariant", "bi-fa3-pin", "bi-plugin", "bi-triton-attn",
+                             "default"]
+    assert fresh_run.warm_first_starts == ()
+    assert fresh["bi-fa3-pin"].warm and fresh["bi-fa3-pin"].keys == ("96cde78d40",)
+    assert fresh["batch-invariant"].keys == ("96cde78d40",)
+    assert fresh["default"].compile_s == pytest.approx(7.59)
+    assert fresh["batch-invariant"].compile_s == pytest.approx(65.48)

@@ -20,6 +20,7 @@ from typing import Any
 from bistat.core.schedule import Block, plan_schedule
 from bistat.declare.design_cv import DesignError, read_strict
 from bistat.declare.experiment import DeclarationError, Experiment, validate_experiment
+from bistat.store.enginelog import CompileCache, compile_cache, kept_logs
 from bistat.store.format import RecordsError, parse_time
 from bistat.store.readers import read_header
 
@@ -47,7 +48,13 @@ class RunTiming:
     ``pass_wall_s``: the ``wall_s`` of each complete pass, per arm. ``engines_concurrent``: as
     ``run.json`` records it (else whether an engine group held several engines; None when
     unknown). ``notes``: what could not be timed, and why. ``first_start_engines``: the engines
-    each of ``first_starts`` started (the arms of its group).
+    each of ``first_starts`` started (the arms of its group). ``first_start_caches``: per arm whose
+    first start's kept log (``engine-logs/ARM-1.log.gz``) says how its torch.compile went, from
+    vLLM's compile cache or compiled (:func:`bistat.store.enginelog.compile_cache`).
+    ``warm_first_starts``: the arms whose first start loaded all its compiled code from a cache
+    that no start of the run had compiled into: what an earlier engine left on that machine,
+    which a fresh machine lacks (a start that loads what another arm's start of the run compiled
+    is not among them: a run on a fresh machine does the same).
     """
 
     run_dir: str
@@ -58,6 +65,8 @@ class RunTiming:
     engine_starts: int
     notes: tuple[str, ...] = ()
     first_start_engines: tuple[int, ...] = ()
+    first_start_caches: tuple[tuple[str, CompileCache], ...] = ()
+    warm_first_starts: tuple[str, ...] = ()
 
     @property
     def first_start_per_engine_s(self) -> float | None:
@@ -267,9 +276,37 @@ def timing_from_run(run_dir: str | Path) -> RunTiming:
             first_engines.append(len(group["arms"]))
     if concurrent is None and groups:
         concurrent = any(len(g["arms"]) > 1 for g in groups)
+    caches, warm = _first_start_caches(run_dir)
     return RunTiming(str(run_dir), tuple(firsts), tuple(restarts),
                      tuple((arm, tuple(v)) for arm, v in walls.items()), concurrent,
-                     len(groups), tuple(notes), tuple(first_engines))
+                     len(groups), tuple(notes), tuple(first_engines), caches, warm)
+
+
+def _first_start_caches(run_dir: Path) -> tuple[tuple[tuple[str, CompileCache], ...],
+                                                tuple[str, ...]]:
+    """Each arm's first start's compile cache (where its log says), and the arms whose first
+    start found the cache warm from outside the run (see :class:`RunTiming`)."""
+    every = [(arm, n, compile_cache(text)) for arm, starts in kept_logs(run_dir).items()
+             for n, text in starts.items()]
+    compiled_here = {key for _, _, c in every if c is not None and c.compiled for key in c.keys}
+    firsts = tuple((arm, c) for arm, n, c in every if n == 1 and c is not None)
+    warm = tuple(arm for arm, c in firsts if c.warm and not set(c.keys) & compiled_here)
+    return firsts, warm
+
+
+def _warm_cache_note(timing: RunTiming) -> str:
+    """Why an estimate timed from first starts that found vLLM's compile cache warm is a lower
+    bound, with what compiling took where the earlier run did compile."""
+    warm = timing.warm_first_starts
+    compiled = [(arm, c.compile_s) for arm, c in timing.first_start_caches if c.compiled]
+    took = ("; where it did compile, compiling took " + ", ".join(
+        f"{arm} {s:.0f} s" for arm, s in compiled)) if compiled else ""
+    return (f"the earlier run's first start{'s' if len(warm) > 1 else ''} of {', '.join(warm)} "
+            "loaded torch.compile's output from vLLM's compile cache (engine-logs/ARM-1.log.gz: "
+            "'Directly load ...') that no engine of that run had compiled: an earlier engine "
+            "left it on that machine. On a machine without it, a fresh one, each compiled "
+            "engine compiles at its first start, which "
+            f"this estimate does not price (it is a lower bound){took}")
 
 
 def _schedule(exp: Experiment, passes: int, concurrent: bool) -> tuple[Block, ...]:
@@ -359,6 +396,9 @@ def estimate_duration(exp: Experiment, timing: RunTiming | None,
                      "its first starts join the restart's median")
     if first_s is None:
         lower = True
+    if timing.warm_first_starts and first_s is not None:
+        lower = True
+        notes.append(_warm_cache_note(timing))
     # a kind whose engines start one at a time: a start is priced per engine it starts
     from bistat.engines.registry import capabilities
     per_engine_s = (timing.first_start_per_engine_s

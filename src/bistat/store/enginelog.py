@@ -1,5 +1,5 @@
-"""Kernel compilations during inference, and each engine start's compilation / CUDA-graph mode,
-read from the engine logs a run kept.
+"""Kernel compilations during inference, each engine start's compilation / CUDA-graph mode, and
+whether its torch.compile came from vLLM's compile cache, read from the engine logs a run kept.
 
 Field lesson: warm-up is not steady state. An M-bucketed Triton kernel compiles again for each new
 configuration, and a compilation inside a counted pass makes that pass slow for a reason that is
@@ -26,8 +26,9 @@ from pathlib import Path
 
 from bistat.store.format import ENGINE_LOGS_DIR, parse_time
 
-__all__ = ["JIT_WARNING", "CudaGraphSizes", "EngineModes", "JitCompile", "cudagraph_sizes",
-           "engine_modes", "jit_compiles", "kept_logs", "logged_modes", "kept_log_lines"]
+__all__ = ["JIT_WARNING", "CompileCache", "CudaGraphSizes", "EngineModes", "JitCompile",
+           "compile_cache", "cudagraph_sizes", "engine_modes", "jit_compiles", "kept_logs",
+           "logged_modes", "kept_log_lines"]
 
 #: vLLM's warning (``vllm/.../jit_monitor.py``), with its log stamp ``MM-DD HH:MM:SS``
 JIT_WARNING = re.compile(
@@ -277,6 +278,67 @@ def cudagraph_sizes(log_text: str) -> CudaGraphSizes | None:
                                int(size["n"]) if size else None,
                                int(decode["n"]) if decode else None)
     return found
+
+
+#: vLLM's torch.compile at an engine start (vLLM 0.25 to 0.34, ``compilation/backends.py`` and
+#: ``decorators.py``): the compiled graphs loaded from its compile cache (``~/.cache/vllm``), or
+#: compiled, with the seconds each compilation took.
+_CACHE_LOAD = re.compile(r"Directly load (?:AOT compilation from path|the compiled graph)")
+_COMPILED = re.compile(r"Compiling a graph for .*? takes (?P<s>\d+(?:\.\d+)?) s")
+#: the cache entries a start names (the directory of its compiled graphs, its AOT compilation):
+#: two starts naming one entry compiled, or would compile, the same code
+_CACHE_KEY = re.compile(r"torch_compile_cache/(?:torch_aot_compile/)?(?P<key>[0-9a-f]{8,})")
+
+
+@dataclass(frozen=True)
+class CompileCache:
+    """Whether one engine start's torch.compile came from vLLM's compile cache.
+
+    Attributes
+    ----------
+    loaded : int
+        Graphs (or AOT compilations) loaded from the cache: the start found the compiled code of
+        an earlier engine of the same model and configuration on that machine.
+    compiled : int
+        Graphs compiled at this start.
+    compile_s : float
+        The seconds those compilations took, as vLLM logged them.
+    keys : tuple of str
+        The cache entries the start named (hashes under ``torch_compile_cache/``), in order of
+        first mention: where another start of the run compiled one of them, a start that loaded
+        it found what that start left, not an earlier machine's cache.
+    """
+
+    loaded: int
+    compiled: int
+    compile_s: float
+    keys: tuple[str, ...] = ()
+
+    @property
+    def warm(self) -> bool:
+        """The start loaded compiled code and compiled none (a warm cache)."""
+        return self.loaded > 0 and self.compiled == 0
+
+
+def compile_cache(log_text: str) -> CompileCache | None:
+    """What one engine start's log says of its torch.compile: loaded from vLLM's compile cache or
+    compiled; None when it says neither (no torch.compile: an eager or uncompiled engine, or an
+    engine that is not vLLM).
+
+    >>> compile_cache("[backbone] Directly load the compiled graph(s) for compile range (1, 8192) "
+    ...               "from the cache, took 1.425 s").warm
+    True
+    >>> compile_cache("Using cache directory: /root/.cache/vllm/torch_compile_cache/96cde78d40/"
+    ...               "rank_0_0/backbone ... Compiling a graph for compile range (1, 8192) "
+    ...               "takes 65.48 s")
+    CompileCache(loaded=0, compiled=1, compile_s=65.48, keys=('96cde78d40',))
+    """
+    loaded = len(_CACHE_LOAD.findall(log_text))
+    times = [float(m["s"]) for m in _COMPILED.finditer(log_text)]
+    if not loaded and not times:
+        return None
+    keys = tuple(dict.fromkeys(m["key"] for m in _CACHE_KEY.finditer(log_text)))
+    return CompileCache(loaded, len(times), round(sum(times), 3), keys)
 
 
 def kept_logs(run_dir: str | Path) -> dict[str, dict[int, str]]:
